@@ -1,0 +1,297 @@
+"""The ``ferry`` command line: a dispatcher plus the data commands (pack, inspect, verify, export).
+
+Subcommands come from the ``ferry.commands`` entry points (each a ``register(subparsers)``
+function), so ``service`` and ``client`` add theirs without ``shard_tools`` importing them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from importlib.metadata import entry_points
+from typing import Any
+
+from . import __version__
+from .errors import FerryError, UsageError
+
+__all__ = ["main", "register", "parse_storage_options", "print_json"]
+
+
+def parse_storage_options(pairs: Sequence[str] | None) -> dict[str, Any]:
+    """``["key=value", ...]`` → dict; values that parse as JSON (numbers, true/false) are converted."""
+    out: dict[str, Any] = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--storage-option expects key=value, got {pair!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    nested: dict[str, Any] = {}
+    for key, value in out.items():  # client_kwargs.endpoint_url=... → {"client_kwargs": {"endpoint_url": ...}}
+        *parents, leaf = key.split(".")
+        node = nested
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return nested
+
+
+def print_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=2, sort_keys=False, default=str)
+    sys.stdout.write("\n")
+
+
+def _human(n: float, unit: str = "B") -> str:
+    for prefix in ("", "Ki", "Mi", "Gi", "Ti"):
+        if abs(n) < 1024 or prefix == "Ti":
+            return f"{n:.1f} {prefix}{unit}" if prefix else f"{int(n)} {unit}"
+        n /= 1024
+    return f"{n} {unit}"
+
+
+def _add_storage(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--storage-option",
+        "-S",
+        action="append",
+        metavar="KEY=VALUE",
+        help="fsspec storage option for the dataset URL (repeatable; dotted keys nest, "
+        "e.g. client_kwargs.endpoint_url=http://127.0.0.1:9000)",
+    )
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add pack, inspect, verify and export."""
+    p = sub.add_parser(
+        "pack",
+        help="pack corpus files into a dataset of shards + manifest",
+        description="Pack Parquet, JSONL, text, .npy or Megatron .bin/.idx inputs into "
+        "immutable zstd-compressed Arrow shards and publish a manifest at --out.",
+    )
+    p.add_argument(
+        "inputs",
+        nargs="+",
+        help="input files (format by suffix, or --input-format); a Megatron dataset is given by its .bin or .idx file",
+    )
+    p.add_argument("--out", required=True, help="dataset URL (local path, file://, s3://, gs://, memory://)")
+    p.add_argument("--input-format", choices=["parquet", "jsonl", "text", "npy", "megatron"])
+    p.add_argument(
+        "--tokenizer",
+        help="'bytes' (built-in byte-level) or a tokenizer.json path; for text inputs. Omit for token-id inputs",
+    )
+    p.add_argument("--eos-token", help="EOS token string of a tokenizer.json (default: guessed)")
+    p.add_argument("--vocab-size", type=int, help="vocabulary size (required for token-id inputs)")
+    p.add_argument("--eos-id", type=int, help="EOS token id (default: the tokenizer's)")
+    p.add_argument("--no-eos", action="store_true", help="do not append EOS to each document")
+    p.add_argument("--tokens-column", default="tokens", help="token-id list column/field (default: tokens)")
+    p.add_argument("--text-column", default="text", help="text column/field (default: text)")
+    p.add_argument("--lines", action="store_true", help="text files: one document per line (default: per file)")
+    p.add_argument("--shard-size", default="128MiB", help="target raw bytes per shard (default: 128MiB)")
+    p.add_argument("--compression", default="zstd:1", help="zstd:LEVEL, 1..22 (default: zstd:1)")
+    p.add_argument("--workers", type=int, default=1, help="worker processes (output is identical for any N)")
+    p.add_argument("--name", help="dataset name (default: last part of --out)")
+    p.add_argument("--append", action="store_true", help="publish a new version adding shards to an existing dataset")
+    p.add_argument("--json", action="store_true", help="print a machine-readable summary")
+    _add_storage(p)
+    p.set_defaults(func=_cmd_pack)
+
+    p = sub.add_parser("inspect", help="summarise a dataset: totals, versions, shards")
+    p.add_argument("url")
+    p.add_argument("--version", help="a published version id (default: current)")
+    p.add_argument("--shards", action="store_true", help="list every shard")
+    p.add_argument("--json", action="store_true")
+    _add_storage(p)
+    p.set_defaults(func=_cmd_inspect)
+
+    p = sub.add_parser(
+        "verify",
+        help="re-read every shard and check every digest and count",
+        description="Exit status 0 when every shard verifies, 1 naming each bad shard.",
+    )
+    p.add_argument("url")
+    p.add_argument("--version", help="a published version id (default: current)")
+    p.add_argument("--threads", type=int, default=4)
+    p.add_argument("--json", action="store_true")
+    _add_storage(p)
+    p.set_defaults(func=_cmd_verify)
+
+    p = sub.add_parser("export", help="write a dataset back out in another format")
+    p.add_argument("url")
+    p.add_argument("--format", choices=["megatron"], required=True)
+    p.add_argument("--out", required=True, help="output prefix (writes PREFIX.bin and PREFIX.idx)")
+    p.add_argument("--strip-eos", action="store_true", help="drop the EOS appended at pack time")
+    p.add_argument("--json", action="store_true")
+    _add_storage(p)
+    p.set_defaults(func=_cmd_export)
+
+
+def _compression_level(spec: str) -> int:
+    algo, _, level = spec.partition(":")
+    if algo != "zstd":
+        raise UsageError(f"--compression {spec!r}: only zstd is supported (zstd:LEVEL)")
+    try:
+        return int(level) if level else 1
+    except ValueError:
+        raise UsageError(f"--compression {spec!r}: level must be an integer") from None
+
+
+def _cmd_pack(args: argparse.Namespace) -> int:
+    from .pack import PackOptions, pack, parse_size
+
+    opts = PackOptions(
+        name=args.name,
+        tokenizer=args.tokenizer,
+        eos_token=args.eos_token,
+        vocab_size=args.vocab_size,
+        eos_id=args.eos_id,
+        append_eos=not args.no_eos,
+        input_format=args.input_format,
+        tokens_column=args.tokens_column,
+        text_column=args.text_column,
+        text_per_line=args.lines,
+        shard_size=parse_size(args.shard_size),
+        compression_level=_compression_level(args.compression),
+        workers=args.workers,
+        append=args.append,
+        storage_options=parse_storage_options(args.storage_option),
+    )
+    result = pack(args.inputs, args.out, opts)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        print(
+            f"packed {result.documents:,} documents, {result.tokens:,} tokens into {result.shards} shards "
+            f"({result.new_shards} new) at {result.url}"
+        )
+        print(
+            f"version {result.version_id}  stored {_human(result.stored_bytes)} "
+            f"(raw {_human(result.raw_bytes)})  {result.tokens_per_second / 1e6:.1f} Mtok/s"
+        )
+    return 0
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from .dataset import list_versions, load_manifest
+    from .store import resolve
+
+    loc = resolve(args.url, parse_storage_options(args.storage_option))
+    m = load_manifest(loc, args.version)
+    versions = sorted(list_versions(loc))
+    shards = [vars(s) for s in m.shards] if args.shards else None
+    if args.json:
+        doc = {
+            "url": args.url,
+            "version_id": m.version_id,
+            **{k: v for k, v in m.body().items()},
+            "created_at": m.created_at,
+            "tool_version": m.tool_version,
+            "versions": versions,
+        }
+        if shards is not None:
+            doc["shards"] = shards
+        print_json(doc)
+        return 0
+    t = m.totals
+    print(f"dataset   {m.name}  ({args.url})")
+    print(f"version   {m.version_id}  parent {m.parent or '-'}  created {m.created_at}  by ferry {m.tool_version}")
+    print(f"tokens    {t['tokens']:,} {m.token_dtype}  in {t['documents']:,} documents, {t['shards']:,} shards")
+    print(
+        f"bytes     stored {_human(t['stored_bytes'])}  raw {_human(t['raw_bytes'])}"
+        + (f"  ratio {t['stored_bytes'] / t['raw_bytes']:.3f}" if t["raw_bytes"] else "")
+    )
+    print(
+        f"tokenizer {m.tokenizer.name}  vocab {m.tokenizer.vocab_size:,}  eos {m.tokenizer.eos_id}"
+        f"  eos appended: {'yes' if m.eos_appended else 'no'}"
+    )
+    print(f"versions  {len(versions)}: {', '.join(versions)}")
+    if shards is not None:
+        print(f"{'#':>6}  {'path':<58} {'docs':>9} {'tokens':>12} {'stored':>10}")
+        for i, s in enumerate(shards):
+            print(f"{i:>6}  {s['path']:<58} {s['documents']:>9,} {s['tokens']:>12,} {_human(s['stored_bytes']):>10}")
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from .verify import verify
+
+    bar = tqdm(unit="B", unit_scale=True, disable=args.json or not sys.stderr.isatty(), desc="verifying")
+    report = verify(
+        args.url,
+        storage_options=parse_storage_options(args.storage_option),
+        version=args.version,
+        threads=args.threads,
+        on_shard=bar.update,
+    )
+    bar.close()
+    if args.json:
+        print_json(report.to_dict())
+    elif report.error:
+        print(f"FAILED {args.url}: {report.error}", file=sys.stderr)
+    elif report.bad:
+        for path, reason in report.bad.items():
+            print(f"BAD {path}: {reason}", file=sys.stderr)
+        print(f"FAILED: {len(report.bad)} of {report.shards} shards bad at {args.url}", file=sys.stderr)
+    else:
+        print(
+            f"OK: {report.shards} shards, {_human(report.bytes_read)} verified at {args.url} "
+            f"(version {report.version_id})"
+        )
+    return 0 if report.ok else 1
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from .export import export_megatron
+
+    n = export_megatron(
+        args.url, args.out, storage_options=parse_storage_options(args.storage_option), keep_eos=not args.strip_eos
+    )
+    if args.json:
+        print_json({"documents": n, "bin": args.out + ".bin", "idx": args.out + ".idx"})
+    else:
+        print(f"exported {n:,} documents to {args.out}.bin / {args.out}.idx")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ferry",
+        description="ferry: pack tokenized training data, replicate it across clusters, stream it into training.",
+    )
+    parser.add_argument("--version", action="version", version=f"ferry {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    registered = set()
+    for ep in sorted(entry_points(group="ferry.commands"), key=lambda e: e.name):
+        if ep.value in registered:
+            continue
+        registered.add(ep.value)
+        try:
+            ep.load()(sub)
+        except ImportError as exc:  # an extra is not installed: say so instead of hiding commands
+            sub.add_parser(ep.name, help=f"(unavailable: {exc})")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args))
+    except FerryError as exc:
+        print(f"ferry {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"ferry {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""ferry's one error hierarchy, shared by shard_tools, client and service.
+
+    FerryError
+    ├── UsageError                  bad arguments or configuration (exit code 2)
+    ├── InputFormatError            an input corpus file cannot be read as its format
+    │   └── MegatronIndexError      a Megatron .idx with a wrong magic, version or layout
+    ├── TokenRangeError             a token id does not fit the declared vocabulary / dtype
+    ├── DatasetError                a dataset cannot be read or trusted
+    │   ├── DatasetNotFoundError    no manifest.json at the URL
+    │   ├── ManifestError           manifest malformed, hand-edited or failing its digest
+    │   └── ShardError              one shard is bad; ``.shard`` names it
+    │       ├── ShardMissingError   listed in the manifest, absent from storage
+    │       ├── ShardDigestError    stored or raw bytes do not match the manifest digest
+    │       └── ShardFormatError    truncated, wrong size, wrong schema or dtype
+    ├── StorageError                an fsspec backend failed (``.retryable`` says if retrying may help)
+    ├── PublishError                a new version could not be published; nothing was changed
+    ├── StateError                  loader state does not match this loader (dataset, seed, seq_len)
+    ├── ConfigError                 invalid ferry.toml
+    ├── ReplicationError            a replication action failed (``.retryable``)
+    └── ServiceError                the ferry service answered with an error (``.status``)
+
+Library exceptions are mapped at the boundary with ``raise XError(...) from exc``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FerryError",
+    "UsageError",
+    "InputFormatError",
+    "MegatronIndexError",
+    "TokenRangeError",
+    "DatasetError",
+    "DatasetNotFoundError",
+    "ManifestError",
+    "ShardError",
+    "ShardMissingError",
+    "ShardDigestError",
+    "ShardFormatError",
+    "StorageError",
+    "PublishError",
+    "StateError",
+    "ConfigError",
+    "ReplicationError",
+    "ServiceError",
+]
+
+
+class FerryError(Exception):
+    """Base of every error ferry raises on purpose."""
+
+    exit_code = 1
+
+
+class UsageError(FerryError):
+    """Bad arguments or options."""
+
+    exit_code = 2
+
+
+class InputFormatError(FerryError):
+    """An input file cannot be read as the format it claims to be."""
+
+
+class MegatronIndexError(InputFormatError):
+    """A Megatron ``.idx`` file has a wrong magic, version, dtype code or layout."""
+
+
+class TokenRangeError(FerryError):
+    """A token id is negative or not below the declared vocabulary size."""
+
+
+class DatasetError(FerryError):
+    """A dataset cannot be read or trusted."""
+
+
+class DatasetNotFoundError(DatasetError):
+    """No ``manifest.json`` at the given URL."""
+
+
+class ManifestError(DatasetError):
+    """The manifest (or its shard table) is malformed or does not match its digest."""
+
+
+class ShardError(DatasetError):
+    """One shard is bad. ``shard`` is its path relative to the dataset root."""
+
+    def __init__(self, shard: str, message: str) -> None:
+        super().__init__(f"shard {shard}: {message}")
+        self.shard = shard
+
+
+class ShardMissingError(ShardError):
+    """A shard listed in the manifest does not exist in storage."""
+
+
+class ShardDigestError(ShardError):
+    """A shard's bytes do not match the digest recorded in the manifest."""
+
+
+class ShardFormatError(ShardError):
+    """A shard is truncated, has the wrong size, schema or dtype."""
+
+
+class StorageError(FerryError):
+    """An fsspec backend failed. ``retryable`` is True when trying again may help."""
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class PublishError(FerryError):
+    """A new dataset version could not be published; the dataset is unchanged."""
+
+
+class StateError(FerryError):
+    """A loader state dict does not match the loader it is loaded into."""
+
+
+class ConfigError(FerryError):
+    """A ferry.toml (or equivalent mapping) is invalid."""
+
+    exit_code = 2
+
+
+class ReplicationError(FerryError):
+    """A replication action failed. ``retryable`` is False for errors a retry cannot fix."""
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class ServiceError(FerryError):
+    """The ferry service answered with an error status."""
+
+    def __init__(self, message: str, *, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status

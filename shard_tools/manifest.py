@@ -1,0 +1,371 @@
+"""The dataset manifest: a small JSON header plus a columnar shard table (Arrow IPC).
+
+Layout of a dataset root::
+
+    manifest.json              the current version (a copy of versions/<id>.json), written last
+    versions/<id>.json         every published version, immutable
+    tables/<digest>.arrow      shard tables, content-addressed, immutable
+    shards/<digest>.arrow.zst  shards, content-addressed, immutable
+
+The JSON header names the shard table by path and digest. The *version id* is the
+digest of the canonical body: the header without ``version_id``, ``created_at`` and
+``tool_version``, serialised with sorted keys and no whitespace. So the same content
+gets the same id however and whenever it was packed, and any edit of the header or
+the table is detected when it is read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .digest import check_digest_string, digest_bytes
+from .errors import ManifestError
+from .format import TOKEN_DTYPES
+
+__all__ = [
+    "MANIFEST_FORMAT",
+    "MANIFEST_FILE",
+    "VERSIONS_DIR",
+    "TABLES_DIR",
+    "SHARDS_DIR",
+    "Tokenizer",
+    "ShardInfo",
+    "ShardTable",
+    "Manifest",
+    "version_path",
+]
+
+MANIFEST_FORMAT = 1
+MANIFEST_FILE = "manifest.json"
+VERSIONS_DIR = "versions"
+TABLES_DIR = "tables"
+SHARDS_DIR = "shards"
+_UNDIGESTED = ("version_id", "created_at", "tool_version")
+_INT_COLUMNS = ("documents", "tokens", "stored_bytes", "raw_bytes")
+_STR_COLUMNS = ("path", "stored_digest", "raw_digest")
+_TABLE_SCHEMA = pa.schema(
+    [("path", pa.string())]
+    + [(c, pa.int64()) for c in _INT_COLUMNS]
+    + [("stored_digest", pa.string()), ("raw_digest", pa.string())]
+)
+
+
+def version_path(version_id: str) -> str:
+    return f"{VERSIONS_DIR}/{version_id}.json"
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """The tokenizer the ids come from: a name, the vocabulary size and the EOS id."""
+
+    name: str
+    vocab_size: int
+    eos_id: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "vocab_size": self.vocab_size, "eos_id": self.eos_id}
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One row of the shard table."""
+
+    path: str
+    documents: int
+    tokens: int
+    stored_bytes: int
+    raw_bytes: int
+    stored_digest: str
+    raw_digest: str
+
+
+class ShardTable:
+    """The shard table, column by column (numpy for numbers), cheap at a million rows."""
+
+    def __init__(self, table: pa.Table) -> None:
+        if not table.schema.equals(_TABLE_SCHEMA):
+            raise ManifestError(f"shard table schema is {table.schema}, expected {_TABLE_SCHEMA}")
+        self._table = table.combine_chunks()
+        self.documents = self._column_int("documents")
+        self.tokens = self._column_int("tokens")
+        self.stored_bytes = self._column_int("stored_bytes")
+        self.raw_bytes = self._column_int("raw_bytes")
+
+    def _column_int(self, name: str) -> np.ndarray:
+        arr = self._table.column(name)
+        if arr.null_count:
+            raise ManifestError(f"shard table column {name!r} has nulls")
+        values: np.ndarray = arr.to_numpy()
+        if len(values) and int(values.min()) < 0:
+            raise ManifestError(f"shard table column {name!r} has negative values")
+        return values
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[ShardInfo]) -> ShardTable:
+        rows = list(rows)
+        data: dict[str, list[Any]] = {name: [getattr(r, name) for r in rows] for name in _TABLE_SCHEMA.names}
+        return cls(pa.Table.from_pydict(data, schema=_TABLE_SCHEMA))
+
+    @classmethod
+    def empty(cls) -> ShardTable:
+        return cls.from_rows([])
+
+    def concat(self, other: ShardTable) -> ShardTable:
+        return ShardTable(pa.concat_tables([self._table, other._table]))
+
+    def __len__(self) -> int:
+        return self._table.num_rows
+
+    @cached_property
+    def paths(self) -> list[str]:
+        return [str(p) for p in self._table.column("path").to_pylist()]
+
+    @cached_property
+    def _digests(self) -> tuple[list[str], list[str]]:
+        return (
+            [str(d) for d in self._table.column("stored_digest").to_pylist()],
+            [str(d) for d in self._table.column("raw_digest").to_pylist()],
+        )
+
+    def __getitem__(self, i: int) -> ShardInfo:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"shard index {i} out of range for {n} shards")
+        i %= n
+        stored, raw = self._digests
+        return ShardInfo(
+            path=self.paths[i],
+            documents=int(self.documents[i]),
+            tokens=int(self.tokens[i]),
+            stored_bytes=int(self.stored_bytes[i]),
+            raw_bytes=int(self.raw_bytes[i]),
+            stored_digest=stored[i],
+            raw_digest=raw[i],
+        )
+
+    def __iter__(self) -> Iterator[ShardInfo]:
+        return (self[i] for i in range(len(self)))
+
+    @cached_property
+    def token_offsets(self) -> np.ndarray:
+        """``n + 1`` cumulative token counts: shard ``i`` holds stream tokens
+        ``[token_offsets[i], token_offsets[i + 1])``."""
+        out = np.zeros(len(self) + 1, dtype=np.int64)
+        np.cumsum(self.tokens, out=out[1:])
+        return out
+
+    def validate(self) -> None:
+        """Check every path and digest string (done once when a manifest is loaded)."""
+        stored, raw = self._digests
+        for path in self.paths:
+            if not path.startswith(f"{SHARDS_DIR}/") or ".." in path.split("/") or "\\" in path:
+                raise ManifestError(f"shard path {path!r} is not under {SHARDS_DIR}/")
+        for d in stored:
+            check_digest_string(d)
+        for d in raw:
+            check_digest_string(d)
+
+    def to_ipc(self) -> bytes:
+        sink = pa.BufferOutputStream()
+        options = pa.ipc.IpcWriteOptions(compression="zstd")
+        with pa.ipc.new_file(sink, _TABLE_SCHEMA, options=options) as writer:
+            writer.write_table(self._table)
+        return sink.getvalue().to_pybytes()
+
+    @classmethod
+    def from_ipc(cls, data: bytes) -> ShardTable:
+        try:
+            table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+        except pa.ArrowException as exc:
+            raise ManifestError(f"shard table is not a readable Arrow IPC file ({exc})") from exc
+        return cls(table)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """One published version of a dataset. Build with :meth:`build`, read with :meth:`from_json`."""
+
+    name: str
+    token_dtype: str
+    tokenizer: Tokenizer
+    eos_appended: bool
+    shards: ShardTable = field(repr=False)
+    table_path: str
+    table_digest: str
+    table_bytes: int
+    parent: str | None
+    created_at: str
+    tool_version: str
+    version_id: str
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        name: str,
+        token_dtype: str,
+        tokenizer: Tokenizer,
+        eos_appended: bool,
+        shards: ShardTable,
+        parent: str | None,
+        created_at: str,
+        tool_version: str,
+    ) -> tuple[Manifest, bytes]:
+        """A new manifest and the IPC bytes of its shard table (to be stored at ``table_path``)."""
+        table_data = shards.to_ipc()
+        table_digest = digest_bytes(table_data)
+        table_path = f"{TABLES_DIR}/{table_digest.split(':', 1)[1]}.arrow"
+        draft = cls(
+            name=name,
+            token_dtype=token_dtype,
+            tokenizer=tokenizer,
+            eos_appended=eos_appended,
+            shards=shards,
+            table_path=table_path,
+            table_digest=table_digest,
+            table_bytes=len(table_data),
+            parent=parent,
+            created_at=created_at,
+            tool_version=tool_version,
+            version_id="",
+        )
+        version_id = _version_id(draft.body())
+        return _replace_version(draft, version_id), table_data
+
+    @property
+    def totals(self) -> dict[str, int]:
+        t = self.shards
+        return {
+            "shards": len(t),
+            "documents": int(t.documents.sum()),
+            "tokens": int(t.tokens.sum()),
+            "stored_bytes": int(t.stored_bytes.sum()),
+            "raw_bytes": int(t.raw_bytes.sum()),
+        }
+
+    def body(self) -> dict[str, Any]:
+        """The digested part of the header."""
+        return {
+            "format": MANIFEST_FORMAT,
+            "name": self.name,
+            "token_dtype": self.token_dtype,
+            "tokenizer": self.tokenizer.to_dict(),
+            "eos_appended": self.eos_appended,
+            "totals": self.totals,
+            "shard_table": {"path": self.table_path, "digest": self.table_digest, "bytes": self.table_bytes},
+            "parent": self.parent,
+        }
+
+    def to_json(self) -> bytes:
+        doc = {
+            "version_id": self.version_id,
+            **self.body(),
+            "created_at": self.created_at,
+            "tool_version": self.tool_version,
+        }
+        return (json.dumps(doc, indent=1, sort_keys=False) + "\n").encode()
+
+    @classmethod
+    def parse_header(cls, data: bytes) -> dict[str, Any]:
+        """Parse and check the JSON header alone (no shard table); returns the validated dict."""
+        try:
+            doc = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ManifestError(f"manifest is not valid JSON ({exc})") from exc
+        if not isinstance(doc, dict):
+            raise ManifestError("manifest is not a JSON object")
+        _check_header(doc)
+        body = {k: v for k, v in doc.items() if k not in _UNDIGESTED}
+        if _version_id(body) != doc["version_id"]:
+            raise ManifestError(
+                f"manifest body does not match its version id {doc['version_id']} "
+                "(hand-edited or corrupt); restore it from versions/ or re-pack"
+            )
+        return doc
+
+    @classmethod
+    def from_json(cls, data: bytes, table_data: bytes) -> Manifest:
+        """Build a manifest from its header and the bytes of its shard table, checking both."""
+        doc = cls.parse_header(data)
+        st = doc["shard_table"]
+        if digest_bytes(table_data) != st["digest"] or len(table_data) != st["bytes"]:
+            raise ManifestError(f"shard table {st['path']} does not match its digest in the manifest")
+        shards = ShardTable.from_ipc(table_data)
+        shards.validate()
+        tok = doc["tokenizer"]
+        manifest = cls(
+            name=doc["name"],
+            token_dtype=doc["token_dtype"],
+            tokenizer=Tokenizer(tok["name"], tok["vocab_size"], tok["eos_id"]),
+            eos_appended=doc["eos_appended"],
+            shards=shards,
+            table_path=st["path"],
+            table_digest=st["digest"],
+            table_bytes=st["bytes"],
+            parent=doc["parent"],
+            created_at=doc["created_at"],
+            tool_version=doc["tool_version"],
+            version_id=doc["version_id"],
+        )
+        if manifest.totals != doc["totals"]:
+            raise ManifestError(f"manifest totals {doc['totals']} do not match its shard table {manifest.totals}")
+        return manifest
+
+
+def _version_id(body: dict[str, Any]) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return digest_bytes(canonical).split(":", 1)[1]
+
+
+def _replace_version(m: Manifest, version_id: str) -> Manifest:
+    from dataclasses import replace
+
+    return replace(m, version_id=version_id)
+
+
+def _require(doc: dict[str, Any], key: str, types: type | tuple[type, ...], where: str = "manifest") -> Any:
+    if key not in doc:
+        raise ManifestError(f"{where} lacks {key!r}")
+    value = doc[key]
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
+        raise ManifestError(f"{where} field {key!r} has the wrong type ({type(value).__name__})")
+    return value
+
+
+def _as_tuple(types: type | tuple[type, ...]) -> Sequence[type]:
+    return types if isinstance(types, tuple) else (types,)
+
+
+def _check_header(doc: dict[str, Any]) -> None:
+    if _require(doc, "format", int) != MANIFEST_FORMAT:
+        raise ManifestError(f"manifest format {doc['format']} is not supported (expected {MANIFEST_FORMAT})")
+    for key in ("version_id", "name", "token_dtype", "created_at", "tool_version"):
+        _require(doc, key, str)
+    if doc["token_dtype"] not in TOKEN_DTYPES:
+        raise ManifestError(f"unknown token dtype {doc['token_dtype']!r} (expected one of {sorted(TOKEN_DTYPES)})")
+    _require(doc, "eos_appended", bool)
+    tok = _require(doc, "tokenizer", dict)
+    _require(tok, "name", str, "tokenizer")
+    _require(tok, "vocab_size", int, "tokenizer")
+    if tok.get("eos_id") is not None:
+        _require(tok, "eos_id", int, "tokenizer")
+    else:
+        tok["eos_id"] = None
+    totals = _require(doc, "totals", dict)
+    for key in ("shards", "documents", "tokens", "stored_bytes", "raw_bytes"):
+        _require(totals, key, int, "totals")
+    st = _require(doc, "shard_table", dict)
+    _require(st, "path", str, "shard_table")
+    _require(st, "bytes", int, "shard_table")
+    check_digest_string(_require(st, "digest", str, "shard_table"))
+    if not st["path"].startswith(f"{TABLES_DIR}/") or ".." in st["path"]:
+        raise ManifestError(f"shard table path {st['path']!r} is not under {TABLES_DIR}/")
+    if "parent" not in doc or not (doc["parent"] is None or isinstance(doc["parent"], str)):
+        raise ManifestError("manifest field 'parent' must be a version id or null")

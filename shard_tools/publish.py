@@ -1,0 +1,58 @@
+"""Publishing a version: shard table, then ``versions/<id>.json``, then ``manifest.json`` last.
+
+Shards must already be stored. A reader that sees the new ``manifest.json`` therefore
+finds every shard it names; a crash before the last write leaves the old version current.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .errors import DatasetNotFoundError, PublishError
+from .manifest import MANIFEST_FILE, Manifest, version_path
+from .store import Location
+
+__all__ = ["publish_version", "current_version_id"]
+
+
+def current_version_id(loc: Location) -> str | None:
+    """The version id ``manifest.json`` names now, or None where there is none."""
+    try:
+        data = loc.read_bytes(MANIFEST_FILE)
+    except FileNotFoundError:
+        return None
+    return str(Manifest.parse_header(data)["version_id"])
+
+
+def publish_version(
+    loc: Location,
+    manifest: Manifest,
+    table_data: bytes,
+    *,
+    expect_current: str | None,
+    new_shards: Sequence[str] = (),
+) -> None:
+    """Make ``manifest`` the current version at ``loc``.
+
+    ``expect_current`` is the version the new one was built on (None for a new dataset); if
+    ``manifest.json`` names another version by now, nothing is published and PublishError is
+    raised, so two writers never silently drop each other's shards. ``new_shards`` are
+    checked to exist first (old ones were checked when their version was published).
+    """
+    for path in new_shards:
+        if not loc.exists(path):
+            raise PublishError(f"refusing to publish: shard {path} is not stored at {loc.url}")
+    if not loc.exists(manifest.table_path):
+        loc.write_bytes(manifest.table_path, table_data)
+    body = manifest.to_json()
+    loc.write_bytes(version_path(manifest.version_id), body)
+    try:
+        now = current_version_id(loc)
+    except DatasetNotFoundError:
+        now = None
+    if now != expect_current:
+        raise PublishError(
+            f"{loc.url} changed while packing (current version {now}, expected {expect_current}); "
+            "nothing was published, run again"
+        )
+    loc.write_bytes(MANIFEST_FILE, body)

@@ -1,0 +1,82 @@
+"""Input corpora: detect a file's format, plan it into units of work, read documents from a unit.
+
+A *unit* is the smallest piece of input a pack worker takes: a whole file, or (for formats
+with an index, like Megatron) a fixed range of its documents. Units depend only on the
+inputs and the shard size, never on the number of workers, so the packed output does not
+either. Readers yield :class:`DocBatch` es of documents *without* EOS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+from ..errors import UsageError
+from .base import DocBatch, SourceOptions, Unit
+from .jsonl import read_jsonl
+from .megatron import plan_megatron, read_megatron
+from .npy import read_npy
+from .parquet import read_parquet
+from .text import read_text
+
+__all__ = ["DocBatch", "SourceOptions", "Unit", "FORMATS", "detect_format", "plan_units", "read_unit"]
+
+Reader = Callable[[Unit, SourceOptions], Iterator[DocBatch]]
+FORMATS: dict[str, Reader] = {
+    "parquet": read_parquet,
+    "jsonl": read_jsonl,
+    "text": read_text,
+    "npy": read_npy,
+    "megatron": read_megatron,
+}
+_SUFFIXES = [
+    (".parquet", "parquet"),
+    (".jsonl", "jsonl"),
+    (".jsonl.gz", "jsonl"),
+    (".jsonl.zst", "jsonl"),
+    (".json", "jsonl"),
+    (".json.gz", "jsonl"),
+    (".json.zst", "jsonl"),
+    (".txt", "text"),
+    (".txt.gz", "text"),
+    (".txt.zst", "text"),
+    (".md", "text"),
+    (".npy", "npy"),
+    (".idx", "megatron"),
+    (".bin", "megatron"),
+]
+
+
+def detect_format(path: str, explicit: str | None = None) -> str:
+    """The input format of ``path``: ``explicit`` if given, else by suffix."""
+    if explicit is not None:
+        if explicit not in FORMATS:
+            raise UsageError(f"unknown input format {explicit!r}; choose one of {', '.join(FORMATS)}")
+        return explicit
+    lower = path.lower()
+    for suffix, fmt in sorted(_SUFFIXES, key=lambda s: -len(s[0])):
+        if lower.endswith(suffix):
+            return fmt
+    raise UsageError(f"cannot tell the format of {path!r} from its suffix; pass --input-format ({', '.join(FORMATS)})")
+
+
+def plan_units(paths: Sequence[str], options: SourceOptions, explicit_format: str | None = None) -> list[Unit]:
+    """Units of work for ``paths`` in input order (Megatron prefixes given as .bin and .idx count once)."""
+    units: list[Unit] = []
+    seen_prefixes: set[str] = set()
+    for path in paths:
+        fmt = detect_format(path, explicit_format)
+        if fmt == "megatron":
+            prefix = path[:-4] if path.endswith((".bin", ".idx")) else path
+            if prefix in seen_prefixes:
+                continue
+            seen_prefixes.add(prefix)
+            units.extend(plan_megatron(prefix, options))
+        else:
+            units.append(Unit(path=path, format=fmt))
+    if not units:
+        raise UsageError("no input files given")
+    return units
+
+
+def read_unit(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
+    return FORMATS[unit.format](unit, options)

@@ -1,0 +1,53 @@
+"""Shared types of the input readers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..tokenizer import TextTokenizer
+
+__all__ = ["DocBatch", "SourceOptions", "Unit", "batch_from_lists"]
+
+
+class DocBatch(NamedTuple):
+    """Documents as one flat integer array plus ``len(docs) + 1`` int64 offsets."""
+
+    tokens: np.ndarray
+    offsets: np.ndarray
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One piece of input for one worker: a file, or documents ``[start, stop)`` of it."""
+
+    path: str
+    format: str
+    start: int = 0
+    stop: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceOptions:
+    """How to read inputs. With a ``tokenizer``, text is read from ``text_column``/``text_field``;
+    without one, token ids from ``tokens_column``."""
+
+    tokenizer: TextTokenizer | None = None
+    tokens_column: str = "tokens"
+    text_column: str = "text"
+    text_per_line: bool = False
+    eos_id: int | None = None
+    shard_size: int = 128 * 2**20
+    storage_options: dict[str, Any] | None = None
+    batch_documents: int = 4096
+
+
+def batch_from_lists(docs: list[np.ndarray]) -> DocBatch:
+    """Concatenate separate document arrays into one :class:`DocBatch`."""
+    lengths = np.fromiter((len(d) for d in docs), dtype=np.int64, count=len(docs))
+    offsets = np.zeros(len(docs) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = np.concatenate([np.asarray(d) for d in docs]) if docs else np.zeros(0, dtype=np.int64)
+    return DocBatch(tokens, offsets)

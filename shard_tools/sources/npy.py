@@ -1,0 +1,78 @@
+"""NumPy ``.npy`` input: a 1-D token stream split on EOS, or an object array of documents.
+
+Object arrays are stored pickled by NumPy, so loading one runs pickle: only pack ``.npy``
+files you trust.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from ..errors import InputFormatError, UsageError
+from .base import DocBatch, SourceOptions, Unit, batch_from_lists
+
+__all__ = ["read_npy"]
+
+_BLOCK = 1 << 24  # tokens scanned for EOS at a time: bounded memory on huge streams
+
+
+def read_npy(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
+    try:
+        arr = np.load(unit.path, mmap_mode="r", allow_pickle=False)
+    except ValueError:
+        try:
+            arr = np.load(unit.path, allow_pickle=True)
+        except (OSError, ValueError) as exc:
+            raise InputFormatError(f"{unit.path}: not a readable .npy file ({exc})") from exc
+    except OSError as exc:
+        raise InputFormatError(f"{unit.path}: not a readable .npy file ({exc})") from exc
+    if arr.dtype == object:
+        yield from _object_docs(unit.path, arr, options)
+    elif arr.ndim == 1 and np.issubdtype(arr.dtype, np.integer):
+        if options.eos_id is None:
+            raise UsageError(f"{unit.path}: splitting a 1-D token stream into documents needs --eos-id")
+        yield from _split_stream(arr, options.eos_id)
+    else:
+        raise InputFormatError(
+            f"{unit.path}: expected a 1-D integer token stream or an object array of documents, "
+            f"found shape {arr.shape} dtype {arr.dtype}"
+        )
+
+
+def _object_docs(path: str, arr: np.ndarray, options: SourceOptions) -> Iterator[DocBatch]:
+    docs: list[np.ndarray] = []
+    for i, item in enumerate(arr.reshape(-1)):
+        doc = np.asarray(item)
+        if doc.ndim != 1 or not (np.issubdtype(doc.dtype, np.integer) or doc.size == 0):
+            raise InputFormatError(f"{path}: document {i} is not a 1-D integer array")
+        docs.append(doc.astype(np.int64, copy=False))
+        if len(docs) >= options.batch_documents:
+            yield batch_from_lists(docs)
+            docs = []
+    if docs:
+        yield batch_from_lists(docs)
+
+
+def _split_stream(arr: np.ndarray, eos_id: int) -> Iterator[DocBatch]:
+    """Documents end at each EOS (dropped; packing appends its own); a tail without EOS is a document."""
+    start = 0  # start of the current (unfinished) document
+    n = arr.shape[0]
+    for block_start in range(0, n, _BLOCK):
+        block = np.asarray(arr[block_start : block_start + _BLOCK])
+        ends = np.flatnonzero(block == eos_id) + block_start
+        if len(ends) == 0:
+            continue
+        starts = np.concatenate(([start], ends[:-1] + 1))
+        lengths = ends - starts
+        tokens = np.asarray(arr[start : ends[-1] + 1])
+        keep = np.ones(tokens.shape[0], dtype=bool)
+        keep[ends - start] = False
+        offsets = np.zeros(len(ends) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        yield DocBatch(tokens[keep], offsets)
+        start = int(ends[-1]) + 1
+    if start < n:
+        tail = np.asarray(arr[start:])
+        yield DocBatch(tail, np.array([0, tail.shape[0]], dtype=np.int64))

@@ -1,0 +1,50 @@
+"""Parquet input: a list-of-int column of token ids, or a text column with a tokenizer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import InputFormatError
+from .base import DocBatch, SourceOptions, Unit, batch_from_lists
+
+__all__ = ["read_parquet"]
+
+
+def read_parquet(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
+    column = options.text_column if options.tokenizer is not None else options.tokens_column
+    try:
+        with fsspec.open(unit.path, "rb", **(options.storage_options or {})) as f:
+            pf = pq.ParquetFile(f)
+            if column not in pf.schema_arrow.names:
+                raise InputFormatError(
+                    f"{unit.path}: no column {column!r} (columns: {', '.join(pf.schema_arrow.names)}); "
+                    "use --tokens-column / --text-column"
+                )
+            for batch in pf.iter_batches(columns=[column], batch_size=options.batch_documents):
+                yield _convert(unit.path, column, batch.column(0), options)
+    except (pa.ArrowException, OSError) as exc:
+        raise InputFormatError(f"{unit.path}: not a readable Parquet file ({exc})") from exc
+
+
+def _convert(path: str, column: str, arr: pa.Array, options: SourceOptions) -> DocBatch:
+    if arr.null_count:
+        raise InputFormatError(f"{path}: column {column!r} has null values")
+    if options.tokenizer is not None:
+        if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+            raise InputFormatError(f"{path}: text column {column!r} is {arr.type}, not a string")
+        return batch_from_lists(options.tokenizer.encode_batch(arr.to_pylist()))
+    if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) or not pa.types.is_integer(
+        arr.type.value_type
+    ):
+        raise InputFormatError(f"{path}: column {column!r} is {arr.type}, expected a list of integer token ids")
+    offsets = arr.offsets.to_numpy().astype(np.int64)
+    values = arr.values
+    if values.null_count:
+        raise InputFormatError(f"{path}: column {column!r} has null token ids")
+    flat = values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+    return DocBatch(flat, offsets - offsets[0])

@@ -1,0 +1,141 @@
+"""Storage access over fsspec: resolve URLs, read and write whole objects atomically.
+
+Every write goes to its final name in one atomic step: on a local filesystem a temp
+file in the same directory is fsync'ed and renamed over the target; on object stores
+(s3, gs, memory) a single PUT (or a completed multipart upload) is atomic by itself.
+Temp files carry ``TEMP_MARKER`` in their name so a planner can find stale ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import posixpath
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from .errors import StorageError
+
+__all__ = ["Location", "TEMP_MARKER", "resolve", "is_local", "temp_name"]
+
+TEMP_MARKER = ".ferry-tmp-"
+
+
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    """True for filesystems where rename is atomic and files can be memory-mapped."""
+    return isinstance(fs, LocalFileSystem)
+
+
+def temp_name(path: str) -> str:
+    """A unique temp path beside ``path`` (same directory, so a rename is atomic)."""
+    head, tail = posixpath.split(path)
+    return posixpath.join(head, f"{TEMP_MARKER}{uuid.uuid4().hex[:12]}-{tail}")
+
+
+class Location:
+    """A dataset root: an fsspec filesystem plus a path prefix.
+
+    All paths given to its methods are relative to the root and use ``/``.
+    """
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, root: str, url: str) -> None:
+        self.fs = fs
+        self.root = root.rstrip("/")
+        self.url = url
+
+    def __repr__(self) -> str:
+        return f"Location({self.url!r})"
+
+    @property
+    def local(self) -> bool:
+        return is_local(self.fs)
+
+    def full(self, rel: str) -> str:
+        return f"{self.root}/{rel}" if rel else self.root
+
+    def exists(self, rel: str) -> bool:
+        try:
+            return bool(self.fs.exists(self.full(rel)))
+        except Exception as exc:  # noqa: BLE001 - any backend failure is a storage error
+            raise StorageError(f"cannot check {self.url}/{rel}: {exc}") from exc
+
+    def read_bytes(self, rel: str) -> bytes:
+        """Read a whole object; ``FileNotFoundError`` passes through for callers to map."""
+        try:
+            return bytes(self.fs.cat_file(self.full(rel)))
+        except FileNotFoundError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise StorageError(f"cannot read {self.url}/{rel}: {exc}") from exc
+
+    def size(self, rel: str) -> int:
+        try:
+            return int(self.fs.size(self.full(rel)))
+        except FileNotFoundError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise StorageError(f"cannot stat {self.url}/{rel}: {exc}") from exc
+
+    def write_bytes(self, rel: str, data: bytes | memoryview) -> None:
+        """Write ``data`` to ``rel`` atomically (readers see the old object or the whole new one)."""
+        path = self.full(rel)
+        try:
+            if self.local:
+                _atomic_local_write(path, data)
+            else:
+                self.fs.pipe_file(path, bytes(data))
+        except Exception as exc:  # noqa: BLE001
+            raise StorageError(f"cannot write {self.url}/{rel}: {exc}") from exc
+
+    def listdir(self, rel: str) -> list[str]:
+        """Names (not paths) of the entries directly under ``rel``; empty if it does not exist."""
+        path = self.full(rel)
+        try:
+            entries = self.fs.ls(path, detail=False)
+        except FileNotFoundError:
+            return []
+        except Exception as exc:  # noqa: BLE001
+            raise StorageError(f"cannot list {self.url}/{rel}: {exc}") from exc
+        return sorted(posixpath.basename(str(e).rstrip("/")) for e in entries)
+
+    def remove(self, rel: str) -> None:
+        try:
+            self.fs.rm_file(self.full(rel))
+        except FileNotFoundError:
+            pass
+        except Exception as exc:  # noqa: BLE001
+            raise StorageError(f"cannot delete {self.url}/{rel}: {exc}") from exc
+
+
+def _atomic_local_write(path: str, data: bytes | memoryview) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = temp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def resolve(url: str, storage_options: Mapping[str, Any] | None = None) -> Location:
+    """Turn a URL (or plain path) into a :class:`Location`.
+
+    Storage options come from the caller; credentials otherwise come from the
+    backend's usual environment variables and profiles.
+    """
+    try:
+        fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+    except (ImportError, ValueError) as exc:
+        raise StorageError(f"cannot open {url!r}: {exc}", retryable=False) from exc
+    if is_local(fs):
+        root = os.path.abspath(root)
+    return Location(fs, root, url.rstrip("/"))
