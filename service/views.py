@@ -1,0 +1,185 @@
+"""Plain read-only records the daemon hands out (the API wraps them in pydantic models).
+
+Every record is a frozen dataclass of JSON-friendly fields: str, int, float, bool, None,
+lists and dicts of those. Times are Unix seconds (float); sizes are bytes; rates bytes/s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "ClusterInfo",
+    "DatasetInfo",
+    "ReplicaStatus",
+    "TransferInfo",
+    "HistoryEntry",
+    "ErrorInfo",
+    "LinkLag",
+    "ErrorCount",
+    "StatsSnapshot",
+    "LimitsInfo",
+    "ScrubReport",
+    "EVENT_TYPES",
+]
+
+#: ``type`` values of the event dicts delivered by ``Daemon.subscribe()``.
+EVENT_TYPES = (
+    "progress",  # {dataset, shard, src, dst, bytes_done, bytes_total, rate}
+    "shard_verified",  # {dataset, version, shard, src, dst, bytes, duration_s}
+    "version_published",  # {dataset, version, cluster}
+    "error",  # {id, dataset, version, shard, src, dst, message, retryable, attempts}
+    "scrub",  # {dataset, cluster, checked, bad, repaired}
+    "state",  # {paused: bool} or {limits: {...}} after a control call
+    "pass",  # {dataset, source, destination, copied, failed, published: bool}  (end of one sync pass)
+)
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """A configured cluster. ``url`` never carries credentials."""
+
+    name: str
+    url: str
+    priority: int
+
+
+@dataclass(frozen=True)
+class ReplicaStatus:
+    """One cell of the dataset × cluster matrix.
+
+    ``state``: "source" (the cluster the rule pulls from), "complete" (target version published),
+    "syncing" (copies in flight or pending), "failed" (some shard failed and waits for a retry),
+    "paused", or "unknown" (not planned yet).
+    """
+
+    dataset: str
+    cluster: str
+    role: str  # "source" | "destination"
+    target_version: str | None  # the source's current version
+    published_version: str | None  # what the cluster's manifest.json names now
+    verified_shards: int
+    total_shards: int
+    verified_bytes: int
+    total_bytes: int
+    state: str
+    lag_seconds: float | None  # None when complete; else seconds since the source version was first seen
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """A dataset some rule replicates, as last seen at its source."""
+
+    name: str
+    source: str  # cluster name
+    destinations: list[str]
+    version_id: str | None  # the source's current version (None if the source has none yet)
+    versions: list[str]  # versions seen at the source, oldest first (as far as known)
+    shards: int
+    bytes: int
+    tokens: int
+    replicas: list[ReplicaStatus] = field(default_factory=list)  # one per cluster incl. the source
+
+
+@dataclass(frozen=True)
+class TransferInfo:
+    """A copy in flight."""
+
+    id: int
+    dataset: str
+    version: str
+    shard: str
+    src: str  # cluster name (or URL for `ferry sync`)
+    dst: str
+    bytes_done: int
+    bytes_total: int
+    rate: float  # bytes/s over the last seconds
+    started_at: float
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """A finished transfer attempt (ok or not)."""
+
+    id: int
+    dataset: str
+    version: str
+    shard: str
+    src: str
+    dst: str
+    bytes: int
+    started_at: float
+    duration_s: float
+    ok: bool
+    error: str | None
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """A shard that failed at a destination and has not been repaired since."""
+
+    id: int  # pass to Daemon.retry(id)
+    dataset: str
+    version: str
+    cluster: str  # destination
+    shard: str
+    message: str
+    retryable: bool
+    attempts: int
+    at: float
+
+
+@dataclass(frozen=True)
+class LinkLag:
+    dataset: str
+    cluster: str
+    seconds: float  # 0.0 when the cluster is complete
+
+
+@dataclass(frozen=True)
+class ErrorCount:
+    dataset: str
+    cluster: str
+    kind: str  # "retryable" | "fatal" | "corrupt" (digest mismatch detected while copying or scrubbing)
+    count: int
+
+
+@dataclass(frozen=True)
+class StatsSnapshot:
+    """Counters for /metrics and the dashboard (rclone accounting style)."""
+
+    bytes_copied: int  # verified bytes written since start
+    bytes_read: int  # bytes read including failed attempts
+    transfers_ok: int
+    transfers_failed: int
+    corrupt_detected: int
+    rate_instant: float  # bytes/s over the last ~1 s
+    rate_avg: float  # exponential moving average, bytes/s
+    pending_bytes: int
+    pending_shards: int
+    eta_seconds: float | None
+    in_flight: int
+    paused: bool
+    uptime_seconds: float
+    lag: list[LinkLag]
+    errors: list[ErrorCount]
+
+
+@dataclass(frozen=True)
+class LimitsInfo:
+    transfers: int
+    bwlimit: float | None  # bytes/s, None = unlimited
+    per_link: dict[str, float | None]  # "SRC->DST" -> bytes/s
+
+
+@dataclass(frozen=True)
+class ScrubReport:
+    dataset: str
+    cluster: str
+    checked: int
+    bad: list[str]
+    repaired: list[str]
+    started_at: float
+    duration_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
