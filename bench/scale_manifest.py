@@ -1,0 +1,213 @@
+"""Manifest cost at scale: synthetic manifests of 1k … 1M shards, measured end to end.
+
+For each size N a fresh child process builds a shard table with realistic columns
+(``shards/<32 hex>.arrow.zst`` paths, ``xxh128:`` digests, ~128 MiB raw / ~100 MB stored
+per shard), publishes it with ``publish_version`` into a temp directory (no shard bytes),
+then measures what a reader pays: ``load_manifest`` (header + table read, digest checks,
+validation), locating samples (``searchsorted`` on ``token_offsets``), and the peak RSS.
+Optional sections time the replication planner and the loader's start-up where those
+modules exist (``--planner``, ``--loader``).
+
+Usage::
+
+    .venv/bin/python bench/scale_manifest.py                      # 1k, 10k, 100k, 1M
+    .venv/bin/python bench/scale_manifest.py --sizes 100000 --repeat 3 --planner --loader
+
+Prints one JSON document on stdout: ``{"results": [ {per size}, ... ]}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+DEFAULT_SIZES = (1_000, 10_000, 100_000, 1_000_000)
+RAW_BYTES = 128 * 2**20  # the default target shard size
+STORED_RATIO = 0.786  # zstd-1 on uint16 token streams (FINDINGS.md)
+TOKENS_PER_SHARD = RAW_BYTES // 2  # uint16 ids
+_HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+
+
+def hex_strings(n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` random 32-hex-digit strings as a numpy ``S32`` array (vectorised, no Python loop)."""
+    raw = rng.integers(0, 256, size=(n, 16), dtype=np.uint8)
+    out = np.empty((n, 32), dtype=np.uint8)
+    out[:, 0::2] = _HEX[raw >> 4]
+    out[:, 1::2] = _HEX[raw & 0x0F]
+    return out.view("S32").reshape(n)
+
+
+def synthetic_table(n: int, seed: int = 0) -> pa.Table:
+    """An Arrow shard table of ``n`` rows shaped like a real 128 MiB-per-shard dataset."""
+    rng = np.random.default_rng(seed)
+    raw_hex = hex_strings(n, rng)
+    stored_hex = hex_strings(n, rng)
+    tokens = rng.integers(TOKENS_PER_SHARD * 9 // 10, TOKENS_PER_SHARD + 1, size=n, dtype=np.int64)
+    raw_bytes = tokens * 2 + rng.integers(4_000, 40_000, size=n, dtype=np.int64)  # + Arrow offsets/framing
+    stored = (raw_bytes * STORED_RATIO).astype(np.int64)
+    documents = tokens // rng.integers(400, 900, size=n, dtype=np.int64)
+    raw_str = np.char.decode(raw_hex, "ascii")
+    paths = np.char.add(np.char.add("shards/", raw_str), ".arrow.zst")
+    return pa.table(
+        {
+            "path": pa.array(paths, type=pa.string()),
+            "documents": pa.array(documents),
+            "tokens": pa.array(tokens),
+            "stored_bytes": pa.array(stored),
+            "raw_bytes": pa.array(raw_bytes),
+            "stored_digest": pa.array(np.char.add("xxh128:", np.char.decode(stored_hex, "ascii")), type=pa.string()),
+            "raw_digest": pa.array(np.char.add("xxh128:", raw_str), type=pa.string()),
+        }
+    )
+
+
+def publish_synthetic(root: str, n: int, seed: int = 0) -> dict[str, Any]:
+    """Build and publish a synthetic manifest of ``n`` shards at ``root``; returns timings and sizes."""
+    from shard_tools.manifest import Manifest, ShardTable, Tokenizer
+    from shard_tools.publish import publish_version
+    from shard_tools.store import resolve
+
+    t0 = time.perf_counter()
+    table = ShardTable(synthetic_table(n, seed))
+    t1 = time.perf_counter()
+    manifest, table_data = Manifest.build(
+        name=f"synthetic-{n}",
+        token_dtype="uint16",
+        tokenizer=Tokenizer("synthetic", 50_257, 50_256),
+        eos_appended=True,
+        shards=table,
+        parent=None,
+        created_at="2026-11-30T00:00:00Z",
+        tool_version="bench",
+    )
+    t2 = time.perf_counter()
+    loc = resolve(root)
+    publish_version(loc, manifest, table_data, expect_current=None)
+    t3 = time.perf_counter()
+    return {
+        "synthesise_s": t1 - t0,
+        "build_s": t2 - t1,
+        "publish_s": t3 - t2,
+        "manifest_json_bytes": os.path.getsize(os.path.join(root, "manifest.json")),
+        "shard_table_bytes": len(table_data),
+        "version_id": manifest.version_id,
+        "total_tokens": int(table.tokens.sum()),
+        "total_stored_bytes": int(table.stored_bytes.sum()),
+    }
+
+
+def _median_time(fn: Any, repeat: int) -> tuple[float, Any]:
+    times = []
+    value = None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        value = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), value
+
+
+def measure_one(n: int, repeat: int, planner: bool, loader: bool) -> dict[str, Any]:
+    """Everything for one size, in this process (the parent runs each size in a fresh child)."""
+    from shard_tools.dataset import load_manifest
+    from shard_tools.store import resolve
+
+    out: dict[str, Any] = {"shards": n}
+    with tempfile.TemporaryDirectory(prefix="ferry-scale-") as root:
+        out.update(publish_synthetic(root, n))
+        rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        loc = resolve(root)
+        out["load_manifest_s"], manifest = _median_time(lambda: load_manifest(loc), repeat)
+        out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        out["peak_rss_before_load_mib"] = rss_before / 1024
+        shards = manifest.shards
+
+        # Locating: the first call pays the cumulative sum (cached after), then lookups are O(log n).
+        t0 = time.perf_counter()
+        offsets = shards.token_offsets
+        out["token_offsets_s"] = time.perf_counter() - t0
+        rng = np.random.default_rng(1)
+        total = int(offsets[-1])
+        one = int(rng.integers(0, total))
+        t0 = time.perf_counter()
+        shard = int(np.searchsorted(offsets, one, side="right")) - 1
+        out["locate_one_s"] = time.perf_counter() - t0
+        assert offsets[shard] <= one < offsets[shard + 1]
+        many = rng.integers(0, total, size=100_000)
+        t0 = time.perf_counter()
+        idx = np.searchsorted(offsets, many, side="right") - 1
+        out["locate_100k_samples_s"] = time.perf_counter() - t0
+        assert bool(np.all(offsets[idx] <= many)) and bool(np.all(many < offsets[idx + 1]))
+        t0 = time.perf_counter()
+        info = shards[shard]
+        out["first_row_access_s"] = time.perf_counter() - t0  # builds the Python path/digest lists once
+        assert info.path.startswith("shards/")
+
+        if planner:
+            out["planner"] = _measure_planner(root, manifest, repeat)
+        if loader:
+            out["loader"] = _measure_loader(root, repeat)
+    return out
+
+
+def _measure_planner(root: str, manifest: Any, repeat: int) -> dict[str, Any]:
+    """Time ``service.planner`` on (source = full manifest, destination = empty / half / full)."""
+    try:
+        from service import planner as planner_mod
+    except ImportError as exc:
+        return {"skipped": f"service.planner not importable ({exc})"}
+    plan = getattr(planner_mod, "plan", None)
+    if plan is None:
+        return {"skipped": f"service.planner has no plan(); names: {sorted(getattr(planner_mod, '__all__', []))}"}
+    return {"skipped": "planner signature not wired yet", "names": sorted(getattr(planner_mod, "__all__", []))}
+
+
+def _measure_loader(root: str, repeat: int) -> dict[str, Any]:
+    """Time ``TokenDataset`` construction + first sample location on the synthetic manifest."""
+    try:
+        from client import TokenDataset
+    except ImportError as exc:
+        return {"skipped": f"client.TokenDataset not importable ({exc})"}
+    t, ds = _median_time(lambda: TokenDataset(root, seq_len=2048, seed=1234, shuffle="global"), repeat)
+    return {"token_dataset_init_s": t, "samples": len(ds) if hasattr(ds, "__len__") else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES))
+    ap.add_argument("--repeat", type=int, default=3, help="median of this many loads per size")
+    ap.add_argument("--planner", action="store_true", help="also time the replication planner")
+    ap.add_argument("--loader", action="store_true", help="also time TokenDataset start-up")
+    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # child mode: one size, this process
+    args = ap.parse_args(argv)
+    if args.one:
+        (n,) = args.sizes
+        print(json.dumps(measure_one(n, args.repeat, args.planner, args.loader)))
+        return 0
+    results = []
+    for n in args.sizes:
+        cmd = [sys.executable, os.path.abspath(__file__), "--one", "--sizes", str(n), "--repeat", str(args.repeat)]
+        cmd += ["--planner"] if args.planner else []
+        cmd += ["--loader"] if args.loader else []
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            results.append({"shards": n, "error": proc.stderr.strip().splitlines()[-1:]})
+            continue
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        print(f"{n} shards done", file=sys.stderr)
+    print(json.dumps({"results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
