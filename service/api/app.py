@@ -1,0 +1,234 @@
+"""The FastAPI application: JSON API under /api/v1, SSE, /metrics, health, and the dashboard at /."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from .auth import NAME_PATTERN, check_token, valid_name
+from .backend import ApiBackend, Invalid, NotFound
+from .metrics import CONTENT_TYPE, render_metrics
+from .models import (
+    ActionResult,
+    ClusterOut,
+    DatasetDetail,
+    DatasetSummary,
+    ErrorEntry,
+    HealthOut,
+    HistoryEntry,
+    LimitsIn,
+    LimitsOut,
+    LinkOut,
+    ReplicaMatrix,
+    RetryIn,
+    ScrubIn,
+    StatusOut,
+    SyncIn,
+    ThroughputOut,
+    TransferOut,
+)
+from .settings import ApiSettings
+from .sse import event_stream
+
+__all__ = ["create_app"]
+
+_STATIC = resources.files("service") / "static"
+_STATIC_FILES = {"app.js": "text/javascript", "app.css": "text/css"}
+_NO_STORE = {"Cache-Control": "no-store"}
+
+
+def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
+    """Build the app over a daemon (a ``service.daemon.Daemon`` or anything implementing ``ApiBackend``)."""
+    settings = ApiSettings.from_config(api_config)
+    backend: ApiBackend = _as_backend(daemon, settings)
+    stopping = asyncio.Event()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        stopping.set()  # ends open SSE streams so shutdown is not held up
+
+    app = FastAPI(
+        title="ferry service",
+        version="1",
+        description="Replication status and control. Mutating calls need `Authorization: Bearer <token>`.",
+        lifespan=lifespan,
+        docs_url="/api/docs",
+        redoc_url=None,
+        openapi_url="/api/v1/openapi.json",
+    )
+    app.state.backend = backend
+    app.state.settings = settings
+    app.state.stopping = stopping
+
+    def read_access(request: Request) -> None:
+        if settings.read_protected:
+            check_token(request, settings.token)
+
+    def write_access(request: Request) -> None:
+        check_token(request, settings.token)
+
+    _401_403: dict[int | str, dict[str, Any]] = {
+        401: {"description": "no bearer token"},
+        403: {"description": "bad token"},
+    }
+    read = APIRouter(
+        prefix="/api/v1", dependencies=[Depends(read_access)], responses=_401_403 if settings.read_protected else None
+    )
+    write = APIRouter(prefix="/api/v1", dependencies=[Depends(write_access)], responses=_401_403)
+
+    @read.get("/status", response_model=StatusOut, summary="Daemon state: paused, limits, counters")
+    def get_status() -> StatusOut:
+        return backend.status()
+
+    @read.get("/clusters", response_model=list[ClusterOut], summary="Configured clusters")
+    def get_clusters() -> list[ClusterOut]:
+        return backend.clusters()
+
+    @read.get("/datasets", response_model=list[DatasetSummary], summary="Replicated datasets")
+    def get_datasets() -> list[DatasetSummary]:
+        return backend.datasets()
+
+    @read.get(
+        "/datasets/{name}",
+        response_model=DatasetDetail,
+        summary="One dataset: versions, shards, completeness per cluster",
+        responses={404: {"description": "unknown dataset"}},
+    )
+    def get_dataset(name: Annotated[str, Path(pattern=NAME_PATTERN, max_length=128)]) -> DatasetDetail:
+        if not valid_name(name):
+            raise HTTPException(422, "invalid dataset name")
+        detail = backend.dataset(name, 0)
+        if detail is None:
+            raise HTTPException(404, "unknown dataset")
+        return detail
+
+    @read.get("/replicas", response_model=ReplicaMatrix, summary="Dataset × cluster completeness matrix")
+    def get_replicas() -> ReplicaMatrix:
+        return backend.replicas()
+
+    @read.get("/transfers", response_model=list[TransferOut], summary="Shard copies in flight")
+    def get_transfers() -> list[TransferOut]:
+        return backend.transfers()
+
+    @read.get("/history", response_model=list[HistoryEntry], summary="Finished transfers, newest first")
+    def get_history(
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        dataset: Annotated[str | None, Query(pattern=NAME_PATTERN, max_length=128)] = None,
+    ) -> list[HistoryEntry]:
+        return backend.history(limit, dataset)
+
+    @read.get("/errors", response_model=list[ErrorEntry], summary="Open replication errors, newest first")
+    def get_errors(limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[ErrorEntry]:
+        return backend.errors(limit)
+
+    @read.get("/links", response_model=list[LinkOut], summary="Lag, SLA attainment and limits per link")
+    def get_links() -> list[LinkOut]:
+        return backend.links()
+
+    @read.get("/throughput", response_model=ThroughputOut, summary="Copy throughput over the recent past")
+    def get_throughput(
+        seconds: Annotated[float, Query(ge=10, le=3600)] = 3600,
+        buckets: Annotated[int, Query(ge=1, le=720)] = 120,
+    ) -> ThroughputOut:
+        return backend.throughput(seconds, buckets)
+
+    @read.get("/limits", response_model=LimitsOut, summary="Current transfer and bandwidth limits")
+    def get_limits() -> LimitsOut:
+        return backend.limits()
+
+    @read.get(
+        "/events",
+        summary="Server-Sent Events: hello, progress, shard_verified, version_published, error, scrub, state, pass",
+        response_class=StreamingResponse,
+        responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+    )
+    async def get_events(request: Request) -> StreamingResponse:
+        return StreamingResponse(
+            event_stream(backend, request.is_disconnected, stopping),
+            media_type="text/event-stream",
+            headers={**_NO_STORE, "X-Accel-Buffering": "no"},
+        )
+
+    @write.post("/sync", response_model=ActionResult, summary="Sync now (all, one dataset and/or one link)")
+    def post_sync(body: SyncIn | None = None) -> ActionResult:
+        return backend.sync(body or SyncIn())
+
+    @write.post("/pause", response_model=ActionResult, summary="Pause replication (transfers in flight stop)")
+    def post_pause() -> ActionResult:
+        return backend.pause()
+
+    @write.post("/resume", response_model=ActionResult, summary="Resume replication")
+    def post_resume() -> ActionResult:
+        return backend.resume()
+
+    @write.put("/limits", response_model=LimitsOut, summary="Change transfer and bandwidth limits at run time")
+    def put_limits(body: LimitsIn) -> LimitsOut:
+        return backend.set_limits(body)
+
+    @write.post("/scrub", response_model=ActionResult, summary="Re-verify replicas and repair from a healthy copy")
+    def post_scrub(body: ScrubIn | None = None) -> ActionResult:
+        return backend.scrub(body or ScrubIn())
+
+    @write.post("/retry", response_model=ActionResult, summary="Retry one failed shard (by error id) or all")
+    def post_retry(body: RetryIn | None = None) -> ActionResult:
+        return backend.retry(body or RetryIn())
+
+    app.include_router(read)
+    app.include_router(write)
+
+    @app.exception_handler(NotFound)
+    async def not_found(request: Request, exc: NotFound) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(Invalid)
+    async def invalid(request: Request, exc: Invalid) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    @app.get("/metrics", summary="Prometheus metrics", response_class=Response, dependencies=[Depends(read_access)])
+    def metrics() -> Response:
+        return Response(render_metrics(backend), media_type=CONTENT_TYPE)
+
+    @app.get("/healthz", response_model=HealthOut, summary="Liveness")
+    def healthz() -> HealthOut:
+        return HealthOut(status="ok")
+
+    @app.get(
+        "/readyz", response_model=HealthOut, summary="Readiness (daemon started)", responses={503: {"model": HealthOut}}
+    )
+    def readyz() -> Any:
+        if backend.ready():
+            return HealthOut(status="ok")
+        return JSONResponse(HealthOut(status="starting").model_dump(), status_code=503)
+
+    @app.get("/", include_in_schema=False)
+    def index() -> Response:
+        return Response(_static_bytes("index.html"), media_type="text/html; charset=utf-8", headers=_NO_STORE)
+
+    @app.get("/static/{fname}", include_in_schema=False)
+    def static(fname: str) -> Response:
+        if fname not in _STATIC_FILES:  # fixed allow-list: no path ever reaches the filesystem
+            raise HTTPException(404, "not found")
+        return Response(_static_bytes(fname), media_type=_STATIC_FILES[fname] + "; charset=utf-8", headers=_NO_STORE)
+
+    app.state.started = time.time()
+    return app
+
+
+def _static_bytes(name: str) -> bytes:
+    return (_STATIC / name).read_bytes()
+
+
+def _as_backend(daemon: Any, settings: ApiSettings) -> ApiBackend:
+    if hasattr(daemon, "replicas") and hasattr(daemon, "copied_bytes"):
+        return daemon  # already an ApiBackend
+    from .daemon_backend import DaemonBackend
+
+    return DaemonBackend(daemon, settings)

@@ -1,0 +1,262 @@
+"""Pydantic models of every API request and response body (the OpenAPI schema is generated from them)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ActionResult",
+    "ClusterOut",
+    "DatasetDetail",
+    "DatasetSummary",
+    "ErrorEntry",
+    "EventOut",
+    "HealthOut",
+    "HistoryEntry",
+    "LimitsIn",
+    "LimitsOut",
+    "LinkOut",
+    "ReplicaCell",
+    "ReplicaMatrix",
+    "RetryIn",
+    "ScrubIn",
+    "StatusOut",
+    "SyncIn",
+    "ThroughputOut",
+    "ThroughputPoint",
+    "TransferOut",
+]
+
+CellState = Literal["source", "complete", "syncing", "failed", "paused", "unknown"]
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ClusterOut(_Out):
+    """A named storage location. ``url`` never carries credentials (userinfo and query are stripped)."""
+
+    name: str
+    url: str
+    protocol: str
+    priority: int = Field(description="lower = preferred as a copy source")
+    is_source: bool = Field(description="true when some rule replicates from this cluster")
+    is_destination: bool = Field(description="true when some rule replicates to this cluster")
+
+
+class DatasetSummary(_Out):
+    """One replicated dataset as the source cluster publishes it."""
+
+    name: str
+    source: str = Field(description="cluster the dataset is replicated from")
+    destinations: list[str]
+    version: str | None = Field(description="current version id at the source (null when not readable yet)")
+    versions: int = Field(description="number of versions seen at the source")
+    shards: int
+    bytes: int = Field(description="stored (compressed) bytes of the current version")
+    tokens: int
+
+
+class ReplicaCell(_Out):
+    """Completeness of one dataset on one cluster."""
+
+    dataset: str
+    cluster: str
+    role: Literal["source", "destination"]
+    state: CellState
+    published_version: str | None = Field(description="version named by this cluster's manifest (null when none)")
+    target_version: str | None = Field(description="version the cluster is converging to")
+    verified_shards: int
+    total_shards: int
+    verified_bytes: int
+    total_bytes: int
+    percent: float = Field(ge=0, le=100)
+    lag_seconds: float | None = Field(description="seconds since the target version was first seen; null when complete")
+
+
+class DatasetDetail(_Out):
+    """A dataset with its versions, shard totals and completeness per cluster."""
+
+    name: str
+    source: str
+    destinations: list[str]
+    version: str | None
+    versions: list[str] = Field(description="versions seen at the source, oldest first")
+    shards: int
+    bytes: int
+    tokens: int
+    replicas: list[ReplicaCell]
+
+
+class ReplicaMatrix(_Out):
+    """The dataset × cluster completeness matrix."""
+
+    datasets: list[str]
+    clusters: list[str]
+    cells: list[ReplicaCell]
+
+
+class TransferOut(_Out):
+    """A shard copy in flight."""
+
+    id: int
+    dataset: str
+    version: str
+    shard: str
+    source: str
+    destination: str
+    bytes_done: int
+    bytes_total: int
+    percent: float = Field(ge=0, le=100)
+    rate_bps: float = Field(description="bytes per second over the last seconds")
+    started_at: float = Field(description="unix time")
+
+
+class HistoryEntry(_Out):
+    """A finished transfer attempt, successful or not."""
+
+    id: int
+    dataset: str
+    version: str
+    shard: str
+    source: str
+    destination: str
+    bytes: int
+    started_at: float
+    duration_s: float
+    ok: bool
+    error: str | None
+
+
+class ErrorEntry(_Out):
+    """An open replication error."""
+
+    id: int
+    at: float
+    dataset: str
+    version: str
+    cluster: str = Field(description="destination cluster")
+    shard: str
+    reason: str
+    retryable: bool
+    attempts: int
+
+
+class LinkOut(_Out):
+    """One source → destination link: lag, SLA attainment and bandwidth limit."""
+
+    source: str
+    destination: str
+    lag_seconds: float | None
+    sla_minutes: float
+    versions_total: int
+    versions_within_sla: int
+    share_within_sla: float | None = Field(
+        description="fraction of versions replicated within the SLA; null if none yet"
+    )
+    limit_bps: float | None = Field(description="bandwidth limit of the link in bytes/s; null = unlimited")
+    rate_bps: float = Field(description="current copy rate in bytes/s")
+
+
+class ThroughputPoint(_Out):
+    """Bytes per second averaged over one bucket ending at ``t``."""
+
+    t: float
+    bps: float
+
+
+class ThroughputOut(_Out):
+    """Copy throughput over the recent past (default: the last hour)."""
+
+    bucket_seconds: float
+    points: list[ThroughputPoint]
+
+
+class LimitsOut(_Out):
+    """Current limits: parallel transfers and bandwidth (bytes/s; null = unlimited)."""
+
+    transfers: int
+    global_bps: float | None
+    links: dict[str, float | None] = Field(description='per link, keyed "source->destination"')
+
+
+class StatusOut(_Out):
+    """Daemon state in one call: paused, limits, counters."""
+
+    paused: bool
+    ready: bool
+    version: str
+    uptime_seconds: float
+    transfers_in_flight: int
+    open_errors: int
+    copied_bytes_total: int
+    rate_bps: float
+    pending_bytes: int
+    pending_shards: int
+    eta_seconds: float | None
+    limits: LimitsOut
+    sla_minutes: float
+    read_protected: bool
+
+
+class HealthOut(_Out):
+    """Liveness / readiness."""
+
+    status: Literal["ok", "starting"]
+
+
+class ActionResult(_Out):
+    """Answer to a control call."""
+
+    ok: bool
+    message: str
+    affected: int = 0
+
+
+class EventOut(_Out):
+    """One Server-Sent Event payload (``event:`` is ``kind``)."""
+
+    kind: str
+    time: float
+    data: dict[str, object]
+
+
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SyncIn(_In):
+    """Sync now: everything, one dataset, one link, or one dataset on one link."""
+
+    dataset: str | None = Field(default=None, pattern=_NAME)
+    source: str | None = Field(default=None, pattern=_NAME)
+    destination: str | None = Field(default=None, pattern=_NAME)
+
+
+class LimitsIn(_In):
+    """New limits (bandwidth in bytes/s). Omitted fields are unchanged; a bandwidth of ``0`` means unlimited."""
+
+    transfers: int | None = Field(default=None, ge=1, le=1024)
+    global_bps: float | None = Field(default=None, ge=0, le=1e13)
+    links: dict[str, float] | None = Field(
+        default=None, description='per link, keyed "source->destination"; 0 = unlimited', max_length=256
+    )
+
+
+class ScrubIn(_In):
+    """Re-verify replicas (optionally one dataset / cluster) and repair from a healthy copy."""
+
+    dataset: str | None = Field(default=None, pattern=_NAME)
+    cluster: str | None = Field(default=None, pattern=_NAME)
+
+
+class RetryIn(_In):
+    """Retry failed work: one error by id, or every open error when ``id`` is omitted."""
+
+    id: int | None = Field(default=None, ge=0, le=2**62)

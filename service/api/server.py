@@ -1,0 +1,153 @@
+"""Serve the API with uvicorn: in a background thread next to the daemon, or blocking.
+
+``install_serve_hooks()`` plugs this into ``ferry serve`` (adds ``--host``/``--port`` and starts
+the server after the daemon); ``start_server`` is what tests and the demo call directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+
+from shard_tools.errors import ServiceError
+
+from .app import create_app
+from .settings import ApiSettings
+
+__all__ = ["RunningServer", "install_serve_hooks", "run_server", "start_server"]
+
+log = logging.getLogger("ferry.api")
+
+
+@dataclass
+class RunningServer:
+    """A uvicorn server on a background thread; ``url`` is its base URL, ``stop()`` ends it."""
+
+    url: str
+    _server: uvicorn.Server
+    _thread: threading.Thread
+    _app: Any
+    _stopped: bool = field(default=False)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End open event streams, stop accepting, join the thread, stop the backend's helper threads."""
+        if self._stopped:
+            return
+        self._stopped = True
+        loop = getattr(self._server, "_ferry_loop", None)
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._app.state.stopping.set)
+        self._server.should_exit = True
+        self._thread.join(timeout)
+        backend = self._app.state.backend
+        close = getattr(backend, "close", None)
+        if close is not None:
+            close()
+
+
+def _settings_of(config: Any) -> ApiSettings:
+    return ApiSettings.from_config(getattr(config, "api", config))
+
+
+def start_server(
+    daemon: Any,
+    config: Any = None,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    access_log: bool = False,
+    startup_timeout: float = 20.0,
+) -> RunningServer:
+    """Start the API for ``daemon`` on a thread; ``config`` is the ferry ``Config``, its ``[api]`` or ApiSettings.
+
+    ``port=0`` picks a free port (read it from ``.url``).
+    """
+    settings = _settings_of(config if config is not None else getattr(daemon, "config", None))
+    app = create_app(daemon, settings)
+    uv_config = uvicorn.Config(
+        app,
+        host=host or settings.host,
+        port=settings.port if port is None else port,
+        log_level="warning",
+        access_log=access_log,
+        timeout_graceful_shutdown=2,
+        lifespan="on",
+    )
+    server = uvicorn.Server(uv_config)
+
+    def run() -> None:
+        loop = asyncio.new_event_loop()
+        server._ferry_loop = loop  # type: ignore[attr-defined]  # lets stop() reach the loop
+        try:
+            loop.run_until_complete(server.serve())
+        finally:
+            loop.close()
+
+    thread = threading.Thread(target=run, name="ferry-api", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise ServiceError(f"the API server did not start on {uv_config.host}:{uv_config.port}")
+        time.sleep(0.02)
+    sock = server.servers[0].sockets[0].getsockname()
+    bound_host = uv_config.host if uv_config.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    url = f"http://{_host_for_url(bound_host)}:{sock[1]}"
+    return RunningServer(url, server, thread, app)
+
+
+def _host_for_url(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def run_server(daemon: Any, config: Any = None) -> None:
+    """Serve the API in the foreground until the daemon stops (or KeyboardInterrupt)."""
+    running = start_server(daemon, config)
+    try:
+        while daemon.running:
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        running.stop()
+
+
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default=None, help="bind address of the HTTP API (default: [api] host)")
+    parser.add_argument("--port", type=int, default=None, help="port of the HTTP API (default: [api] port)")
+    parser.add_argument("--no-api", action="store_true", help="run the daemon without the HTTP API and dashboard")
+    parser.add_argument("--access-log", action="store_true", help="log every HTTP request")
+
+
+def _extra(daemon: Any, args: argparse.Namespace) -> Callable[[], None] | None:
+    if getattr(args, "no_api", False):
+        return None
+    running = start_server(
+        daemon,
+        daemon.config,
+        host=getattr(args, "host", None),
+        port=getattr(args, "port", None),
+        access_log=bool(getattr(args, "access_log", False)),
+    )
+    print(f"ferry: dashboard at {running.url}/  (API {running.url}/api/v1/)", file=sys.stderr, flush=True)
+    return running.stop
+
+
+def install_serve_hooks(hooks: list[Any], extras: list[Any]) -> None:
+    """Register the API with ``ferry serve`` (idempotent)."""
+    if _add_options not in hooks:
+        hooks.append(_add_options)
+    if _extra not in extras:
+        extras.append(_extra)
