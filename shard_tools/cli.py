@@ -74,8 +74,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "inputs",
-        nargs="+",
-        help="input files (format by suffix, or --input-format); a Megatron dataset is given by its .bin or .idx file",
+        nargs="*",
+        help="input files or URLs (format by suffix, or --input-format); a Megatron dataset is given by its "
+        ".bin or .idx file. Inputs are only read, never modified",
     )
     p.add_argument("--out", required=True, help="dataset URL (local path, file://, s3://, gs://, memory://)")
     p.add_argument("--input-format", choices=["parquet", "jsonl", "text", "npy", "megatron"])
@@ -93,6 +94,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shard-size", default="128MiB", help="target raw bytes per shard (default: 128MiB)")
     p.add_argument("--compression", default="zstd:1", help="zstd:LEVEL, 1..22 (default: zstd:1)")
     p.add_argument("--workers", type=int, default=1, help="worker processes (output is identical for any N)")
+    p.add_argument(
+        "--executor",
+        choices=["local", "ray"],
+        default="local",
+        help="local: this machine (--workers processes); ray: one Ray task per unit (needs the 'ray' extra)",
+    )
+    p.add_argument("--ray-address", help="Ray cluster address for --executor ray (default: start a local Ray)")
+    p.add_argument(
+        "--part",
+        metavar="I/N",
+        help="pack only units i with i %% N == I and store a part record under --out/parts/; run every I "
+        "in 0..N-1 (e.g. a Slurm array), then --merge",
+    )
+    p.add_argument("--merge", action="store_true", help="publish one version from the part records of a --part run")
+    p.add_argument("--run-id", help="the run to --merge (default: the only run under parts/), or to name a --part run")
+    p.add_argument("--parts", type=int, help="with --merge and INPUTS: N of the --part run (to compute its run id)")
     p.add_argument("--name", help="dataset name (default: last part of --out)")
     p.add_argument("--append", action="store_true", help="publish a new version adding shards to an existing dataset")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary")
@@ -140,8 +157,12 @@ def _compression_level(spec: str) -> int:
 
 
 def _cmd_pack(args: argparse.Namespace) -> int:
-    from .pack import PackOptions, pack, parse_size
+    from .pack import PackOptions, merge_parts, pack, pack_part, parse_part_spec, parse_size
 
+    if args.merge and args.part:
+        raise UsageError("--merge and --part are separate steps: run each --part I/N, then --merge")
+    if not args.inputs and not args.merge:
+        raise UsageError("no input files given (ferry pack INPUT... --out URL)")
     opts = PackOptions(
         name=args.name,
         tokenizer=args.tokenizer,
@@ -156,10 +177,26 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         shard_size=parse_size(args.shard_size),
         compression_level=_compression_level(args.compression),
         workers=args.workers,
+        executor=args.executor,
+        ray_address=args.ray_address,
         append=args.append,
         storage_options=parse_storage_options(args.storage_option),
     )
-    result = pack(args.inputs, args.out, opts)
+    if args.part:
+        part, parts = parse_part_spec(args.part)
+        pr = pack_part(args.inputs, args.out, part, parts, opts, run_id=args.run_id)
+        if args.json:
+            print_json(pr.to_dict())
+        else:
+            print(
+                f"part {pr.part}/{pr.parts} of run {pr.run_id}: {pr.units} units, {pr.shards} shards, "
+                f"{pr.tokens:,} tokens stored; record {pr.url}/{pr.record}"
+            )
+        return 0
+    if args.merge:
+        result = merge_parts(args.out, opts, run_id=args.run_id, inputs=args.inputs, parts=args.parts)
+    else:
+        result = pack(args.inputs, args.out, opts)
     if args.json:
         print_json(result.to_dict())
     else:

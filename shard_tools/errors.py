@@ -24,6 +24,8 @@ Library exceptions are mapped at the boundary with ``raise XError(...) from exc`
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "FerryError",
     "UsageError",
@@ -88,6 +90,11 @@ class ShardError(DatasetError):
     def __init__(self, shard: str, message: str) -> None:
         super().__init__(f"shard {shard}: {message}")
         self.shard = shard
+        self.reason = message
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        # Exceptions pickle as cls(*args); ours take (shard, message), so say so (process pools).
+        return (type(self), (self.shard, self.reason))
 
 
 class ShardMissingError(ShardError):
@@ -108,6 +115,9 @@ class StorageError(FerryError):
     def __init__(self, message: str, *, retryable: bool = True) -> None:
         super().__init__(message)
         self.retryable = retryable
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), str(self), {"retryable": self.retryable}))
 
 
 class PublishError(FerryError):
@@ -131,6 +141,9 @@ class ReplicationError(FerryError):
         super().__init__(message)
         self.retryable = retryable
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), str(self), {"retryable": self.retryable}))
+
 
 class ServiceError(FerryError):
     """The ferry service answered with an error status."""
@@ -138,3 +151,11 @@ class ServiceError(FerryError):
     def __init__(self, message: str, *, status: int = 0) -> None:
         super().__init__(message)
         self.status = status
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), str(self), {"status": self.status}))
+
+
+def _rebuild(cls: type[FerryError], message: str, kwargs: dict[str, Any]) -> FerryError:
+    """Unpickle an error whose constructor takes keyword-only options (process pools, Ray)."""
+    return cls(message, **kwargs)

@@ -28,6 +28,7 @@ __all__ = [
     "ShardView",
     "dtype_for_vocab",
     "encode_shard",
+    "encode_shard_buffer",
     "compress",
     "decompress",
     "parse_shard",
@@ -81,6 +82,16 @@ def encode_shard(
     extra: Mapping[str, pa.Array] | None = None,
 ) -> bytes:
     """Serialise documents (flat ``tokens`` + ``offsets``) to the raw Arrow IPC bytes of a shard."""
+    return encode_shard_buffer(tokens, offsets, dtype, extra).to_pybytes()
+
+
+def encode_shard_buffer(
+    tokens: np.ndarray,
+    offsets: np.ndarray,
+    dtype: str,
+    extra: Mapping[str, pa.Array] | None = None,
+) -> pa.Buffer:
+    """As :func:`encode_shard`, without copying the result out of Arrow's buffer (the packer's path)."""
     if dtype not in TOKEN_DTYPES:
         raise ShardFormatError("<new>", f"unknown token dtype {dtype!r}")
     if int(offsets[-1]) > _MAX_TOKENS_PER_SHARD:
@@ -97,10 +108,10 @@ def encode_shard(
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, schema) as writer:
         writer.write_batch(batch.replace_schema_metadata(schema.metadata))
-    return sink.getvalue().to_pybytes()
+    return sink.getvalue()
 
 
-def compress(raw: bytes | memoryview, level: int) -> bytes:
+def compress(raw: bytes | memoryview | pa.Buffer, level: int) -> bytes:
     """One zstd frame with the content size recorded (single-threaded: same bytes every run)."""
     return zstandard.ZstdCompressor(level=level, write_content_size=True).compress(raw)
 

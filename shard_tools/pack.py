@@ -2,61 +2,73 @@
 
 Plan (pure): inputs → units. Do: each unit is read, cut into shards at document
 boundaries once the raw size reaches ``shard_size``, encoded, compressed and stored under
-its content digest — in a process pool, results gathered in unit order. Publish: shard
+its content digest (:mod:`.packunit`) — by an executor (in-process, a process pool, Ray,
+or one ``--part I/N`` of a fan-out), results gathered in unit order. Publish: shard
 table, ``versions/<id>.json``, ``manifest.json`` last. Since units and cuts never depend
-on the pool, any ``workers`` gives byte-identical shards and the same version id.
+on the executor, every way of running gives byte-identical shards and the same version id.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import datetime as _dt
-import multiprocessing
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from . import __version__
 from .dataset import load_manifest
-from .digest import digest_bytes
-from .errors import DatasetNotFoundError, TokenRangeError, UsageError
-from .format import SHARD_SUFFIX, compress, dtype_for_vocab, encode_shard
-from .manifest import SHARDS_DIR, Manifest, ShardInfo, ShardTable, Tokenizer
+from .errors import DatasetNotFoundError, UsageError
+from .executors import EXECUTORS, run_units
+from .format import dtype_for_vocab
+from .manifest import Manifest, ShardInfo, ShardTable, Tokenizer
+from .packunit import Job, UnitResult, pack_batches
+from .parts import DatasetHeader, PartRecord, parse_part_spec, read_parts, run_id_for, write_part
 from .publish import publish_version
-from .sources import DocBatch, SourceOptions, Unit, plan_units, read_unit
-from .store import resolve
+from .sources import DocBatch, SourceOptions, Unit, plan_units
+from .sources.base import batch_from_lists
+from .store import Location, resolve
 from .tokenizer import load_tokenizer
 
-__all__ = ["PackOptions", "PackResult", "pack", "pack_documents", "parse_size"]
+__all__ = [
+    "PackOptions",
+    "PackResult",
+    "PartResult",
+    "pack",
+    "pack_part",
+    "merge_parts",
+    "pack_documents",
+    "parse_size",
+    "parse_part_spec",
+]
 
 DEFAULT_SHARD_SIZE = 128 * 2**20
 DEFAULT_LEVEL = 1  # same ratio as level 3 on token streams at ~7x the speed (shared/FINDINGS.md)
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "kib": 2**10,
+    "m": 10**6,
+    "mb": 10**6,
+    "mib": 2**20,
+    "g": 10**9,
+    "gb": 10**9,
+    "gib": 2**30,
+    "t": 10**12,
+    "tb": 10**12,
+    "tib": 2**40,
+}
 
 
 def parse_size(text: str | int) -> int:
     """``"128MiB"``, ``"1GB"``, ``"4096"`` → bytes."""
     if isinstance(text, int):
         return text
-    units = {
-        "": 1,
-        "b": 1,
-        "k": 10**3,
-        "kb": 10**3,
-        "kib": 2**10,
-        "m": 10**6,
-        "mb": 10**6,
-        "mib": 2**20,
-        "g": 10**9,
-        "gb": 10**9,
-        "gib": 2**30,
-        "t": 10**12,
-        "tb": 10**12,
-        "tib": 2**40,
-    }
     s = text.strip().lower().replace(" ", "")
     num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
     unit = s[len(num) :]
@@ -64,9 +76,9 @@ def parse_size(text: str | int) -> int:
         value = float(num)
     except ValueError:
         raise UsageError(f"cannot read size {text!r} (examples: 128MiB, 1GB, 4096)") from None
-    if unit not in units or value <= 0:
+    if unit not in _SIZE_UNITS or value <= 0:
         raise UsageError(f"cannot read size {text!r} (examples: 128MiB, 1GB, 4096)")
-    return int(value * units[unit])
+    return int(value * _SIZE_UNITS[unit])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +98,8 @@ class PackOptions:
     shard_size: int = DEFAULT_SHARD_SIZE
     compression_level: int = DEFAULT_LEVEL
     workers: int = 1
+    executor: str = "local"  # "local" (in-process / process pool) or "ray"
+    ray_address: str | None = None
     append: bool = False
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     input_storage_options: Mapping[str, Any] = field(default_factory=dict)
@@ -98,6 +112,12 @@ class PackOptions:
             raise UsageError(f"zstd level {self.compression_level} is outside 1..22")
         if self.workers < 1:
             raise UsageError("--workers must be at least 1")
+        if self.executor not in EXECUTORS:
+            raise UsageError(f"--executor {self.executor!r}: choose one of {', '.join(EXECUTORS)}")
+        if self.vocab_size is not None and self.vocab_size <= 0:
+            raise UsageError(f"--vocab-size must be positive, got {self.vocab_size}")
+        if self.eos_id is not None and self.eos_id < 0:
+            raise UsageError(f"--eos-id must not be negative, got {self.eos_id}")
 
 
 @dataclass(frozen=True)
@@ -120,121 +140,35 @@ class PackResult:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
         return {**asdict(self), "tokens_per_second": self.tokens_per_second}
 
 
 @dataclass(frozen=True)
-class _Job:
-    """What one worker needs: picklable, no open handles."""
+class PartResult:
+    """What one ``--part I/N`` run stored (its shards are published later by ``--merge``)."""
 
-    out_url: str
-    storage_options: dict[str, Any]
-    source: SourceOptions
-    dtype: str
-    vocab_size: int
-    eos_id: int | None
-    level: int
+    url: str
+    run_id: str
+    part: int
+    parts: int
+    record: str
+    units: int
+    shards: int
+    documents: int
+    tokens: int
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
-class _UnitResult:
-    shards: list[ShardInfo]
-    documents: int
-    tokens: int
+class _Prepared:
+    """A planned pack: dataset header, units and the worker job (no I/O has happened yet)."""
 
-
-def _cut_shards(batches: Iterable[DocBatch], budget: int, itemsize: int) -> Iterator[DocBatch]:
-    """Regroup document batches into shards: cut at the first document boundary where the
-    raw size (tokens + 4-byte offsets) reaches ``budget``; a document is never split."""
-    parts: list[DocBatch] = []
-    used = 0
-    for batch in batches:
-        pos = 0
-        ndocs = len(batch.offsets) - 1
-        while pos < ndocs:
-            # raw bytes after taking documents pos..k: used + (offsets[k+1]-offsets[pos])*itemsize + 4*(k+1-pos)
-            rel = (batch.offsets[pos + 1 :] - batch.offsets[pos]) * itemsize + 4 * np.arange(1, ndocs - pos + 1)
-            k = int(np.searchsorted(rel, budget - used, side="left"))
-            if k >= ndocs - pos:  # the whole rest fits below the budget
-                parts.append(_slice(batch, pos, ndocs))
-                used += int(rel[-1])
-                break
-            end = pos + k + 1
-            parts.append(_slice(batch, pos, end))
-            yield _join(parts)
-            parts, used = [], 0
-            pos = end
-    if parts:
-        yield _join(parts)
-
-
-def _slice(batch: DocBatch, a: int, b: int) -> DocBatch:
-    lo, hi = batch.offsets[a], batch.offsets[b]
-    return DocBatch(batch.tokens[lo:hi], batch.offsets[a : b + 1] - lo)
-
-
-def _join(parts: list[DocBatch]) -> DocBatch:
-    if len(parts) == 1:
-        return parts[0]
-    tokens = np.concatenate([p.tokens for p in parts])
-    lengths = np.concatenate([np.diff(p.offsets) for p in parts])
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return DocBatch(tokens, offsets)
-
-
-def _with_eos(batch: DocBatch, eos_id: int) -> DocBatch:
-    ends = batch.offsets[1:]
-    tokens = np.insert(batch.tokens, ends, eos_id)
-    return DocBatch(tokens, batch.offsets + np.arange(len(batch.offsets)))
-
-
-def _check_range(batch: DocBatch, vocab_size: int, where: str) -> None:
-    if batch.tokens.size == 0:
-        return
-    lo, hi = int(batch.tokens.min()), int(batch.tokens.max())
-    if lo < 0 or hi >= vocab_size:
-        bad = lo if lo < 0 else hi
-        doc = int(np.searchsorted(batch.offsets, int(np.flatnonzero(batch.tokens == bad)[0]), side="right")) - 1
-        raise TokenRangeError(f"{where}: token id {bad} in document {doc} is outside the vocabulary [0, {vocab_size})")
-
-
-def _store_shard(job: _Job, batch: DocBatch) -> ShardInfo:
-    raw = encode_shard(batch.tokens, batch.offsets, job.dtype)
-    stored = compress(raw, job.level)
-    raw_digest = digest_bytes(raw)
-    path = f"{SHARDS_DIR}/{raw_digest.split(':', 1)[1]}{SHARD_SUFFIX}"
-    loc = resolve(job.out_url, job.storage_options)
-    if not (loc.exists(path) and loc.size(path) == len(stored)):
-        loc.write_bytes(path, stored)
-    return ShardInfo(
-        path=path,
-        documents=len(batch.offsets) - 1,
-        tokens=int(batch.offsets[-1]),
-        stored_bytes=len(stored),
-        raw_bytes=len(raw),
-        stored_digest=digest_bytes(stored),
-        raw_digest=raw_digest,
-    )
-
-
-def _pack_batches(job: _Job, batches: Iterable[DocBatch], where: str) -> _UnitResult:
-    itemsize = np.dtype(job.dtype).itemsize
-
-    def prepared() -> Iterator[DocBatch]:
-        for batch in batches:
-            _check_range(batch, job.vocab_size, where)
-            yield _with_eos(batch, job.eos_id) if job.eos_id is not None else batch
-
-    shards = [_store_shard(job, b) for b in _cut_shards(prepared(), job.source.shard_size, itemsize)]
-    return _UnitResult(shards, sum(s.documents for s in shards), sum(s.tokens for s in shards))
-
-
-def _pack_unit(job: _Job, unit: Unit) -> _UnitResult:
-    where = unit.path if unit.stop is None else f"{unit.path}[{unit.start}:{unit.stop}]"
-    return _pack_batches(job, read_unit(unit, job.source), where)
+    header: DatasetHeader
+    units: list[Unit]
+    job: Job
 
 
 def _resolve_tokenizer(opts: PackOptions) -> tuple[Tokenizer, Any]:
@@ -248,6 +182,43 @@ def _resolve_tokenizer(opts: PackOptions) -> tuple[Tokenizer, Any]:
     return Tokenizer("none", opts.vocab_size, opts.eos_id), None
 
 
+def _header(opts: PackOptions, info: Tokenizer, out_url: str) -> DatasetHeader:
+    if opts.append_eos and info.eos_id is None:
+        raise UsageError("appending EOS needs an EOS id: pass --eos-id (or --no-eos)")
+    if info.eos_id is not None and info.eos_id >= info.vocab_size:
+        raise UsageError(f"EOS id {info.eos_id} is not below the vocabulary size {info.vocab_size}")
+    name = opts.name or out_url.rstrip("/").rsplit("/", 1)[-1]
+    return DatasetHeader(name, dtype_for_vocab(info.vocab_size), info, opts.append_eos)
+
+
+def _job(out_url: str, opts: PackOptions, header: DatasetHeader, source: SourceOptions) -> Job:
+    return Job(
+        out_url=out_url,
+        storage_options=dict(opts.storage_options),
+        source=source,
+        dtype=header.token_dtype,
+        vocab_size=header.tokenizer.vocab_size,
+        eos_id=header.tokenizer.eos_id if header.eos_appended else None,
+        level=opts.compression_level,
+    )
+
+
+def _prepare(inputs: Sequence[str], out_url: str, opts: PackOptions) -> _Prepared:
+    info, tok = _resolve_tokenizer(opts)
+    header = _header(opts, info, out_url)
+    source = SourceOptions(
+        tokenizer=tok,
+        tokens_column=opts.tokens_column,
+        text_column=opts.text_column,
+        text_per_line=opts.text_per_line,
+        eos_id=info.eos_id,
+        shard_size=opts.shard_size,
+        storage_options=dict(opts.input_storage_options) or None,
+    )
+    units = plan_units(list(inputs), source, opts.input_format)
+    return _Prepared(header, units, _job(out_url, opts, header, source))
+
+
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -256,53 +227,24 @@ def _progress(total: int, enabled: bool | None) -> Any:
     from tqdm import tqdm
 
     show = sys.stderr.isatty() if enabled is None else enabled
-    return tqdm(total=total, unit="unit", disable=not show, dynamic_ncols=True, desc="packing")
+    return tqdm(total=total, unit="unit", disable=not show, dynamic_ncols=True, desc="packing", file=sys.stderr)
 
 
-def _run(
-    out_url: str,
-    opts: PackOptions,
-    info: Tokenizer,
-    work: Callable[[_Job], Iterator[_UnitResult]],
-    source: SourceOptions,
-    total_units: int,
-) -> PackResult:
+def _collect(results: Iterable[UnitResult], total_units: int, progress: bool | None) -> list[UnitResult]:
+    """Gather unit results in order, driving the progress bar (documents, tokens, MB/s)."""
     started = time.perf_counter()
-    out = resolve(out_url, opts.storage_options)
-    previous: Manifest | None = None
-    if opts.append:
-        try:
-            previous = load_manifest(out)
-        except DatasetNotFoundError:
-            previous = None
-    elif out.exists("manifest.json"):
-        raise UsageError(f"{out_url} already holds a dataset; pass --append to add a version to it")
-    if opts.append_eos and info.eos_id is None:
-        raise UsageError("appending EOS needs an EOS id: pass --eos-id (or --no-eos)")
-    dtype = dtype_for_vocab(info.vocab_size)
-    name = opts.name or out_url.rstrip("/").rsplit("/", 1)[-1]
-    if previous is not None:
-        _check_compatible(previous, name if opts.name else previous.name, dtype, info, opts.append_eos)
-        name = previous.name
-    job = _Job(
-        out_url,
-        dict(opts.storage_options),
-        source,
-        dtype,
-        info.vocab_size,
-        info.eos_id if opts.append_eos else None,
-        opts.compression_level,
-    )
-    rows: list[ShardInfo] = []
-    bar = _progress(total_units, opts.progress)
-    tokens = stored = 0
+    out: list[UnitResult] = []
+    docs = tokens = stored = 0
+    bar = _progress(total_units, progress)
     try:
-        for result in work(job):
-            rows.extend(result.shards)
+        for result in results:
+            out.append(result)
+            docs += result.documents
             tokens += result.tokens
             stored += sum(s.stored_bytes for s in result.shards)
             elapsed = max(time.perf_counter() - started, 1e-9)
             bar.set_postfix(
+                docs=f"{docs:,}",
                 tokens=f"{tokens / 1e6:.1f}M",
                 tok_s=f"{tokens / elapsed / 1e6:.1f}M",
                 MB_s=f"{stored / elapsed / 1e6:.1f}",
@@ -311,13 +253,48 @@ def _run(
             bar.update(1)
     finally:
         bar.close()
+    return out
+
+
+def _previous(out: Location, append: bool) -> Manifest | None:
+    """The current version to build on (``--append``), refusing to overwrite a dataset otherwise."""
+    if not append:
+        if out.exists("manifest.json"):
+            raise UsageError(f"{out.url} already holds a dataset; pass --append to add a version to it")
+        return None
+    try:
+        return load_manifest(out)
+    except DatasetNotFoundError:
+        return None
+
+
+def _check_compatible(prev: Manifest, header: DatasetHeader, explicit_name: bool) -> None:
+    if explicit_name and prev.name != header.name:
+        raise UsageError(f"cannot append: --name {header.name!r} differs from the dataset's name {prev.name!r}")
+    mismatches = []
+    if prev.token_dtype != header.token_dtype:
+        mismatches.append(f"token dtype {prev.token_dtype} vs {header.token_dtype}")
+    if prev.tokenizer != header.tokenizer:
+        mismatches.append(f"tokenizer {prev.tokenizer.to_dict()} vs {header.tokenizer.to_dict()}")
+    if prev.eos_appended != header.eos_appended:
+        mismatches.append(f"eos_appended {prev.eos_appended} vs {header.eos_appended}")
+    if mismatches:
+        raise UsageError(
+            f"cannot append to {prev.name!r}: the dataset and this pack differ in " + "; ".join(mismatches)
+        )
+
+
+def _publish(
+    out: Location, previous: Manifest | None, header: DatasetHeader, rows: list[ShardInfo], started: float
+) -> PackResult:
+    name = previous.name if previous is not None else header.name
     new_table = ShardTable.from_rows(rows)
     table = previous.shards.concat(new_table) if previous is not None else new_table
     manifest, table_data = Manifest.build(
         name=name,
-        token_dtype=dtype,
-        tokenizer=info,
-        eos_appended=opts.append_eos,
+        token_dtype=header.token_dtype,
+        tokenizer=header.tokenizer,
+        eos_appended=header.eos_appended,
         shards=table,
         parent=previous.version_id if previous else None,
         created_at=_now(),
@@ -332,7 +309,7 @@ def _run(
     )
     totals = manifest.totals
     return PackResult(
-        url=out_url,
+        url=out.url,
         version_id=manifest.version_id,
         parent=manifest.parent,
         shards=totals["shards"],
@@ -345,75 +322,137 @@ def _run(
     )
 
 
-def _check_compatible(prev: Manifest, name: str, dtype: str, info: Tokenizer, eos: bool) -> None:
-    if prev.name != name:
-        raise UsageError(f"--name {name!r} differs from the dataset's name {prev.name!r}")
-    if prev.token_dtype != dtype or prev.tokenizer != info or prev.eos_appended != eos:
-        raise UsageError(
-            f"cannot append: the dataset has dtype {prev.token_dtype}, tokenizer {prev.tokenizer}, "
-            f"eos_appended={prev.eos_appended}; this pack would have {dtype}, {info}, eos_appended={eos}"
-        )
-
-
 def pack(inputs: Sequence[str], out: str, options: PackOptions | None = None) -> PackResult:
-    """Pack corpus files into a dataset at ``out`` (any fsspec URL) and publish a version."""
+    """Pack corpus files into a dataset at ``out`` (any fsspec URL) and publish a version.
+
+    Nothing is published unless every unit was packed: on any error the dataset at ``out``
+    (if any) keeps its current version; stored shards are immutable and named by content,
+    so leftovers are harmless and a re-run reuses them.
+    """
+    started = time.perf_counter()
     opts = options or PackOptions()
-    info, tok = _resolve_tokenizer(opts)
-    source = SourceOptions(
-        tokenizer=tok,
-        tokens_column=opts.tokens_column,
-        text_column=opts.text_column,
-        text_per_line=opts.text_per_line,
-        eos_id=info.eos_id,
-        shard_size=opts.shard_size,
-        storage_options=dict(opts.input_storage_options) or None,
+    prep = _prepare(inputs, out, opts)
+    loc = resolve(out, opts.storage_options)
+    previous = _previous(loc, opts.append)
+    if previous is not None:
+        _check_compatible(previous, prep.header, opts.name is not None)
+    results = _collect(
+        run_units(prep.job, prep.units, opts.executor, workers=opts.workers, ray_address=opts.ray_address),
+        len(prep.units),
+        opts.progress,
     )
-    units = plan_units(list(inputs), source, opts.input_format)
+    rows = [row for r in results for row in r.shards]
+    return _publish(loc, previous, prep.header, rows, started)
 
-    def work(job: _Job) -> Iterator[_UnitResult]:
-        if opts.workers == 1 or len(units) == 1:
-            for unit in units:
-                yield _pack_unit(job, unit)
-            return
-        ctx = multiprocessing.get_context("spawn")
-        with cf.ProcessPoolExecutor(max_workers=min(opts.workers, len(units)), mp_context=ctx) as pool:
-            futures = [pool.submit(_pack_unit, job, u) for u in units]
-            try:
-                for fut in futures:  # in unit order: the output never depends on scheduling
-                    yield fut.result()
-            except BaseException:
-                for fut in futures:
-                    fut.cancel()
-                raise
 
-    return _run(out, opts, info, work, source, len(units))
+def pack_part(
+    inputs: Sequence[str],
+    out: str,
+    part: int,
+    parts: int,
+    options: PackOptions | None = None,
+    run_id: str | None = None,
+) -> PartResult:
+    """Pack units ``i`` with ``i % parts == part`` and store their rows as a part record.
+
+    Run the same command with every ``part`` in ``0..parts-1`` (e.g. one per node of a Slurm
+    array), then :func:`merge_parts` publishes one version, identical to a local pack.
+    """
+    started = time.perf_counter()
+    opts = options or PackOptions()
+    if not 0 <= part < parts:
+        raise UsageError(f"--part {part}/{parts}: expected 0 <= I < N")
+    prep = _prepare(inputs, out, opts)
+    rid = run_id or run_id_for(prep.units, prep.header, prep.job, parts)
+    mine = [i for i in range(len(prep.units)) if i % parts == part]
+    results = _collect(
+        run_units(
+            prep.job,
+            [prep.units[i] for i in mine],
+            opts.executor,
+            workers=opts.workers,
+            ray_address=opts.ray_address,
+        ),
+        len(mine),
+        opts.progress,
+    )
+    record = PartRecord(
+        run_id=rid,
+        part=part,
+        parts=parts,
+        units=len(prep.units),
+        header=prep.header,
+        results={i: r.shards for i, r in zip(mine, results, strict=True)},
+    )
+    loc = resolve(out, opts.storage_options)
+    path = write_part(loc, record)
+    return PartResult(
+        url=loc.url,
+        run_id=rid,
+        part=part,
+        parts=parts,
+        record=path,
+        units=len(mine),
+        shards=sum(len(r.shards) for r in results),
+        documents=sum(r.documents for r in results),
+        tokens=sum(r.tokens for r in results),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def merge_parts(
+    out: str,
+    options: PackOptions | None = None,
+    *,
+    run_id: str | None = None,
+    inputs: Sequence[str] | None = None,
+    parts: int | None = None,
+) -> PackResult:
+    """Publish one version from the part records of a ``--part I/N`` run.
+
+    The run is ``run_id``, else the one computed from ``inputs`` and ``options`` (with
+    ``parts``), else the only run stored under ``parts/``. Every part must be present and
+    agree; otherwise nothing is published.
+    """
+    started = time.perf_counter()
+    opts = options or PackOptions()
+    loc = resolve(out, opts.storage_options)
+    if run_id is None and inputs:
+        if parts is None:
+            raise UsageError("--merge with inputs needs --parts N (or pass --run-id)")
+        prep = _prepare(inputs, out, opts)
+        run_id = run_id_for(prep.units, prep.header, prep.job, parts)
+    header, rows = read_parts(loc, run_id)
+    previous = _previous(loc, opts.append)
+    if previous is not None:
+        _check_compatible(previous, header, False)
+    return _publish(loc, previous, header, rows, started)
 
 
 def pack_documents(
     documents: Iterable[Sequence[int] | np.ndarray], out: str, options: PackOptions | None = None
 ) -> PackResult:
     """Pack in-memory documents (lists or arrays of token ids) — for tests, notebooks and tools."""
+    started = time.perf_counter()
     opts = options or PackOptions()
     info, _ = _resolve_tokenizer(opts)
+    header = _header(opts, info, out)
     source = SourceOptions(eos_id=info.eos_id, shard_size=opts.shard_size)
+    job = _job(out, opts, header, source)
+    loc = resolve(out, opts.storage_options)
+    previous = _previous(loc, opts.append)
+    if previous is not None:
+        _check_compatible(previous, header, opts.name is not None)
 
     def batches() -> Iterator[DocBatch]:
         chunk: list[np.ndarray] = []
         for doc in documents:
             chunk.append(np.asarray(doc, dtype=np.int64))
             if len(chunk) >= 4096:
-                yield _from_list(chunk)
+                yield batch_from_lists(chunk)
                 chunk = []
         if chunk:
-            yield _from_list(chunk)
+            yield batch_from_lists(chunk)
 
-    def work(job: _Job) -> Iterator[_UnitResult]:
-        yield _pack_batches(job, batches(), "documents")
-
-    return _run(out, opts, info, work, source, 1)
-
-
-def _from_list(docs: list[np.ndarray]) -> DocBatch:
-    from .sources.base import batch_from_lists
-
-    return batch_from_lists(docs)
+    result = pack_batches(job, batches(), "documents")
+    return _publish(loc, previous, header, result.shards, started)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 
+import fsspec
+
 from ..errors import UsageError
 from .base import DocBatch, SourceOptions, Unit
 from .jsonl import read_jsonl
@@ -72,10 +74,21 @@ def plan_units(paths: Sequence[str], options: SourceOptions, explicit_format: st
             seen_prefixes.add(prefix)
             units.extend(plan_megatron(prefix, options))
         else:
+            _check_exists(path, options)
             units.append(Unit(path=path, format=fmt))
     if not units:
         raise UsageError("no input files given")
     return units
+
+
+def _check_exists(path: str, options: SourceOptions) -> None:
+    try:
+        fs, root = fsspec.core.url_to_fs(path, **(options.storage_options or {}))
+        found = fs.isfile(root)
+    except (ImportError, ValueError, OSError) as exc:
+        raise UsageError(f"cannot open input {path!r}: {exc}") from exc
+    if not found:
+        raise UsageError(f"input {path!r} does not exist or is not a file")
 
 
 def read_unit(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:

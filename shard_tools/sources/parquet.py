@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import InputFormatError
 from .base import DocBatch, SourceOptions, Unit, batch_from_lists
@@ -18,7 +20,7 @@ __all__ = ["read_parquet"]
 def read_parquet(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
     column = options.text_column if options.tokenizer is not None else options.tokens_column
     try:
-        with fsspec.open(unit.path, "rb", **(options.storage_options or {})) as f:
+        with _open(unit.path, options) as f:
             pf = pq.ParquetFile(f)
             if column not in pf.schema_arrow.names:
                 raise InputFormatError(
@@ -29,6 +31,14 @@ def read_parquet(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
                 yield _convert(unit.path, column, batch.column(0), options)
     except (pa.ArrowException, OSError) as exc:
         raise InputFormatError(f"{unit.path}: not a readable Parquet file ({exc})") from exc
+
+
+def _open(path: str, options: SourceOptions) -> Any:
+    """A native Arrow file for local paths (no Python in the read path), else an fsspec file."""
+    fs, root = fsspec.core.url_to_fs(path, **(options.storage_options or {}))
+    if isinstance(fs, LocalFileSystem):
+        return pa.OSFile(root, "rb")
+    return fs.open(root, "rb")
 
 
 def _convert(path: str, column: str, arr: pa.Array, options: SourceOptions) -> DocBatch:

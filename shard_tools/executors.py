@@ -1,0 +1,80 @@
+"""Executors: run :func:`~.packunit.pack_unit` over units, yielding results in unit order.
+
+``local`` runs in-process (``workers=1``) or in a spawn-started process pool; ``ray`` fans
+units out as Ray tasks (retried on worker loss and storage errors) that write their shards
+straight to the output URL. Results always come back in unit order, so the output never
+depends on the executor or on scheduling.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from .errors import FerryError, StorageError, UsageError
+from .packunit import Job, UnitResult, pack_unit
+from .sources import Unit
+
+__all__ = ["EXECUTORS", "run_units"]
+
+EXECUTORS = ("local", "ray")
+RAY_MAX_RETRIES = 3
+
+
+def run_units(
+    job: Job, units: Sequence[Unit], executor: str = "local", *, workers: int = 1, ray_address: str | None = None
+) -> Iterator[UnitResult]:
+    """Pack every unit with the chosen executor; yields one result per unit, in order."""
+    if executor == "ray":
+        return _ray(job, units, ray_address)
+    if executor != "local":
+        raise UsageError(f"unknown executor {executor!r}; choose one of {', '.join(EXECUTORS)}")
+    if workers == 1 or len(units) <= 1:
+        return (pack_unit(job, u) for u in units)
+    return _pool(job, units, workers)
+
+
+def _pool(job: Job, units: Sequence[Unit], workers: int) -> Iterator[UnitResult]:
+    ctx = multiprocessing.get_context("spawn")  # no forked copies of threads or open handles
+    with cf.ProcessPoolExecutor(max_workers=min(workers, len(units)), mp_context=ctx) as pool:
+        futures = [pool.submit(pack_unit, job, u) for u in units]
+        try:
+            for fut in futures:  # in unit order: the output never depends on scheduling
+                yield fut.result()
+        finally:
+            for fut in futures:
+                fut.cancel()
+
+
+def _ray(job: Job, units: Sequence[Unit], address: str | None) -> Iterator[UnitResult]:
+    try:
+        import ray
+    except ImportError as exc:
+        raise UsageError("--executor ray needs Ray: pip install 'ferry[ray]'") from exc
+    started_here = not ray.is_initialized()
+    if started_here:
+        kwargs: dict[str, Any] = {"address": address, "logging_level": "WARNING", "log_to_driver": False}
+        if address is None:
+            kwargs["include_dashboard"] = False
+        try:
+            ray.init(**kwargs)
+        except Exception as exc:  # noqa: BLE001 - Ray raises assorted types for unreachable clusters
+            raise UsageError(f"cannot start or reach Ray (address {address or 'local'}): {exc}") from exc
+    task = ray.remote(max_retries=RAY_MAX_RETRIES, retry_exceptions=[StorageError])(pack_unit)  # type: ignore[call-overload]
+    refs = [task.remote(job, u) for u in units]
+    try:
+        for ref in refs:  # in unit order, as the local executor
+            try:
+                yield ray.get(ref)
+            except ray.exceptions.RayTaskError as exc:
+                cause = getattr(exc, "cause", None)
+                if isinstance(cause, FerryError):
+                    raise cause from None
+                raise
+    finally:
+        for ref in refs:
+            ray.cancel(ref)
+        if started_here:
+            ray.shutdown()

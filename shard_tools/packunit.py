@@ -1,0 +1,216 @@
+"""One unit of packing work: read documents, append EOS, cut into shards, encode, store.
+
+This is what a pack worker runs — in-process, in a process pool, as a Ray task or on one
+node of a ``--part I/N`` run. It is a function of the unit and the job alone, so every
+executor produces the same shards. Shards are stored under their content digest.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from .digest import digest_bytes
+from .errors import TokenRangeError
+from .format import SHARD_SUFFIX, compress, encode_shard_buffer
+from .manifest import SHARDS_DIR, ShardInfo
+from .sources import DocBatch, SourceOptions, Unit, read_unit
+from .store import Location, resolve
+
+__all__ = ["Job", "UnitResult", "pack_unit", "pack_batches", "cut_shards", "with_eos", "check_range"]
+
+
+@dataclass(frozen=True)
+class Job:
+    """What one worker needs: picklable, no open handles."""
+
+    out_url: str
+    storage_options: dict[str, Any]
+    source: SourceOptions
+    dtype: str
+    vocab_size: int
+    eos_id: int | None  # appended to each document when not None
+    level: int
+    prefetch: bool = field(default=True, compare=False)  # read the next batch while compressing
+
+
+@dataclass(frozen=True)
+class UnitResult:
+    """The shards one unit produced, in order."""
+
+    shards: list[ShardInfo]
+    documents: int
+    tokens: int
+
+
+def cut_shards(batches: Iterable[DocBatch], budget: int, itemsize: int) -> Iterator[DocBatch]:
+    """Regroup document batches into shards: cut at the first document boundary where the
+    raw size (tokens + 4-byte offsets) reaches ``budget``; a document is never split."""
+    parts: list[DocBatch] = []
+    used = 0
+    for batch in batches:
+        pos = 0
+        ndocs = len(batch.offsets) - 1
+        while pos < ndocs:
+            # raw bytes after taking documents pos..k: (offsets[k+1]-offsets[pos])*itemsize + 4*(k+1-pos)
+            rel = (batch.offsets[pos + 1 :] - batch.offsets[pos]) * itemsize + 4 * np.arange(1, ndocs - pos + 1)
+            k = int(np.searchsorted(rel, budget - used, side="left"))
+            if k >= ndocs - pos:  # the whole rest stays below the budget
+                parts.append(_slice(batch, pos, ndocs))
+                used += int(rel[-1])
+                break
+            end = pos + k + 1
+            parts.append(_slice(batch, pos, end))
+            yield _join(parts)
+            parts, used = [], 0
+            pos = end
+    if parts:
+        yield _join(parts)
+
+
+def _slice(batch: DocBatch, a: int, b: int) -> DocBatch:
+    lo, hi = batch.offsets[a], batch.offsets[b]
+    return DocBatch(batch.tokens[lo:hi], batch.offsets[a : b + 1] - lo)
+
+
+def _join(parts: list[DocBatch]) -> DocBatch:
+    if len(parts) == 1:
+        return parts[0]
+    tokens = np.concatenate([p.tokens for p in parts])
+    lengths = np.concatenate([np.diff(p.offsets) for p in parts])
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return DocBatch(tokens, offsets)
+
+
+def with_eos(batch: DocBatch, eos_id: int, dtype: str) -> DocBatch:
+    """Append ``eos_id`` to every document, converting to the shard dtype in the same copy."""
+    ndocs = len(batch.offsets) - 1
+    new_offsets = batch.offsets + np.arange(ndocs + 1, dtype=np.int64)
+    out = np.empty(int(new_offsets[-1]), dtype=np.dtype(dtype))
+    eos_at = new_offsets[1:] - 1
+    keep = np.ones(out.shape[0], dtype=bool)
+    keep[eos_at] = False
+    out[keep] = batch.tokens  # one scatter; np.insert would copy twice
+    out[eos_at] = eos_id
+    return DocBatch(out, new_offsets)
+
+
+def check_range(batch: DocBatch, vocab_size: int, where: str) -> None:
+    """Raise TokenRangeError naming the document if any id is negative or ≥ ``vocab_size``."""
+    if batch.tokens.size == 0:
+        return
+    lo, hi = int(batch.tokens.min()), int(batch.tokens.max())
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        doc = int(np.searchsorted(batch.offsets, int(np.flatnonzero(batch.tokens == bad)[0]), side="right")) - 1
+        raise TokenRangeError(f"{where}: token id {bad} in document {doc} is outside the vocabulary [0, {vocab_size})")
+
+
+@lru_cache(maxsize=8)
+def _location(url: str, options_key: str) -> Location:
+    import json
+
+    return resolve(url, json.loads(options_key))
+
+
+def _out(job: Job) -> Location:
+    import json
+
+    return _location(job.out_url, json.dumps(job.storage_options, sort_keys=True, default=str))
+
+
+def store_shard(job: Job, batch: DocBatch) -> ShardInfo:
+    """Encode, compress and store one shard under its raw digest; returns its manifest row."""
+    raw = memoryview(encode_shard_buffer(batch.tokens, batch.offsets, job.dtype))
+    stored = compress(raw, job.level)
+    raw_digest = digest_bytes(raw)
+    path = f"{SHARDS_DIR}/{raw_digest.split(':', 1)[1]}{SHARD_SUFFIX}"
+    # Always (re)write: an existing object of that name may be a corrupt leftover, and
+    # an atomic replace with identical bytes is harmless to readers.
+    _out(job).write_bytes(path, stored)
+    return ShardInfo(
+        path=path,
+        documents=len(batch.offsets) - 1,
+        tokens=int(batch.offsets[-1]),
+        stored_bytes=len(stored),
+        raw_bytes=len(raw),
+        stored_digest=digest_bytes(stored),
+        raw_digest=raw_digest,
+    )
+
+
+def pack_batches(job: Job, batches: Iterable[DocBatch], where: str) -> UnitResult:
+    """Pack a stream of document batches (without EOS) into stored shards."""
+    itemsize = np.dtype(job.dtype).itemsize
+    target = np.dtype(job.dtype)
+
+    def prepared() -> Iterator[DocBatch]:
+        for batch in batches:
+            check_range(batch, job.vocab_size, where)
+            if job.eos_id is not None:
+                yield with_eos(batch, job.eos_id, job.dtype)
+            else:
+                yield DocBatch(batch.tokens.astype(target, copy=False), batch.offsets)
+
+    source = _prefetch(prepared()) if job.prefetch else prepared()
+    shards = [store_shard(job, b) for b in cut_shards(source, job.source.shard_size, itemsize)]
+    return UnitResult(shards, sum(s.documents for s in shards), sum(s.tokens for s in shards))
+
+
+def unit_label(unit: Unit) -> str:
+    """How errors name a unit: the file, plus the document range for split inputs."""
+    return unit.path if unit.stop is None else f"{unit.path}[{unit.start}:{unit.stop}]"
+
+
+def pack_unit(job: Job, unit: Unit) -> UnitResult:
+    """Pack one unit of input into stored shards (the function every executor runs)."""
+    return pack_batches(job, read_unit(unit, job.source), unit_label(unit))
+
+
+_DONE = object()
+
+
+def _prefetch(items: Iterator[DocBatch], depth: int = 2) -> Iterator[DocBatch]:
+    """Run ``items`` in a helper thread, ``depth`` ahead: decoding the input (Parquet, zstd,
+    JSON) overlaps compressing the previous shard, both of which release the GIL."""
+    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False  # the consumer went away
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put(item):
+                    return
+            put(_DONE)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            put(exc)
+
+    thread = threading.Thread(target=produce, name="ferry-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=5)
