@@ -42,6 +42,10 @@ __all__ = ["create_app"]
 _STATIC = resources.files("service") / "static"
 _STATIC_FILES = {"app.js": "text/javascript", "app.css": "text/css"}
 _NO_STORE = {"Cache-Control": "no-store"}
+_FAVICON = (
+    b'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><rect width="16" height="16" rx="3" fill="#1f6feb"/>'
+    b'<path d="M3 10h10l-2 3H5z M7 3v6h1V5l3 4H7" fill="#fff"/></svg>'
+)
 
 
 def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
@@ -211,6 +215,10 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
     @app.get("/", include_in_schema=False)
     def index() -> Response:
         return Response(_static_bytes("index.html"), media_type="text/html; charset=utf-8", headers=_NO_STORE)
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> Response:
+        return Response(_FAVICON, media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
 
     @app.get("/static/{fname}", include_in_schema=False)
     def static(fname: str) -> Response:
