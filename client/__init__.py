@@ -1,0 +1,11 @@
+"""ferry's client side: the streaming loader (and, later, the HTTP client of the service).
+
+``client`` imports ``shard_tools`` and never ``service``.
+"""
+
+from __future__ import annotations
+
+from .dataset import MixedDataset, TokenDataset
+from .loader import TokenLoader
+
+__all__ = ["TokenDataset", "MixedDataset", "TokenLoader"]

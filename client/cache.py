@@ -1,0 +1,185 @@
+"""The node-local shard cache: decompressed shards as files, shared by every process on a node.
+
+Layout: ``<cache_dir>/<raw digest hex>.arrow`` (content-addressed, so versions and
+replicas of a dataset share files) and ``<cache_dir>/.locks/<hex>.{fetch,use}``.
+
+- A shard is fetched whole from the first healthy replica, checked against the
+  manifest, written to a temp name and renamed into place: a reader never sees a
+  partial file under the final name.
+- ``flock`` on ``.fetch`` makes one process download while the others wait and then
+  find the file; ``flock(LOCK_SH)`` on ``.use`` is held for as long as a process has
+  the shard mapped, and eviction takes ``LOCK_EX | LOCK_NB`` so it never removes a shard
+  in use. Locks die with their process, so nothing leaks.
+- Beyond ``limit`` bytes the least recently used files (by mtime, touched on every
+  open) are evicted.
+- A file of the wrong size, or whose raw digest fails (checked on the first open in
+  each process when ``verify`` is on), is removed and fetched again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+
+from shard_tools.digest import Hasher
+from shard_tools.errors import ShardError
+from shard_tools.format import ShardView, open_shard_file
+from shard_tools.manifest import ShardInfo
+from shard_tools.store import TEMP_MARKER, temp_name
+
+from .replicas import Replicas
+
+__all__ = ["ShardCache", "Lease", "default_cache_dir"]
+
+_SUFFIX = ".arrow"
+
+
+def default_cache_dir() -> str:
+    """``$FERRY_CACHE_DIR``, else ``$XDG_CACHE_HOME/ferry/shards`` (``~/.cache/ferry/shards``)."""
+    env = os.environ.get("FERRY_CACHE_DIR")
+    if env:
+        return env
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "ferry", "shards")
+
+
+@contextlib.contextmanager
+def _flock(path: str, mode: int) -> Iterator[int]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, mode)
+        yield fd
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _file_digest(path: str) -> str:
+    hasher = Hasher()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+class Lease:
+    """A mapped shard held open: its view and the shared ``use`` lock that protects it from eviction."""
+
+    def __init__(self, view: ShardView, fd: int, nbytes: int) -> None:
+        self.view = view
+        self.nbytes = nbytes
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class ShardCache:
+    """Decompressed shards of one or more datasets in a local directory, bounded by ``limit`` bytes."""
+
+    def __init__(self, directory: str, limit: int, replicas: Replicas, *, dtype: str, verify: bool = True) -> None:
+        self.directory = os.path.abspath(directory)
+        self.limit = limit
+        self.replicas = replicas
+        self.dtype = dtype
+        self.verify = verify
+        self.fetches = 0  # shards this process downloaded (for tests and stats)
+        os.makedirs(os.path.join(self.directory, ".locks"), exist_ok=True)
+
+    def path(self, info: ShardInfo) -> str:
+        return os.path.join(self.directory, info.raw_digest.split(":", 1)[1] + _SUFFIX)
+
+    def _lock(self, info: ShardInfo, kind: str) -> str:
+        return os.path.join(self.directory, ".locks", f"{info.raw_digest.split(':', 1)[1]}.{kind}")
+
+    def _present(self, info: ShardInfo) -> bool:
+        try:
+            return os.stat(self.path(info)).st_size == info.raw_bytes
+        except FileNotFoundError:
+            return False
+
+    def ensure(self, info: ShardInfo, *, bad: bool = False) -> None:
+        """Make sure a good copy of the shard is in the cache (fetch it if not; ``bad``: replace it)."""
+        if not bad and self._present(info):
+            return
+        with _flock(self._lock(info, "fetch"), fcntl.LOCK_EX):
+            path = self.path(info)
+            if bad:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            elif self._present(info):
+                return  # another process fetched it while we waited
+            raw = self.replicas.fetch(info)
+            tmp = temp_name(path)
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(raw)
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                raise
+            self.fetches += 1
+        self.evict(keep=path)
+
+    def open(self, info: ShardInfo) -> Lease:
+        """Map a shard for reading (fetching it first if needed); release the lease when done."""
+        for attempt in range(2):
+            fd = os.open(self._lock(info, "use"), os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                self.ensure(info, bad=attempt > 0)
+                path = self.path(info)
+                os.utime(path)  # recency for LRU eviction across processes
+                view = open_shard_file(
+                    path, shard=info.path, dtype=self.dtype, documents=info.documents, tokens=info.tokens
+                )
+                if self.verify and _file_digest(path) != info.raw_digest:
+                    raise ShardError(info.path, f"cached copy {path} fails its raw digest")
+                return Lease(view, fd, info.raw_bytes)
+            except (ShardError, FileNotFoundError):
+                os.close(fd)
+                if attempt:
+                    raise
+            except BaseException:
+                os.close(fd)
+                raise
+        raise AssertionError("unreachable")
+
+    def usage(self) -> list[tuple[float, int, str]]:
+        """(mtime, size, path) of every cached shard file."""
+        out = []
+        with os.scandir(self.directory) as it:
+            for e in it:
+                if e.name.endswith(_SUFFIX) and TEMP_MARKER not in e.name:
+                    with contextlib.suppress(FileNotFoundError):
+                        st = e.stat()
+                        out.append((st.st_mtime, st.st_size, e.path))
+        return out
+
+    def evict(self, keep: str | None = None) -> None:
+        """Remove least recently used shards until the cache fits ``limit`` (never one in use, nor ``keep``)."""
+        files = sorted(self.usage())
+        total = sum(size for _, size, _ in files)
+        for _, size, path in files:
+            if total <= self.limit:
+                return
+            if path == keep:
+                continue
+            name = os.path.basename(path)[: -len(_SUFFIX)]
+            fd = os.open(os.path.join(self.directory, ".locks", f"{name}.use"), os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue  # mapped by some process right now
+            try:
+                os.unlink(path)
+                total -= size
+            except FileNotFoundError:
+                pass
+            finally:
+                os.close(fd)

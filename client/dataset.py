@@ -1,0 +1,372 @@
+"""``TokenDataset`` (one dataset, fixed-length token samples or whole documents) and ``MixedDataset``.
+
+A dataset maps *stream positions* (epoch ``e`` covers ``[e*n, (e+1)*n)``) to samples
+and writes them into batch tensors. Sample ``i`` (token mode) is stream tokens
+``[i*L, i*L + L + 1)``, ``n = (total_tokens - 1) // L``; in document mode sample ``i`` is
+document ``i`` (with its EOS) truncated to ``L + 1`` tokens and padded. The order
+within an epoch is a :mod:`client.order`; which rank reads what is the loader's business.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from shard_tools.errors import DatasetError, UsageError
+from shard_tools.manifest import Manifest
+from shard_tools.pack import parse_size
+
+from .cache import ShardCache, default_cache_dir
+from .mixing import MixSchedule
+from .order import SHUFFLE_MODES, SampleOrder, make_order
+from .reader import ShardReader
+
+__all__ = ["TokenDataset", "MixedDataset", "SampleSource", "MODES"]
+
+MODES = ("tokens", "document")
+DEFAULT_WINDOW = 8
+DEFAULT_PREFETCH = 2
+DEFAULT_CACHE_LIMIT = "50GiB"
+
+
+class SampleSource(IterableDataset[dict[str, torch.Tensor]]):
+    """What :class:`~client.loader.TokenLoader` reads: ``n`` samples per epoch, written into batches."""
+
+    seq_len: int
+    mode: str
+    num_samples: int
+    prefetch_depth: int
+
+    def identity(self) -> dict[str, Any]:
+        """Everything that fixes the sample order (goes into the loader state's fingerprint)."""
+        raise NotImplementedError
+
+    def fill(self, positions: np.ndarray, rows: np.ndarray, out: Mapping[str, np.ndarray]) -> None:
+        """Write the samples at stream ``positions`` into rows ``rows`` of the arrays in ``out``."""
+        raise NotImplementedError
+
+    def boundaries(self, positions: np.ndarray) -> list[list[int]]:
+        """Per sample, offsets in ``(0, seq_len)`` where a document starts (token mode)."""
+        raise NotImplementedError
+
+    def prefetch(self, positions: np.ndarray) -> None:
+        """Start fetching, in the background, the shards the samples at ``positions`` will need."""
+
+    def close(self) -> None:
+        """Release mapped shards and background threads of this process."""
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def batch(self, positions: np.ndarray, *, boundaries: bool = False) -> dict[str, torch.Tensor]:
+        """The samples at stream ``positions`` as a batch dict of int64 tensors ``[len(positions), seq_len]``."""
+        b, length = len(positions), self.seq_len
+        inputs = torch.empty((b, length), dtype=torch.int64)
+        labels = torch.empty((b, length), dtype=torch.int64)
+        out: dict[str, torch.Tensor] = {"input_ids": inputs, "labels": labels}
+        arrays = {"input_ids": inputs.numpy(), "labels": labels.numpy()}
+        if self.mode == "document":
+            mask = torch.empty((b, length), dtype=torch.int64)
+            out["attention_mask"] = mask
+            arrays["attention_mask"] = mask.numpy()
+        self.fill(np.asarray(positions, dtype=np.int64), np.arange(b), arrays)
+        if boundaries and self.mode == "tokens":
+            out.update(_varlen(self.boundaries(np.asarray(positions, dtype=np.int64)), length))
+        return out
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        """Single samples of epoch 0 for plain ``DataLoader`` use: rank ``RANK`` of ``WORLD_SIZE`` and each
+        worker take every ``world_size * workers``-th position. For exact resume use ``TokenLoader``."""
+        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+        info = get_worker_info()
+        wid, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for p in range(rank * workers + wid, self.num_samples, world * workers):
+            sample = self.batch(np.asarray([p]))
+            yield {k: v[0] for k, v in sample.items()}
+
+
+def _varlen(bounds: list[list[int]], length: int) -> dict[str, torch.Tensor]:
+    """``cu_seqlens`` (int32, flattened batch, flash-attn varlen style) and ``position_ids`` from boundaries."""
+    cu: list[int] = [0]
+    pos = np.empty((len(bounds), length), dtype=np.int64)
+    for row, inner in enumerate(bounds):
+        cuts = [0, *inner, length]
+        base = row * length
+        cu.extend(base + c for c in cuts[1:])
+        seg_start = np.repeat(np.asarray(cuts[:-1]), np.diff(cuts))
+        pos[row] = np.arange(length) - seg_start
+    return {"cu_seqlens": torch.tensor(cu, dtype=torch.int32), "position_ids": torch.from_numpy(pos)}
+
+
+class TokenDataset(SampleSource):
+    """A ferry dataset read as fixed-length token samples (or documents), in a deterministic order.
+
+    Args:
+        url: dataset URL, or a list of URLs of replicas of the same dataset, nearest first.
+        seq_len: tokens per sample (``input_ids`` and ``labels`` each have ``seq_len``).
+        seed: shuffle seed; epoch ``e`` is permuted by ``(seed, e)``.
+        shuffle: ``"global"`` | ``"window"`` | ``"none"``.
+        cache_dir: node-local cache of decompressed shards (default ``$FERRY_CACHE_DIR`` or
+            ``~/.cache/ferry/shards``).
+        cache_limit: bytes or a size string (``"50GiB"``, the default, or ``$FERRY_CACHE_LIMIT``); least
+            recently used shards beyond it are evicted.
+        window: shards per shuffle window (``shuffle="window"``).
+        mode: ``"tokens"`` (fixed windows of the token stream) or ``"document"`` (one document per sample,
+            truncated/padded, with ``attention_mask``).
+        pad_id: padding id in document mode (default: the tokenizer's EOS id, else 0).
+        storage_options: fsspec options, one mapping for all URLs or one per URL.
+        version: read this published version instead of the current one.
+        prefetch: shard prefetch depth, in batches ahead of the read position.
+        verify_cache: check each cached shard's raw digest when a process first maps it.
+    """
+
+    def __init__(
+        self,
+        url: str | Sequence[str],
+        seq_len: int,
+        seed: int = 0,
+        shuffle: str = "global",
+        cache_dir: str | None = None,
+        cache_limit: int | str | None = None,
+        *,
+        window: int = DEFAULT_WINDOW,
+        mode: str = "tokens",
+        pad_id: int | None = None,
+        storage_options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        version: str | None = None,
+        prefetch: int = DEFAULT_PREFETCH,
+        verify_cache: bool = True,
+    ) -> None:
+        from .replicas import Replicas
+
+        if seq_len < 1:
+            raise UsageError(f"seq_len must be positive, got {seq_len}")
+        if shuffle not in SHUFFLE_MODES:
+            raise UsageError(f"shuffle must be one of {SHUFFLE_MODES}, got {shuffle!r}")
+        if mode not in MODES:
+            raise UsageError(f"mode must be one of {MODES}, got {mode!r}")
+        if window < 1 or prefetch < 0:
+            raise UsageError("window must be ≥ 1 and prefetch ≥ 0")
+        self.seq_len = seq_len
+        self.seed = int(seed)
+        self.shuffle = shuffle
+        self.window = window
+        self.mode = mode
+        self.prefetch_depth = prefetch
+        self.replicas = Replicas(url, storage_options)
+        self.manifest: Manifest = self.replicas.load_manifest(version)
+        eos = self.manifest.tokenizer.eos_id
+        self.pad_id = pad_id if pad_id is not None else (eos if eos is not None else 0)
+        if cache_limit is None:
+            cache_limit = os.environ.get("FERRY_CACHE_LIMIT", DEFAULT_CACHE_LIMIT)
+        limit = parse_size(cache_limit)
+        self.cache = ShardCache(
+            cache_dir or default_cache_dir(), limit, self.replicas, dtype=self.manifest.token_dtype, verify=verify_cache
+        )
+        shards = self.manifest.shards
+        total_tokens = int(shards.token_offsets[-1])
+        if mode == "tokens":
+            self.num_samples = max(0, (total_tokens - 1) // seq_len)
+        else:
+            self.num_samples = int(shards.documents.sum())
+        if self.num_samples == 0:
+            raise DatasetError(
+                f"dataset {self.replicas.urls[0]} has {total_tokens} tokens: not one sample of seq_len {seq_len} + 1"
+            )
+        self.order: SampleOrder = make_order(shuffle, self._first_samples(), self.seed, window)
+        self._reader: ShardReader | None = None
+        self._pid = -1
+        self._pool: ThreadPoolExecutor | None = None
+        self._submitted: set[int] = set()
+
+    def __repr__(self) -> str:
+        return (
+            f"TokenDataset({self.replicas.urls[0]!r}, version={self.manifest.version_id}, seq_len={self.seq_len}, "
+            f"samples={self.num_samples}, shuffle={self.shuffle!r}, mode={self.mode!r})"
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(_reader=None, _pid=-1, _pool=None, _submitted=set())
+        return state
+
+    @staticmethod
+    def mix(datasets: Sequence[SampleSource], weights: Sequence[float]) -> MixedDataset:
+        """Mix datasets with exact proportions over every prefix (±1 sample per source)."""
+        return MixedDataset(datasets, weights)
+
+    @property
+    def version_id(self) -> str:
+        return self.manifest.version_id
+
+    def _first_samples(self) -> np.ndarray:
+        """Shard ``s`` owns samples ``[first[s], first[s+1])`` (the samples whose first token/document it holds)."""
+        shards = self.manifest.shards
+        if self.mode == "document":
+            first = np.zeros(len(shards) + 1, dtype=np.int64)
+            np.cumsum(shards.documents, out=first[1:])
+            return first
+        first = -(-shards.token_offsets // self.seq_len)
+        return np.minimum(first, self.num_samples)
+
+    def identity(self) -> dict[str, Any]:
+        ident: dict[str, Any] = {
+            "dataset_version": self.manifest.version_id,
+            "seed": self.seed,
+            "seq_len": self.seq_len,
+            "mode": self.mode,
+            "shuffle": self.shuffle,
+        }
+        if self.shuffle == "window":
+            ident["window"] = self.window
+        return ident
+
+    @property
+    def reader(self) -> ShardReader:
+        """This process's reader (re-created after a fork: mapped leases are per process)."""
+        if self._reader is None or self._pid != os.getpid():
+            self._reader = ShardReader(self.manifest, self.cache)
+            self._pid = os.getpid()
+            self._pool = None
+            self._submitted = set()
+        return self._reader
+
+    def sample_ids(self, positions: np.ndarray) -> np.ndarray:
+        """Sample ids at stream ``positions`` (each epoch its own permutation)."""
+        epoch, pos = np.divmod(np.asarray(positions, dtype=np.int64), self.num_samples)
+        first_epoch = int(epoch[0]) if epoch.size else 0
+        if epoch.size == 0 or bool((epoch == first_epoch).all()):
+            return self.order.sample_ids(first_epoch, pos)
+        out = np.empty_like(pos)
+        for e in np.unique(epoch):  # a batch straddling an epoch boundary
+            sel = epoch == e
+            out[sel] = self.order.sample_ids(int(e), pos[sel])
+        return out
+
+    def fill(self, positions: np.ndarray, rows: np.ndarray, out: Mapping[str, np.ndarray]) -> None:
+        ids = self.sample_ids(positions)
+        if self.mode == "tokens":
+            self.reader.gather_tokens(ids * self.seq_len, self.seq_len, out["input_ids"], out["labels"], rows)
+        else:
+            self.reader.gather_documents(
+                ids, self.seq_len, self.pad_id, out["input_ids"], out["labels"], out["attention_mask"], rows
+            )
+
+    def boundaries(self, positions: np.ndarray) -> list[list[int]]:
+        starts = self.sample_ids(positions) * self.seq_len
+        return [self.reader.boundaries(a, self.seq_len) for a in starts.tolist()]
+
+    def shards_of(self, positions: np.ndarray) -> np.ndarray:
+        """Indices of the shards the samples at ``positions`` touch."""
+        ids = self.sample_ids(positions)
+        reader = self.reader
+        if self.mode == "document":
+            return np.unique(reader.shard_of_document(ids))
+        starts = ids * self.seq_len
+        first = reader.shard_of_token(starts)
+        last = reader.shard_of_token(starts + self.seq_len)
+        if bool((first == last).all()):
+            return np.unique(first)
+        spans = [np.arange(a, b + 1) for a, b in zip(first.tolist(), last.tolist(), strict=True)]
+        return np.unique(np.concatenate(spans))
+
+    def prefetch(self, positions: np.ndarray) -> None:
+        if self.prefetch_depth == 0 or len(positions) == 0:
+            return
+        reader = self.reader
+        todo = [s for s in self.shards_of(positions).tolist() if s not in self._submitted]
+        if not todo:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ferry-prefetch")
+        if len(self._submitted) > 4096:
+            self._submitted.clear()
+        for s in todo:
+            self._submitted.add(s)
+            self._pool.submit(_quiet_ensure, reader.cache, self.manifest.shards[s])
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        if self._reader is not None and self._pid == os.getpid():
+            self._reader.close()
+        self._reader = None
+        self._submitted = set()
+
+
+def _quiet_ensure(cache: ShardCache, info: Any) -> None:
+    # background prefetch: a failure here resurfaces (with its real error) when the shard is opened
+    try:
+        cache.ensure(info)
+    except Exception:  # noqa: BLE001
+        return
+
+
+class MixedDataset(SampleSource):
+    """Several datasets drawn by weight; position ``p``'s source is a pure function of ``p``.
+
+    Each source keeps its own endless stream (its own epochs and shuffle); an epoch of the
+    mixture is defined as the sum of the sources' sample counts.
+    """
+
+    def __init__(self, datasets: Sequence[SampleSource], weights: Sequence[float]) -> None:
+        if len(datasets) != len(weights) or not datasets:
+            raise UsageError(f"mix needs one weight per dataset ({len(datasets)} datasets, {len(weights)} weights)")
+        lengths = {d.seq_len for d in datasets}
+        modes = {d.mode for d in datasets}
+        if len(lengths) != 1 or len(modes) != 1:
+            raise UsageError(f"mixed datasets must share seq_len and mode, got {sorted(lengths)} / {sorted(modes)}")
+        try:
+            self.schedule = MixSchedule(list(weights))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+        self.sources = list(datasets)
+        self.seq_len = lengths.pop()
+        self.mode = modes.pop()
+        self.num_samples = sum(d.num_samples for d in datasets)
+        self.prefetch_depth = max(d.prefetch_depth for d in datasets)
+
+    def __repr__(self) -> str:
+        return f"MixedDataset({self.sources!r}, weights={self.schedule.weights})"
+
+    def identity(self) -> dict[str, Any]:
+        idents = [d.identity() for d in self.sources]
+        return {
+            "dataset_version": [i["dataset_version"] for i in idents],
+            "seed": [i["seed"] for i in idents],
+            "seq_len": self.seq_len,
+            "quota": self.schedule.quota.tolist(),
+            "sources": idents,
+        }
+
+    def _split(self, positions: np.ndarray) -> Iterator[tuple[SampleSource, np.ndarray, np.ndarray]]:
+        src, idx = self.schedule.locate(positions)
+        for j in np.unique(src).tolist():
+            sel = np.nonzero(src == j)[0]
+            yield self.sources[j], idx[sel], sel
+
+    def fill(self, positions: np.ndarray, rows: np.ndarray, out: Mapping[str, np.ndarray]) -> None:
+        for source, idx, sel in self._split(positions):
+            source.fill(idx, rows[sel], out)
+
+    def boundaries(self, positions: np.ndarray) -> list[list[int]]:
+        result: list[list[int]] = [[] for _ in range(len(positions))]
+        for source, idx, sel in self._split(positions):
+            for i, b in zip(sel.tolist(), source.boundaries(idx), strict=True):
+                result[i] = b
+        return result
+
+    def prefetch(self, positions: np.ndarray) -> None:
+        for source, idx, _ in self._split(positions):
+            source.prefetch(idx)
+
+    def close(self) -> None:
+        for d in self.sources:
+            d.close()

@@ -1,0 +1,185 @@
+"""``TokenLoader``: batches for one rank, in a fixed global order, with an exactly resumable state.
+
+The loader walks the dataset's endless stream of positions (see :mod:`client.partition`).
+One ``iter()`` runs to the end of the current epoch (its last global batch may reach
+into the next epoch so that nothing is dropped); the next ``iter()`` continues there.
+With workers, each builds the batches ``k ≡ worker (mod num_workers)`` and the loader
+puts them back in order of ``k``. The state counts batches *delivered* to the caller.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from shard_tools.errors import UsageError
+
+from .dataset import SampleSource
+from .partition import batches_until, global_batch_size, rank_positions, worker_batches
+from .state import make_state, restore_position
+
+__all__ = ["TokenLoader", "default_rank_world"]
+
+Batch = dict[str, torch.Tensor]
+
+
+def default_rank_world() -> tuple[int, int]:
+    """``torch.distributed`` rank/world size if initialised, else ``RANK``/``WORLD_SIZE``, else 0/1."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+class _Plan:
+    """What one ``iter()`` reads: batches ``k < count`` of rank ``rank`` from stream position ``start``."""
+
+    def __init__(self, start: int, count: int, batch_size: int, world_size: int, rank: int, boundaries: bool) -> None:
+        self.start, self.count = start, count
+        self.batch_size, self.world_size, self.rank = batch_size, world_size, rank
+        self.boundaries = boundaries
+
+    def positions(self, k: int) -> np.ndarray:
+        return rank_positions(self.start, k, self.batch_size, self.world_size, self.rank)
+
+    def build(self, ds: SampleSource, k: int, ahead: range) -> Batch:
+        for j in ahead:  # shards for later batches of this process start downloading now
+            if j < self.count:
+                ds.prefetch(self.positions(j))
+        return ds.batch(self.positions(k), boundaries=self.boundaries)
+
+
+class _WorkerStream(IterableDataset[tuple[int, Batch]]):
+    """Runs in a DataLoader worker: yields ``(k, batch)`` for this worker's share of the plan."""
+
+    def __init__(self, ds: SampleSource, plan: _Plan, num_workers: int) -> None:
+        self.ds, self.plan, self.num_workers = ds, plan, num_workers
+
+    def __iter__(self) -> Iterator[tuple[int, Batch]]:
+        info = get_worker_info()
+        worker = info.id if info is not None else 0
+        mine = worker_batches(self.plan.count, self.num_workers, worker)
+        depth = self.ds.prefetch_depth
+        for i, k in enumerate(mine):
+            ahead = range(0) if depth == 0 else mine[i + 1 : i + 1 + depth]
+            yield k, self.plan.build(self.ds, k, ahead)
+
+
+class TokenLoader:
+    """Deterministic, elastic, exactly resumable batches of a :class:`~client.dataset.TokenDataset` (or mixture).
+
+    Args:
+        dataset: a ``TokenDataset`` or ``MixedDataset``.
+        batch_size: samples per batch on this rank.
+        num_workers: DataLoader worker processes (0: build batches in this process).
+        rank, world_size: default from ``torch.distributed``, else ``RANK``/``WORLD_SIZE``, else 0/1.
+        pin_memory: pin batches (only where CUDA is available; ignored otherwise).
+        return_doc_boundaries: add ``cu_seqlens`` (int32, over the flattened batch) and ``position_ids``.
+        prefetch_factor: batches each worker builds ahead (DataLoader's own prefetching).
+    """
+
+    def __init__(
+        self,
+        dataset: SampleSource,
+        batch_size: int,
+        num_workers: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        pin_memory: bool = False,
+        return_doc_boundaries: bool = False,
+        *,
+        prefetch_factor: int = 2,
+    ) -> None:
+        dr, dw = default_rank_world()
+        self.rank = dr if rank is None else rank
+        self.world_size = dw if world_size is None else world_size
+        if batch_size < 1 or num_workers < 0 or self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise UsageError(
+                f"invalid loader shape: batch_size={batch_size}, num_workers={num_workers}, "
+                f"rank={self.rank}, world_size={self.world_size}"
+            )
+        if return_doc_boundaries and dataset.mode != "tokens":
+            raise UsageError("return_doc_boundaries needs mode='tokens' (document mode gives attention_mask)")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
+        self.return_doc_boundaries = return_doc_boundaries
+        self.prefetch_factor = prefetch_factor
+        self._position = 0  # stream position of the next global batch not yet delivered
+
+    @property
+    def global_batch_size(self) -> int:
+        return global_batch_size(self.batch_size, self.world_size)
+
+    @property
+    def position(self) -> int:
+        """Global samples delivered so far, over all epochs (the stream position of the next batch)."""
+        return self._position
+
+    @property
+    def epoch(self) -> int:
+        return self._position // self.dataset.num_samples
+
+    def _epoch_end(self) -> int:
+        n = self.dataset.num_samples
+        return (self._position // n + 1) * n
+
+    def __len__(self) -> int:
+        """Batches the next ``iter()`` delivers (to the end of the current epoch)."""
+        return batches_until(self._position, self._epoch_end(), self.batch_size, self.world_size)
+
+    def _plan(self) -> _Plan:
+        return _Plan(self._position, len(self), self.batch_size, self.world_size, self.rank, self.return_doc_boundaries)
+
+    def __iter__(self) -> Iterator[Batch]:
+        plan = self._plan()
+        g = self.global_batch_size
+        source = self._local(plan) if self.num_workers == 0 else self._workers(plan)
+        for k, batch in enumerate(source):
+            # count the batch as consumed the moment it is handed over, not when it was built
+            self._position = plan.start + (k + 1) * g
+            yield batch
+
+    def _local(self, plan: _Plan) -> Iterator[Batch]:
+        depth = self.dataset.prefetch_depth
+        for k in range(plan.count):
+            batch = plan.build(self.dataset, k, range(k + 1, k + 1 + depth))
+            yield _pin(batch) if self.pin_memory else batch
+
+    def _workers(self, plan: _Plan) -> Iterator[Batch]:
+        self.dataset.close()  # no threads or mapped shards in the parent when the workers fork
+        loader = DataLoader(
+            _WorkerStream(self.dataset, plan, self.num_workers),
+            batch_size=None,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            prefetch_factor=self.prefetch_factor,
+        )
+        pending: dict[int, Batch] = {}
+        want = 0
+        for k, batch in loader:
+            pending[k] = batch
+            while want in pending:  # workers may finish out of turn; deliver in order of k
+                yield pending.pop(want)
+                want += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """A small JSON-serialisable dict: what was delivered so far (``torch.distributed.checkpoint`` Stateful)."""
+        return make_state(self.dataset.identity(), self._position, self.dataset.num_samples)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
+        """Continue after the state's last delivered batch (any world size, workers or batch size).
+
+        Raises StateError if the state was made for another dataset version, seed, seq_len or
+        order configuration, unless ``strict=False``.
+        """
+        self._position = restore_position(state_dict, self.dataset.identity(), self.dataset.num_samples, strict=strict)
+
+
+def _pin(batch: Batch) -> Batch:
+    return {k: v.pin_memory() for k, v in batch.items()}

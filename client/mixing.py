@@ -1,0 +1,87 @@
+"""The mixing schedule: which source each position of a mixed stream draws from.
+
+Pure index math. Weights are turned into exact fractions ``q_j / P`` (denominator at
+most ``MAX_PERIOD``). One period of ``P`` positions is laid out by earliest-deadline
+scheduling with release times (the "chairman assignment" of Tijdeman): at each
+position the eligible source whose next sample is most overdue goes next. After every
+prefix of length ``t`` source ``j`` has been chosen ``c_j(t)`` times with
+``|c_j(t) - t * q_j / P| < 1``; after a full period exactly ``q_j`` times, so the
+period repeats and position ``p``'s source and its index within that source are
+table lookups: O(1) per position, O(P) once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from fractions import Fraction
+
+import numpy as np
+
+__all__ = ["MixSchedule", "MAX_PERIOD"]
+
+MAX_PERIOD = 4096
+
+
+class MixSchedule:
+    """Position → (source, index within that source), periodic with period ``period``."""
+
+    def __init__(self, weights: Sequence[float]) -> None:
+        if not weights:
+            raise ValueError("mixing needs at least one source")
+        if any(not np.isfinite(w) or w <= 0 for w in weights):
+            raise ValueError(f"mixing weights must be positive and finite, got {list(weights)}")
+        total = sum(Fraction(w) for w in weights)
+        fracs = [(Fraction(w) / total).limit_denominator(MAX_PERIOD) for w in weights]
+        period = 1
+        for f in fracs:
+            period = period * f.denominator // np.gcd(period, f.denominator)
+        if period > MAX_PERIOD:
+            # denominators without a small common multiple: apportion MAX_PERIOD by largest remainder
+            period = MAX_PERIOD
+            exact = [f * period for f in fracs]
+            quota = [int(x) for x in exact]
+            by_remainder = sorted(range(len(exact)), key=lambda j: exact[j] - quota[j], reverse=True)
+            for j in by_remainder[: period - sum(quota)]:
+                quota[j] += 1
+        else:
+            quota = [int(f * period) for f in fracs]
+            # the limited fractions may not sum to one exactly; settle the difference on the largest
+            quota[int(np.argmax(quota))] += period - sum(quota)
+        if min(quota) <= 0:
+            raise ValueError(f"weight too small to be represented with period {period}: {list(weights)}")
+        self.period = period
+        self.quota = np.asarray(quota, dtype=np.int64)
+        self.source, self.rank = _lay_out(quota, period)
+
+    @property
+    def weights(self) -> list[float]:
+        """The effective (rational) weights."""
+        return [q / self.period for q in self.quota.tolist()]
+
+    def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For mixed-stream ``positions``: the source of each and its index in that source's stream."""
+        pos = np.asarray(positions, dtype=np.int64)
+        cycle, offset = np.divmod(pos, self.period)
+        src = self.source[offset]
+        return src, cycle * self.quota[src] + self.rank[offset]
+
+
+def _lay_out(quota: list[int], period: int) -> tuple[np.ndarray, np.ndarray]:
+    """One period: source and per-source rank of each position (earliest deadline first)."""
+    k = len(quota)
+    counts = [0] * k
+    source = np.empty(period, dtype=np.int64)
+    rank = np.empty(period, dtype=np.int64)
+    for t in range(period):
+        best, best_deadline = -1, None
+        for j in range(k):
+            # eligible while taking one more keeps c_j below (t+1)*q_j/P + 1
+            if counts[j] * period < (t + 1) * quota[j]:
+                # the (c_j+1)-th sample of j is due at position (c_j+1)*P/q_j; compare as fractions
+                deadline = Fraction((counts[j] + 1) * period, quota[j])
+                if best_deadline is None or deadline < best_deadline:
+                    best, best_deadline = j, deadline
+        source[t] = best
+        rank[t] = counts[best]
+        counts[best] += 1
+    return source, rank
