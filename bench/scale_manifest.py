@@ -124,12 +124,15 @@ def measure_one(n: int, repeat: int, planner: bool, loader: bool) -> dict[str, A
 
     out: dict[str, Any] = {"shards": n}
     with tempfile.TemporaryDirectory(prefix="ferry-scale-") as root:
-        out.update(publish_synthetic(root, n))
+        # Synthesis runs in its own process so its memory does not count in this one's peak RSS.
+        cmd = [sys.executable, os.path.abspath(__file__), "--publish-only", root, "--sizes", str(n)]
+        made = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        out.update(json.loads(made.stdout.strip().splitlines()[-1]))
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         loc = resolve(root)
         out["load_manifest_s"], manifest = _median_time(lambda: load_manifest(loc), repeat)
-        out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         out["peak_rss_before_load_mib"] = rss_before / 1024
+        out["peak_rss_after_load_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         shards = manifest.shards
 
         # Locating: the first call pays the cumulative sum (cached after), then lookups are O(log n).
@@ -150,8 +153,9 @@ def measure_one(n: int, repeat: int, planner: bool, loader: bool) -> dict[str, A
         assert bool(np.all(offsets[idx] <= many)) and bool(np.all(many < offsets[idx + 1]))
         t0 = time.perf_counter()
         info = shards[shard]
-        out["first_row_access_s"] = time.perf_counter() - t0  # builds the Python path/digest lists once
+        out["first_row_access_s"] = time.perf_counter() - t0  # may build Python path/digest lists once
         assert info.path.startswith("shards/")
+        out["peak_rss_after_row_access_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
         if planner:
             out["planner"] = _measure_planner(root, manifest, repeat)
@@ -189,7 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--planner", action="store_true", help="also time the replication planner")
     ap.add_argument("--loader", action="store_true", help="also time TokenDataset start-up")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # child mode: one size, this process
+    ap.add_argument("--publish-only", metavar="ROOT", help=argparse.SUPPRESS)  # child mode: synthesise + publish
     args = ap.parse_args(argv)
+    if args.publish_only:
+        (n,) = args.sizes
+        print(json.dumps(publish_synthetic(args.publish_only, n)))
+        return 0
     if args.one:
         (n,) = args.sizes
         print(json.dumps(measure_one(n, args.repeat, args.planner, args.loader)))

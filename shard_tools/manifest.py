@@ -141,18 +141,23 @@ class ShardTable:
         if not -n <= i < n:
             raise IndexError(f"shard index {i} out of range for {n} shards")
         i %= n
-        stored, raw = self._digests
+        if "paths" in self.__dict__ and "_digests" in self.__dict__:
+            path, (stored, raw) = self.paths[i], self._digests
+            stored_digest, raw_digest = stored[i], raw[i]
+        else:  # one row: read the Arrow columns, not whole-table Python lists (0.35 s, 270 MiB at 1M rows)
+            path, stored_digest, raw_digest = (str(self._table.column(c)[i].as_py()) for c in _STR_COLUMNS)
         return ShardInfo(
-            path=self.paths[i],
+            path=path,
             documents=int(self.documents[i]),
             tokens=int(self.tokens[i]),
             stored_bytes=int(self.stored_bytes[i]),
             raw_bytes=int(self.raw_bytes[i]),
-            stored_digest=stored[i],
-            raw_digest=raw[i],
+            stored_digest=stored_digest,
+            raw_digest=raw_digest,
         )
 
     def __iter__(self) -> Iterator[ShardInfo]:
+        self.paths, self._digests  # noqa: B018 - build the lists once: fast rows for a full scan
         return (self[i] for i in range(len(self)))
 
     @cached_property
