@@ -1,0 +1,328 @@
+"""One sync pass of one dataset to one destination: plan → execute → publish → retire.
+
+The pass reads the source's and the destination's ``manifest.json`` first; when both name
+the same version it stops there (an unchanged dataset costs exactly those two reads).
+Otherwise it loads the source's shard table, lists the destination's dataset prefix,
+plans, copies, and publishes ``versions/<id>.json`` then ``manifest.json`` at the
+destination only when every shard of the version is verified there. Retention runs after
+a publish.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from shard_tools.errors import DatasetNotFoundError, ManifestError, StorageError
+from shard_tools.manifest import MANIFEST_FILE, VERSIONS_DIR, Manifest, version_path
+from shard_tools.store import Location
+
+from .events import EventBus
+from .executor import Executor, Job, JobResult
+from .planner import SourceVersion, VersionRecord, order_sources, plan_retention, plan_sync
+from .state import State
+from .stats import Stats
+
+__all__ = ["Engine", "PassResult", "read_header", "load_version", "listing"]
+
+
+@dataclass
+class PassResult:
+    """What a pass did at one destination."""
+
+    dataset: str
+    source: str
+    destination: str
+    version_id: str
+    up_to_date: bool = False
+    published: bool = False
+    copied: int = 0
+    copied_bytes: int = 0
+    verified_in_place: int = 0
+    already_verified: int = 0
+    failed: list[JobResult] = field(default_factory=list)
+    skipped_failed: int = 0  # shards failed fatally before, waiting for retry()
+    temps_deleted: int = 0
+    corrupt_detected: int = 0
+    retired: list[str] = field(default_factory=list)
+    deleted_shards: list[str] = field(default_factory=list)
+    protected_shards: list[str] = field(default_factory=list)
+    cancelled: bool = False
+    total_shards: int = 0
+    total_bytes: int = 0
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and not self.skipped_failed and not self.cancelled
+
+
+def read_header(loc: Location, rel: str = MANIFEST_FILE) -> tuple[bytes, dict[str, Any]] | None:
+    """The raw bytes and parsed header of ``rel`` (None where it does not exist)."""
+    try:
+        data = loc.read_bytes(rel)
+    except FileNotFoundError:
+        return None
+    return data, Manifest.parse_header(data)
+
+
+def load_version(loc: Location, header: bytes) -> tuple[Manifest, bytes]:
+    """The manifest whose header is ``header`` with its shard table read from ``loc``."""
+    doc = Manifest.parse_header(header)
+    try:
+        table = loc.read_bytes(doc["shard_table"]["path"])
+    except FileNotFoundError as exc:
+        raise ManifestError(f"shard table {doc['shard_table']['path']} is missing at {loc.url}") from exc
+    return Manifest.from_json(header, table), table
+
+
+def listing(loc: Location) -> dict[str, int]:
+    """Every object under the dataset prefix (relative path → size): one recursive listing."""
+    try:
+        found = loc.fs.find(loc.root, detail=True)
+    except FileNotFoundError:
+        return {}
+    except Exception as exc:  # noqa: BLE001
+        raise StorageError(f"cannot list {loc.url}: {exc}") from exc
+    prefix = loc.root.rstrip("/") + "/"
+    out: dict[str, int] = {}
+    for name, info in found.items():
+        if info.get("type", "file") != "file":
+            continue
+        name = str(name)
+        rel = name[len(prefix) :] if name.startswith(prefix) else name.lstrip("/")
+        out[rel] = int(info.get("size") or 0)
+    return out
+
+
+def _created_ts(header: dict[str, Any]) -> float | None:
+    try:
+        return datetime.fromisoformat(str(header["created_at"]).replace("Z", "+00:00")).timestamp()
+    except (KeyError, ValueError):
+        return None
+
+
+class Engine:
+    """Runs passes with a shared executor, state, stats and event bus."""
+
+    def __init__(
+        self,
+        executor: Executor,
+        state: State,
+        *,
+        events: EventBus | None = None,
+        keep_versions: int | None = None,
+        priority: Mapping[str, int] | None = None,
+    ) -> None:
+        self.executor = executor
+        self.state = state
+        self.stats: Stats = executor.stats
+        self.events = events or EventBus()
+        self.keep_versions = keep_versions
+        self.priority = dict(priority or {})
+        executor.history = self._history
+
+    def _history(self, job: Job, src: str, nbytes: int, started: float, duration: float, error: str | None) -> None:
+        self.state.record_transfer(
+            job.dataset, job.version, job.shard.path, src, job.dest, nbytes, started, duration, error is None, error
+        )
+
+    def _event(self, type_: str, **fields: Any) -> None:
+        event = self.events.publish(type_, **fields)
+        if type_ != "progress":
+            self.state.add_event(event)
+
+    def sync_pass(
+        self,
+        dataset: str,
+        source: str,
+        dest: str,
+        locations: Mapping[str, Location],
+        *,
+        src_header: tuple[bytes, dict[str, Any]] | None = None,
+    ) -> PassResult:
+        """Bring ``dest`` to the source's current version. ``locations`` maps cluster names to the
+        dataset's location on each (the source, the destination and any other replica)."""
+        t0 = time.monotonic()
+        src_loc, dst_loc = locations[source], locations[dest]
+        if src_header is None:
+            src_header = read_header(src_loc)
+        if src_header is None:
+            raise DatasetNotFoundError(f"no {MANIFEST_FILE} at {src_loc.url}: nothing to replicate")
+        src_bytes, src_doc = src_header
+        version = str(src_doc["version_id"])
+        result = PassResult(dataset, source, dest, version)
+        result.total_shards = int(src_doc["totals"]["shards"])
+        result.total_bytes = int(src_doc["totals"]["stored_bytes"])
+        dst_header = read_header(dst_loc)
+        dest_version = str(dst_header[1]["version_id"]) if dst_header else None
+        if dest_version == version:
+            result.up_to_date = True
+            self.stats.set_pending(dataset, dest, 0, 0)
+            self.stats.set_lag(dataset, dest, None)
+            result.seconds = time.monotonic() - t0
+            return result
+        first_seen = self.state.seen_version(dataset, dest, version, time.time())
+        created = _created_ts(src_doc)
+        self.stats.set_lag(dataset, dest, min(first_seen, created) if created else first_seen)
+        manifest, table = load_version(src_loc, src_bytes)
+        src_version = SourceVersion.of(manifest)
+        held = listing(dst_loc)
+        others = {p: [c for c in cs if c != dest and c in locations] for p, cs in self.state.replicas(dataset).items()}
+        plan = plan_sync(
+            src_version,
+            source=source,
+            dest_version=dest_version,
+            listing=held,
+            verified=self.state.verified(dataset, dest),
+            known_bad=self.state.bad(dataset, dest),
+            replicas={p: cs for p, cs in others.items() if cs},
+            priority=self.priority,
+        )
+        for tmp in plan.delete_temps:
+            with contextlib.suppress(StorageError):
+                dst_loc.remove(tmp.path)
+                result.temps_deleted += 1
+        result.already_verified = len(plan.verified)
+        fatal = self.state.fatal(dataset, dest)
+        jobs = [Job(dataset, version, c.shard, c.sources, dest) for c in plan.copies if c.shard.path not in fatal]
+        jobs += [
+            Job(dataset, version, v.shard, v.sources, dest, verify_first=True)
+            for v in plan.verifies
+            if v.shard.path not in fatal
+        ]
+        result.skipped_failed = len(plan.copies) + len(plan.verifies) - len(jobs)
+        self.state.set_pending(dataset, version, dest, ((j.shard.path, j.shard.size) for j in jobs))
+        self.stats.set_pending(dataset, dest, sum(j.shard.size for j in jobs), len(jobs))
+        if jobs:
+            self.executor.run(jobs, locations, lambda r: self._on_result(r, result))
+        if result.ok:
+            self._publish(dst_loc, manifest, table, src_bytes, dataset, dest, result)
+            if self.keep_versions:
+                self._retain(dst_loc, manifest, dataset, dest, locations, result)
+        result.seconds = time.monotonic() - t0
+        self._event(
+            "pass", dataset=dataset, source=source, destination=dest, copied=result.copied,
+            failed=len(result.failed), published=result.published,
+        )  # fmt: skip
+        return result
+
+    def _on_result(self, r: JobResult, result: PassResult) -> None:
+        job = r.job
+        result.corrupt_detected += r.corrupt
+        if r.cancelled:
+            result.cancelled = True
+            return
+        self.stats.add_pending(job.dataset, job.dest, -job.shard.size, -1)
+        if r.ok:
+            self.state.add_verified(job.dataset, job.dest, [job.shard.path])
+            self.state.mark(job.dataset, job.version, job.dest, job.shard.path, "verified", attempts=r.attempts,
+                            size=job.shard.size)  # fmt: skip
+            if r.copied:
+                result.copied += 1
+                result.copied_bytes += r.bytes
+            else:
+                result.verified_in_place += 1
+            self._event(
+                "shard_verified", dataset=job.dataset, version=job.version, shard=job.shard.path,
+                src=r.src or job.dest, dst=job.dest, bytes=r.bytes, duration_s=r.seconds,
+            )  # fmt: skip
+        else:
+            result.failed.append(r)
+            error_id = self.state.mark(job.dataset, job.version, job.dest, job.shard.path, "failed",
+                                       error=r.error, retryable=r.retryable, attempts=r.attempts,
+                                       size=job.shard.size)  # fmt: skip
+            self._event(
+                "error", id=error_id, dataset=job.dataset, version=job.version, shard=job.shard.path,
+                src=",".join(job.sources), dst=job.dest, message=r.error or "failed", retryable=r.retryable,
+                attempts=r.attempts,
+            )  # fmt: skip
+
+    def _publish(
+        self, dst: Location, manifest: Manifest, table: bytes, header: bytes, dataset: str, dest: str, res: PassResult
+    ) -> None:
+        # versions/<id>.json, then manifest.json, last: a reader never sees a partial version
+        if not dst.exists(manifest.table_path):
+            dst.write_bytes(manifest.table_path, table)
+        dst.write_bytes(version_path(manifest.version_id), header)
+        dst.write_bytes(MANIFEST_FILE, header)
+        res.published = True
+        self.state.completed_version(dataset, dest, manifest.version_id)
+        self.stats.set_lag(dataset, dest, None)
+        self._event("version_published", dataset=dataset, version=manifest.version_id, cluster=dest)
+
+    def _retain(
+        self,
+        dst: Location,
+        current: Manifest,
+        dataset: str,
+        dest: str,
+        locations: Mapping[str, Location],
+        res: PassResult,
+    ) -> None:
+        assert self.keep_versions
+        ids = [n[: -len(".json")] for n in dst.listdir(VERSIONS_DIR) if n.endswith(".json")]
+        if len(ids) <= self.keep_versions:
+            return
+        records = []
+        for vid in ids:
+            if vid == current.version_id:
+                m = current
+            else:
+                got = read_header(dst, version_path(vid))
+                if got is None:
+                    continue
+                try:
+                    m, _ = load_version(dst, got[0])
+                except (ManifestError, StorageError):
+                    continue  # an unreadable old version is left alone
+            records.append(VersionRecord(vid, m.created_at, frozenset(m.shards.paths), m.table_path))
+        src_paths = set(current.shards.paths)
+        replicas = self.state.replicas(dataset)
+        elsewhere = {}
+        for rec in records:
+            for p in rec.paths:
+                n = len([c for c in replicas.get(p, []) if c != dest]) + (p in src_paths)
+                elsewhere[p] = n
+        plan = plan_retention(records, current=current.version_id, keep_versions=self.keep_versions,
+                              copies_elsewhere=elsewhere)  # fmt: skip
+        for vid in plan.retire:
+            dst.remove(version_path(vid))
+        for path in plan.delete_shards + plan.delete_tables:
+            dst.remove(path)
+        self.state.forget(dataset, dest, plan.delete_shards)
+        res.retired, res.deleted_shards, res.protected_shards = plan.retire, plan.delete_shards, plan.protected
+
+    def scrub(self, dataset: str, cluster: str, locations: Mapping[str, Location]) -> tuple[int, list[str], list[str]]:
+        """Re-hash every shard ``cluster`` publishes; repair bad ones from the other clusters.
+        Returns (checked, bad, repaired)."""
+        loc = locations[cluster]
+        got = read_header(loc)
+        if got is None:
+            return 0, [], []
+        manifest, _ = load_version(loc, got[0])
+        others = order_sources([c for c in locations if c != cluster], self.priority)
+        jobs = [
+            Job(dataset, manifest.version_id, s, others, cluster, verify_first=True)
+            for s in SourceVersion.of(manifest).shards
+        ]
+        bad: list[str] = []
+        repaired: list[str] = []
+
+        def done(r: JobResult) -> None:
+            path = r.job.shard.path
+            if r.corrupt or r.copied:
+                bad.append(path)
+                if r.ok:
+                    repaired.append(path)
+                else:
+                    self.state.mark_bad(dataset, cluster, path, r.error or "corrupt")
+            if r.ok:
+                self.state.add_verified(dataset, cluster, [path])
+
+        self.executor.run(jobs, locations, done)
+        return len(jobs), sorted(bad), sorted(repaired)

@@ -1,0 +1,318 @@
+"""A bounded pool of shard transfers with retries, replica fallback, pause and graceful stop.
+
+The executor decides nothing: it runs the jobs the planner produced. Each job tries its
+sources in order (nearest first); a digest mismatch, a truncated read or a backend error
+moves on to the next source, and after a round over all sources it backs off
+exponentially with jitter. A job that runs out of attempts fails alone; the others go on.
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from shard_tools.errors import ShardDigestError, ShardFormatError, StorageError
+from shard_tools.store import Location
+
+from .bandwidth import Bandwidth
+from .config import link_name
+from .events import EventBus
+from .planner import ShardRef
+from .stats import Stats
+from .transfer import CHUNK_SIZE, Cancelled, copy_shard, verify_shard
+
+__all__ = ["Job", "JobResult", "Executor"]
+
+_PROGRESS_EVERY = 0.25  # seconds between progress events per transfer
+
+
+@dataclass(frozen=True)
+class Job:
+    """Bring ``shard`` to ``dest`` (a cluster name), pulling from ``sources`` in order."""
+
+    dataset: str
+    version: str
+    shard: ShardRef
+    sources: tuple[str, ...]
+    dest: str
+    verify_first: bool = False  # the destination has it with the right size: hash before copying
+
+
+@dataclass
+class JobResult:
+    job: Job
+    ok: bool
+    src: str | None = None
+    copied: bool = False  # False when the copy already present verified
+    bytes: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+    retryable: bool = True
+    attempts: int = 0
+    corrupt: int = 0  # corrupt transfers (or a corrupt destination copy) detected on the way
+    cancelled: bool = False
+
+
+class _Slots:
+    """A semaphore whose size can change at run time, closed by pause."""
+
+    def __init__(self, size: int) -> None:
+        self._cond = threading.Condition()
+        self._size = size
+        self._used = 0
+        self.paused = False
+        self.closed = False
+
+    def resize(self, size: int) -> None:
+        with self._cond:
+            self._size = size
+            self._cond.notify_all()
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def set_paused(self, paused: bool) -> None:
+        with self._cond:
+            self.paused = paused
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+    def acquire(self) -> bool:
+        with self._cond:
+            while not self.closed and (self.paused or self._used >= self._size):
+                self._cond.wait(0.5)
+            if self.closed:
+                return False
+            self._used += 1
+            return True
+
+    def release(self) -> None:
+        with self._cond:
+            self._used -= 1
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout: float | None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._used:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left if left is None else min(left, 0.5))
+            return True
+
+
+class Executor:
+    """Runs jobs ``transfers`` at a time under the bandwidth limits."""
+
+    def __init__(
+        self,
+        *,
+        transfers: int = 4,
+        bandwidth: Bandwidth | None = None,
+        stats: Stats | None = None,
+        events: EventBus | None = None,
+        retries: int = 5,
+        chunk_size: int = CHUNK_SIZE,
+        backoff: tuple[float, float] = (0.2, 10.0),
+        max_workers: int = 64,
+    ) -> None:
+        self.bandwidth = bandwidth or Bandwidth()
+        self.stats = stats or Stats()
+        self.events = events
+        self.retries = retries
+        self.chunk_size = chunk_size
+        self.backoff = backoff
+        self.max_workers = max_workers
+        self._slots = _Slots(transfers)
+        self.cancel = threading.Event()
+        self._rng = random.Random()
+
+    @property
+    def transfers(self) -> int:
+        return self._slots.size
+
+    def set_transfers(self, n: int) -> None:
+        self._slots.resize(max(1, int(n)))
+
+    def pause(self) -> None:
+        self._slots.set_paused(True)
+        self.stats.paused = True
+
+    def resume(self) -> None:
+        self._slots.set_paused(False)
+        self.stats.paused = False
+
+    @property
+    def paused(self) -> bool:
+        return self._slots.paused
+
+    def shutdown(self, drain_timeout: float | None = 30.0) -> None:
+        """Start nothing new; let transfers in flight finish (up to ``drain_timeout``), then cancel them."""
+        self._slots.close()
+        if not self._slots.wait_idle(drain_timeout):
+            self.cancel.set()
+            self._slots.wait_idle(10.0)
+
+    def run(
+        self,
+        jobs: Sequence[Job],
+        locations: Mapping[str, Location],
+        on_result: Callable[[JobResult], None] | None = None,
+    ) -> list[JobResult]:
+        """Run ``jobs`` (blocking) and return their results in completion order."""
+        todo: queue.SimpleQueue[Job] = queue.SimpleQueue()
+        for job in jobs:
+            todo.put(job)
+        results: list[JobResult] = []
+        lock = threading.Lock()
+
+        def worker() -> None:
+            while True:
+                try:
+                    job = todo.get_nowait()
+                except queue.Empty:
+                    return
+                if not self._slots.acquire():
+                    res = JobResult(job, ok=False, cancelled=True, error="stopped")
+                else:
+                    try:
+                        res = self._run_one(job, locations)
+                    finally:
+                        self._slots.release()
+                with lock:
+                    results.append(res)
+                if on_result is not None:
+                    on_result(res)
+
+        n = min(len(jobs), self.max_workers)
+        threads = [threading.Thread(target=worker, name=f"ferry-transfer-{i}", daemon=True) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return results
+
+    def _sleep(self, attempt: int) -> bool:
+        """Back off before the next round; False when cancelled."""
+        base, cap = self.backoff
+        delay = min(cap, base * (2 ** (attempt - 1))) * self._rng.uniform(0.5, 1.5)
+        return not self.cancel.wait(delay)
+
+    def _run_one(self, job: Job, locations: Mapping[str, Location]) -> JobResult:
+        shard = job.shard
+        dst = locations[job.dest]
+        result = JobResult(job, ok=False)
+        t0 = time.monotonic()
+        if job.verify_first:
+            try:
+                problem = verify_shard(dst, shard.path, shard.size, shard.digest, chunk_size=self.chunk_size,
+                                       cancel=self.cancel)  # fmt: skip
+            except Cancelled:
+                result.cancelled, result.error = True, "stopped"
+                return result
+            except StorageError as exc:
+                problem = str(exc)
+            if problem is None:
+                self.stats.verified()
+                result.ok, result.seconds = True, time.monotonic() - t0
+                return result
+            if problem != "missing":
+                result.corrupt += 1
+                self.stats.corrupt(job.dataset, job.dest)
+        fatal_sources: set[str] = set()
+        for attempt in range(1, self.retries + 1):
+            for src_name in job.sources:
+                if src_name in fatal_sources:
+                    continue
+                src = locations.get(src_name)
+                if src is None:
+                    fatal_sources.add(src_name)
+                    continue
+                result.attempts += 1
+                outcome = self._attempt(job, src_name, src, dst, result)
+                if outcome == "ok":
+                    result.ok, result.src, result.copied = True, src_name, True
+                    result.seconds = time.monotonic() - t0
+                    return result
+                if outcome == "cancelled":
+                    result.cancelled = True
+                    return result
+                if outcome == "fatal":
+                    fatal_sources.add(src_name)
+            if len(fatal_sources) >= len(job.sources):
+                result.retryable = False
+                break
+            if attempt < self.retries and not self._sleep(attempt):
+                result.cancelled = True
+                return result
+        result.seconds = time.monotonic() - t0
+        return result
+
+    def _attempt(self, job: Job, src_name: str, src: Location, dst: Location, result: JobResult) -> str:
+        shard = job.shard
+        link = link_name(src_name, job.dest)
+        tid = self.stats.start(job.dataset, job.version, shard.path, src_name, job.dest, shard.size)
+        last: list[float] = [time.monotonic(), 0.0]
+
+        def throttle(n: int) -> None:
+            self.bandwidth.take(link, n, self.cancel)
+
+        def progress(n: int) -> None:
+            self.stats.progress(tid, n)
+            last[1] += n
+            now = time.monotonic()
+            if self.events is not None and now - last[0] >= _PROGRESS_EVERY:
+                self.events.publish(
+                    "progress", dataset=job.dataset, shard=shard.path, src=src_name, dst=job.dest,
+                    bytes_done=int(last[1]), bytes_total=shard.size, rate=last[1] / max(now - t_start, 1e-3),
+                )  # fmt: skip
+                last[0] = now
+
+        t_start = time.monotonic()
+        started = time.time()
+        try:
+            copy_shard(src, dst, shard.path, shard.size, shard.digest, chunk_size=self.chunk_size,
+                       throttle=throttle, progress=progress, cancel=self.cancel)  # fmt: skip
+        except Cancelled:
+            self.stats.finish(tid, ok=False)
+            return "cancelled"
+        except (ShardDigestError, ShardFormatError) as exc:
+            self.stats.finish(tid, ok=False)
+            self.stats.corrupt(job.dataset, job.dest)
+            result.corrupt += 1
+            result.error, result.retryable = str(exc), True
+            self._record(job, src_name, int(last[1]), started, t_start, str(exc))
+            return "retry"
+        except FileNotFoundError as exc:
+            self.stats.finish(tid, ok=False)
+            self.stats.error(job.dataset, job.dest, retryable=False)
+            result.error = f"shard {shard.path} is missing at {src_name} ({exc})"
+            self._record(job, src_name, int(last[1]), started, t_start, result.error)
+            return "fatal"
+        except StorageError as exc:
+            self.stats.finish(tid, ok=False)
+            self.stats.error(job.dataset, job.dest, retryable=exc.retryable)
+            result.error, result.retryable = str(exc), exc.retryable
+            self._record(job, src_name, int(last[1]), started, t_start, str(exc))
+            return "retry" if exc.retryable else "fatal"
+        self.stats.finish(tid, ok=True, nbytes=shard.size)
+        result.bytes = shard.size
+        self._record(job, src_name, shard.size, started, t_start, None)
+        return "ok"
+
+    #: set by the engine to write history rows: fn(job, src, bytes, started, duration, error)
+    history: Callable[[Job, str, int, float, float, str | None], None] | None = None
+
+    def _record(self, job: Job, src: str, nbytes: int, started: float, t_start: float, error: str | None) -> None:
+        if self.history is not None:
+            self.history(job, src, nbytes, started, time.monotonic() - t_start, error)

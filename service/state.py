@@ -1,0 +1,274 @@
+"""Replication state in an embedded SQLite database (WAL): shard status, replicas, history, events.
+
+Tables::
+
+    shard_status  (dataset, version, dest, path) → status pending|copying|verified|failed,
+                  attempts, last_error, retryable, size, updated
+    replicas      (dataset, cluster, path) → verified_at   (a verified copy is known there)
+    bad           (dataset, cluster, path) → found_at, reason (corrupt copy found by verify/scrub)
+    transfers     history: dataset, version, path, src, dst, bytes, started, duration, ok, error
+    versions      (dataset, cluster, version) → first_seen, completed  (lag)
+    events        ts, type, body (JSON)
+    scrubs        dataset, cluster, checked, bad, repaired, started, duration
+
+One connection guarded by a lock serves every thread; each call is its own transaction, so
+a SIGKILL loses at most the call in progress and a restart re-plans from storage anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .views import ErrorInfo, HistoryEntry, ScrubReport
+
+__all__ = ["State", "DB_NAME"]
+
+DB_NAME = "ferry-state.sqlite3"
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS shard_status (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    dataset TEXT NOT NULL, version TEXT NOT NULL, dest TEXT NOT NULL, path TEXT NOT NULL,
+    size INTEGER NOT NULL DEFAULT 0, status TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT, retryable INTEGER, updated REAL NOT NULL,
+    UNIQUE (dataset, version, dest, path));
+CREATE INDEX IF NOT EXISTS shard_status_by_state ON shard_status (status, updated);
+CREATE TABLE IF NOT EXISTS replicas (
+    dataset TEXT NOT NULL, cluster TEXT NOT NULL, path TEXT NOT NULL, verified_at REAL NOT NULL,
+    PRIMARY KEY (dataset, cluster, path)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS bad (
+    dataset TEXT NOT NULL, cluster TEXT NOT NULL, path TEXT NOT NULL, found_at REAL NOT NULL, reason TEXT,
+    PRIMARY KEY (dataset, cluster, path)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS transfers (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, dataset TEXT, version TEXT, path TEXT, src TEXT, dst TEXT,
+    bytes INTEGER, started REAL, duration REAL, ok INTEGER, error TEXT);
+CREATE TABLE IF NOT EXISTS versions (
+    dataset TEXT NOT NULL, cluster TEXT NOT NULL, version TEXT NOT NULL, first_seen REAL NOT NULL, completed REAL,
+    PRIMARY KEY (dataset, cluster, version));
+CREATE TABLE IF NOT EXISTS events (id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL, type TEXT, body TEXT);
+CREATE TABLE IF NOT EXISTS scrubs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, dataset TEXT, cluster TEXT, checked INTEGER, bad TEXT, repaired TEXT,
+    started REAL, duration REAL);
+"""
+_KEEP_EVENTS = 10_000
+_KEEP_TRANSFERS = 100_000
+
+
+class State:
+    """The daemon's database. ``State(None)`` keeps everything in memory (``ferry sync``)."""
+
+    def __init__(self, state_dir: str | Path | None) -> None:
+        if state_dir is None:
+            target = ":memory:"
+        else:
+            Path(state_dir).mkdir(parents=True, exist_ok=True)
+            target = str(Path(state_dir) / DB_NAME)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(target, check_same_thread=False, isolation_level=None, timeout=30)
+        if target != ":memory:":
+            self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        # a crash leaves 'copying' rows behind: those copies never completed
+        self._db.execute("UPDATE shard_status SET status='pending' WHERE status='copying'")
+        self._writes = 0
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _x(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    def _many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                self._db.executemany(sql, rows)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    # shard status
+    def set_pending(self, dataset: str, version: str, dest: str, shards: Iterable[tuple[str, int]]) -> None:
+        now = time.time()
+        self._many(
+            "INSERT INTO shard_status (dataset, version, dest, path, size, status, updated) "
+            "VALUES (?, ?, ?, ?, ?, 'pending', ?) ON CONFLICT (dataset, version, dest, path) DO UPDATE SET "
+            "status = CASE WHEN status = 'failed' THEN 'failed' ELSE 'pending' END, updated = excluded.updated",
+            ((dataset, version, dest, p, s, now) for p, s in shards),
+        )
+
+    def mark(
+        self,
+        dataset: str,
+        version: str,
+        dest: str,
+        path: str,
+        status: str,
+        *,
+        error: str | None = None,
+        retryable: bool | None = None,
+        attempts: int = 0,
+        size: int = 0,
+    ) -> int:
+        """Set one shard's status; returns its row id (the error id when ``status`` is failed)."""
+        rows = self._x(
+            "INSERT INTO shard_status (dataset, version, dest, path, size, status, attempts, last_error, retryable, "
+            "updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (dataset, version, dest, path) DO UPDATE SET "
+            "status = excluded.status, attempts = shard_status.attempts + excluded.attempts, "
+            "last_error = COALESCE(excluded.last_error, CASE WHEN excluded.status = 'verified' THEN NULL "
+            "ELSE shard_status.last_error END), retryable = excluded.retryable, updated = excluded.updated "
+            "RETURNING id",
+            (dataset, version, dest, path, size, status, attempts, error, retryable, time.time()),
+        )
+        return int(rows[0][0])
+
+    def failed(self, dataset: str, dest: str) -> set[str]:
+        rows = self._x("SELECT path FROM shard_status WHERE dataset=? AND dest=? AND status='failed'", (dataset, dest))
+        return {r[0] for r in rows}
+
+    def fatal(self, dataset: str, dest: str) -> set[str]:
+        """Shards that failed at ``dest`` with an error a retry cannot fix (until ``reset_failed``)."""
+        rows = self._x(
+            "SELECT path FROM shard_status WHERE dataset=? AND dest=? AND status='failed' AND retryable=0",
+            (dataset, dest),
+        )
+        return {r[0] for r in rows}
+
+    def errors(self, limit: int = 100) -> list[ErrorInfo]:
+        rows = self._x(
+            "SELECT id, dataset, version, dest, path, last_error, retryable, attempts, updated FROM shard_status "
+            "WHERE status='failed' ORDER BY updated DESC LIMIT ?",
+            (limit,),
+        )
+        return [ErrorInfo(r[0], r[1], r[2], r[3], r[4], r[5] or "", bool(r[6]), r[7], r[8]) for r in rows]
+
+    def reset_failed(self, error_id: int | None = None) -> int:
+        """Make failed shards pending again (one by id, or all); returns how many."""
+        with self._lock:
+            if error_id is None:
+                cur = self._db.execute(
+                    "UPDATE shard_status SET status='pending', attempts=0, updated=? WHERE status='failed'",
+                    (time.time(),),
+                )
+            else:
+                cur = self._db.execute(
+                    "UPDATE shard_status SET status='pending', attempts=0, updated=? WHERE id=? AND status='failed'",
+                    (time.time(), error_id),
+                )
+            return cur.rowcount
+
+    def error_exists(self, error_id: int) -> bool:
+        return bool(self._x("SELECT 1 FROM shard_status WHERE id=? AND status='failed'", (error_id,)))
+
+    # replicas (verified copies) and known-bad copies
+    def add_verified(self, dataset: str, cluster: str, paths: Iterable[str]) -> None:
+        now = time.time()
+        rows = [(dataset, cluster, p, now) for p in paths]
+        if not rows:
+            return
+        self._many("INSERT OR REPLACE INTO replicas VALUES (?, ?, ?, ?)", rows)
+        self._many("DELETE FROM bad WHERE dataset=? AND cluster=? AND path=?", (r[:3] for r in rows))
+
+    def verified(self, dataset: str, cluster: str) -> set[str]:
+        rows = self._x("SELECT path FROM replicas WHERE dataset=? AND cluster=?", (dataset, cluster))
+        return {r[0] for r in rows}
+
+    def replicas(self, dataset: str) -> dict[str, list[str]]:
+        """path → clusters holding a verified copy."""
+        out: dict[str, list[str]] = {}
+        for path, cluster in self._x("SELECT path, cluster FROM replicas WHERE dataset=?", (dataset,)):
+            out.setdefault(path, []).append(cluster)
+        return out
+
+    def mark_bad(self, dataset: str, cluster: str, path: str, reason: str) -> None:
+        self._x("DELETE FROM replicas WHERE dataset=? AND cluster=? AND path=?", (dataset, cluster, path))
+        self._x("INSERT OR REPLACE INTO bad VALUES (?, ?, ?, ?, ?)", (dataset, cluster, path, time.time(), reason))
+
+    def bad(self, dataset: str, cluster: str) -> set[str]:
+        return {r[0] for r in self._x("SELECT path FROM bad WHERE dataset=? AND cluster=?", (dataset, cluster))}
+
+    def forget(self, dataset: str, cluster: str, paths: Iterable[str]) -> None:
+        self._many(
+            "DELETE FROM replicas WHERE dataset=? AND cluster=? AND path=?", ((dataset, cluster, p) for p in paths)
+        )
+
+    # history
+    def record_transfer(
+        self, dataset: str, version: str, path: str, src: str, dst: str, nbytes: int, started: float,
+        duration: float, ok: bool, error: str | None,
+    ) -> None:  # fmt: skip
+        self._x(
+            "INSERT INTO transfers (dataset, version, path, src, dst, bytes, started, duration, ok, error) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (dataset, version, path, src, dst, nbytes, started, duration, int(ok), error),
+        )
+        self._trim()
+
+    def history(self, limit: int = 100, dataset: str | None = None) -> list[HistoryEntry]:
+        where, args = ("WHERE dataset=?", [dataset]) if dataset else ("", [])
+        rows = self._x(
+            f"SELECT id, dataset, version, path, src, dst, bytes, started, duration, ok, error FROM transfers "
+            f"{where} ORDER BY id DESC LIMIT ?",
+            (*args, limit),
+        )
+        return [HistoryEntry(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], bool(r[9]), r[10]) for r in rows]
+
+    def add_event(self, event: dict[str, Any]) -> None:
+        body = {k: v for k, v in event.items() if k not in ("type", "ts")}
+        self._x("INSERT INTO events (ts, type, body) VALUES (?, ?, ?)", (event["ts"], event["type"], json.dumps(body)))
+
+    def events(self, limit: int = 100) -> list[dict[str, Any]]:
+        rows = self._x("SELECT ts, type, body FROM events ORDER BY id DESC LIMIT ?", (limit,))
+        return [{"type": t, "ts": ts, **json.loads(b)} for ts, t, b in rows]
+
+    def _trim(self) -> None:
+        self._writes += 1
+        if self._writes % 1000 == 0:
+            self._x("DELETE FROM events WHERE id < (SELECT MAX(id) FROM events) - ?", (_KEEP_EVENTS,))
+            self._x("DELETE FROM transfers WHERE id < (SELECT MAX(id) FROM transfers) - ?", (_KEEP_TRANSFERS,))
+
+    # versions (lag)
+    def seen_version(self, dataset: str, cluster: str, version: str, when: float) -> float:
+        """Record that ``version`` is wanted at ``cluster``; returns when it was first seen."""
+        self._x("INSERT OR IGNORE INTO versions VALUES (?, ?, ?, ?, NULL)", (dataset, cluster, version, when))
+        rows = self._x(
+            "SELECT first_seen FROM versions WHERE dataset=? AND cluster=? AND version=?", (dataset, cluster, version)
+        )
+        return float(rows[0][0])
+
+    def completed_version(self, dataset: str, cluster: str, version: str) -> None:
+        self._x(
+            "UPDATE versions SET completed=? WHERE dataset=? AND cluster=? AND version=? AND completed IS NULL",
+            (time.time(), dataset, cluster, version),
+        )
+
+    # scrubs
+    def add_scrub(self, report: ScrubReport) -> None:
+        self._x(
+            "INSERT INTO scrubs (dataset, cluster, checked, bad, repaired, started, duration) VALUES (?,?,?,?,?,?,?)",
+            (
+                report.dataset,
+                report.cluster,
+                report.checked,
+                json.dumps(report.bad),
+                json.dumps(report.repaired),
+                report.started_at,
+                report.duration_s,
+            ),
+        )
+
+    def scrubs(self, limit: int = 20) -> list[ScrubReport]:
+        rows = self._x(
+            "SELECT dataset, cluster, checked, bad, repaired, started, duration FROM scrubs ORDER BY id DESC LIMIT ?",
+            (limit,),
+        )
+        return [ScrubReport(r[0], r[1], r[2], json.loads(r[3]), json.loads(r[4]), r[5], r[6]) for r in rows]

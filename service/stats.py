@@ -1,0 +1,168 @@
+"""Transfer accounting (rclone ``accounting`` style): bytes, rates, pending work, ETA, lag, errors.
+
+Writers are the executor and the engine; readers (API, dashboard, CLI progress bar) call
+:meth:`Stats.snapshot` and :meth:`Stats.transfers`, which copy under a lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+
+from .views import ErrorCount, LinkLag, StatsSnapshot, TransferInfo
+
+__all__ = ["Stats"]
+
+_WINDOW = 10.0  # seconds of the moving average
+
+
+@dataclass
+class _Live:
+    id: int
+    dataset: str
+    version: str
+    shard: str
+    src: str
+    dst: str
+    total: int
+    done: int
+    started_at: float
+    started_mono: float
+
+
+class Stats:
+    """Counters shared by every transfer of a process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._t0 = time.monotonic()
+        self._next_id = 0
+        self._live: dict[int, _Live] = {}
+        self._samples: deque[tuple[float, int]] = deque()  # (monotonic time, bytes) per progress call
+        self.bytes_copied = 0
+        self.bytes_read = 0
+        self.transfers_ok = 0
+        self.transfers_failed = 0
+        self.verified_in_place = 0
+        self.corrupt_detected = 0
+        self._pending: dict[tuple[str, str], tuple[int, int]] = {}
+        self._lag_since: dict[tuple[str, str], float | None] = {}
+        self._errors: Counter[tuple[str, str, str]] = Counter()
+        self.paused = False
+
+    # writers
+    def start(self, dataset: str, version: str, shard: str, src: str, dst: str, total: int) -> int:
+        with self._lock:
+            self._next_id += 1
+            tid = self._next_id
+            self._live[tid] = _Live(tid, dataset, version, shard, src, dst, total, 0, time.time(), time.monotonic())
+            return tid
+
+    def progress(self, tid: int, n: int) -> None:
+        now = time.monotonic()
+        with self._lock:
+            live = self._live.get(tid)
+            if live is not None:
+                live.done += n
+            self.bytes_read += n
+            self._samples.append((now, n))
+            while self._samples and self._samples[0][0] < now - _WINDOW:
+                self._samples.popleft()
+
+    def finish(self, tid: int, *, ok: bool, nbytes: int = 0) -> None:
+        with self._lock:
+            self._live.pop(tid, None)
+            if ok:
+                self.transfers_ok += 1
+                self.bytes_copied += nbytes
+            else:
+                self.transfers_failed += 1
+
+    def corrupt(self, dataset: str, cluster: str) -> None:
+        with self._lock:
+            self.corrupt_detected += 1
+            self._errors[(dataset, cluster, "corrupt")] += 1
+
+    def error(self, dataset: str, cluster: str, *, retryable: bool) -> None:
+        with self._lock:
+            self._errors[(dataset, cluster, "retryable" if retryable else "fatal")] += 1
+
+    def verified(self) -> None:
+        with self._lock:
+            self.verified_in_place += 1
+
+    def set_pending(self, dataset: str, dst: str, nbytes: int, shards: int) -> None:
+        with self._lock:
+            self._pending[(dataset, dst)] = (nbytes, shards)
+
+    def add_pending(self, dataset: str, dst: str, nbytes: int, shards: int) -> None:
+        with self._lock:
+            b, s = self._pending.get((dataset, dst), (0, 0))
+            self._pending[(dataset, dst)] = (max(0, b + nbytes), max(0, s + shards))
+
+    def set_lag(self, dataset: str, dst: str, since: float | None) -> None:
+        """``since``: when the source published the version the destination still lacks (None: complete)."""
+        with self._lock:
+            self._lag_since[(dataset, dst)] = since
+
+    # readers
+    def _rates(self, now: float) -> tuple[float, float]:
+        recent = sum(n for t, n in self._samples if t >= now - 1.0)
+        window = min(_WINDOW, max(now - self._t0, 1e-3))
+        total = sum(n for t, n in self._samples if t >= now - window)
+        return float(recent), total / window
+
+    def transfers(self) -> list[TransferInfo]:
+        now = time.monotonic()
+        with self._lock:
+            return [
+                TransferInfo(
+                    t.id,
+                    t.dataset,
+                    t.version,
+                    t.shard,
+                    t.src,
+                    t.dst,
+                    t.done,
+                    t.total,
+                    t.done / max(now - t.started_mono, 1e-3),
+                    t.started_at,
+                )
+                for t in self._live.values()
+            ]
+
+    def lag(self) -> dict[tuple[str, str], float]:
+        wall = time.time()
+        with self._lock:
+            return {k: (max(0.0, wall - v) if v is not None else 0.0) for k, v in self._lag_since.items()}
+
+    def snapshot(self) -> StatsSnapshot:
+        now = time.monotonic()
+        lag = self.lag()
+        with self._lock:
+            instant, avg = self._rates(now)
+            pending_bytes = sum(b for b, _ in self._pending.values())
+            pending_shards = sum(s for _, s in self._pending.values())
+            in_flight_left = sum(max(0, t.total - t.done) for t in self._live.values())
+            eta = None
+            if pending_bytes and avg > 0:
+                eta = max(pending_bytes, in_flight_left) / avg
+            return StatsSnapshot(
+                bytes_copied=self.bytes_copied,
+                bytes_read=self.bytes_read,
+                transfers_ok=self.transfers_ok,
+                transfers_failed=self.transfers_failed,
+                corrupt_detected=self.corrupt_detected,
+                rate_instant=instant,
+                rate_avg=avg,
+                pending_bytes=pending_bytes,
+                pending_shards=pending_shards,
+                eta_seconds=eta,
+                in_flight=len(self._live),
+                paused=self.paused,
+                uptime_seconds=now - self._t0,
+                lag=[LinkLag(d, c, s) for (d, c), s in sorted(lag.items())],
+                errors=[ErrorCount(d, c, k, n) for (d, c, k), n in sorted(self._errors.items())],
+            )

@@ -1,0 +1,284 @@
+"""One shard, one copy: stream, hash while streaming, write atomically, verify.
+
+Local → local reads the source through ``mmap`` and writes the very bytes it hashed
+(one pass, no Python-level buffering); every other pair streams fixed-size chunks.
+Destinations are written atomically: a temp name + rename on local disks and on
+stores without buffered writers (memory), and on object stores a streamed upload that
+is only completed (single PUT or multipart complete) when the digest matched, and
+aborted otherwise. Memory stays bounded by one chunk (plus the object store's part).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from shard_tools.digest import Hasher
+from shard_tools.errors import ShardDigestError, ShardFormatError, StorageError
+from shard_tools.store import Location, temp_name
+
+__all__ = ["CHUNK_SIZE", "Cancelled", "CopyOutcome", "copy_shard", "verify_shard"]
+
+CHUNK_SIZE = 8 * 1024 * 1024
+_MIN_PART = 5 * 1024 * 1024  # S3's smallest multipart part
+
+Throttle = Callable[[int], None]
+Progress = Callable[[int], None]
+
+
+class Cancelled(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """The copy was stopped (daemon shutdown); nothing was written at the final name."""
+
+
+@dataclass(frozen=True)
+class CopyOutcome:
+    bytes: int
+    seconds: float
+
+
+def _noop(n: int) -> None:
+    pass
+
+
+def _check(cancel: threading.Event | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise Cancelled()
+
+
+def _finish(hasher: Hasher, path: str, size: int, digest: str) -> None:
+    if hasher.nbytes != size:
+        raise ShardFormatError(path, f"read {hasher.nbytes} bytes, manifest says {size} (truncated source?)")
+    if hasher.hexdigest() != digest:
+        raise ShardDigestError(path, "bytes read do not match the manifest digest (corrupt replica or transfer)")
+
+
+def copy_shard(
+    src: Location,
+    dst: Location,
+    path: str,
+    size: int,
+    digest: str,
+    *,
+    chunk_size: int = CHUNK_SIZE,
+    throttle: Throttle = _noop,
+    progress: Progress = _noop,
+    cancel: threading.Event | None = None,
+) -> CopyOutcome:
+    """Copy ``path`` from ``src`` to ``dst``; it appears at ``dst`` only whole and verified.
+
+    Raises ShardDigestError / ShardFormatError when the bytes read do not match (a retry or
+    another replica may help), FileNotFoundError when the source lacks the shard,
+    StorageError for backend failures, Cancelled when ``cancel`` is set.
+    """
+    t0 = time.monotonic()
+    try:
+        if src.local and dst.local:
+            _copy_local(src.full(path), dst.full(path), path, size, digest, chunk_size, throttle, progress, cancel)
+        else:
+            _copy_stream(src, dst, path, size, digest, chunk_size, throttle, progress, cancel)
+    except (ShardDigestError, ShardFormatError, FileNotFoundError, Cancelled, StorageError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - map backend errors at the boundary
+        raise StorageError(f"copy of {path} from {src.url} to {dst.url} failed: {exc}") from exc
+    return CopyOutcome(size, time.monotonic() - t0)
+
+
+def _copy_local(
+    src_path: str,
+    dst_path: str,
+    path: str,
+    size: int,
+    digest: str,
+    chunk: int,
+    throttle: Throttle,
+    progress: Progress,
+    cancel: threading.Event | None,
+) -> None:
+    fd_in = os.open(src_path, os.O_RDONLY)
+    try:
+        actual = os.fstat(fd_in).st_size
+        if actual != size:
+            raise ShardFormatError(path, f"source holds {actual} bytes, manifest says {size}")
+        os.makedirs(os.path.dirname(dst_path), exist_ok=True)
+        tmp = temp_name(dst_path)
+        fd_out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            hasher = Hasher()
+            if size:
+                with mmap.mmap(fd_in, 0, access=mmap.ACCESS_READ) as mm:
+                    if hasattr(mm, "madvise"):
+                        mm.madvise(mmap.MADV_SEQUENTIAL)
+                    view = memoryview(mm)
+                    try:
+                        for off in range(0, size, chunk):
+                            _check(cancel)
+                            piece = view[off : off + chunk]
+                            throttle(len(piece))
+                            hasher.update(piece)
+                            done = 0
+                            while done < len(piece):
+                                done += os.write(fd_out, piece[done:])
+                            progress(len(piece))
+                            del piece
+                    finally:
+                        view.release()
+            _finish(hasher, path, size, digest)
+            os.close(fd_out)
+            fd_out = -1
+            os.replace(tmp, dst_path)
+        except BaseException:
+            if fd_out >= 0:
+                os.close(fd_out)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+    finally:
+        os.close(fd_in)
+
+
+def _read_chunks(src: Location, path: str, chunk: int, cancel: threading.Event | None) -> Iterator[bytes]:
+    with src.fs.open(src.full(path), "rb", block_size=chunk, cache_type="none") as f:
+        while True:
+            _check(cancel)
+            data = f.read(chunk)
+            if not data:
+                return
+            yield data
+
+
+def _copy_stream(
+    src: Location,
+    dst: Location,
+    path: str,
+    size: int,
+    digest: str,
+    chunk: int,
+    throttle: Throttle,
+    progress: Progress,
+    cancel: threading.Event | None,
+) -> None:
+    hasher = Hasher()
+    target = dst.full(path)
+    if dst.local:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        tmp = temp_name(target)
+        try:
+            with open(tmp, "wb") as out:
+                for data in _read_chunks(src, path, chunk, cancel):
+                    throttle(len(data))
+                    hasher.update(data)
+                    out.write(data)
+                    progress(len(data))
+            _finish(hasher, path, size, digest)
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        return
+    if _writes_buffered(dst):
+        # object store: the upload completes on close only; abort it on any failure
+        f = dst.fs.open(target, "wb", block_size=max(chunk, _MIN_PART))
+        try:
+            for data in _read_chunks(src, path, chunk, cancel):
+                throttle(len(data))
+                hasher.update(data)
+                f.write(data)
+                progress(len(data))
+            _finish(hasher, path, size, digest)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                f.discard()
+            f.closed = True  # never complete the upload
+            raise
+        f.close()
+        return
+    # other stores: write a temp object, then move it into place
+    tmp = temp_name(target)
+    try:
+        with dst.fs.open(tmp, "wb") as out:
+            for data in _read_chunks(src, path, chunk, cancel):
+                throttle(len(data))
+                hasher.update(data)
+                out.write(data)
+                progress(len(data))
+        _finish(hasher, path, size, digest)
+        dst.fs.mv(tmp, target)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            dst.fs.rm_file(tmp)
+        raise
+
+
+_BUFFERED: dict[type, bool] = {}
+
+
+def _writes_buffered(dst: Location) -> bool:
+    """True for filesystems whose write files are AbstractBufferedFile (s3, gcs, azure…)."""
+    cls = type(dst.fs)
+    if cls not in _BUFFERED:
+        from fsspec.implementations.memory import MemoryFileSystem
+
+        _BUFFERED[cls] = not isinstance(dst.fs, MemoryFileSystem) and _open_returns_buffered(dst)
+    return _BUFFERED[cls]
+
+
+def _open_returns_buffered(dst: Location) -> bool:
+    name = getattr(dst.fs, "protocol", "")
+    protos = (name,) if isinstance(name, str) else tuple(name)
+    return any(p in ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "oci", "oss") for p in protos) or getattr(
+        dst.fs, "buffered_writes", False
+    )
+
+
+def verify_shard(
+    loc: Location,
+    path: str,
+    size: int,
+    digest: str,
+    *,
+    chunk_size: int = CHUNK_SIZE,
+    throttle: Throttle = _noop,
+    cancel: threading.Event | None = None,
+) -> str | None:
+    """Re-hash a stored shard; None when it matches, else the reason it does not."""
+    hasher = Hasher()
+    try:
+        if loc.local:
+            full = loc.full(path)
+            actual = os.path.getsize(full)
+            if actual != size:
+                return f"size is {actual} bytes, manifest says {size}"
+            with open(full, "rb") as f:
+                if size:
+                    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                        view = memoryview(mm)
+                        try:
+                            for off in range(0, size, chunk_size):
+                                _check(cancel)
+                                piece = view[off : off + chunk_size]
+                                throttle(len(piece))
+                                hasher.update(piece)
+                                del piece
+                        finally:
+                            view.release()
+        else:
+            for data in _read_chunks(loc, path, chunk_size, cancel):
+                throttle(len(data))
+                hasher.update(data)
+    except FileNotFoundError:
+        return "missing"
+    except Cancelled:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise StorageError(f"cannot read {loc.url}/{path} to verify it: {exc}") from exc
+    if hasher.nbytes != size:
+        return f"size is {hasher.nbytes} bytes, manifest says {size}"
+    if hasher.hexdigest() != digest:
+        return "digest mismatch"
+    return None
