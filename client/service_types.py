@@ -1,0 +1,233 @@
+"""Typed records of the ferry service's JSON API, as the client sees them.
+
+They mirror ``service.api.models`` field for field (a test pins that) without importing the
+service: the client package stands alone. Unknown fields from a newer server are ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, TypeVar, Union, get_args, get_origin
+
+__all__ = [
+    "ActionResult",
+    "Cluster",
+    "DatasetDetail",
+    "DatasetSummary",
+    "ErrorEntry",
+    "Event",
+    "HistoryEntry",
+    "Limits",
+    "Link",
+    "ReplicaCell",
+    "ReplicaMatrix",
+    "Status",
+    "Throughput",
+    "ThroughputPoint",
+    "Transfer",
+    "from_json",
+]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    url: str
+    protocol: str
+    priority: int
+    is_source: bool
+    is_destination: bool
+
+
+@dataclass(frozen=True)
+class DatasetSummary:
+    name: str
+    source: str
+    destinations: list[str]
+    version: str | None
+    versions: int
+    shards: int
+    bytes: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class ReplicaCell:
+    dataset: str
+    cluster: str
+    role: str
+    state: str
+    published_version: str | None
+    target_version: str | None
+    verified_shards: int
+    total_shards: int
+    verified_bytes: int
+    total_bytes: int
+    percent: float
+    lag_seconds: float | None
+
+
+@dataclass(frozen=True)
+class DatasetDetail:
+    name: str
+    source: str
+    destinations: list[str]
+    version: str | None
+    versions: list[str]
+    shards: int
+    bytes: int
+    tokens: int
+    replicas: list[ReplicaCell]
+
+
+@dataclass(frozen=True)
+class ReplicaMatrix:
+    datasets: list[str]
+    clusters: list[str]
+    cells: list[ReplicaCell]
+
+    def cell(self, dataset: str, cluster: str) -> ReplicaCell | None:
+        """The cell of ``dataset`` on ``cluster`` (None when that pair is not replicated)."""
+        for c in self.cells:
+            if c.dataset == dataset and c.cluster == cluster:
+                return c
+        return None
+
+
+@dataclass(frozen=True)
+class Transfer:
+    id: int
+    dataset: str
+    version: str
+    shard: str
+    source: str
+    destination: str
+    bytes_done: int
+    bytes_total: int
+    percent: float
+    rate_bps: float
+    started_at: float
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    id: int
+    dataset: str
+    version: str
+    shard: str
+    source: str
+    destination: str
+    bytes: int
+    started_at: float
+    duration_s: float
+    ok: bool
+    error: str | None
+
+
+@dataclass(frozen=True)
+class ErrorEntry:
+    id: int
+    at: float
+    dataset: str
+    version: str
+    cluster: str
+    shard: str
+    reason: str
+    retryable: bool
+    attempts: int
+
+
+@dataclass(frozen=True)
+class Link:
+    source: str
+    destination: str
+    lag_seconds: float | None
+    sla_minutes: float
+    versions_total: int
+    versions_within_sla: int
+    share_within_sla: float | None
+    limit_bps: float | None
+    rate_bps: float
+
+
+@dataclass(frozen=True)
+class ThroughputPoint:
+    t: float
+    bps: float
+
+
+@dataclass(frozen=True)
+class Throughput:
+    bucket_seconds: float
+    points: list[ThroughputPoint]
+
+
+@dataclass(frozen=True)
+class Limits:
+    transfers: int
+    global_bps: float | None
+    links: dict[str, float | None]
+
+
+@dataclass(frozen=True)
+class Status:
+    paused: bool
+    ready: bool
+    version: str
+    uptime_seconds: float
+    transfers_in_flight: int
+    open_errors: int
+    copied_bytes_total: int
+    rate_bps: float
+    pending_bytes: int
+    pending_shards: int
+    eta_seconds: float | None
+    limits: Limits
+    sla_minutes: float
+    read_protected: bool
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    ok: bool
+    message: str
+    affected: int = 0
+
+
+@dataclass(frozen=True)
+class Event:
+    """One Server-Sent Event: ``kind`` (the ``event:`` line) and its JSON ``data``."""
+
+    kind: str
+    data: dict[str, Any]
+    id: int | None = None
+
+
+def from_json(cls: type[T], data: Any) -> T:
+    """Build dataclass ``cls`` from decoded JSON, converting nested records and ignoring unknown keys."""
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in data:
+            kwargs[f.name] = _convert(hints[f.name], data[f.name])
+    return cls(**kwargs)
+
+
+def _convert(tp: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        inner = [a for a in get_args(tp) if a is not type(None)]
+        return _convert(inner[0], value) if len(inner) == 1 else value
+    if origin is list:
+        (item,) = get_args(tp)
+        return [_convert(item, v) for v in value]
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return from_json(tp, value)
+    return value
