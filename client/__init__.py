@@ -7,5 +7,6 @@ from __future__ import annotations
 
 from .dataset import MixedDataset, TokenDataset
 from .loader import TokenLoader
+from .service_client import ServiceClient
 
-__all__ = ["TokenDataset", "MixedDataset", "TokenLoader"]
+__all__ = ["TokenDataset", "MixedDataset", "TokenLoader", "ServiceClient"]
