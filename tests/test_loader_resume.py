@@ -187,7 +187,8 @@ def test_state_mismatch_is_a_clear_error(dataset_url: str, cache_dir: str, tmp_p
     next(iter(loader))
     state = loader.state_dict()
 
-    other_seed = TokenLoader(TokenDataset(dataset_url, seq_len=SEQ, seed=4, cache_dir=cache_dir), 4, rank=0, world_size=1)
+    reseeded = TokenDataset(dataset_url, seq_len=SEQ, seed=4, cache_dir=cache_dir)
+    other_seed = TokenLoader(reseeded, 4, rank=0, world_size=1)
     with pytest.raises(StateError, match="seed"):
         other_seed.load_state_dict(state)
     other_len = TokenLoader(TokenDataset(dataset_url, seq_len=32, seed=3, cache_dir=cache_dir), 4, rank=0, world_size=1)
