@@ -1,17 +1,38 @@
-"""``ferry sync`` (one-shot replication) and ``ferry serve`` (the daemon)."""
+"""``ferry sync`` (one-shot replication between two URLs) and ``ferry serve`` (the daemon)."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
+import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
-from .config import Config, load_config
-from .daemon import Daemon
+from shard_tools.cli import parse_storage_options, print_json
+from shard_tools.errors import DatasetNotFoundError, UsageError
+from shard_tools.store import resolve
 
-__all__ = ["register", "add_serve_parser", "serve_main", "run_until_signal", "SERVE_HOOKS", "SERVE_EXTRAS"]
+from .bandwidth import Bandwidth
+from .config import Config, format_rate, load_config, parse_rate, redact
+from .daemon import Daemon
+from .engine import Engine, PassResult, load_version, read_header
+from .executor import Executor, Job, JobResult
+from .planner import SourceVersion
+from .state import State
+from .stats import Stats
+
+__all__ = [
+    "register",
+    "add_serve_parser",
+    "add_sync_parser",
+    "serve_main",
+    "run_until_signal",
+    "SERVE_HOOKS",
+    "SERVE_EXTRAS",
+]
 
 StopFn = Callable[[], None]
 #: Functions ``fn(parser)`` adding options to ``ferry serve`` (the HTTP API adds its own).
@@ -25,12 +46,13 @@ def run_until_signal(daemon: Daemon) -> None:
     stop = threading.Event()
 
     def handler(signum: int, frame: Any) -> None:
+        logging.getLogger("ferry.daemon").info("signal %d: stopping", signum)
         stop.set()
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        while not stop.is_set() and daemon.running:
-            stop.wait(0.2)
+        while not stop.is_set() and not daemon.wait(0.2):
+            pass
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -50,25 +72,190 @@ def serve_main(config: Config, args: argparse.Namespace | None = None) -> int:
     finally:
         for fn in reversed(stops):
             fn()
-        daemon.stop()
+        daemon.stop(getattr(args, "drain_timeout", 30.0))
     return 0
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     return serve_main(load_config(args.config), args)
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """The ``serve`` sub-command (SERVE_HOOKS add their options here)."""
     p: argparse.ArgumentParser = sub.add_parser(
-        "serve", help="run the replication daemon", description="Run the replication daemon described by ferry.toml."
+        "serve",
+        help="run the replication daemon",
+        description="Run the replication daemon described by ferry.toml until SIGTERM or Ctrl-C "
+        "(transfers in flight are allowed to finish, up to --drain-timeout).",
     )
     p.add_argument("--config", "-c", default="ferry.toml", help="path to ferry.toml (default: ./ferry.toml)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to let transfers finish on stop")
     for hook in SERVE_HOOKS:
         hook(p)
     p.set_defaults(func=_cmd_serve)
     return p
 
 
+def add_sync_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "sync",
+        help="replicate one dataset from SRC_URL to DST_URL (one shot)",
+        description="Copy every shard of the source's current version that the destination lacks, verify each "
+        "against the manifest digest, then publish versions/<id>.json and manifest.json at the destination. "
+        "Exits 1 if any shard could not be copied and verified.",
+    )
+    p.add_argument("src", metavar="SRC_URL", help="source dataset URL")
+    p.add_argument("dst", metavar="DST_URL", help="destination dataset URL")
+    p.add_argument("--transfers", type=int, default=4, help="concurrent shard transfers (default 4)")
+    p.add_argument("--bwlimit", default=None, help="bandwidth limit, e.g. 100MiB/s (default: unlimited)")
+    p.add_argument("--retries", type=int, default=5, help="attempts per shard before it fails (default 5)")
+    p.add_argument("--verify-only", action="store_true", help="only re-hash the destination's shards; copy nothing")
+    p.add_argument("--json", action="store_true", help="print a JSON report")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar (TTY)")
+    p.add_argument("--storage-option", "-S", action="append", metavar="KEY=VALUE", help="fsspec option for both sides")
+    p.add_argument("--src-option", action="append", metavar="KEY=VALUE", help="fsspec option for the source only")
+    p.add_argument("--dst-option", action="append", metavar="KEY=VALUE", help="fsspec option for the destination")
+    p.set_defaults(func=_cmd_sync)
+    return p
+
+
+def _progress_thread(stats: Stats, enabled: bool) -> tuple[threading.Event, threading.Thread | None]:
+    done = threading.Event()
+    if not enabled:
+        return done, None
+    from tqdm import tqdm
+
+    def run() -> None:
+        bar = tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc="sync", file=sys.stderr, dynamic_ncols=True)
+        seen = 0
+        while not done.wait(0.2):
+            snap = stats.snapshot()
+            bar.total = snap.bytes_read - seen + bar.n + snap.pending_bytes if snap.pending_bytes else bar.total
+            bar.update(snap.bytes_read - seen)
+            seen = snap.bytes_read
+            bar.set_postfix_str(f"{snap.in_flight} in flight, {snap.pending_shards} left, {snap.corrupt_detected} bad")
+        snap = stats.snapshot()
+        bar.update(snap.bytes_read - seen)
+        bar.close()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return done, t
+
+
+def _cmd_sync(args: argparse.Namespace) -> int:
+    if args.transfers < 1:
+        raise UsageError("--transfers must be at least 1")
+    both = parse_storage_options(args.storage_option)
+    src = resolve(args.src, {**both, **parse_storage_options(args.src_option)})
+    dst = resolve(args.dst, {**both, **parse_storage_options(args.dst_option)})
+    names = {"src": src, "dst": dst}
+    stats = Stats()
+    executor = Executor(
+        transfers=args.transfers,
+        bandwidth=Bandwidth(parse_rate(args.bwlimit, "--bwlimit")),
+        stats=stats,
+        retries=max(1, args.retries),
+    )
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    done, thread = _progress_thread(stats, show and not args.json)
+    t0 = time.monotonic()
+    try:
+        if args.verify_only:
+            report, ok = _verify_only(executor, names, args)
+        else:
+            engine = Engine(executor, State(None))
+            res = engine.sync_pass("dataset", "src", "dst", names)
+            report, ok = _report(res, args), res.ok
+    finally:
+        done.set()
+        if thread is not None:
+            thread.join()
+    report["seconds"] = round(time.monotonic() - t0, 3)
+    if args.json:
+        print_json(report)
+    else:
+        _print_human(report)
+    return 0 if ok else 1
+
+
+def _failures(failed: list[JobResult]) -> list[dict[str, Any]]:
+    return [
+        {"shard": r.job.shard.path, "error": r.error, "retryable": r.retryable, "attempts": r.attempts}
+        for r in sorted(failed, key=lambda r: r.job.shard.path)
+    ]
+
+
+def _report(res: PassResult, args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "source": redact(args.src),
+        "destination": redact(args.dst),
+        "version": res.version_id,
+        "up_to_date": res.up_to_date,
+        "published": res.published,
+        "shards": res.total_shards,
+        "copied": res.copied,
+        "copied_bytes": res.copied_bytes,
+        "verified_in_place": res.verified_in_place,
+        "already_verified": res.already_verified,
+        "corrupt_detected": res.corrupt_detected,
+        "temps_deleted": res.temps_deleted,
+        "failed": _failures(res.failed),
+        "throughput_bytes_per_s": res.copied_bytes / res.seconds if res.seconds else 0.0,
+    }
+
+
+def _verify_only(executor: Executor, names: dict[str, Any], args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
+    header = read_header(names["src"])
+    if header is None:
+        raise DatasetNotFoundError(f"no manifest.json at {redact(args.src)}")
+    manifest, _ = load_version(names["src"], header[0])
+    dst_header = read_header(names["dst"])
+    jobs = [
+        Job("dataset", manifest.version_id, s, (), "dst", verify_first=True) for s in SourceVersion.of(manifest).shards
+    ]
+    results = executor.run(jobs, names)
+    bad = [r for r in results if not r.ok]
+    for r in bad:
+        r.error = r.error or ("corrupt" if r.corrupt else "missing")
+    report = {
+        "source": redact(args.src),
+        "destination": redact(args.dst),
+        "version": manifest.version_id,
+        "destination_version": dst_header[1]["version_id"] if dst_header else None,
+        "shards": len(jobs),
+        "verified": len(results) - len(bad),
+        "failed": _failures(bad),
+    }
+    return report, not bad and dst_header is not None and dst_header[1]["version_id"] == manifest.version_id
+
+
+def _print_human(report: dict[str, Any]) -> None:
+    if "verified" in report:
+        print(
+            f"verified {report['verified']}/{report['shards']} shards of {report['version']} at {report['destination']}"
+            f" (destination publishes {report['destination_version']})"
+        )
+    elif report["up_to_date"]:
+        print(f"{report['destination']} already publishes {report['version']}: nothing to do")
+    else:
+        rate = format_rate(report["throughput_bytes_per_s"])
+        print(
+            f"copied {report['copied']} shards ({report['copied_bytes']:,} bytes, {rate}), verified in place "
+            f"{report['verified_in_place']}, corrupt transfers detected {report['corrupt_detected']}; "
+            + ("published " + report["version"] if report["published"] else "NOT published")
+        )
+    for f in report["failed"]:
+        print(f"FAILED {f['shard']}: {f['error']}", file=sys.stderr)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``sync`` and ``serve``."""
+    add_sync_parser(sub)
     add_serve_parser(sub)

@@ -1,13 +1,31 @@
-"""The long-running replication daemon (skeleton: interface fixed, see INTERFACE.md)."""
+"""The long-running replication daemon: polls the rules, runs sync passes and scrubs.
+
+One loop thread plans and runs passes one (dataset, destination) at a time; the copies of
+a pass run on the executor's pool. Everything the API reads is in memory or one SQLite
+query away; control calls only set flags and wake the loop. See INTERFACE.md.
+"""
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from .config import Config
+from shard_tools.errors import ConfigError, FerryError, UsageError
+from shard_tools.store import Location, resolve
+
+from .bandwidth import Bandwidth
+from .config import Config, Rule, link_name, parse_rate
+from .engine import Engine, PassResult, read_header
+from .events import EventBus
+from .executor import Executor
+from .state import State
+from .stats import Stats
+from .transfer import CHUNK_SIZE
 from .views import (
     ClusterInfo,
     DatasetInfo,
@@ -22,87 +40,371 @@ from .views import (
 
 __all__ = ["Daemon", "UNCHANGED"]
 
-UNCHANGED: Any = object()
+log = logging.getLogger("ferry.daemon")
+
+
+class _Unchanged:
+    def __repr__(self) -> str:
+        return "UNCHANGED"
+
+
+#: Default of ``set_limits(bwlimit=...)``: leave the global limit as it is.
+UNCHANGED: Any = _Unchanged()
+
+
+@dataclass
+class _Known:
+    """What the daemon last saw of a dataset at its source."""
+
+    name: str
+    source: str
+    destinations: tuple[str, ...]
+    version_id: str | None = None
+    versions: list[str] = field(default_factory=list)
+    shards: int = 0
+    bytes: int = 0
+    tokens: int = 0
+    cells: dict[str, PassResult] = field(default_factory=dict)  # destination → latest pass
 
 
 class Daemon:
     """Polls the rules, runs sync passes and scrubs on background threads."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, chunk_size: int | None = None) -> None:
         self._config = config
+        self.state = State(config.state_dir)
+        self.accounting = Stats()
+        self.events = EventBus()
+        lim = config.limits
+        self.bandwidth = Bandwidth(lim.bwlimit, lim.per_link)
+        self.executor = Executor(
+            transfers=lim.transfers, bandwidth=self.bandwidth, stats=self.accounting, events=self.events,
+            retries=lim.retries, chunk_size=chunk_size or CHUNK_SIZE,
+        )  # fmt: skip
+        priority = {c.name: c.priority for c in config.clusters.values()}
+        self.engine = Engine(
+            self.executor, self.state, events=self.events, keep_versions=config.keep_versions, priority=priority
+        )
+        self._lock = threading.Lock()
+        self._known: dict[str, _Known] = {}
+        self._locations: dict[tuple[str, str], Location] = {}
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
         self._stopped = threading.Event()
-        self._paused = False
-        self._subscribers: list[queue.Queue[dict[str, Any]]] = []
+        self._started = False
+        self._targets: list[tuple[str | None, tuple[str, str] | None]] = []
+        self._scrubs: queue.SimpleQueue[tuple[str | None, str | None]] = queue.SimpleQueue()
+        self._last_scrub = time.monotonic()
+        self._thread: threading.Thread | None = None
+        self.passes = 0  # completed polls (tests wait on it)
 
+    # life cycle
     @property
     def config(self) -> Config:
         return self._config
 
     @property
     def running(self) -> bool:
-        return not self._stopped.is_set()
+        return self._started and not self._stopped.is_set()
 
     @property
     def paused(self) -> bool:
-        return self._paused
+        return self.executor.paused
 
     def start(self) -> None:
-        pass
+        """Start the loop thread (the first poll begins at once)."""
+        if self._started:
+            return
+        self._started = True
+        self._thread = threading.Thread(target=self._loop, name="ferry-daemon", daemon=True)
+        self._thread.start()
+        log.info("daemon started: %d clusters, %d rules, state in %s",
+                 len(self._config.clusters), len(self._config.rules), self._config.state_dir)  # fmt: skip
 
     def stop(self, timeout: float | None = 30.0) -> None:
+        """Start no new transfers, let those in flight finish (up to ``timeout``), close the state."""
+        if self._stopped.is_set():
+            return
+        self._stopping.set()
+        self._wake.set()
+        self.executor.shutdown(timeout)
+        if self._thread is not None:
+            self._thread.join(timeout=(timeout or 30.0) + 15.0)
         self._stopped.set()
+        self.state.close()
+        log.info("daemon stopped")
 
     def wait(self, timeout: float | None = None) -> bool:
         return self._stopped.wait(timeout)
 
+    # the loop
+    def _loop(self) -> None:
+        next_poll = 0.0
+        while not self._stopping.is_set():
+            now = time.monotonic()
+            self._wake.wait(max(0.0, next_poll - now))
+            if self._stopping.is_set():
+                break
+            self._wake.clear()
+            with self._lock:
+                targets, self._targets = self._targets, []
+            periodic = time.monotonic() >= next_poll
+            if periodic:
+                next_poll = time.monotonic() + self._config.poll_interval
+                targets = [(None, None)]
+            if targets:
+                self._poll(targets)
+                self.passes += 1
+            self._run_scrubs()
+
+    def _location(self, cluster: str, dataset: str = "") -> Location:
+        key = (cluster, dataset)
+        loc = self._locations.get(key)
+        if loc is None:
+            c = self._config.clusters[cluster]
+            loc = resolve(c.dataset_url(dataset) if dataset else c.url, c.storage_options)
+            self._locations[key] = loc
+        return loc
+
+    def _datasets_at(self, rule: Rule) -> list[str]:
+        root = self._location(rule.source)
+        return [n for n in root.listdir("") if rule.matches(n)]
+
+    def _pairs(self, targets: list[tuple[str | None, tuple[str, str] | None]]) -> Iterator[tuple[Rule, str, str]]:
+        for rule in self._config.rules:
+            try:
+                names = self._datasets_at(rule)
+            except FerryError as exc:
+                self._report_failure(None, rule.source, f"cannot list datasets at {rule.source}: {exc}")
+                continue
+            for name in names:
+                dests = [
+                    d
+                    for d in rule.destinations
+                    if any((ds in (None, name)) and (ln in (None, (rule.source, d))) for ds, ln in targets)
+                ]
+                for d in dests:
+                    yield rule, name, d
+
+    def _poll(self, targets: list[tuple[str | None, tuple[str, str] | None]]) -> None:
+        headers: dict[tuple[str, str], Any] = {}
+        for rule, name, dest in self._pairs(targets):
+            if self._stopping.is_set():
+                return
+            key = (rule.source, name)
+            try:
+                if key not in headers:  # one read of the source manifest per dataset per poll
+                    headers[key] = read_header(self._location(rule.source, name))
+                    self._note_source(name, rule, headers[key])
+                header = headers[key]
+                if header is None:
+                    continue
+                clusters = dict.fromkeys([rule.source, *rule.destinations])
+                locations = {c: self._location(c, name) for c in clusters}
+                known = self._known[name]
+
+                def on_plan(res: PassResult, known: _Known = known, dest: str = dest) -> None:
+                    with self._lock:
+                        known.cells[dest] = res
+
+                res = self.engine.sync_pass(name, rule.source, dest, locations, src_header=header, on_plan=on_plan)
+                if not res.up_to_date:
+                    log.info(
+                        "%s %s->%s: version %s, copied %d (%d bytes), verified in place %d, failed %d%s",
+                        name, rule.source, dest, res.version_id[:12], res.copied, res.copied_bytes,
+                        res.verified_in_place, len(res.failed), ", published" if res.published else "",
+                    )  # fmt: skip
+            except FerryError as exc:
+                self._report_failure(name, dest, str(exc))
+            except Exception as exc:  # noqa: BLE001 - the loop must survive any single pass
+                log.exception("pass %s %s->%s crashed", name, rule.source, dest)
+                self._report_failure(name, dest, f"{type(exc).__name__}: {exc}")
+
+    def _report_failure(self, dataset: str | None, cluster: str, message: str) -> None:
+        log.warning("%s", message)
+        self.accounting.error(dataset or "", cluster, retryable=True)
+        self.state.add_event(self.events.publish(
+            "error", id=None, dataset=dataset, version=None, shard=None, src=None, dst=cluster, message=message,
+            retryable=True, attempts=1,
+        ))  # fmt: skip
+
+    def _note_source(self, name: str, rule: Rule, header: tuple[bytes, dict[str, Any]] | None) -> None:
+        with self._lock:
+            known = self._known.get(name)
+            if known is None:
+                known = self._known[name] = _Known(name, rule.source, rule.destinations)
+            if header is None:
+                return
+            doc = header[1]
+            known.version_id = str(doc["version_id"])
+            if known.version_id not in known.versions:
+                known.versions.append(known.version_id)
+            totals = doc["totals"]
+            known.shards, known.bytes, known.tokens = totals["shards"], totals["stored_bytes"], totals["tokens"]
+
+    def _run_scrubs(self) -> None:
+        interval = self._config.scrub_interval
+        if interval and time.monotonic() - self._last_scrub >= interval:
+            self._last_scrub = time.monotonic()
+            self._scrubs.put((None, None))
+        while not self._stopping.is_set():
+            try:
+                dataset, cluster = self._scrubs.get_nowait()
+            except queue.Empty:
+                return
+            for name, known in list(self._known.items()):
+                if dataset not in (None, name):
+                    continue
+                clusters = [known.source, *known.destinations]
+                locations = {c: self._location(c, name) for c in clusters}
+                for c in clusters:
+                    if cluster not in (None, c) or self._stopping.is_set():
+                        continue
+                    t0, wall = time.monotonic(), time.time()
+                    try:
+                        checked, bad, repaired = self.engine.scrub(name, c, locations)
+                    except FerryError as exc:
+                        self._report_failure(name, c, f"scrub failed: {exc}")
+                        continue
+                    report = ScrubReport(name, c, checked, bad, repaired, wall, time.monotonic() - t0)
+                    self.state.add_scrub(report)
+                    self.state.add_event(self.events.publish(
+                        "scrub", dataset=name, cluster=c, checked=checked, bad=len(bad), repaired=len(repaired)
+                    ))  # fmt: skip
+                    log.info("scrub %s at %s: %d checked, %d bad, %d repaired", name, c, checked, len(bad),
+                             len(repaired))  # fmt: skip
+
+    # read side
     def clusters(self) -> list[ClusterInfo]:
         return [ClusterInfo(c.name, c.public_url, c.priority) for c in self._config.clusters.values()]
 
+    def _replicas(self, known: _Known, lag: Mapping[tuple[str, str], float]) -> list[ReplicaStatus]:
+        failed_at = {e.cluster for e in self.state.errors(limit=10_000) if e.dataset == known.name}
+        out = [
+            ReplicaStatus(
+                known.name,
+                known.source,
+                "source",
+                known.version_id,
+                known.version_id,
+                known.shards,
+                known.shards,
+                known.bytes,
+                known.bytes,
+                "source",
+                None,
+            )  # fmt: skip
+        ]
+        for dest in known.destinations:
+            res = known.cells.get(dest)
+            if res is None or res.version_id != known.version_id:
+                out.append(ReplicaStatus(known.name, dest, "destination", known.version_id, None, 0, known.shards, 0,
+                                         known.bytes, "paused" if self.paused else "unknown",
+                                         lag.get((known.name, dest))))  # fmt: skip
+                continue
+            done = res.already_verified + res.copied + res.verified_in_place
+            complete = res.up_to_date or res.published
+            if complete:
+                state = "complete"
+            elif dest in failed_at or res.failed:
+                state = "failed"
+            elif self.paused:
+                state = "paused"
+            else:
+                state = "syncing"
+            out.append(ReplicaStatus(
+                known.name, dest, "destination", known.version_id, res.version_id if complete else None,
+                res.total_shards if complete else done, res.total_shards,
+                res.total_bytes if complete else res.verified_bytes, res.total_bytes, state,
+                None if complete else lag.get((known.name, dest)),
+            ))  # fmt: skip
+        return out
+
     def datasets(self) -> list[DatasetInfo]:
-        return []
+        lag = self.accounting.lag()
+        with self._lock:
+            known = list(self._known.values())
+            return [
+                DatasetInfo(
+                    k.name,
+                    k.source,
+                    list(k.destinations),
+                    k.version_id,
+                    list(k.versions),
+                    k.shards,
+                    k.bytes,
+                    k.tokens,
+                    self._replicas(k, lag),
+                )  # fmt: skip
+                for k in sorted(known, key=lambda k: k.name)
+            ]
 
     def dataset(self, name: str) -> DatasetInfo:
+        for d in self.datasets():
+            if d.name == name:
+                return d
         raise KeyError(name)
 
     def replica_matrix(self) -> list[ReplicaStatus]:
-        return []
+        return [r for d in self.datasets() for r in d.replicas]
 
     def transfers(self) -> list[TransferInfo]:
-        return []
+        return self.accounting.transfers()
 
     def history(self, limit: int = 100, dataset: str | None = None) -> list[HistoryEntry]:
-        return []
+        return self.state.history(limit, dataset)
 
     def errors(self, limit: int = 100) -> list[ErrorInfo]:
-        return []
+        return self.state.errors(limit)
 
     def stats(self) -> StatsSnapshot:
-        return StatsSnapshot(0, 0, 0, 0, 0, 0.0, 0.0, 0, 0, None, 0, self._paused, 0.0, [], [])
+        return self.accounting.snapshot()
 
     def limits(self) -> LimitsInfo:
-        lim = self._config.limits
-        return LimitsInfo(lim.transfers, lim.bwlimit, dict(lim.per_link))
+        return LimitsInfo(self.executor.transfers, self.bandwidth.global_bucket.rate, self.bandwidth.link_rates())
 
     def scrub_reports(self, limit: int = 20) -> list[ScrubReport]:
-        return []
+        return self.state.scrubs(limit)
 
     def subscribe(self, maxsize: int = 1000) -> queue.Queue[dict[str, Any]]:
-        q: queue.Queue[dict[str, Any]] = queue.Queue(maxsize)
-        self._subscribers.append(q)
-        return q
+        return self.events.subscribe(maxsize)
 
     def unsubscribe(self, q: queue.Queue[dict[str, Any]]) -> None:
-        if q in self._subscribers:
-            self._subscribers.remove(q)
+        self.events.unsubscribe(q)
+
+    # control side
+    def _check_link(self, link: tuple[str, str]) -> None:
+        if tuple(link) not in self._config.links():
+            raise UsageError(f"no rule replicates {link[0]} -> {link[1]}")
 
     def sync_now(self, dataset: str | None = None, link: tuple[str, str] | None = None) -> int:
-        return 0
+        """Queue a pass for matching (dataset, link) pairs now; returns how many pairs match."""
+        if link is not None:
+            link = (str(link[0]), str(link[1]))
+            self._check_link(link)
+        if dataset is not None and not any(r.matches(dataset) for r in self._config.rules):
+            raise UsageError(f"no rule replicates a dataset named {dataset!r}")
+        with self._lock:
+            if dataset is not None and self._known and dataset not in self._known:
+                raise UsageError(f"dataset {dataset!r} has not been seen at any source")
+            count = sum(
+                1
+                for k in self._known.values()
+                for d in k.destinations
+                if dataset in (None, k.name) and link in (None, (k.source, d))
+            )
+            self._targets.append((dataset, link))
+        self._wake.set()
+        return max(count, 1)
 
     def pause(self) -> None:
-        self._paused = True
+        self.executor.pause()
+        self.state.add_event(self.events.publish("state", paused=True))
 
     def resume(self) -> None:
-        self._paused = False
+        self.executor.resume()
+        self.state.add_event(self.events.publish("state", paused=False))
+        self._wake.set()
 
     def set_limits(
         self,
@@ -111,10 +413,54 @@ class Daemon:
         per_link: Mapping[str, float | str | None] | None = None,
         transfers: int | None = None,
     ) -> LimitsInfo:
-        return self.limits()
+        """Change limits at run time (rates: bytes/s, a string such as "100MiB/s", or None = unlimited)."""
+        links = {link_name(s, d) for s, d in self._config.links()}
+        new_links: dict[str, float | None] = {}
+        for link, rate in (per_link or {}).items():
+            src, _, dst = link.partition("->")
+            name = link_name(src.strip(), dst.strip())
+            if name not in links:
+                raise UsageError(f"unknown link {link!r} (known: {', '.join(sorted(links))})")
+            new_links[name] = parse_rate(rate, f"per_link[{link}]")
+        new_global = parse_rate(bwlimit, "bwlimit") if bwlimit is not UNCHANGED else UNCHANGED
+        if transfers is not None and (isinstance(transfers, bool) or int(transfers) < 1):
+            raise ConfigError(f"transfers must be at least 1, got {transfers!r}")
+        if new_global is not UNCHANGED:
+            self.bandwidth.set_global(new_global)
+        for name, rate in new_links.items():
+            self.bandwidth.set_link(name, rate)
+        if transfers is not None:
+            self.executor.set_transfers(int(transfers))
+        info = self.limits()
+        self.state.add_event(self.events.publish(
+            "state", paused=self.paused,
+            limits={"transfers": info.transfers, "bwlimit": info.bwlimit, "per_link": info.per_link},
+        ))  # fmt: skip
+        return info
 
     def scrub(self, dataset: str | None = None, cluster: str | None = None) -> int:
-        return 0
+        """Queue a scrub of ``dataset`` at ``cluster`` (None: all); returns how many scrubs that makes."""
+        if cluster is not None and cluster not in self._config.clusters:
+            raise UsageError(f"unknown cluster {cluster!r}")
+        with self._lock:
+            if dataset is not None and dataset not in self._known:
+                raise UsageError(f"dataset {dataset!r} has not been seen at any source")
+            count = sum(
+                1
+                for k in self._known.values()
+                for c in (k.source, *k.destinations)
+                if dataset in (None, k.name) and cluster in (None, c)
+            )
+        self._scrubs.put((dataset, cluster))
+        self._wake.set()
+        return count
 
     def retry(self, error_id: int | None = None) -> int:
-        return 0
+        """Make one failed shard (or all) pending again and sync now; returns how many were reset."""
+        if error_id is not None and not self.state.error_exists(int(error_id)):
+            raise KeyError(error_id)
+        n = self.state.reset_failed(None if error_id is None else int(error_id))
+        with self._lock:
+            self._targets.append((None, None))
+        self._wake.set()
+        return n

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -44,6 +44,7 @@ class PassResult:
     copied_bytes: int = 0
     verified_in_place: int = 0
     already_verified: int = 0
+    verified_bytes: int = 0  # bytes of the version verified at the destination so far
     failed: list[JobResult] = field(default_factory=list)
     skipped_failed: int = 0  # shards failed fatally before, waiting for retry()
     temps_deleted: int = 0
@@ -144,9 +145,11 @@ class Engine:
         locations: Mapping[str, Location],
         *,
         src_header: tuple[bytes, dict[str, Any]] | None = None,
+        on_plan: Callable[[PassResult], None] | None = None,
     ) -> PassResult:
         """Bring ``dest`` to the source's current version. ``locations`` maps cluster names to the
-        dataset's location on each (the source, the destination and any other replica)."""
+        dataset's location on each (the source, the destination and any other replica).
+        ``on_plan`` receives the result object once planned; it fills in while shards complete."""
         t0 = time.monotonic()
         src_loc, dst_loc = locations[source], locations[dest]
         if src_header is None:
@@ -162,6 +165,9 @@ class Engine:
         dest_version = str(dst_header[1]["version_id"]) if dst_header else None
         if dest_version == version:
             result.up_to_date = True
+            result.already_verified, result.verified_bytes = result.total_shards, result.total_bytes
+            if on_plan is not None:
+                on_plan(result)
             self.stats.set_pending(dataset, dest, 0, 0)
             self.stats.set_lag(dataset, dest, None)
             result.seconds = time.monotonic() - t0
@@ -188,6 +194,7 @@ class Engine:
                 dst_loc.remove(tmp.path)
                 result.temps_deleted += 1
         result.already_verified = len(plan.verified)
+        result.verified_bytes = sum(s.size for s in plan.verified)
         fatal = self.state.fatal(dataset, dest)
         jobs = [Job(dataset, version, c.shard, c.sources, dest) for c in plan.copies if c.shard.path not in fatal]
         jobs += [
@@ -198,6 +205,8 @@ class Engine:
         result.skipped_failed = len(plan.copies) + len(plan.verifies) - len(jobs)
         self.state.set_pending(dataset, version, dest, ((j.shard.path, j.shard.size) for j in jobs))
         self.stats.set_pending(dataset, dest, sum(j.shard.size for j in jobs), len(jobs))
+        if on_plan is not None:
+            on_plan(result)
         if jobs:
             self.executor.run(jobs, locations, lambda r: self._on_result(r, result))
         if result.ok:
@@ -222,6 +231,7 @@ class Engine:
             self.state.add_verified(job.dataset, job.dest, [job.shard.path])
             self.state.mark(job.dataset, job.version, job.dest, job.shard.path, "verified", attempts=r.attempts,
                             size=job.shard.size)  # fmt: skip
+            result.verified_bytes += job.shard.size
             if r.copied:
                 result.copied += 1
                 result.copied_bytes += r.bytes
