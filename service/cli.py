@@ -257,5 +257,8 @@ def _print_human(report: dict[str, Any]) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``sync`` and ``serve``."""
+    from .api.server import install_serve_hooks  # the HTTP API and dashboard ride along with `ferry serve`
+
+    install_serve_hooks(SERVE_HOOKS, SERVE_EXTRAS)
     add_sync_parser(sub)
     add_serve_parser(sub)
