@@ -165,25 +165,63 @@ def measure_one(n: int, repeat: int, planner: bool, loader: bool) -> dict[str, A
 
 
 def _measure_planner(root: str, manifest: Any, repeat: int) -> dict[str, Any]:
-    """Time ``service.planner`` on (source = full manifest, destination = empty / half / full)."""
+    """Time ``service.planner.plan_sync`` against an empty, a half-full and a complete destination,
+    and the ``SourceVersion.of(manifest)`` conversion the engine does before planning."""
     try:
-        from service import planner as planner_mod
+        from service.planner import SourceVersion, plan_sync
     except ImportError as exc:
         return {"skipped": f"service.planner not importable ({exc})"}
-    plan = getattr(planner_mod, "plan", None)
-    if plan is None:
-        return {"skipped": f"service.planner has no plan(); names: {sorted(getattr(planner_mod, '__all__', []))}"}
-    return {"skipped": "planner signature not wired yet", "names": sorted(getattr(planner_mod, "__all__", []))}
+    out: dict[str, Any] = {}
+    out["source_version_of_s"], src = _median_time(lambda: SourceVersion.of(manifest), repeat)
+    paths = [s.path for s in src.shards]
+    half = {s.path: s.size for s in src.shards[: len(src.shards) // 2]}
+    full = {s.path: s.size for s in src.shards}
+    cases = {
+        "empty_destination": {"listing": {}, "verified": ()},
+        "half_copied": {"listing": half, "verified": list(half)},
+        "all_copied_unpublished": {"listing": full, "verified": paths},
+    }
+    for name, kw in cases.items():
+        t, plan = _median_time(
+            lambda kw=kw: plan_sync(src, source="east", dest_version=None, priority={"east": 1}, **kw), repeat
+        )
+        out[f"plan_{name}_s"] = t
+        out[f"plan_{name}_copies"] = len(plan.copies)
+    t, plan = _median_time(lambda: plan_sync(src, source="east", dest_version=src.version_id, listing=None), repeat)
+    out["plan_up_to_date_s"] = t
+    out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
 
 
 def _measure_loader(root: str, repeat: int) -> dict[str, Any]:
-    """Time ``TokenDataset`` construction + first sample location on the synthetic manifest."""
+    """Start-up of one rank (8 ranks × 16 samples of 2048 tokens): ``TokenDataset`` (manifest load,
+    sample order), ``TokenLoader``, resume at 90% of the epoch, and locating the shards of the
+    first batch — everything before the first shard download, which needs no real shards."""
     try:
-        from client import TokenDataset
+        from client import TokenDataset, TokenLoader
+        from client.partition import rank_positions
     except ImportError as exc:
         return {"skipped": f"client.TokenDataset not importable ({exc})"}
-    t, ds = _median_time(lambda: TokenDataset(root, seq_len=2048, seed=1234, shuffle="global"), repeat)
-    return {"token_dataset_init_s": t, "samples": len(ds) if hasattr(ds, "__len__") else None}
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="ferry-scale-cache-") as cache:
+        for mode in ("global", "window"):
+
+            def start_up(mode: str = mode, resume: bool = False) -> Any:
+                ds = TokenDataset(root, seq_len=2048, seed=1234, shuffle=mode, cache_dir=cache)
+                loader = TokenLoader(ds, batch_size=16, num_workers=0, rank=3, world_size=8)
+                position = 0
+                if resume:
+                    state = loader.state_dict()
+                    state["consumed"] = position = int(0.9 * ds.num_samples)
+                    loader.load_state_dict(state)
+                shards = ds.shards_of(rank_positions(position, 0, 16, 8, 3))
+                return ds.num_samples, len(shards)
+
+            t_fresh, (samples, _) = _median_time(start_up, repeat)
+            t_resume, _ = _median_time(lambda mode=mode: start_up(mode, True), repeat)
+            out[mode] = {"start_up_s": t_fresh, "resume_at_90pct_s": t_resume, "samples": samples}
+        out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
