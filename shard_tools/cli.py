@@ -295,13 +295,21 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+DATA_COMMANDS = ("pack", "inspect", "verify", "export")
+
+
+def build_parser(only_data: bool = False) -> argparse.ArgumentParser:
+    """The full ``ferry`` parser; ``only_data`` registers just this package's commands (the
+    other packages' entry points may import heavy libraries such as torch)."""
     parser = argparse.ArgumentParser(
         prog="ferry",
         description="ferry: pack tokenized training data, replicate it across clusters, stream it into training.",
     )
     parser.add_argument("--version", action="version", version=f"ferry {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    if only_data:
+        register(sub)
+        return parser
     registered = set()
     for ep in sorted(entry_points(group="ferry.commands"), key=lambda e: e.name):
         if ep.value in registered:
@@ -315,7 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    first = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(only_data=first in DATA_COMMANDS and "--version" not in argv)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -11,6 +11,7 @@ on the executor, every way of running gives byte-identical shards and the same v
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -227,7 +228,12 @@ def _progress(total: int, enabled: bool | None) -> Any:
     from tqdm import tqdm
 
     show = sys.stderr.isatty() if enabled is None else enabled
-    return tqdm(total=total, unit="unit", disable=not show, dynamic_ncols=True, desc="packing", file=sys.stderr)
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+        cols, rows = size.columns or 100, size.lines or 24  # a fresh pty reports 0x0; tqdm then hides the bar
+    except (OSError, ValueError):
+        cols, rows = 100, 24
+    return tqdm(total=total, unit="unit", disable=not show, ncols=cols, nrows=rows, desc="packing", file=sys.stderr)
 
 
 def _collect(results: Iterable[UnitResult], total_units: int, progress: bool | None) -> list[UnitResult]:
@@ -322,6 +328,12 @@ def _publish(
     )
 
 
+def _shared_across_processes(loc: Location) -> bool:
+    """False for ``memory://``: worker processes would each write to their own memory."""
+    protocols = loc.fs.protocol if isinstance(loc.fs.protocol, tuple) else (loc.fs.protocol,)
+    return "memory" not in protocols
+
+
 def pack(inputs: Sequence[str], out: str, options: PackOptions | None = None) -> PackResult:
     """Pack corpus files into a dataset at ``out`` (any fsspec URL) and publish a version.
 
@@ -336,8 +348,9 @@ def pack(inputs: Sequence[str], out: str, options: PackOptions | None = None) ->
     previous = _previous(loc, opts.append)
     if previous is not None:
         _check_compatible(previous, prep.header, opts.name is not None)
+    workers = opts.workers if _shared_across_processes(loc) else 1
     results = _collect(
-        run_units(prep.job, prep.units, opts.executor, workers=opts.workers, ray_address=opts.ray_address),
+        run_units(prep.job, prep.units, opts.executor, workers=workers, ray_address=opts.ray_address),
         len(prep.units),
         opts.progress,
     )

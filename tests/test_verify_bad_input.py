@@ -197,7 +197,8 @@ def test_megatron_wrong_magic(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     idx.write_bytes(b"NOTMAGIC!" + idx.read_bytes()[9:])
     with pytest.raises(MegatronIndexError, match="wrong magic"):
         pack([str(tmp_path / "m.bin")], str(tmp_path / "ds"), OPTS)
-    assert main(["pack", str(tmp_path / "m.idx"), "--out", str(tmp_path / "ds"), "--vocab-size", "500", "--no-eos"]) == 1
+    args = ["pack", str(tmp_path / "m.idx"), "--out", str(tmp_path / "ds"), "--vocab-size", "500", "--no-eos"]
+    assert main(args) == 1
     assert "m.idx" in capsys.readouterr().err
     assert not (tmp_path / "ds" / "manifest.json").exists()
 
