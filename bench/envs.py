@@ -1,0 +1,129 @@
+"""The peers' virtualenv, Debian's rclone, and what the machine and every tool's version are.
+
+Peers live in ``.venv-bench`` (git-ignored) so they never leak into ferry's ``.venv``. It is created
+once and stamped with the constraints file it was built from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from harness import log
+
+__all__ = ["ensure_peers_venv", "ensure_rclone", "machine", "versions"]
+
+PEER_PACKAGES = ["torch", "torchvision", "litdata", "mosaicml-streaming", "matplotlib", "psutil", "zstandard", "pyarrow"]
+
+
+def ensure_peers_venv(repo: Path) -> str | None:
+    """Path of the peers' python, creating ``.venv-bench`` when missing or stale; None on failure."""
+    venv = repo / ".venv-bench"
+    py = venv / "bin" / "python"
+    constraints = repo / "constraints-bench.txt"
+    stamp = venv / ".installed"
+    want = constraints.read_text()
+    if py.exists() and stamp.exists() and stamp.read_text() == want:
+        return str(py)
+    log("creating .venv-bench for the peers (litdata, mosaicml-streaming; torch 2.14.1 + torchvision 0.29.1)")
+    try:
+        if not py.exists():
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run(
+            [str(py), "-m", "pip", "install", "-q", "-c", str(constraints), *PEER_PACKAGES],
+            check=True,
+            stderr=subprocess.PIPE,  # pip's index warnings are noise here; shown on failure
+            text=True,
+        )
+    except subprocess.CalledProcessError as exc:
+        err = exc.stderr if isinstance(exc.stderr, str) else ""
+        log(f"peers' venv failed ({exc}); peers are skipped. {err[-800:]}")
+        return None
+    stamp.write_text(want)
+    return str(py)
+
+
+def ensure_rclone() -> str | None:
+    """Debian's rclone, installed with apt-get when missing and we are root; None when unavailable."""
+    found = shutil.which("rclone")
+    if found:
+        return found
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        log("installing Debian's rclone")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for cmd in (["apt-get", "install", "-y", "-qq", "rclone"], ["apt-get", "update", "-qq"],
+                    ["apt-get", "install", "-y", "-qq", "rclone"]):
+            ok = subprocess.run(cmd, env=env, capture_output=True).returncode == 0
+            if ok and cmd[1] == "install":
+                break
+    return shutil.which("rclone")
+
+
+def machine() -> dict[str, Any]:
+    """Cores, memory, CPU model, OS."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_kb = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem_kb = int(line.split()[1])
+    except OSError:
+        pass
+    return {
+        "cpu_model": model or platform.processor(),
+        "cores": os.cpu_count(),
+        "ram_gib": round(mem_kb / 2**20, 1),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+_VERSION_CODE = """
+import json, importlib.metadata as m
+out = {}
+for name in %r:
+    try:
+        out[name] = m.version(name)
+    except m.PackageNotFoundError:
+        pass
+print(json.dumps(out))
+"""
+
+
+def _pkg_versions(python: str, names: list[str]) -> dict[str, str]:
+    try:
+        out = subprocess.run([python, "-c", _VERSION_CODE % (names,)], capture_output=True, text=True, timeout=60)
+        return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+    except (subprocess.SubprocessError, ValueError, IndexError, OSError):
+        return {}
+
+
+def versions(ferry_python: str, peers_python: str | None, rclone: str | None) -> dict[str, Any]:
+    """Versions of ferry, the peers and the libraries under them, per venv."""
+    common = ["numpy", "pyarrow", "zstandard", "torch"]
+    out: dict[str, Any] = {"ferry_venv": _pkg_versions(ferry_python, ["ferry", "fsspec", "s3fs", "moto", *common])}
+    if peers_python:
+        out["peers_venv"] = _pkg_versions(
+            peers_python, ["litdata", "mosaicml-streaming", "torchvision", "matplotlib", *common]
+        )
+    if rclone:
+        try:
+            first = subprocess.run([rclone, "version"], capture_output=True, text=True).stdout.splitlines()[0]
+            out["rclone"] = first.split()[-1]
+        except (OSError, IndexError):
+            pass
+    out["cp"] = "GNU coreutils " + (shutil.which("cp") or "cp")
+    return out

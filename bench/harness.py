@@ -1,0 +1,117 @@
+"""Running runners: one subprocess per measurement, its JSON result parsed, failures recorded not fatal.
+
+Every comparison goes through :func:`alternate`: repeat ``r`` runs every tool once, in an order
+rotated by ``r``, so slow drift of the machine (other load, page cache, thermal) spreads over all
+tools instead of landing on one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Context", "Runner", "alternate", "summary", "log", "run_json"]
+
+HERE = Path(__file__).resolve().parent
+RUNNERS = HERE / "runners"
+
+
+def log(msg: str) -> None:
+    """Progress line on stderr (stdout stays clean)."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Context:
+    """Where things are and how big the run is."""
+
+    repo: Path
+    data: Path  # scratch: corpus, outputs, caches
+    ferry_python: str
+    peers_python: str | None  # None: peers not available (--no-peers or setup failed)
+    repeats: int
+    quick: bool
+    corpus: Any = None
+    notes: list[str] = field(default_factory=list)
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(RUNNERS)
+        env.setdefault("PYTHONWARNINGS", "ignore")
+        return env
+
+
+def run_json(cmd: Sequence[str], env: dict[str, str], timeout: float) -> dict[str, Any]:
+    """Run a command whose last stdout line is JSON; on failure return ``{"error": ...}``."""
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(list(cmd), capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f}s"}
+    wall = time.perf_counter() - t0
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return {"error": f"exit {proc.returncode}: " + " | ".join(tail)[-400:]}
+    try:
+        result: dict[str, Any] = json.loads(lines[-1])
+    except json.JSONDecodeError as exc:
+        return {"error": f"bad JSON from runner: {exc}"}
+    result["wall_s"] = wall
+    return result
+
+
+@dataclass(frozen=True)
+class Runner:
+    """One tool's runner script and the interpreter (venv) it runs in."""
+
+    name: str
+    script: str
+    python: str
+
+    def __call__(self, ctx: Context, args: dict[str, Any], timeout: float = 900) -> dict[str, Any]:
+        cmd = [self.python, str(RUNNERS / self.script), json.dumps(args)]
+        return run_json(cmd, ctx.env(), timeout)
+
+
+def alternate(
+    ctx: Context,
+    tools: Sequence[str],
+    one: Callable[[str, int], dict[str, Any]],
+    repeats: int | None = None,
+    what: str = "",
+) -> dict[str, list[dict[str, Any]]]:
+    """``one(tool, repeat)`` for every tool, ``repeats`` times, order rotated per repeat."""
+    n = repeats or ctx.repeats
+    runs: dict[str, list[dict[str, Any]]] = {t: [] for t in tools}
+    for r in range(n):
+        order = list(tools[r % len(tools) :]) + list(tools[: r % len(tools)])
+        for tool in order:
+            res = one(tool, r)
+            runs[tool].append(res)
+            status = res.get("error") or ", ".join(
+                f"{k}={v:.3g}" for k, v in res.items() if isinstance(v, float) and k != "wall_s"
+            )
+            log(f"{what} {tool} #{r + 1}: {status[:160]}")
+    return runs
+
+
+def summary(runs: list[dict[str, Any]], key: str) -> dict[str, float] | None:
+    """Median and spread (min, max) of ``key`` over the successful runs, or None."""
+    values = [float(r[key]) for r in runs if key in r and "error" not in r]
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def first_error(runs: list[dict[str, Any]]) -> str | None:
+    """The first error among runs, for the report."""
+    return next((str(r["error"]) for r in runs if "error" in r), None)

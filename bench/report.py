@@ -1,0 +1,410 @@
+"""``docs/BENCHMARKS.md`` from a results dict: machine, versions, method, tables, ratios, charts, gaps."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from harness import first_error, summary
+
+__all__ = ["write", "headline"]
+
+HERE = Path(__file__).resolve().parent
+PEERS = ("litdata", "mosaic")
+LABEL = {
+    "ferry": "ferry",
+    "litdata": "litdata 0.2.76",
+    "mosaic": "MosaicML streaming 0.13.0",
+    "zstd-limit": "limit: Parquet read + zstd only",
+    "memmap-limit": "limit: numpy.memmap gather",
+    "rclone": "rclone sync --checksum",
+    "cp": "limit: cp -r",
+}
+
+
+def _m(x: float | None, scale: float = 1e6, digits: int = 1) -> str:
+    return "—" if x is None else f"{x / scale:.{digits}f}"
+
+
+def _cell(runs: list[dict[str, Any]], key: str, scale: float = 1e6, digits: int = 1) -> str:
+    s = summary(runs, key)
+    if s is None:
+        err = first_error(runs)
+        return f"failed: {err[:80]}" if err else "—"
+    if s["n"] == 1:
+        return _m(s["median"], scale, digits)
+    return f"{_m(s['median'], scale, digits)} ({_m(s['min'], scale, digits)}–{_m(s['max'], scale, digits)})"
+
+
+def _med(runs: list[dict[str, Any]], key: str) -> float | None:
+    s = summary(runs, key)
+    return None if s is None else s["median"]
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "—" if not a or not b else f"{a / b:.2f}x"
+
+
+def _verdict(value: float | None, target: float, what: str) -> str:
+    if value is None:
+        return f"{what}: not measured"
+    ok = "met" if value >= target else "**not met**"
+    return f"{what}: {value:.2f} (target ≥ {target:g}) — {ok}"
+
+
+# ---------------------------------------------------------------- sections
+
+
+def _machine(res: dict[str, Any]) -> list[str]:
+    meta = res["meta"]
+    m = meta["machine"]
+    v = meta.get("versions", {})
+    lines = [
+        "## Machine and versions",
+        "",
+        f"- CPU: {m.get('cpu_model')} — {m.get('cores')} cores, {m.get('ram_gib')} GiB RAM; {m.get('os')}; "
+        f"Python {m.get('python')}",
+    ]
+    for venv, pkgs in v.items():
+        if isinstance(pkgs, dict):
+            lines.append(f"- `{venv}`: " + ", ".join(f"{k} {pv}" for k, pv in sorted(pkgs.items())))
+        else:
+            lines.append(f"- {venv}: {pkgs}")
+    c = meta.get("corpus", {})
+    lines += [
+        f"- Corpus: {c.get('tokens', 0) / 1e6:.0f}M tokens in {c.get('documents')} documents, {c.get('files')} Parquet "
+        f"files (`tokens` list<uint16>), log-normal lengths (median ~600), Zipf ids, vocab 50257, seed "
+        f"{c.get('spec', {}).get('seed')}; generated in {c.get('generate_s', 0):.1f} s.",
+        f"- Run: `{meta.get('command')}`, {meta.get('repeats')} repeats per measurement, started "
+        f"{meta.get('started')}, took {meta.get('duration_s', 0) / 60:.1f} min.",
+        "",
+    ]
+    return lines
+
+
+METHOD = """## Method
+
+- One run of `make bench` (`bench/run.py`) measures everything below. Each tool runs in its own process
+  (ferry in `.venv`; litdata and MosaicML in `.venv-bench`, with torch 2.14.1 + torchvision 0.29.1 because
+  MosaicML imports torchvision). Times are taken inside that process after its imports.
+- Repeats alternate the tools (repeat *r* rotates the order by *r*), so drift on this shared 2-core machine
+  spreads over every tool. Cells show **median (min–max)** over the repeats.
+- **Pack**: same Parquet input, EOS appended per document, ~64 MiB raw shards/chunks, zstd at the same
+  level (1 = ferry's default, and 3), the same number of worker processes (1 and 2). litdata:
+  `optimize(fn, inputs=files, item_loader=TokensLoader(), compression="zstd:L", compression_level="chunk",
+  chunk_bytes=64MiB, num_workers=N)`. MosaicML: `MDSWriter(columns={"tokens": "ndarray:uint16"},
+  compression="zstd:L", size_limit=64MiB)` over 2049-token samples (llm-foundry's concatenated layout);
+  with 2 workers, one writer per process into a subdirectory, then `merge_index`. The limit reads the
+  Parquet column and zstd-compresses its raw uint16 buffer, nothing else. tokens/s counts document tokens.
+- **Load**: each tool reads its own zstd-1 output of that corpus from local disk. Batch 16 × 2049 tokens
+  delivered as `input_ids`/`labels` int64 [16, 2048], shuffle on (ferry `shuffle="global"`, litdata
+  `shuffle=True`, MosaicML default `py1e`), 0 and 2 DataLoader workers. litdata reads `"local:" + path`
+  with a separate `cache_dir` (it deletes compressed sources otherwise). The first run per tool uses an
+  empty cache (*cold*); timed repeats reuse it (*warm*). Throughput is measured after the first batch
+  for ≥ 3 s (or one epoch). The limit gathers random 2049-token windows from a `numpy.memmap` of the raw
+  stream. Peak RSS is the runner process (+ largest worker).
+- **Resume**: an uninterrupted run stops at 90% of the epoch, saves the loader state (JSON) and digests
+  the next 8 batches. Fresh processes build the loader, load the state and time until the first batch;
+  *exact* means all 8 batches equal the uninterrupted run. The same state is also loaded into a loader
+  with 2 workers.
+- **Scaling**: synthetic datasets whose manifests list 1k…1M shards (every row points at one tiny real
+  shard), published with `Manifest.build` + `publish_version`; start-up = construct + first batch,
+  resume = construct + `load_state_dict` at 90% + first batch, each in a fresh process.
+- **Sync**: a ferry dataset of real shards (~32 MiB each) copied local→local and local→S3 (moto server
+  on 127.0.0.1 started by the bench) with `ferry sync --transfers 4` and `rclone sync --transfers 4
+  --checksum` (AWS_CA_BUNDLE unset for rclone), `cp -r` as the local limit; then a no-op re-run.
+"""
+
+
+def _pack(res: dict[str, Any]) -> list[str]:
+    p = res.get("pack")
+    if not p:
+        return []
+    if "error" in p:
+        return ["## Pack", "", f"Suite failed: `{p['error']}`", ""]
+    lines = [
+        "## Pack (Parquet → zstd shards)",
+        "",
+        f"{p['tokens'] / 1e6:.0f}M tokens. Mtok/s = million document tokens per second, median (min–max).",
+        "",
+        "| zstd level | workers | tool | Mtok/s | output MB | ferry ÷ tool |",
+        "|---|---|---|---|---|---|",
+    ]
+    for case in p["cases"]:
+        ferry = _med(case["runs"].get("ferry", []), "tokens_per_s")
+        for tool, runs in case["runs"].items():
+            ratio = "" if tool == "ferry" else _ratio(ferry, _med(runs, "tokens_per_s"))
+            out = _med(runs, "output_bytes")
+            lines.append(
+                f"| {case['level']} | {case['workers']} | {LABEL.get(tool, tool)} | {_cell(runs, 'tokens_per_s')} | "
+                f"{_m(out, 1e6, 1)} | {ratio} |"
+            )
+    lines += ["", "Targets (ferry ≥ 3× the faster peer at the same settings; the limit shows what is left):", ""]
+    for case in p["cases"]:
+        ratio = case.get("ratio_vs_faster_peer")
+        frac = case.get("fraction_of_limit")
+        peer = LABEL.get(case.get("faster_peer", ""), "")
+        lines.append(
+            f"- zstd-{case['level']}, {case['workers']} worker(s): "
+            + (_verdict(ratio, 3.0, f"ferry ÷ faster peer ({peer})") if ratio is not None else "peers not measured")
+            + (f"; ferry reaches {frac:.0%} of the zstd-only limit" if frac else "")
+        )
+    lines.append("")
+    return lines
+
+
+def _load(res: dict[str, Any]) -> list[str]:
+    ld = res.get("load")
+    if not ld:
+        return []
+    if "error" in ld:
+        return ["## Load", "", f"Suite failed: `{ld['error']}`", ""]
+    lines = [
+        "## Load (tokens delivered to the training loop)",
+        "",
+        "![loader throughput](img/bench-load.png)",
+        "",
+        "| workers | tool | Mtok/s (warm) | first batch, cold s | first batch, warm s | peak RSS MB | ferry ÷ tool |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for w, case in ld["throughput"].items():
+        ferry = _med(case["runs"].get("ferry", []), "tokens_per_s")
+        for tool, runs in case["runs"].items():
+            cold = case.get("cold", {}).get(tool, {})
+            cold_s = f"{cold['first_batch_s']:.3f}" if "first_batch_s" in cold else cold.get("error", "—")[:60]
+            rss = _med(runs, "peak_rss_mb")
+            kids = _med(runs, "peak_rss_children_mb") or 0
+            rss_s = "—" if rss is None else f"{rss:.0f}" + (f" (+{kids:.0f} worker)" if w != "0" and kids else "")
+            ratio = "" if tool == "ferry" else _ratio(ferry, _med(runs, "tokens_per_s"))
+            lines.append(
+                f"| {w} | {LABEL.get(tool, tool)} | {_cell(runs, 'tokens_per_s')} | {cold_s} | "
+                f"{_cell(runs, 'first_batch_s', 1, 3)} | {rss_s} | {ratio} |"
+            )
+    lines += ["", "Targets (≥ 3× the faster peer, ≥ 50% of the memmap limit):", ""]
+    for w, case in ld["throughput"].items():
+        r = case.get("ratio_vs_faster_peer")
+        f = case.get("fraction_of_limit")
+        parts = [f"- {w} workers: "]
+        parts.append(_verdict(r, 3.0, f"ferry ÷ faster peer ({LABEL.get(case.get('faster_peer', ''), '')})")
+                     if r is not None else "peers not measured")
+        if f is not None:
+            parts.append("; " + _verdict(f, 0.5, "ferry ÷ memmap limit"))
+        lines.append("".join(parts))
+    lines += ["", *_resume(ld.get("resume", {})), ""]
+    return lines
+
+
+def _resume(rs: dict[str, Any]) -> list[str]:
+    if not rs:
+        return []
+    refs = rs.get("reference", {})
+    lines = [
+        "### Resume at 90% of an epoch",
+        "",
+        "| tool | resume → first batch, s | next 8 batches equal the uninterrupted run | same state, 2 workers |",
+        "|---|---|---|---|",
+    ]
+    for tool, ref in refs.items():
+        runs = rs.get("runs", {}).get(tool, [])
+        if "error" in ref or "unsupported" in ref:
+            lines.append(f"| {LABEL.get(tool, tool)} | {ref.get('error') or ref.get('unsupported')} | — | — |")
+            continue
+        eq = [r.get("equal") for r in runs if "equal" in r]
+        exact = "yes" if eq and all(eq) else ("**no**" if eq else first_error(runs) or "—")
+        el = rs.get("workers_0_to_2", {}).get(tool)
+        if el is None:
+            el_s = "—"
+        elif "equal" in el:
+            el_s = "yes" if el["equal"] else "**no** (different batches)"
+        else:
+            el_s = f"**cannot**: {str(el.get('error', ''))[:90]}"
+        lines.append(f"| {LABEL.get(tool, tool)} | {_cell(runs, 'resume_s', 1, 3)} | {exact} | {el_s} |")
+    lines.append("")
+    return lines
+
+
+def _scaling(res: dict[str, Any]) -> list[str]:
+    sc = res.get("scaling")
+    if not sc:
+        return []
+    if "error" in sc:
+        return ["## Scaling", "", f"Suite failed: `{sc['error']}`", ""]
+    lines = [
+        "## Start-up and resume vs dataset size (ferry)",
+        "",
+        "![start-up vs shards](img/bench-scaling.png)",
+        "",
+        "| shards | tokens | manifest + table bytes | build manifest s | start-up → first batch s | "
+        "resume at 90% → first batch s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in sc.get("sizes", []):
+        lines.append(
+            f"| {row['shards']:,} | {row.get('tokens', 0):,} | {row.get('manifest_bytes', 0):,} | "
+            f"{row.get('build_s', 0):.2f} | {_cell(row.get('startup', []), 'startup_s', 1, 3)} | "
+            f"{_cell(row.get('resume', []), 'resume_s', 1, 3)} |"
+        )
+    if sc.get("note"):
+        lines += ["", sc["note"]]
+    lines.append("")
+    return lines
+
+
+def _sync(res: dict[str, Any]) -> list[str]:
+    sy = res.get("sync")
+    if not sy:
+        return []
+    if "error" in sy:
+        return ["## Sync", "", f"Suite failed: `{sy['error']}`", ""]
+    lines = [
+        "## Sync (replication)",
+        "",
+        f"{sy.get('shards')} shards, {sy.get('bytes', 0) / 2**20:.0f} MiB, {sy.get('transfers')} transfers.",
+        "",
+        "| link | tool | MB/s | no-op re-run s | ferry ÷ tool (MB/s) | tool ÷ ferry (no-op time) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for link, case in sy.get("links", {}).items():
+        ferry = case["runs"].get("ferry", [])
+        f_mb = _med(ferry, "mb_per_s")
+        f_noop = _med(ferry, "noop_s")
+        for tool, runs in case["runs"].items():
+            mb = _med(runs, "mb_per_s")
+            noop = _med(runs, "noop_s")
+            lines.append(
+                f"| {link} | {LABEL.get(tool, tool)} | {_cell(runs, 'mb_per_s', 1, 0)} | "
+                f"{_cell(runs, 'noop_s', 1, 3)} | {'' if tool == 'ferry' else _ratio(f_mb, mb)} | "
+                f"{'' if tool == 'ferry' else _ratio(noop, f_noop)} |"
+            )
+    lines += ["", "Targets (≥ 1.5× rclone's MB/s, no-op ≥ 10× faster):", ""]
+    for link, case in sy.get("links", {}).items():
+        r = case.get("ratio_vs_rclone")
+        n = case.get("noop_speedup_vs_rclone")
+        lines.append(f"- {link}: " + _verdict(r, 1.5, "throughput ÷ rclone") + "; " + _verdict(n, 10, "no-op speed-up"))
+    if sy.get("note"):
+        lines += ["", sy["note"]]
+    lines.append("")
+    return lines
+
+
+def _service(res: dict[str, Any]) -> list[str]:
+    sv = res.get("service")
+    if not sv:
+        return []
+    lines = ["## Service API under load", ""]
+    if "error" in sv or "skipped" in sv:
+        return [*lines, sv.get("error") or sv.get("skipped", ""), ""]
+    body = sv.get("result", sv)
+    lines += ["| measure | value |", "|---|---|"]
+    for k, v in _flatten(body).items():
+        if k in ("suite_s",):
+            continue
+        lines.append(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |")
+    lines.append("")
+    return lines
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}{k}." if not isinstance(v, dict) else f"{prefix}{k}."))
+        return {k.rstrip("."): v for k, v in out.items()}
+    out[prefix] = d
+    return out
+
+
+def _profiles(res: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    for suite in ("pack", "load"):
+        prof = (res.get(suite) or {}).get("profile")
+        if prof:
+            lines += [
+                f"### Profile: ferry {suite} ({prof.get('case')}), top functions by own time (cProfile)",
+                "",
+                "```",
+                prof.get("text", "").strip()[:6000],
+                "```",
+                "",
+            ]
+    analysis = HERE / "analysis.md"
+    if analysis.exists():
+        lines = [analysis.read_text().strip(), "", *lines]
+    return ["## Where ferry is behind, and why", "", *lines] if lines else []
+
+
+def _headline_rows(res: dict[str, Any]) -> list[str]:
+    rows: list[str] = []
+    p = res.get("pack") or {}
+    for case in p.get("cases", []):
+        for peer, r in case.get("ratio_vs", {}).items():
+            rows.append(f"| pack zstd-{case['level']}, {case['workers']} worker(s) | {LABEL[peer]} | {r:.2f}x |")
+    ld = res.get("load") or {}
+    for w, case in (ld.get("throughput") or {}).items():
+        for peer, r in case.get("ratio_vs", {}).items():
+            rows.append(f"| load tokens/s, {w} workers | {LABEL[peer]} | {r:.2f}x |")
+        if case.get("fraction_of_limit"):
+            rows.append(f"| load tokens/s, {w} workers | {LABEL['memmap-limit']} | {case['fraction_of_limit']:.2f}x |")
+    rs = (ld.get("resume") or {}).get("runs", {})
+    f_res = _med(rs.get("ferry", []), "resume_s")
+    for peer in PEERS:
+        p_res = _med(rs.get(peer, []), "resume_s")
+        if f_res and p_res:
+            rows.append(f"| resume at 90% (time, peer ÷ ferry) | {LABEL[peer]} | {p_res / f_res:.2f}x faster |")
+    sy = res.get("sync") or {}
+    for link, case in (sy.get("links") or {}).items():
+        if case.get("ratio_vs_rclone"):
+            rows.append(f"| sync MB/s {link} | {LABEL['rclone']} | {case['ratio_vs_rclone']:.2f}x |")
+        if case.get("noop_speedup_vs_rclone"):
+            rows.append(f"| no-op resync {link} (rclone ÷ ferry time) | {LABEL['rclone']} | "
+                        f"{case['noop_speedup_vs_rclone']:.1f}x faster |")
+    return rows
+
+
+def headline(res: dict[str, Any]) -> str:
+    """The ratios, as text for the terminal."""
+    rows = _headline_rows(res)
+    return "\n".join(["ferry vs peers (ratio > 1: ferry ahead)", *rows]) if rows else "no ratios measured"
+
+
+def _charts(res: dict[str, Any], img_dir: Path, python: str | None) -> None:
+    """PNG charts via matplotlib in the peers' venv (ferry's venv does not carry matplotlib)."""
+    img_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(res, f, default=str)
+    cmd = [python or sys.executable, str(HERE / "charts.py"), f.name, str(img_dir)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"charts skipped: {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+    Path(f.name).unlink(missing_ok=True)
+
+
+def write(res: dict[str, Any], page: Path, peers_python: str | None, results_rel: str) -> None:
+    """Generate the page (and its charts under ``img/`` beside it)."""
+    _charts(res, page.parent / "img", peers_python)
+    lines = [
+        "# Benchmarks: ferry side by side with litdata, MosaicML streaming and rclone",
+        "",
+        f"Generated by `make bench` from [`{results_rel}`]({results_rel}). Do not edit: rerun `make bench`.",
+        "",
+        "## Headline (ratio > 1 means ferry is ahead)",
+        "",
+        "| measure | against | ferry ÷ peer |",
+        "|---|---|---|",
+        *_headline_rows(res),
+        "",
+        *_machine(res),
+        METHOD,
+        *_pack(res),
+        *_load(res),
+        *_scaling(res),
+        *_sync(res),
+        *_service(res),
+        *_profiles(res),
+    ]
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text("\n".join(lines).rstrip() + "\n")

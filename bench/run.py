@@ -1,0 +1,118 @@
+"""``make bench``: ferry side by side with litdata, MosaicML streaming, rclone and simple limits.
+
+    .venv/bin/python bench/run.py                 # full run: 50M tokens, 3 repeats, ~15 min on 2 cores
+    .venv/bin/python bench/run.py --quick         # smoke run: 2M tokens, 1 repeat
+    .venv/bin/python bench/run.py --tokens 200000000 --only pack,load
+
+Writes ``bench/results/<timestamp>.json`` and ``latest.json`` and regenerates ``docs/BENCHMARKS.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import envs  # noqa: E402
+import report  # noqa: E402
+from corpus import CorpusSpec, ensure_corpus  # noqa: E402
+from harness import Context, log  # noqa: E402
+
+SUITES = ["pack", "load", "scaling", "sync", "service"]
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens", type=int, default=None, help="corpus size in tokens (default 50M; --quick 2M)")
+    p.add_argument("--quick", action="store_true", help="small smoke run: fewer cases, 1 repeat")
+    p.add_argument("--repeats", type=int, default=None, help="repeats per measurement (default 3; --quick 1)")
+    p.add_argument("--only", default=",".join(SUITES), help=f"comma list of suites ({','.join(SUITES)})")
+    p.add_argument("--no-peers", action="store_true", help="ferry and the limits only (no .venv-bench, no rclone)")
+    p.add_argument("--sync-mib", type=int, default=None, help="size of the sync data set in MiB (default 1024)")
+    p.add_argument("--scaling", default=None, help="comma list of shard counts (default 1000,10000,100000)")
+    p.add_argument("--data", default=None, help="scratch directory (default bench/data)")
+    p.add_argument("--results", default=None, help="results directory (default bench/results)")
+    p.add_argument("--docs", default=None, help="page to generate (default docs/BENCHMARKS.md); 'none' to skip")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    started = time.perf_counter()
+    repo = Path(__file__).resolve().parent.parent
+    suites = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = set(suites) - set(SUITES)
+    if unknown:
+        print(f"unknown suite(s): {', '.join(sorted(unknown))}; choose from {', '.join(SUITES)}", file=sys.stderr)
+        return 2
+    data = Path(args.data) if args.data else repo / "bench" / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    peers = None if args.no_peers else envs.ensure_peers_venv(repo)
+    rclone = None if args.no_peers or "sync" not in suites else envs.ensure_rclone()
+    ctx = Context(
+        repo=repo,
+        data=data,
+        ferry_python=sys.executable,
+        peers_python=peers,
+        repeats=args.repeats or (1 if args.quick else 3),
+        quick=args.quick,
+    )
+    tokens = args.tokens or (2_000_000 if args.quick else 50_000_000)
+    log(f"corpus: {tokens / 1e6:.0f}M tokens")
+    t0 = time.perf_counter()
+    ctx.corpus = ensure_corpus(data, CorpusSpec(tokens=tokens))
+    corpus_s = time.perf_counter() - t0
+    results: dict[str, Any] = {
+        "meta": {
+            "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(["bench/run.py", *(argv if argv is not None else sys.argv[1:])]),
+            "quick": args.quick,
+            "repeats": ctx.repeats,
+            "machine": envs.machine(),
+            "versions": envs.versions(ctx.ferry_python, peers, rclone),
+            "corpus": {**{k: v for k, v in ctx.corpus.to_dict().items() if k not in ("files", "root")},
+                       "files": len(ctx.corpus.files), "generate_s": corpus_s},
+            "peers": bool(peers),
+        }
+    }
+    for name in suites:
+        log(f"=== {name} ===")
+        t0 = time.perf_counter()
+        try:
+            module = __import__(f"suite_{name}")
+            kwargs: dict[str, Any] = {}
+            if name == "sync":
+                kwargs = {"rclone": rclone, "mib": args.sync_mib or (64 if args.quick else 1024)}
+            if name == "scaling" and args.scaling:
+                kwargs = {"sizes": [int(x) for x in args.scaling.split(",")]}
+            results[name] = module.run(ctx, **kwargs)
+        except Exception as exc:  # one broken suite must not lose the others' numbers
+            traceback.print_exc()
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        results[name]["suite_s"] = time.perf_counter() - t0
+    results["meta"]["duration_s"] = time.perf_counter() - started
+    out_dir = Path(args.results) if args.results else repo / "bench" / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    text = json.dumps(results, indent=1, sort_keys=True, default=str)
+    (out_dir / f"{stamp}.json").write_text(text)
+    (out_dir / "latest.json").write_text(text)
+    log(f"results: {out_dir / (stamp + '.json')}")
+    if args.docs != "none":
+        page = Path(args.docs) if args.docs else repo / "docs" / "BENCHMARKS.md"
+        report.write(results, page, peers, os.path.relpath(out_dir / f"{stamp}.json", page.parent))
+        log(f"page: {page}")
+    print(report.headline(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

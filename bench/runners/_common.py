@@ -1,0 +1,64 @@
+"""What every runner shares (stdlib only: runners execute in ferry's venv or in the peers' venv).
+
+A runner is started as ``python RUNNER.py '<json args>'`` and prints one JSON object as its last
+stdout line. Times are measured inside the runner, after imports, so interpreter start-up and
+import cost are excluded for every tool alike.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import json
+import os
+import pstats
+import resource
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["args", "emit", "peak_rss_mb", "now", "profiled", "dir_bytes"]
+
+now = time.perf_counter
+
+
+def args() -> dict[str, Any]:
+    """The JSON arguments the harness passed."""
+    return dict(json.loads(sys.argv[1])) if len(sys.argv) > 1 else {}
+
+
+def peak_rss_mb() -> dict[str, float]:
+    """Peak resident set size of this process and of its largest finished child (MiB, Linux KiB units)."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return {"peak_rss_mb": round(own, 1), "peak_rss_children_mb": round(kids, 1)}
+
+
+def dir_bytes(path: str) -> int:
+    """Total size of the files under ``path``."""
+    total = 0
+    for base, _dirs, files in os.walk(path):
+        for name in files:
+            total += os.path.getsize(os.path.join(base, name))
+    return total
+
+
+def profiled(fn: Callable[[], dict[str, Any]], top: int = 18) -> dict[str, Any]:
+    """Run ``fn`` under cProfile; add the top functions by own time to its result."""
+    prof = cProfile.Profile()
+    result = prof.runcall(fn)
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(top)
+    text = out.getvalue()
+    start = text.find("   ncalls")
+    result["profile"] = text[start:] if start >= 0 else text
+    return result
+
+
+def emit(result: dict[str, Any]) -> None:
+    """Print the result as the last stdout line (with peak RSS added)."""
+    result.update(peak_rss_mb())
+    sys.stdout.flush()
+    print(json.dumps(result), flush=True)

@@ -1,0 +1,33 @@
+"""Runner: ferry ``client.TokenDataset`` + ``client.TokenLoader`` (ferry's venv)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from _loadloop import Tool, main
+from client import TokenDataset, TokenLoader
+
+
+def _build(a: dict[str, Any]) -> Any:
+    ds = TokenDataset(a["data"], seq_len=a["seq_len"], seed=a["seed"], shuffle=a.get("shuffle", "global"),
+                      cache_dir=a["cache_dir"])
+    return TokenLoader(ds, batch_size=a["batch_size"], num_workers=a["workers"], rank=0, world_size=1)
+
+
+def _epoch_batches(loader: Any) -> int:
+    try:
+        return len(loader)
+    except TypeError:
+        return len(loader.dataset) // loader.batch_size
+
+
+if __name__ == "__main__":
+    main(
+        Tool(
+            build=_build,
+            ids=lambda b: (b["input_ids"], b["labels"]),
+            epoch_batches=_epoch_batches,
+            state=lambda ld: ld.state_dict(),
+            load_state=lambda ld, s: ld.load_state_dict(s),
+        )
+    )

@@ -1,0 +1,147 @@
+"""Load: tokens/s delivered to a training loop, time to first batch, resume at 90%, peak RSS.
+
+Batch 16 x 2049 tokens (input_ids and labels, 2048 each, int64), shuffle on, 0 and 2 DataLoader
+workers. Each tool reads its own level-1 pack output of the same corpus; its node-local cache
+persists across repeats, so the first (cold) run is reported apart and the timed repeats measure
+steady state. Resume: an uninterrupted run saves its state at 90% of the epoch and digests the next
+batches; fresh processes load that state and must deliver the same batches.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+import suite_pack
+from harness import Context, Runner, alternate, log, summary
+
+__all__ = ["run"]
+
+BATCH = 16
+SEQ_LEN = 2048
+CHECK_BATCHES = 8
+SEED = 1234
+
+
+def _tools(ctx: Context) -> dict[str, tuple[Runner, str]]:
+    """tool -> (runner, data path it reads)."""
+    out: dict[str, tuple[Runner, str]] = {
+        "ferry": (Runner("ferry", "ferry_load.py", ctx.ferry_python), suite_pack.out_dir(ctx, "ferry", 1, 1)),
+    }
+    if ctx.peers_python:
+        out["litdata"] = (
+            Runner("litdata", "litdata_load.py", ctx.peers_python),
+            suite_pack.out_dir(ctx, "litdata", 1, 1),
+        )
+        out["mosaic"] = (Runner("mosaic", "mosaic_load.py", ctx.peers_python), suite_pack.out_dir(ctx, "mosaic", 1, 1))
+    out["memmap-limit"] = (Runner("memmap-limit", "memmap_load.py", ctx.ferry_python), ctx.corpus.stream)
+    return out
+
+
+def _ensure_packed(ctx: Context, tools: dict[str, tuple[Runner, str]]) -> None:
+    """The pack suite leaves these behind; pack once here when it did not run."""
+    marker = {"ferry": "manifest.json", "litdata": "index.json", "mosaic": "index.json"}
+    pack_runners = suite_pack._runners(ctx)
+    for tool, (_runner, path) in tools.items():
+        if tool in marker and not os.path.exists(os.path.join(path, marker[tool])):
+            log(f"load: packing the {tool} dataset first")
+            c = ctx.corpus
+            args = {"inputs": c.files, "out": path, "level": 1, "workers": 1, "shard_size": suite_pack.SHARD_SIZE,
+                    "vocab_size": c.spec.vocab_size, "eos_id": c.spec.eos_id, "seq_len": SEQ_LEN}
+            res = pack_runners[tool](ctx, args)
+            if "error" in res:
+                log(f"load: packing for {tool} failed: {res['error']}")
+
+
+def _base(ctx: Context, tool: str, data: str, workers: int) -> dict[str, Any]:
+    return {
+        "data": data,
+        "cache_dir": str(ctx.data / "cache" / f"{tool}-w{workers}"),
+        "seq_len": SEQ_LEN,
+        "batch_size": BATCH,
+        "seed": SEED,
+        "workers": workers,
+        "min_seconds": 0.5 if ctx.quick else 3.0,
+        "min_batches": 10 if ctx.quick else 30,
+        "check_batches": CHECK_BATCHES,
+    }
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    tools = _tools(ctx)
+    _ensure_packed(ctx, tools)
+    shutil.rmtree(ctx.data / "cache", ignore_errors=True)
+    result: dict[str, Any] = {"batch_size": BATCH, "seq_len": SEQ_LEN, "throughput": {}, "resume": {}}
+    for workers in [0] if ctx.quick else [0, 2]:
+        names = [t for t in tools if not (t == "memmap-limit" and workers)]
+        cold: dict[str, dict[str, Any]] = {}
+        for t in names:  # cold: fresh cache, first contact with the data
+            runner, data = tools[t]
+            cold[t] = runner(ctx, {**_base(ctx, t, data, workers), "mode": "throughput"})
+            log(f"load w{workers} {t} cold: {cold[t].get('error') or round(cold[t].get('first_batch_s', 0), 3)}")
+
+        def one(tool: str, _r: int, workers: int = workers) -> dict[str, Any]:
+            runner, data = tools[tool]
+            return runner(ctx, {**_base(ctx, tool, data, workers), "mode": "throughput"})
+
+        runs = alternate(ctx, names, one, what=f"load w{workers}")
+        result["throughput"][str(workers)] = {"runs": runs, "cold": cold, **_ratios(runs)}
+    result["resume"] = _resume(ctx, tools)
+    result["profile"] = _maybe_profile(ctx, tools["ferry"], result)
+    return result
+
+
+def _ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    med = {t: (summary(r, "tokens_per_s") or {}).get("median") for t, r in runs.items()}
+    ferry = med.get("ferry")
+    peers = {t: v for t, v in med.items() if t in ("litdata", "mosaic") and v}
+    out: dict[str, Any] = {"ratio_vs": {t: ferry / v for t, v in peers.items()} if ferry else {}}
+    if ferry and peers:
+        best = max(peers, key=lambda t: peers[t])
+        out["faster_peer"] = best
+        out["ratio_vs_faster_peer"] = ferry / peers[best]
+    if ferry and med.get("memmap-limit"):
+        out["fraction_of_limit"] = ferry / med["memmap-limit"]
+    return out
+
+
+def _resume(ctx: Context, tools: dict[str, tuple[Runner, str]]) -> dict[str, Any]:
+    """Reference run to 90% (0 workers), then timed resumes; one more resume with 2 workers."""
+    refs: dict[str, dict[str, Any]] = {}
+    for t, (runner, data) in tools.items():
+        state_file = str(ctx.data / f"state-{t}.json")
+        refs[t] = runner(ctx, {**_base(ctx, t, data, 0), "mode": "reference", "state_file": state_file})
+        log(f"resume {t} reference: {refs[t].get('error') or refs[t].get('stop_batch')}")
+
+    def one(tool: str, _r: int) -> dict[str, Any]:
+        runner, data = tools[tool]
+        res = runner(ctx, {**_base(ctx, tool, data, 0), "mode": "resume",
+                           "state_file": str(ctx.data / f"state-{tool}.json")})
+        if "digests" in res and "digests" in refs[tool]:
+            res["equal"] = res["digests"] == refs[tool]["digests"]
+        return res
+
+    ok = [t for t in tools if "digests" in refs[t]]
+    runs = alternate(ctx, ok, one, what="resume@90%") if ok else {}
+    elastic: dict[str, Any] = {}
+    for t in ok:  # the state saved with 0 workers, loaded into a loader with 2 workers
+        if t == "memmap-limit" or ctx.quick:
+            continue
+        runner, data = tools[t]
+        res = runner(ctx, {**_base(ctx, t, data, 2), "mode": "resume", "state_file": str(ctx.data / f"state-{t}.json")})
+        if "digests" in res:
+            res["equal"] = res["digests"] == refs[t]["digests"]
+        elastic[t] = res
+        log(f"resume {t} 0->2 workers: {res.get('error') or res.get('equal')}")
+    return {"reference": refs, "runs": runs, "workers_0_to_2": elastic}
+
+
+def _maybe_profile(ctx: Context, ferry: tuple[Runner, str], result: dict[str, Any]) -> dict[str, Any] | None:
+    w0 = result["throughput"].get("0", {})
+    if w0.get("ratio_vs_faster_peer", 99) >= 3.0 and w0.get("fraction_of_limit", 1.0) >= 0.5:
+        return None
+    log("load: ferry misses a target; profiling the 0-worker loop")
+    runner, data = ferry
+    res = runner(ctx, {**_base(ctx, "ferry", data, 0), "mode": "throughput", "profile": True})
+    return {"case": "0 workers, warm cache", "text": res.get("profile") or res.get("error", "")}
