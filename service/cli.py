@@ -262,3 +262,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     install_serve_hooks(SERVE_HOOKS, SERVE_EXTRAS)
     add_sync_parser(sub)
     add_serve_parser(sub)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m service.cli sync|serve …``: the same commands without loading other packages' CLIs."""
+    from shard_tools.errors import FerryError
+
+    parser = argparse.ArgumentParser(prog="ferry")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    register(sub)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except FerryError as exc:
+        print(f"ferry {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
