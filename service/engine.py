@@ -18,8 +18,8 @@ from datetime import datetime
 from typing import Any
 
 from shard_tools.errors import DatasetNotFoundError, ManifestError, StorageError
-from shard_tools.manifest import MANIFEST_FILE, VERSIONS_DIR, Manifest, version_path
-from shard_tools.store import Location
+from shard_tools.manifest import MANIFEST_FILE, SHARDS_DIR, VERSIONS_DIR, Manifest, version_path
+from shard_tools.store import TEMP_MARKER, Location
 
 from .events import EventBus
 from .executor import Executor, Job, JobResult
@@ -83,6 +83,7 @@ def load_version(loc: Location, header: bytes) -> tuple[Manifest, bytes]:
 
 def listing(loc: Location) -> dict[str, int]:
     """Every object under the dataset prefix (relative path → size): one recursive listing."""
+    loc.fs.invalidate_cache(loc.root)  # another process may have written since (s3fs caches listings)
     try:
         found = loc.fs.find(loc.root, detail=True)
     except FileNotFoundError:
@@ -212,7 +213,7 @@ class Engine:
         if result.ok:
             self._publish(dst_loc, manifest, table, src_bytes, dataset, dest, result)
             if self.keep_versions:
-                self._retain(dst_loc, manifest, dataset, dest, locations, result)
+                self._retain(dst_loc, manifest, dataset, dest, held, result)
         result.seconds = time.monotonic() - t0
         self._event(
             "pass", dataset=dataset, source=source, destination=dest, copied=result.copied,
@@ -271,13 +272,11 @@ class Engine:
         current: Manifest,
         dataset: str,
         dest: str,
-        locations: Mapping[str, Location],
+        held: Mapping[str, int],
         res: PassResult,
     ) -> None:
         assert self.keep_versions
         ids = [n[: -len(".json")] for n in dst.listdir(VERSIONS_DIR) if n.endswith(".json")]
-        if len(ids) <= self.keep_versions:
-            return
         records = []
         for vid in ids:
             if vid == current.version_id:
@@ -291,15 +290,15 @@ class Engine:
                 except (ManifestError, StorageError):
                     continue  # an unreadable old version is left alone
             records.append(VersionRecord(vid, m.created_at, frozenset(m.shards.paths), m.table_path))
+        named = set().union(*(r.paths for r in records)) if records else set()
+        orphans = {p for p in held if p.startswith(f"{SHARDS_DIR}/") and TEMP_MARKER not in p} - named
+        if len(records) <= self.keep_versions and not orphans:
+            return
         src_paths = set(current.shards.paths)
         replicas = self.state.replicas(dataset)
-        elsewhere = {}
-        for rec in records:
-            for p in rec.paths:
-                n = len([c for c in replicas.get(p, []) if c != dest]) + (p in src_paths)
-                elsewhere[p] = n
+        elsewhere = {p: len([c for c in replicas.get(p, []) if c != dest]) + (p in src_paths) for p in named | orphans}
         plan = plan_retention(records, current=current.version_id, keep_versions=self.keep_versions,
-                              copies_elsewhere=elsewhere)  # fmt: skip
+                              copies_elsewhere=elsewhere, orphans=orphans)  # fmt: skip
         for vid in plan.retire:
             dst.remove(version_path(vid))
         for path in plan.delete_shards + plan.delete_tables:

@@ -181,11 +181,14 @@ def plan_retention(
     current: str,
     keep_versions: int,
     copies_elsewhere: Mapping[str, int],
+    orphans: Collection[str] = (),
 ) -> RetentionPlan:
     """Keep ``current`` and the newest others up to ``keep_versions`` in all; retire the rest.
 
     A shard of a retired version is deleted only when no kept version references it and
-    ``copies_elsewhere[path] > 0`` (a verified copy exists on another cluster).
+    ``copies_elsewhere[path] > 0`` (a verified copy exists on another cluster). ``orphans`` are
+    shards the destination holds that no published version names (kept earlier as last copies);
+    they get the same treatment, so they go once a copy exists elsewhere.
     """
     if keep_versions < 1:
         raise ValueError("keep_versions must be at least 1")
@@ -201,7 +204,7 @@ def plan_retention(
     plan = RetentionPlan(keep=kept_ids, retire=[v.version_id for v in retired])
     referenced: set[str] = set().union(*(v.paths for v in kept)) if kept else set()
     kept_tables = {v.table_path for v in kept}
-    doomed: set[str] = set()
+    doomed: set[str] = set(orphans) - referenced
     for v in retired:
         doomed |= v.paths - referenced
         if v.table_path not in kept_tables and v.table_path not in plan.delete_tables:
