@@ -12,6 +12,7 @@ Usage::
 
     .venv/bin/python bench/scale_manifest.py                      # 1k, 10k, 100k, 1M
     .venv/bin/python bench/scale_manifest.py --sizes 100000 --repeat 3 --planner --loader
+    .venv/bin/python bench/scale_manifest.py --daemon --sizes 10000 100000   # a real ferry serve's RSS
 
 Prints one JSON document on stdout: ``{"results": [ {per size}, ... ]}``.
 """
@@ -224,15 +225,128 @@ def _measure_loader(root: str, repeat: int) -> dict[str, Any]:
     return out
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _proc_status(pid: int) -> dict[str, float]:
+    """VmRSS / VmHWM of a process, in MiB (Linux)."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(value.split()[0]) / 1024
+    return out
+
+
+def measure_daemon(n: int, timeout: float = 300.0) -> dict[str, Any]:
+    """A real ``ferry serve`` with an ``n``-shard dataset to replicate east → west.
+
+    The shards at east are sparse files of the right size (no data); a 1 B/s bandwidth limit
+    keeps the first transfers waiting, so the daemon holds a fully planned pass of ``n``
+    pending shards. Reports the time until the API shows west syncing (manifest read, plan,
+    pending rows in SQLite) and the daemon's RSS; then a second daemon against a west that
+    already publishes the version (the steady state: two manifest headers per poll).
+    """
+    import shutil
+    import urllib.request
+
+    def replicas(port: int) -> list[dict[str, Any]]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/replicas", timeout=5) as resp:
+            return list(json.loads(resp.read())["cells"])
+
+    def serve(root: str, name: str) -> tuple[subprocess.Popen[bytes], int]:
+        port = _free_port()
+        cfg = os.path.join(root, f"{name}.toml")
+        with open(cfg, "w") as f:
+            f.write(
+                f'state_dir = "{root}/state-{name}"\npoll_interval = 5\n'
+                f'[clusters.east]\nurl = "{root}/east"\n[clusters.west]\nurl = "{root}/west"\n'
+                '[[rules]]\ndatasets = "*"\nfrom = "east"\nto = ["west"]\n'
+                "[limits]\ntransfers = 2\nbwlimit = 1\n"
+                f'[api]\nhost = "127.0.0.1"\nport = {port}\n'
+            )
+        cmd = [sys.executable, "-m", "shard_tools.cli", "serve", "--config", cfg, "--log-level", "warning"]
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), port
+
+    def wait_for(proc: subprocess.Popen[bytes], port: int, state: str) -> float:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < timeout:
+            if proc.poll() is not None:
+                raise RuntimeError(f"ferry serve exited with {proc.returncode}")
+            try:
+                cells = replicas(port)
+            except OSError:
+                time.sleep(0.2)
+                continue
+            if any(c["cluster"] == "west" and c["state"] == state for c in cells):
+                return time.perf_counter() - t0
+            time.sleep(0.2)
+        raise TimeoutError(f"west never reached {state!r} in {timeout}s")
+
+    out: dict[str, Any] = {"shards": n}
+    with tempfile.TemporaryDirectory(prefix="ferry-scale-daemon-") as root:
+        ds = os.path.join(root, "east", "corpus")
+        info = publish_synthetic(ds, n)
+        from shard_tools.dataset import load_manifest
+        from shard_tools.store import resolve
+
+        t0 = time.perf_counter()
+        manifest = load_manifest(resolve(ds))
+        os.makedirs(os.path.join(ds, "shards"), exist_ok=True)
+        for path, size in zip(manifest.shards.paths, manifest.shards.stored_bytes.tolist(), strict=True):
+            with open(os.path.join(ds, path), "wb") as f:
+                f.truncate(size)  # sparse: right size, no data
+        out["sparse_files_s"] = time.perf_counter() - t0
+        del manifest
+        os.makedirs(os.path.join(root, "west"))
+
+        proc, port = serve(root, "planning")
+        try:
+            out["start_to_planned_s"] = wait_for(proc, port, "syncing")
+            time.sleep(2.0)
+            out["planned_pass_rss"] = _proc_status(proc.pid)
+        finally:
+            proc.kill()
+            proc.wait()
+
+        # Steady state: west already publishes the version (its manifest files copied over).
+        west = os.path.join(root, "west", "corpus")
+        shutil.rmtree(west)
+        os.makedirs(west)
+        for rel in ("manifest.json", "versions", "tables"):
+            src = os.path.join(ds, rel)
+            (shutil.copytree if os.path.isdir(src) else shutil.copy)(src, os.path.join(west, rel))
+        proc, port = serve(root, "steady")
+        try:
+            out["start_to_complete_s"] = wait_for(proc, port, "complete")
+            time.sleep(2.0)
+            out["steady_rss"] = _proc_status(proc.pid)
+        finally:
+            proc.kill()
+            proc.wait()
+        out["shard_table_bytes"] = info["shard_table_bytes"]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES))
     ap.add_argument("--repeat", type=int, default=3, help="median of this many loads per size")
     ap.add_argument("--planner", action="store_true", help="also time the replication planner")
     ap.add_argument("--loader", action="store_true", help="also time TokenDataset start-up")
+    ap.add_argument("--daemon", action="store_true", help="measure a real ferry serve instead (e.g. --sizes 100000)")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # child mode: one size, this process
     ap.add_argument("--publish-only", metavar="ROOT", help=argparse.SUPPRESS)  # child mode: synthesise + publish
     args = ap.parse_args(argv)
+    if args.daemon:
+        print(json.dumps({"daemon": [measure_daemon(n) for n in args.sizes]}, indent=1))
+        return 0
     if args.publish_only:
         (n,) = args.sizes
         print(json.dumps(publish_synthetic(args.publish_only, n)))
