@@ -1,0 +1,110 @@
+"""Fan-out without Ray: ``ferry pack --part I/N`` on each node, then ``--merge`` — identical to a local pack."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from shard_tools import ManifestError, PackOptions, UsageError, open_dataset, pack, verify
+from shard_tools.cli import main
+from shard_tools.pack import merge_parts, pack_part
+
+OPTS = PackOptions(vocab_size=50_257, eos_id=50_256, shard_size=16 * 1024, name="fan")
+
+
+def corpus(tmp_path: Path, files: int = 5) -> list[str]:
+    rng = np.random.default_rng(3)
+    paths = []
+    for f in range(files):
+        lists = [rng.integers(0, 50_000, size=int(rng.integers(1, 300))).tolist() for _ in range(120)]
+        path = tmp_path / f"in-{f}.parquet"
+        pq.write_table(pa.table({"tokens": pa.array(lists, type=pa.list_(pa.uint16()))}), path)
+        paths.append(str(path))
+    return paths
+
+
+def shard_bytes(root: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in (root / "shards").iterdir()}
+
+
+def test_parts_then_merge_equal_local(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    inputs = corpus(tmp_path)
+    local = pack(inputs, str(tmp_path / "local"), OPTS)
+    out = str(tmp_path / "fan")
+    for i in (2, 0):  # parts may run in any order, on any node
+        assert main(["pack", *inputs, "--out", out, "--vocab-size", "50257", "--eos-id", "50256",
+                     "--shard-size", "16KiB", "--name", "fan", "--part", f"{i}/3", "--json"]) == 0  # fmt: skip
+    records = [json.loads(x) for x in capsys.readouterr().out.replace("}\n{", "}\n\x00{").split("\x00")]
+    assert {r["part"] for r in records} == {0, 2} and len({r["run_id"] for r in records}) == 1
+    assert not (Path(out) / "manifest.json").exists()  # nothing published before --merge
+    with pytest.raises(UsageError, match="parts 1 of 3 are missing"):
+        merge_parts(out, OPTS)
+    pack_part(inputs, out, 1, 3, OPTS)
+    merged = merge_parts(out, OPTS)
+    assert merged.version_id == local.version_id
+    assert shard_bytes(Path(out)) == shard_bytes(tmp_path / "local")
+    assert verify(out).ok
+    assert [d.tolist() for d in open_dataset(out).documents()] == [
+        d.tolist() for d in open_dataset(str(tmp_path / "local")).documents()
+    ]
+
+
+def test_merge_cli_and_mismatched_parts(tmp_path: Path) -> None:
+    inputs = corpus(tmp_path, files=3)
+    out = str(tmp_path / "fan")
+    pack_part(inputs, out, 0, 2, OPTS)
+    # a part packed with other options belongs to another run: merge sees two runs and asks which
+    other = PackOptions(vocab_size=50_257, eos_id=50_256, shard_size=8 * 1024, name="fan")
+    pack_part(inputs, out, 1, 2, other)
+    with pytest.raises(UsageError, match="exactly one run"):
+        merge_parts(out, OPTS)
+    pack_part(inputs, out, 1, 2, OPTS)
+    # --merge with the same inputs and --parts finds its run by digest
+    args = ["pack", *inputs, "--out", out, "--vocab-size", "50257", "--eos-id", "50256", "--shard-size", "16KiB",
+            "--name", "fan", "--merge", "--parts", "2"]  # fmt: skip
+    assert main(args) == 0
+    local = pack(inputs, str(tmp_path / "local"), OPTS)
+    assert open_dataset(out).version_id == local.version_id
+
+
+def test_tampered_part_record_is_refused(tmp_path: Path) -> None:
+    inputs = corpus(tmp_path, files=2)
+    out = str(tmp_path / "fan")
+    pack_part(inputs, out, 0, 2, OPTS)
+    rec = pack_part(inputs, out, 1, 2, OPTS)
+    path = Path(out) / rec.record
+    doc = json.loads(path.read_text())
+    doc["results"][0]["unit"] = 0  # part 1 claims unit 0 as well
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ManifestError, match="claimed twice"):
+        merge_parts(out, OPTS)
+    assert not (Path(out) / "manifest.json").exists()
+
+
+@pytest.mark.slow
+def test_killed_merge_driver_publishes_nothing_partial(tmp_path: Path) -> None:
+    inputs = corpus(tmp_path, files=4)
+    out = str(tmp_path / "fan")
+    cmd = [sys.executable, "-m", "shard_tools.cli", "pack", *inputs, "--out", out, "--vocab-size", "50257",
+           "--eos-id", "50256", "--shard-size", "16KiB", "--name", "fan"]  # fmt: skip
+    procs = [subprocess.Popen([*cmd, "--part", f"{i}/2"], stderr=subprocess.DEVNULL) for i in range(2)]
+    time.sleep(0.3)
+    procs[0].send_signal(signal.SIGKILL)  # one node dies
+    for p in procs:
+        p.wait(60)
+    merge = subprocess.run([*cmd, "--merge", "--parts", "2"], capture_output=True, text=True, timeout=60)
+    if procs[0].returncode != 0:
+        assert merge.returncode != 0 and not (Path(out) / "manifest.json").exists()
+    subprocess.run([*cmd, "--part", "0/2"], check=True, capture_output=True, timeout=60)  # rerun the lost part
+    assert subprocess.run([*cmd, "--merge", "--parts", "2"], capture_output=True, timeout=60).returncode == 0
+    assert verify(out).ok
+    assert open_dataset(out).version_id == pack(inputs, str(tmp_path / "local"), OPTS).version_id

@@ -1,0 +1,117 @@
+"""``ferry pack --executor ray``: units as Ray tasks on a local Ray instance, output identical to local."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from shard_tools import PackOptions, TokenRangeError, open_dataset, pack, verify
+from shard_tools.pack import merge_parts, pack_part
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (optional extra: pip install 'ferry[ray]')")
+
+OPTS = PackOptions(vocab_size=50_257, eos_id=50_256, shard_size=16 * 1024, name="ray")
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def corpus(tmp_path: Path, files: int = 4) -> list[str]:
+    rng = np.random.default_rng(5)
+    paths = []
+    for f in range(files):
+        lists = [rng.integers(0, 50_000, size=int(rng.integers(1, 300))).tolist() for _ in range(150)]
+        path = tmp_path / f"in-{f}.parquet"
+        pq.write_table(pa.table({"tokens": pa.array(lists, type=pa.list_(pa.uint16()))}), path)
+        paths.append(str(path))
+    return paths
+
+
+def shard_bytes(root: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in (root / "shards").iterdir()}
+
+
+@pytest.mark.slow
+def test_ray_output_identical_to_local(local_ray: None, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    inputs = corpus(tmp_path)
+    local = pack(inputs, str(tmp_path / "local"), replace(OPTS, workers=2))
+    on_ray = pack(inputs, str(tmp_path / "ray"), replace(OPTS, executor="ray"))
+    assert on_ray.version_id == local.version_id and on_ray.shards == local.shards > 4
+    assert shard_bytes(tmp_path / "ray") == shard_bytes(tmp_path / "local")
+    assert verify(str(tmp_path / "ray")).ok
+    # parts may run on Ray too, and merge to the same version
+    for i in range(2):
+        pack_part(inputs, str(tmp_path / "parts"), i, 2, replace(OPTS, executor="ray"))
+    assert merge_parts(str(tmp_path / "parts"), OPTS).version_id == local.version_id
+
+
+@pytest.mark.slow
+def test_ray_task_error_surfaces_as_ferry_error(local_ray: None, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    inputs = corpus(tmp_path, files=2)
+    pq.write_table(pa.table({"tokens": pa.array([[1, 2, 60_000]], type=pa.list_(pa.uint16()))}), tmp_path / "z.parquet")
+    with pytest.raises(TokenRangeError, match="z.parquet"):
+        pack([*inputs, str(tmp_path / "z.parquet")], str(tmp_path / "ray"), replace(OPTS, executor="ray"))
+    assert not (tmp_path / "ray" / "manifest.json").exists()
+    assert open_dataset  # the dataset stays unpublished; nothing else to read
+
+
+def _ray_task_pids(name: str) -> list[int]:
+    """Worker processes currently running a task called ``name`` (Ray retitles them ``ray::name``)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if (proc / "cmdline").read_bytes().startswith(f"ray::{name}".encode()):
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+    return pids
+
+
+@pytest.mark.slow
+def test_killed_ray_worker_is_retried(local_ray: None, tmp_path: Path) -> None:
+    import os
+    import signal
+    import threading
+    import time
+    from dataclasses import replace
+
+    rng = np.random.default_rng(9)
+    inputs = []
+    for f in range(3):  # units big enough to catch one mid-task
+        lists = [rng.integers(0, 50_000, size=int(n)).tolist() for n in rng.integers(1, 2000, size=1500)]
+        path = tmp_path / f"big-{f}.parquet"
+        pq.write_table(pa.table({"tokens": pa.array(lists, type=pa.list_(pa.uint16()))}), path)
+        inputs.append(str(path))
+    killed: list[int] = []
+
+    def assassin() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not killed:
+            for pid in _ray_task_pids("pack_unit"):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                return
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=assassin, daemon=True)
+    thread.start()
+    on_ray = pack(inputs, str(tmp_path / "ray"), replace(OPTS, executor="ray", shard_size=64 * 1024))
+    thread.join(5)
+    local = pack(inputs, str(tmp_path / "local"), replace(OPTS, shard_size=64 * 1024))
+    assert killed, "no Ray worker was caught running pack_unit"
+    assert on_ray.version_id == local.version_id
+    assert shard_bytes(tmp_path / "ray") == shard_bytes(tmp_path / "local")
