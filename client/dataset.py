@@ -27,7 +27,7 @@ from .mixing import MixSchedule
 from .order import SHUFFLE_MODES, SampleOrder, make_order
 from .reader import ShardReader
 
-__all__ = ["TokenDataset", "MixedDataset", "SampleSource", "MODES"]
+__all__ = ["TokenDataset", "MixedDataset", "SampleSource", "MODES", "to_batch"]
 
 MODES = ("tokens", "document")
 DEFAULT_WINDOW = 8
@@ -42,13 +42,16 @@ class SampleSource(IterableDataset[dict[str, torch.Tensor]]):
     mode: str
     num_samples: int
     prefetch_depth: int
+    token_dtype: np.dtype
 
     def identity(self) -> dict[str, Any]:
         """Everything that fixes the sample order (goes into the loader state's fingerprint)."""
         raise NotImplementedError
 
     def fill(self, positions: np.ndarray, rows: np.ndarray, out: Mapping[str, np.ndarray]) -> None:
-        """Write the samples at stream ``positions`` into rows ``rows`` of the arrays in ``out``."""
+        """Write the samples at stream ``positions`` into rows ``rows`` of the arrays in ``out``: token mode
+        ``out["windows"]`` (token dtype, ``seq_len + 1`` wide); document mode ``input_ids``, ``labels``
+        and ``attention_mask`` (int64)."""
         raise NotImplementedError
 
     def boundaries(self, positions: np.ndarray) -> list[list[int]]:
@@ -64,21 +67,26 @@ class SampleSource(IterableDataset[dict[str, torch.Tensor]]):
     def __len__(self) -> int:
         return self.num_samples
 
+    def payload(self, positions: np.ndarray, *, boundaries: bool = False) -> dict[str, Any]:
+        """The samples at stream ``positions`` in compact form (what DataLoader workers send): token mode
+        the raw ``[B, seq_len + 1]`` windows in the token dtype, document mode the finished int64 arrays."""
+        pos = np.asarray(positions, dtype=np.int64)
+        b, length = len(pos), self.seq_len
+        rows = np.arange(b)
+        if self.mode == "document":
+            arrays = {k: np.empty((b, length), dtype=np.int64) for k in ("input_ids", "labels", "attention_mask")}
+            self.fill(pos, rows, arrays)
+            return arrays
+        windows = np.empty((b, length + 1), dtype=self.token_dtype)
+        self.fill(pos, rows, {"windows": windows})
+        out: dict[str, Any] = {"windows": windows}
+        if boundaries:
+            out["boundaries"] = self.boundaries(pos)
+        return out
+
     def batch(self, positions: np.ndarray, *, boundaries: bool = False) -> dict[str, torch.Tensor]:
         """The samples at stream ``positions`` as a batch dict of int64 tensors ``[len(positions), seq_len]``."""
-        b, length = len(positions), self.seq_len
-        inputs = torch.empty((b, length), dtype=torch.int64)
-        labels = torch.empty((b, length), dtype=torch.int64)
-        out: dict[str, torch.Tensor] = {"input_ids": inputs, "labels": labels}
-        arrays = {"input_ids": inputs.numpy(), "labels": labels.numpy()}
-        if self.mode == "document":
-            mask = torch.empty((b, length), dtype=torch.int64)
-            out["attention_mask"] = mask
-            arrays["attention_mask"] = mask.numpy()
-        self.fill(np.asarray(positions, dtype=np.int64), np.arange(b), arrays)
-        if boundaries and self.mode == "tokens":
-            out.update(_varlen(self.boundaries(np.asarray(positions, dtype=np.int64)), length))
-        return out
+        return to_batch(self.payload(positions, boundaries=boundaries))
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         """Single samples of epoch 0 for plain ``DataLoader`` use: rank ``RANK`` of ``WORLD_SIZE`` and each
@@ -89,6 +97,22 @@ class SampleSource(IterableDataset[dict[str, torch.Tensor]]):
         for p in range(rank * workers + wid, self.num_samples, world * workers):
             sample = self.batch(np.asarray([p]))
             yield {k: v[0] for k, v in sample.items()}
+
+
+def to_batch(payload: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Tensors from a payload: windows are widened to int64 ``input_ids = w[:, :-1]``, ``labels = w[:, 1:]``."""
+    if "windows" not in payload:
+        return {k: torch.from_numpy(v) for k, v in payload.items()}
+    windows = payload["windows"]
+    b, length = windows.shape[0], windows.shape[1] - 1
+    inputs = torch.empty((b, length), dtype=torch.int64)
+    labels = torch.empty((b, length), dtype=torch.int64)
+    np.copyto(inputs.numpy(), windows[:, :-1])
+    np.copyto(labels.numpy(), windows[:, 1:])
+    out = {"input_ids": inputs, "labels": labels}
+    if "boundaries" in payload:
+        out.update(_varlen(payload["boundaries"], length))
+    return out
 
 
 def _varlen(bounds: list[list[int]], length: int) -> dict[str, torch.Tensor]:
@@ -161,6 +185,7 @@ class TokenDataset(SampleSource):
         self.prefetch_depth = prefetch
         self.replicas = Replicas(url, storage_options)
         self.manifest: Manifest = self.replicas.load_manifest(version)
+        self.token_dtype = np.dtype(self.manifest.token_dtype)
         eos = self.manifest.tokenizer.eos_id
         self.pad_id = pad_id if pad_id is not None else (eos if eos is not None else 0)
         if cache_limit is None:
@@ -230,29 +255,33 @@ class TokenDataset(SampleSource):
     @property
     def reader(self) -> ShardReader:
         """This process's reader (re-created after a fork: mapped leases are per process)."""
-        if self._reader is None or self._pid != os.getpid():
+        if self._reader is None or self._pid != _FORKS.generation:
             self._reader = ShardReader(self.manifest, self.cache)
-            self._pid = os.getpid()
+            self._pid = _FORKS.generation
             self._pool = None
             self._submitted = set()
         return self._reader
 
     def sample_ids(self, positions: np.ndarray) -> np.ndarray:
         """Sample ids at stream ``positions`` (each epoch its own permutation)."""
-        epoch, pos = np.divmod(np.asarray(positions, dtype=np.int64), self.num_samples)
-        first_epoch = int(epoch[0]) if epoch.size else 0
-        if epoch.size == 0 or bool((epoch == first_epoch).all()):
-            return self.order.sample_ids(first_epoch, pos)
+        pos = np.asarray(positions, dtype=np.int64)
+        if pos.size == 0:
+            return pos.copy()
+        n = self.num_samples
+        lo, hi = int(pos.min()) // n, int(pos.max()) // n
+        if lo == hi:  # the usual case: the whole batch in one epoch
+            return self.order.sample_ids(lo, pos - lo * n)
+        epoch, within = np.divmod(pos, n)
         out = np.empty_like(pos)
-        for e in np.unique(epoch):  # a batch straddling an epoch boundary
+        for e in range(lo, hi + 1):  # a batch straddling an epoch boundary
             sel = epoch == e
-            out[sel] = self.order.sample_ids(int(e), pos[sel])
+            out[sel] = self.order.sample_ids(e, within[sel])
         return out
 
     def fill(self, positions: np.ndarray, rows: np.ndarray, out: Mapping[str, np.ndarray]) -> None:
         ids = self.sample_ids(positions)
         if self.mode == "tokens":
-            self.reader.gather_tokens(ids * self.seq_len, self.seq_len, out["input_ids"], out["labels"], rows)
+            self.reader.gather_windows(ids * self.seq_len, self.seq_len, out["windows"], rows)
         else:
             self.reader.gather_documents(
                 ids, self.seq_len, self.pad_id, out["input_ids"], out["labels"], out["attention_mask"], rows
@@ -262,25 +291,26 @@ class TokenDataset(SampleSource):
         starts = self.sample_ids(positions) * self.seq_len
         return [self.reader.boundaries(a, self.seq_len) for a in starts.tolist()]
 
-    def shards_of(self, positions: np.ndarray) -> np.ndarray:
+    def shards_of(self, positions: np.ndarray) -> list[int]:
         """Indices of the shards the samples at ``positions`` touch."""
         ids = self.sample_ids(positions)
         reader = self.reader
         if self.mode == "document":
-            return np.unique(reader.shard_of_document(ids))
+            return sorted(set(reader.shard_of_document(ids).tolist()))
         starts = ids * self.seq_len
-        first = reader.shard_of_token(starts)
-        last = reader.shard_of_token(starts + self.seq_len)
-        if bool((first == last).all()):
-            return np.unique(first)
-        spans = [np.arange(a, b + 1) for a, b in zip(first.tolist(), last.tolist(), strict=True)]
-        return np.unique(np.concatenate(spans))
+        ends = reader.shard_of_token(np.concatenate([starts, starts + self.seq_len]))
+        first, last = ends[: len(starts)].tolist(), ends[len(starts) :].tolist()
+        touched = set(first) | set(last)
+        for a, b in zip(first, last, strict=True):
+            if b - a > 1:  # shards shorter than a sample
+                touched.update(range(a + 1, b))
+        return sorted(touched)
 
     def prefetch(self, positions: np.ndarray) -> None:
         if self.prefetch_depth == 0 or len(positions) == 0:
             return
         reader = self.reader
-        todo = [s for s in self.shards_of(positions).tolist() if s not in self._submitted]
+        todo = [s for s in self.shards_of(positions) if s not in self._submitted]
         if not todo:
             return
         if self._pool is None:
@@ -295,10 +325,24 @@ class TokenDataset(SampleSource):
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-        if self._reader is not None and self._pid == os.getpid():
+        if self._reader is not None and self._pid == _FORKS.generation:
             self._reader.close()
         self._reader = None
         self._submitted = set()
+
+
+class _ForkCounter:
+    """Counts forks in this process's ancestry (cheaper than ``os.getpid()`` on every batch)."""
+
+    generation = 0
+
+    @classmethod
+    def bump(cls) -> None:
+        cls.generation += 1
+
+
+_FORKS = _ForkCounter
+os.register_at_fork(after_in_child=_ForkCounter.bump)
 
 
 def _quiet_ensure(cache: ShardCache, info: Any) -> None:
@@ -330,6 +374,7 @@ class MixedDataset(SampleSource):
         self.sources = list(datasets)
         self.seq_len = lengths.pop()
         self.mode = modes.pop()
+        self.token_dtype = np.result_type(*[d.token_dtype for d in datasets])
         self.num_samples = sum(d.num_samples for d in datasets)
         self.prefetch_depth = max(d.prefetch_depth for d in datasets)
 

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from shard_tools.errors import UsageError
 
-from .dataset import SampleSource
+from .dataset import SampleSource, to_batch
 from .partition import batches_until, global_batch_size, rank_positions, worker_batches
 from .state import make_state, restore_position
 
@@ -46,27 +46,39 @@ class _Plan:
     def positions(self, k: int) -> np.ndarray:
         return rank_positions(self.start, k, self.batch_size, self.world_size, self.rank)
 
-    def build(self, ds: SampleSource, k: int, ahead: range) -> Batch:
+    def build(self, ds: SampleSource, k: int, ahead: range) -> dict[str, Any]:
+        """The payload of batch ``k`` (compact numpy arrays; :func:`to_batch` makes the tensors)."""
         for j in ahead:  # shards for later batches of this process start downloading now
             if j < self.count:
                 ds.prefetch(self.positions(j))
-        return ds.batch(self.positions(k), boundaries=self.boundaries)
+        return ds.payload(self.positions(k), boundaries=self.boundaries)
+
+    @staticmethod
+    def ahead(mine: range, i: int, depth: int) -> range:
+        """Batches (of ``mine``) to prefetch when building ``mine[i]``: all ``depth`` next ones the
+        first time, then only the one that newly enters the horizon."""
+        if depth == 0:
+            return range(0)
+        return mine[i + 1 : i + 1 + depth] if i == 0 else mine[i + depth : i + depth + 1]
 
 
-class _WorkerStream(IterableDataset[tuple[int, Batch]]):
-    """Runs in a DataLoader worker: yields ``(k, batch)`` for this worker's share of the plan."""
+class _WorkerStream(IterableDataset[tuple[int, dict[str, Any]]]):
+    """Runs in a DataLoader worker: yields ``(k, payload)`` for this worker's share of the plan.
+
+    Payloads are numpy arrays in the token dtype (4x smaller than int64 for uint16 ids); they
+    travel pickled through the worker's pipe, which beats a new shared-memory segment per tensor.
+    """
 
     def __init__(self, ds: SampleSource, plan: _Plan, num_workers: int) -> None:
         self.ds, self.plan, self.num_workers = ds, plan, num_workers
 
-    def __iter__(self) -> Iterator[tuple[int, Batch]]:
+    def __iter__(self) -> Iterator[tuple[int, dict[str, Any]]]:
         info = get_worker_info()
         worker = info.id if info is not None else 0
         mine = worker_batches(self.plan.count, self.num_workers, worker)
         depth = self.ds.prefetch_depth
         for i, k in enumerate(mine):
-            ahead = range(0) if depth == 0 else mine[i + 1 : i + 1 + depth]
-            yield k, self.plan.build(self.ds, k, ahead)
+            yield k, self.plan.build(self.ds, k, _Plan.ahead(mine, i, depth))
 
 
 class TokenLoader:
@@ -147,8 +159,9 @@ class TokenLoader:
 
     def _local(self, plan: _Plan) -> Iterator[Batch]:
         depth = self.dataset.prefetch_depth
-        for k in range(plan.count):
-            batch = plan.build(self.dataset, k, range(k + 1, k + 1 + depth))
+        mine = range(plan.count)
+        for k in mine:
+            batch = to_batch(plan.build(self.dataset, k, _Plan.ahead(mine, k, depth)))
             yield _pin(batch) if self.pin_memory else batch
 
     def _workers(self, plan: _Plan) -> Iterator[Batch]:
@@ -156,16 +169,17 @@ class TokenLoader:
         loader = DataLoader(
             _WorkerStream(self.dataset, plan, self.num_workers),
             batch_size=None,
+            collate_fn=_as_is,
             num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
             prefetch_factor=self.prefetch_factor,
         )
-        pending: dict[int, Batch] = {}
+        pending: dict[int, dict[str, Any]] = {}
         want = 0
-        for k, batch in loader:
-            pending[k] = batch
+        for k, payload in loader:
+            pending[k] = payload
             while want in pending:  # workers may finish out of turn; deliver in order of k
-                yield pending.pop(want)
+                batch = to_batch(pending.pop(want))
+                yield _pin(batch) if self.pin_memory else batch
                 want += 1
 
     def state_dict(self) -> dict[str, Any]:
@@ -179,6 +193,10 @@ class TokenLoader:
         order configuration, unless ``strict=False``.
         """
         self._position = restore_position(state_dict, self.dataset.identity(), self.dataset.num_samples, strict=strict)
+
+
+def _as_is(item: Any) -> Any:
+    return item
 
 
 def _pin(batch: Batch) -> Batch:
