@@ -23,7 +23,7 @@ from .config import link_name
 from .events import EventBus
 from .planner import ShardRef
 from .stats import Stats
-from .transfer import CHUNK_SIZE, Cancelled, copy_shard, verify_shard
+from .transfer import CHUNK_SIZE, Cancelled, SourceMissing, copy_shard, verify_shard
 
 __all__ = ["Job", "JobResult", "Executor"]
 
@@ -293,7 +293,7 @@ class Executor:
             result.error, result.retryable = str(exc), True
             self._record(job, src_name, int(last[1]), started, t_start, str(exc))
             return "retry"
-        except FileNotFoundError as exc:
+        except SourceMissing as exc:
             self.stats.finish(tid, ok=False)
             self.stats.error(job.dataset, job.dest, retryable=False)
             result.error = f"shard {shard.path} is missing at {src_name} ({exc})"

@@ -131,6 +131,7 @@ class FaultyFileSystem(AbstractFileSystem):
             flip = self._chance(self.flip)
             return _Reader(self, self.inner.open(path, mode, **kwargs), flip)
         kwargs.pop("block_size", None)
+        self.inner.makedirs(self.inner._parent(path), exist_ok=True)  # a local inner needs the directory
         return _Writer(self, self.inner.open(path, mode))
 
     def open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:  # no buffering layer of our own
@@ -140,6 +141,7 @@ class FaultyFileSystem(AbstractFileSystem):
     def pipe_file(self, path: str, value: bytes, **kw: Any) -> None:
         self._count("pipe_file")
         self._maybe_fail("write")
+        self.inner.makedirs(self.inner._parent(path), exist_ok=True)
         self.inner.pipe_file(path, value, **kw)
 
     def ls(self, path: str, detail: bool = True, **kw: Any) -> Any:

@@ -22,7 +22,7 @@ from shard_tools.digest import Hasher
 from shard_tools.errors import ShardDigestError, ShardFormatError, StorageError
 from shard_tools.store import Location, temp_name
 
-__all__ = ["CHUNK_SIZE", "Cancelled", "CopyOutcome", "copy_shard", "verify_shard"]
+__all__ = ["CHUNK_SIZE", "Cancelled", "SourceMissing", "CopyOutcome", "copy_shard", "verify_shard"]
 
 CHUNK_SIZE = 8 * 1024 * 1024
 _MIN_PART = 5 * 1024 * 1024  # S3's smallest multipart part
@@ -33,6 +33,10 @@ Progress = Callable[[int], None]
 
 class Cancelled(Exception):  # noqa: N818 - a control-flow signal, not an error
     """The copy was stopped (daemon shutdown); nothing was written at the final name."""
+
+
+class SourceMissing(FileNotFoundError):
+    """The source replica does not hold the shard (no retry there can help)."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,7 @@ def copy_shard(
     """Copy ``path`` from ``src`` to ``dst``; it appears at ``dst`` only whole and verified.
 
     Raises ShardDigestError / ShardFormatError when the bytes read do not match (a retry or
-    another replica may help), FileNotFoundError when the source lacks the shard,
+    another replica may help), SourceMissing when the source lacks the shard,
     StorageError for backend failures, Cancelled when ``cancel`` is set.
     """
     t0 = time.monotonic()
@@ -81,7 +85,7 @@ def copy_shard(
             _copy_local(src.full(path), dst.full(path), path, size, digest, chunk_size, throttle, progress, cancel)
         else:
             _copy_stream(src, dst, path, size, digest, chunk_size, throttle, progress, cancel)
-    except (ShardDigestError, ShardFormatError, FileNotFoundError, Cancelled, StorageError):
+    except (ShardDigestError, ShardFormatError, SourceMissing, Cancelled, StorageError):
         raise
     except Exception as exc:  # noqa: BLE001 - map backend errors at the boundary
         raise StorageError(f"copy of {path} from {src.url} to {dst.url} failed: {exc}") from exc
@@ -99,7 +103,10 @@ def _copy_local(
     progress: Progress,
     cancel: threading.Event | None,
 ) -> None:
-    fd_in = os.open(src_path, os.O_RDONLY)
+    try:
+        fd_in = os.open(src_path, os.O_RDONLY)
+    except FileNotFoundError as exc:
+        raise SourceMissing(str(exc)) from exc
     try:
         actual = os.fstat(fd_in).st_size
         if actual != size:
@@ -142,7 +149,11 @@ def _copy_local(
 
 
 def _read_chunks(src: Location, path: str, chunk: int, cancel: threading.Event | None) -> Iterator[bytes]:
-    with src.fs.open(src.full(path), "rb", block_size=chunk, cache_type="none") as f:
+    try:
+        f = src.fs.open(src.full(path), "rb", block_size=chunk, cache_type="none")
+    except FileNotFoundError as exc:
+        raise SourceMissing(str(exc)) from exc
+    with f:
         while True:
             _check(cancel)
             data = f.read(chunk)
@@ -200,6 +211,7 @@ def _copy_stream(
         return
     # other stores: write a temp object, then move it into place
     tmp = temp_name(target)
+    dst.fs.makedirs(dst.fs._parent(target), exist_ok=True)
     try:
         with dst.fs.open(tmp, "wb") as out:
             for data in _read_chunks(src, path, chunk, cancel):
