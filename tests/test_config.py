@@ -1,0 +1,150 @@
+"""ferry.toml parsing: a full example, defaults, and precise errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.config import format_rate, link_name, load_config, parse_config, parse_rate, redact
+from shard_tools.errors import ConfigError
+
+FULL = """
+state_dir = "state"
+poll_interval = 15
+keep_versions = 2
+scrub_interval = 86400
+
+[clusters.lake]
+url = "s3://corp-lake/datasets"
+priority = 50
+[clusters.lake.storage_options]
+key = "$LAKE_KEY"
+secret = "${LAKE_SECRET}"
+client_kwargs = { endpoint_url = "http://127.0.0.1:9000" }
+
+[clusters.eu]
+url = "/data/ferry"
+priority = 10
+
+[clusters.us]
+url = "file:///mnt/us"
+
+[[rules]]
+datasets = "fineweb-*"
+from = "lake"
+to = ["eu", "us"]
+
+[[rules]]
+datasets = "*"
+from = "eu"
+to = "*"
+
+[limits]
+transfers = 8
+bwlimit = "1GiB/s"
+per_link = { "lake->eu" = "100MiB/s", "lake->us" = "50M" }
+
+[api]
+host = "0.0.0.0"
+port = 9000
+token_env = "MY_TOKEN"
+read_protected = true
+sla_minutes = 30
+"""
+
+
+def test_full_example(tmp_path: Path) -> None:
+    p = tmp_path / "ferry.toml"
+    p.write_text(FULL)
+    cfg = load_config(p, env={"LAKE_KEY": "AKIA", "LAKE_SECRET": "s3cr3t"})
+    assert list(cfg.clusters) == ["lake", "eu", "us"]
+    lake = cfg.clusters["lake"]
+    assert lake.storage_options == {"key": "AKIA", "secret": "s3cr3t",
+                                    "client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}  # fmt: skip
+    assert "s3cr3t" not in repr(lake) and "AKIA" not in repr(cfg)
+    assert cfg.rules[0].destinations == ("eu", "us") and cfg.rules[0].matches("fineweb-edu")
+    assert not cfg.rules[0].matches("c4")
+    assert cfg.rules[1].destinations == ("lake", "us")  # "*" = every other cluster
+    assert cfg.limits.transfers == 8 and cfg.limits.bwlimit == 2**30
+    assert cfg.limits.per_link == {"lake->eu": 100 * 2**20, "lake->us": 50e6}
+    assert cfg.state_dir == tmp_path / "state" and cfg.poll_interval == 15 and cfg.keep_versions == 2
+    assert cfg.scrub_interval == 86400
+    assert (cfg.api.host, cfg.api.port, cfg.api.token_env, cfg.api.read_protected, cfg.api.sla_minutes) == (
+        "0.0.0.0", 9000, "MY_TOKEN", True, 30.0)  # fmt: skip
+    assert ("lake", "eu") in cfg.links() and ("eu", "lake") in cfg.links()
+
+
+def test_defaults() -> None:
+    cfg = parse_config(
+        {"clusters": {"a": {"url": "/a"}, "b": {"url": "memory://b"}}, "rules": [{"from": "a", "to": "*"}]}
+    )
+    assert cfg.limits.transfers == 4 and cfg.limits.bwlimit is None and cfg.keep_versions == 3
+    assert cfg.scrub_interval is None and cfg.api.port == 8765 and cfg.api.read_protected is False
+
+
+BASE = {"clusters": {"a": {"url": "/a"}, "b": {"url": "/b"}}, "rules": [{"from": "a", "to": ["b"]}]}
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"rules": [{"from": "x", "to": ["b"]}]}, "unknown cluster 'x'"),
+        ({"rules": [{"from": "a", "to": ["c"]}]}, "unknown cluster 'c'"),
+        ({"rules": [{"from": "a", "to": ["a"]}]}, "also the source"),
+        ({"rules": [{"from": "a", "to": "b"}]}, 'list of cluster names or "\\*"'),
+        ({"clusters": {"a": {"url": "nosuch://x"}, "b": {"url": "/b"}}}, "unknown URL scheme 'nosuch'"),
+        ({"clusters": {"a": {"url": "s3://u:p@bucket"}, "b": {"url": "/b"}}}, "credentials must not be embedded"),
+        (
+            {"clusters": {"a": {"url": "/a", "storage_options": {"secret": "plain"}}, "b": {"url": "/b"}}},
+            "credentials must not be written",
+        ),  # fmt: skip
+        (
+            {"clusters": {"a": {"url": "/a", "storage_options": {"token": "$NOPE_NOT_SET"}}, "b": {"url": "/b"}}},
+            "NOPE_NOT_SET is not set",
+        ),  # fmt: skip
+        ({"limits": {"bwlimit": "fast"}}, "cannot read rate 'fast'"),
+        ({"limits": {"transfers": 0}}, "limits.transfers"),
+        ({"limits": {"per_link": {"a->z": "1M"}}}, "two known clusters"),
+        ({"poll_interval": -1}, "poll_interval"),
+        ({"keep_versions": 0}, "keep_versions"),
+        ({"colour": "blue"}, "unknown key"),
+        ({"api": {"token": "abc"}}, "unknown key"),
+        ({"api": {"read_protected": "yes"}}, "true or false"),
+    ],
+)
+def test_errors(patch: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config({**BASE, **patch}, env={})
+
+
+def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "nope.toml")
+    (tmp_path / "bad.toml").write_text("[clusters\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(tmp_path / "bad.toml")
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("100MiB/s", 100 * 2**20),
+        ("1.5G", 1.5e9),
+        ("500k", 5e5),
+        ("10KiB", 10240),
+        (2048, 2048.0),
+        ("off", None),
+        (0, None),
+        ("1TiB/s", 2**40),
+    ],  # fmt: skip
+)
+def test_parse_rate(text: object, value: float | None) -> None:
+    assert parse_rate(text) == value  # type: ignore[arg-type]
+
+
+def test_helpers() -> None:
+    assert link_name("a", "b") == "a->b"
+    assert format_rate(None) == "off" and format_rate(100 * 2**20) == "100.0MiB/s"
+    assert redact("s3://user:pw@bucket/path?X-Amz-Signature=abc") == "s3://bucket/path"
+    assert redact("/plain/path") == "/plain/path"
