@@ -231,6 +231,8 @@ def _detail(r: httpx.Response) -> str:
         detail = r.json().get("detail", "")
     except (ValueError, AttributeError):
         return r.text[:200]
+    if isinstance(detail, list):  # FastAPI validation errors: keep the messages
+        return "; ".join(str(d.get("msg", d)) if isinstance(d, dict) else str(d) for d in detail)[:300]
     return detail if isinstance(detail, str) else json.dumps(detail)[:300]
 
 

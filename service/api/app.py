@@ -10,6 +10,7 @@ from importlib import resources
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .auth import NAME_PATTERN, check_token, valid_name
@@ -87,6 +88,7 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
         prefix="/api/v1", dependencies=[Depends(read_access)], responses=_401_403 if settings.read_protected else None
     )
     write = APIRouter(prefix="/api/v1", dependencies=[Depends(write_access)], responses=_401_403)
+    _404: dict[int | str, dict[str, Any]] = {404: {"description": "unknown dataset, cluster, link or error id"}}
 
     @read.get("/status", response_model=StatusOut, summary="Daemon state: paused, limits, counters")
     def get_status() -> StatusOut:
@@ -108,7 +110,9 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
     )
     def get_dataset(name: Annotated[str, Path(pattern=NAME_PATTERN, max_length=128)]) -> DatasetDetail:
         if not valid_name(name):
-            raise HTTPException(422, "invalid dataset name")
+            raise RequestValidationError(
+                [{"loc": ("path", "name"), "msg": "invalid dataset name", "type": "value_error"}]
+            )
         detail = backend.dataset(name, 0)
         if detail is None:
             raise HTTPException(404, "unknown dataset")
@@ -161,7 +165,9 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
             headers={**_NO_STORE, "X-Accel-Buffering": "no"},
         )
 
-    @write.post("/sync", response_model=ActionResult, summary="Sync now (all, one dataset and/or one link)")
+    @write.post(
+        "/sync", response_model=ActionResult, summary="Sync now (all, one dataset and/or one link)", responses=_404
+    )
     def post_sync(body: SyncIn | None = None) -> ActionResult:
         return backend.sync(body or SyncIn())
 
@@ -173,15 +179,24 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
     def post_resume() -> ActionResult:
         return backend.resume()
 
-    @write.put("/limits", response_model=LimitsOut, summary="Change transfer and bandwidth limits at run time")
+    @write.put(
+        "/limits", response_model=LimitsOut, summary="Change transfer and bandwidth limits at run time", responses=_404
+    )
     def put_limits(body: LimitsIn) -> LimitsOut:
         return backend.set_limits(body)
 
-    @write.post("/scrub", response_model=ActionResult, summary="Re-verify replicas and repair from a healthy copy")
+    @write.post(
+        "/scrub",
+        response_model=ActionResult,
+        summary="Re-verify replicas and repair from a healthy copy",
+        responses=_404,
+    )
     def post_scrub(body: ScrubIn | None = None) -> ActionResult:
         return backend.scrub(body or ScrubIn())
 
-    @write.post("/retry", response_model=ActionResult, summary="Retry one failed shard (by error id) or all")
+    @write.post(
+        "/retry", response_model=ActionResult, summary="Retry one failed shard (by error id) or all", responses=_404
+    )
     def post_retry(body: RetryIn | None = None) -> ActionResult:
         return backend.retry(body or RetryIn())
 
@@ -194,7 +209,8 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
 
     @app.exception_handler(Invalid)
     async def invalid(request: Request, exc: Invalid) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=422)
+        # shaped like FastAPI's own 422 body, so one schema (HTTPValidationError) describes every 422
+        return JSONResponse({"detail": [{"loc": ["body"], "msg": str(exc), "type": "value_error"}]}, status_code=422)
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=Response, dependencies=[Depends(read_access)])
     def metrics() -> Response:

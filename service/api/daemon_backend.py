@@ -82,6 +82,7 @@ class DaemonBackend:
         self._sources = {r.source for r in daemon.config.rules}
         self._dests = {d for r in daemon.config.rules for d in r.destinations}
         self._queue = daemon.subscribe(maxsize=10_000)
+        self._sample_once()  # a baseline, so bytes copied before the first tick still show as throughput
         self._threads = [
             threading.Thread(target=self._pump, name="ferry-api-events", daemon=True),
             threading.Thread(target=self._sample, args=(sample_interval,), name="ferry-api-sampler", daemon=True),
@@ -385,13 +386,17 @@ class DaemonBackend:
     # ---- control side ----------------------------------------------------------------------------------------
 
     def sync(self, req: SyncIn) -> ActionResult:
-        link: tuple[str, str] | None = None
-        if req.source or req.destination:
-            if not (req.source and req.destination):
-                raise Invalid("give both source and destination to sync one link")
-            link = (req.source, req.destination)
+        links: list[tuple[str, str] | None] = [None]
+        if req.source or req.destination:  # half a link = every link from that source / to that destination
+            links = [
+                (src, dst)
+                for src, dst in self._d.config.links()
+                if req.source in (None, src) and req.destination in (None, dst)
+            ]
+            if not links:
+                raise NotFound("no configured link matches the given source/destination")
         try:
-            n = self._d.sync_now(dataset=req.dataset, link=link)
+            n = sum(self._d.sync_now(dataset=req.dataset, link=link) for link in links)
         except UsageError as exc:
             raise NotFound(str(exc)) from exc
         return ActionResult(ok=True, message=f"queued {n} sync pass(es)", affected=n)
@@ -409,6 +414,10 @@ class DaemonBackend:
         if req.global_bps is not None:
             kwargs["bwlimit"] = req.global_bps or None
         if req.links is not None:
+            known = {f"{src}->{dst}" for src, dst in self._d.config.links()}
+            unknown = sorted(set(req.links) - known)
+            if unknown:  # checked here so odd keys never reach the daemon (or a log line) verbatim
+                raise NotFound(f"unknown link(s): {len(unknown)} (known: {', '.join(sorted(known))})")
             kwargs["per_link"] = {k: (v or None) for k, v in req.links.items()}
         if req.transfers is not None:
             kwargs["transfers"] = req.transfers

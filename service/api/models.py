@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -227,12 +227,15 @@ class EventOut(_Out):
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 
+Rate = Annotated[float, Field(ge=0, le=1e13)]
+
+
 class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
 class SyncIn(_In):
-    """Sync now: everything, one dataset, one link, or one dataset on one link."""
+    """Sync now: everything, or narrowed to one dataset and/or the links from ``source`` / to ``destination``."""
 
     dataset: str | None = Field(default=None, pattern=_NAME)
     source: str | None = Field(default=None, pattern=_NAME)
@@ -244,7 +247,7 @@ class LimitsIn(_In):
 
     transfers: int | None = Field(default=None, ge=1, le=1024)
     global_bps: float | None = Field(default=None, ge=0, le=1e13)
-    links: dict[str, float] | None = Field(
+    links: dict[str, Rate] | None = Field(
         default=None, description='per link, keyed "source->destination"; 0 = unlimited', max_length=256
     )
 

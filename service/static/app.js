@@ -60,7 +60,11 @@ async function api(path, opts = {}) {
     body: opts.body === undefined ? undefined : JSON.stringify(opts.body) });
   if (!r.ok) {
     let detail = r.statusText;
-    try { const j = await r.json(); detail = typeof j.detail === "string" ? j.detail : JSON.stringify(j.detail); } catch (_) {}
+    try {
+      const j = await r.json();
+      detail = typeof j.detail === "string" ? j.detail
+        : Array.isArray(j.detail) ? j.detail.map((d) => d.msg || JSON.stringify(d)).join("; ") : JSON.stringify(j.detail);
+    } catch (_) {}
     throw new HttpError(r.status, detail);
   }
   return r.json();
