@@ -1,6 +1,6 @@
 """Charts for docs/BENCHMARKS.md (run in the peers' venv, which has matplotlib).
 
-    python bench/charts.py RESULTS.json IMG_DIR
+python bench/charts.py RESULTS.json IMG_DIR
 """
 
 from __future__ import annotations
@@ -57,10 +57,12 @@ def scaling_chart(res: dict[str, Any], out: Path) -> None:
         return
     fig, ax = plt.subplots(figsize=(7, 3.6))
     xs = [r["shards"] for r in rows]
-    for key, runs_key, label in (("startup_s", "startup", "start-up -> first batch"),
-                                 ("resume_s", "resume", "resume at 90% -> first batch")):
+    for key, runs_key, label in (
+        ("startup_s", "startup", "start-up -> first batch"),
+        ("resume_s", "resume", "resume at 90% -> first batch"),
+    ):
         ys = [_median(r.get(runs_key, []), key) for r in rows]
-        pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
+        pts = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
     ax.set_xscale("log")

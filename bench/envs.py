@@ -19,7 +19,17 @@ from harness import log
 
 __all__ = ["ensure_peers_venv", "ensure_rclone", "machine", "versions"]
 
-PEER_PACKAGES = ["torch", "torchvision", "litdata", "mosaicml-streaming", "matplotlib", "psutil", "zstandard", "pyarrow"]
+PEER_PACKAGES = [
+    "torch",
+    "torchvision",
+    "litdata",
+    "mosaicml-streaming",
+    "matplotlib",
+    "psutil",
+    "zstandard",
+    "pyarrow",
+    "py-spy",
+]
 
 
 def ensure_peers_venv(repo: Path) -> str | None:
@@ -57,8 +67,11 @@ def ensure_rclone() -> str | None:
     if os.geteuid() == 0 and shutil.which("apt-get"):
         log("installing Debian's rclone")
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        for cmd in (["apt-get", "install", "-y", "-qq", "rclone"], ["apt-get", "update", "-qq"],
-                    ["apt-get", "install", "-y", "-qq", "rclone"]):
+        for cmd in (
+            ["apt-get", "install", "-y", "-qq", "rclone"],
+            ["apt-get", "update", "-qq"],
+            ["apt-get", "install", "-y", "-qq", "rclone"],
+        ):
             ok = subprocess.run(cmd, env=env, capture_output=True).returncode == 0
             if ok and cmd[1] == "install":
                 break

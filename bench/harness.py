@@ -40,6 +40,7 @@ class Context:
     repeats: int
     quick: bool
     corpus: Any = None
+    profile: bool = True  # profile ferry's hot path where it misses a target
     notes: list[str] = field(default_factory=list)
 
     def env(self) -> dict[str, str]:

@@ -189,8 +189,11 @@ def _load(res: dict[str, Any]) -> list[str]:
         r = case.get("ratio_vs_faster_peer")
         f = case.get("fraction_of_limit")
         parts = [f"- {w} workers: "]
-        parts.append(_verdict(r, 3.0, f"ferry ÷ faster peer ({LABEL.get(case.get('faster_peer', ''), '')})")
-                     if r is not None else "peers not measured")
+        parts.append(
+            _verdict(r, 3.0, f"ferry ÷ faster peer ({LABEL.get(case.get('faster_peer', ''), '')})")
+            if r is not None
+            else "peers not measured"
+        )
         if f is not None:
             parts.append("; " + _verdict(f, 0.5, "ferry ÷ memmap limit"))
         lines.append("".join(parts))
@@ -320,11 +323,11 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 def _profiles(res: dict[str, Any]) -> list[str]:
     lines: list[str] = []
-    for suite in ("pack", "load"):
+    for suite in ("pack", "load", "sync"):
         prof = (res.get(suite) or {}).get("profile")
         if prof:
             lines += [
-                f"### Profile: ferry {suite} ({prof.get('case')}), top functions by own time (cProfile)",
+                f"### Profile: ferry {suite} ({prof.get('case')}), top functions",
                 "",
                 "```",
                 prof.get("text", "").strip()[:6000],
@@ -360,8 +363,10 @@ def _headline_rows(res: dict[str, Any]) -> list[str]:
         if case.get("ratio_vs_rclone"):
             rows.append(f"| sync MB/s {link} | {LABEL['rclone']} | {case['ratio_vs_rclone']:.2f}x |")
         if case.get("noop_speedup_vs_rclone"):
-            rows.append(f"| no-op resync {link} (rclone ÷ ferry time) | {LABEL['rclone']} | "
-                        f"{case['noop_speedup_vs_rclone']:.1f}x faster |")
+            rows.append(
+                f"| no-op resync {link} (rclone ÷ ferry time) | {LABEL['rclone']} | "
+                f"{case['noop_speedup_vs_rclone']:.1f}x faster |"
+            )
     return rows
 
 

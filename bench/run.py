@@ -38,6 +38,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-peers", action="store_true", help="ferry and the limits only (no .venv-bench, no rclone)")
     p.add_argument("--sync-mib", type=int, default=None, help="size of the sync data set in MiB (default 1024)")
     p.add_argument("--scaling", default=None, help="comma list of shard counts (default 1000,10000,100000)")
+    p.add_argument("--no-profile", action="store_true", help="skip profiling ferry where it misses a target")
     p.add_argument("--data", default=None, help="scratch directory (default bench/data)")
     p.add_argument("--results", default=None, help="results directory (default bench/results)")
     p.add_argument("--docs", default=None, help="page to generate (default docs/BENCHMARKS.md); 'none' to skip")
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         peers_python=peers,
         repeats=args.repeats or (1 if args.quick else 3),
         quick=args.quick,
+        profile=not args.no_profile,
     )
     tokens = args.tokens or (2_000_000 if args.quick else 50_000_000)
     log(f"corpus: {tokens / 1e6:.0f}M tokens")
@@ -78,8 +80,11 @@ def main(argv: list[str] | None = None) -> int:
             "repeats": ctx.repeats,
             "machine": envs.machine(),
             "versions": envs.versions(ctx.ferry_python, peers, rclone),
-            "corpus": {**{k: v for k, v in ctx.corpus.to_dict().items() if k not in ("files", "root")},
-                       "files": len(ctx.corpus.files), "generate_s": corpus_s},
+            "corpus": {
+                **{k: v for k, v in ctx.corpus.to_dict().items() if k not in ("files", "root")},
+                "files": len(ctx.corpus.files),
+                "generate_s": corpus_s,
+            },
             "peers": bool(peers),
         }
     }

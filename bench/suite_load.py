@@ -47,8 +47,16 @@ def _ensure_packed(ctx: Context, tools: dict[str, tuple[Runner, str]]) -> None:
         if tool in marker and not os.path.exists(os.path.join(path, marker[tool])):
             log(f"load: packing the {tool} dataset first")
             c = ctx.corpus
-            args = {"inputs": c.files, "out": path, "level": 1, "workers": 1, "shard_size": suite_pack.SHARD_SIZE,
-                    "vocab_size": c.spec.vocab_size, "eos_id": c.spec.eos_id, "seq_len": SEQ_LEN}
+            args = {
+                "inputs": c.files,
+                "out": path,
+                "level": 1,
+                "workers": 1,
+                "shard_size": suite_pack.SHARD_SIZE,
+                "vocab_size": c.spec.vocab_size,
+                "eos_id": c.spec.eos_id,
+                "seq_len": SEQ_LEN,
+            }
             res = pack_runners[tool](ctx, args)
             if "error" in res:
                 log(f"load: packing for {tool} failed: {res['error']}")
@@ -116,8 +124,9 @@ def _resume(ctx: Context, tools: dict[str, tuple[Runner, str]]) -> dict[str, Any
 
     def one(tool: str, _r: int) -> dict[str, Any]:
         runner, data = tools[tool]
-        res = runner(ctx, {**_base(ctx, tool, data, 0), "mode": "resume",
-                           "state_file": str(ctx.data / f"state-{tool}.json")})
+        res = runner(
+            ctx, {**_base(ctx, tool, data, 0), "mode": "resume", "state_file": str(ctx.data / f"state-{tool}.json")}
+        )
         if "digests" in res and "digests" in refs[tool]:
             res["equal"] = res["digests"] == refs[tool]["digests"]
         return res
@@ -139,6 +148,8 @@ def _resume(ctx: Context, tools: dict[str, tuple[Runner, str]]) -> dict[str, Any
 
 def _maybe_profile(ctx: Context, ferry: tuple[Runner, str], result: dict[str, Any]) -> dict[str, Any] | None:
     w0 = result["throughput"].get("0", {})
+    if not ctx.profile:
+        return None
     if w0.get("ratio_vs_faster_peer", 99) >= 3.0 and w0.get("fraction_of_limit", 1.0) >= 0.5:
         return None
     log("load: ferry misses a target; profiling the 0-worker loop")

@@ -78,10 +78,8 @@ def _ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 def _maybe_profile(ctx: Context, ferry: Runner, cases: list[dict[str, Any]]) -> dict[str, Any] | None:
     """cProfile of ferry's pack (1 worker, level 1) when it misses a target (3x faster peer, 50% of limit)."""
-    behind = [
-        c for c in cases if c.get("ratio_vs_faster_peer", 99) < 3.0 or c.get("fraction_of_limit", 1.0) < 0.5
-    ]
-    if not behind:
+    behind = [c for c in cases if c.get("ratio_vs_faster_peer", 99) < 3.0 or c.get("fraction_of_limit", 1.0) < 0.5]
+    if not behind or not ctx.profile:
         return None
     log("pack: ferry misses a target; profiling ferry pack (1 worker, zstd-1)")
     corpus = ctx.corpus

@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from _loadloop import Tool, main
+
 from client import TokenDataset, TokenLoader
 
 
 def _build(a: dict[str, Any]) -> Any:
-    ds = TokenDataset(a["data"], seq_len=a["seq_len"], seed=a["seed"], shuffle=a.get("shuffle", "global"),
-                      cache_dir=a["cache_dir"])
+    ds = TokenDataset(
+        a["data"], seq_len=a["seq_len"], seed=a["seed"], shuffle=a.get("shuffle", "global"), cache_dir=a["cache_dir"]
+    )
     return TokenLoader(ds, batch_size=a["batch_size"], num_workers=a["workers"], rank=0, world_size=1)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from _common import args, emit, now
+
 from client import TokenDataset, TokenLoader
 
 

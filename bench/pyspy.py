@@ -1,0 +1,53 @@
+"""Profiles of ferry's CLIs with py-spy (sampling, all threads — cProfile sees only the main thread).
+
+py-spy lives in the peers' venv (a standalone binary); it records a command and we fold its raw
+stacks into the top functions by own time and by inclusive time.
+"""
+
+from __future__ import annotations
+
+import collections
+import subprocess
+import tempfile
+from pathlib import Path
+
+__all__ = ["top"]
+
+
+def _fold(raw: str, n: int) -> str:
+    own: collections.Counter[str] = collections.Counter()
+    incl: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        c = int(count)
+        total += c
+        frames = stack.split(";")
+        own[frames[-1]] += c
+        for f in set(frames):
+            incl[f] += c
+    if not total:
+        return "(no samples)"
+    out = [f"{total} samples (all threads)", "", "own%   function (file:line)"]
+    out += [f"{100 * c / total:5.1f}  {f}" for f, c in own.most_common(n)]
+    out += ["", "incl%  function (file:line)"]
+    out += [f"{100 * c / total:5.1f}  {f}" for f, c in incl.most_common(n)]
+    return "\n".join(out)
+
+
+def top(pyspy: str, cmd: list[str], env: dict[str, str], n: int = 15, timeout: float = 300) -> str:
+    """Run ``cmd`` under ``py-spy record`` and return its top functions as text."""
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "stacks.txt"
+        proc = subprocess.run(
+            [pyspy, "record", "-r", "200", "-f", "raw", "-o", str(raw), "--", *cmd],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if not raw.exists():
+            return f"py-spy failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}"
+        return _fold(raw.read_text(), n)
