@@ -41,38 +41,52 @@ SERVE_HOOKS: list[Callable[[argparse.ArgumentParser], None]] = []
 SERVE_EXTRAS: list[Callable[[Daemon, argparse.Namespace], StopFn | None]] = []
 
 
-def run_until_signal(daemon: Daemon) -> None:
-    """Block the main thread until SIGTERM/SIGINT (or the daemon stops by itself)."""
-    stop = threading.Event()
+class _Signals:
+    """SIGTERM/SIGINT set an event instead of killing the process (installed before anything starts)."""
 
-    def handler(signum: int, frame: Any) -> None:
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self._old: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: Any) -> None:
         logging.getLogger("ferry.daemon").info("signal %d: stopping", signum)
-        stop.set()
+        self.event.set()
 
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        while not stop.is_set() and not daemon.wait(0.2):
-            pass
-    finally:
-        for s, h in old.items():
+    def __enter__(self) -> _Signals:
+        self._old = {s: signal.signal(s, self._handler) for s in (signal.SIGTERM, signal.SIGINT)}
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, h in self._old.items():
             signal.signal(s, h)
+
+
+def run_until_signal(daemon: Daemon, stop: threading.Event | None = None) -> None:
+    """Block the main thread until SIGTERM/SIGINT (or ``stop`` is set, or the daemon stops by itself)."""
+    if stop is None:
+        with _Signals() as signals:
+            run_until_signal(daemon, signals.event)
+        return
+    while not stop.is_set() and not daemon.wait(0.2):
+        pass
 
 
 def serve_main(config: Config, args: argparse.Namespace | None = None) -> int:
     """Run the daemon (and any SERVE_EXTRAS) until a signal; stop gracefully."""
-    daemon = Daemon(config)
-    daemon.start()
-    stops: list[StopFn] = []
-    try:
-        for extra in SERVE_EXTRAS:
-            fn = extra(daemon, args or argparse.Namespace())
-            if fn is not None:
-                stops.append(fn)
-        run_until_signal(daemon)
-    finally:
-        for fn in reversed(stops):
-            fn()
-        daemon.stop(getattr(args, "drain_timeout", 30.0))
+    with _Signals() as signals:
+        daemon = Daemon(config)
+        daemon.start()
+        stops: list[StopFn] = []
+        try:
+            for extra in SERVE_EXTRAS:
+                fn = extra(daemon, args or argparse.Namespace())
+                if fn is not None:
+                    stops.append(fn)
+            run_until_signal(daemon, signals.event)
+        finally:
+            for fn in reversed(stops):
+                fn()
+            daemon.stop(getattr(args, "drain_timeout", 30.0))
     return 0
 
 
