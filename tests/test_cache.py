@@ -1,0 +1,164 @@
+"""The node-local shard cache and remote replicas: real S3 (moto over HTTP), real files, real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import s3fs
+from conftest import Backend, free_port
+from scripts.loader_common import pack_test_dataset
+
+from client import TokenDataset, TokenLoader
+from client.cache import ShardCache
+from client.replicas import Replicas
+from shard_tools.dataset import open_dataset
+from shard_tools.errors import DatasetError, DatasetNotFoundError, ShardError
+
+HERE = Path(__file__).parent
+N_DOCS = 1000  # ~20 shards of 4 KiB
+
+
+def epoch_rows(ds: TokenDataset, batch: int = 8) -> np.ndarray:
+    return np.concatenate([b["input_ids"].numpy() for b in TokenLoader(ds, batch_size=batch, rank=0, world_size=1)])
+
+
+@pytest.fixture(scope="module")
+def local_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return pack_test_dataset(str(tmp_path_factory.mktemp("local") / "ds"), N_DOCS)
+
+
+def cached_files(cache: Path) -> list[Path]:
+    return sorted(p for p in cache.glob("*.arrow"))
+
+
+def test_s3_with_a_small_cache_gives_the_local_stream(s3_backend: Backend, local_url: str, tmp_path: Path) -> None:
+    url = s3_backend.url("corpus")
+    s3 = s3fs.S3FileSystem(**s3_backend.storage_options, skip_instance_cache=True)
+    for path in Path(local_url).rglob("*"):  # a byte-for-byte replica, as ferry sync would make
+        if path.is_file():
+            s3.pipe_file(f"{url[5:]}/{path.relative_to(local_url).as_posix()}", path.read_bytes())
+    manifest = open_dataset(local_url).manifest
+    shards = len(manifest.shards)
+    assert shards >= 20
+    limit = 3 * int(manifest.shards.raw_bytes.max())
+    cache = tmp_path / "cache"
+    remote = TokenDataset(
+        url,
+        seq_len=32,
+        seed=5,
+        shuffle="window",
+        window=2,
+        cache_dir=str(cache),
+        cache_limit=limit,
+        storage_options=s3_backend.storage_options,
+    )
+    local = TokenDataset(local_url, seq_len=32, seed=5, shuffle="window", window=2, cache_dir=str(tmp_path / "c2"))
+    assert remote.version_id == local.version_id  # same content, same version id
+    np.testing.assert_array_equal(epoch_rows(remote), epoch_rows(local))
+    used = sum(p.stat().st_size for p in cached_files(cache))
+    assert used <= limit + int(manifest.shards.raw_bytes.max())
+    assert len(cached_files(cache)) < shards  # evicted as it went
+
+
+def test_a_corrupted_or_half_written_cache_file_is_fetched_again(local_url: str, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first = TokenDataset(local_url, seq_len=32, seed=2, cache_dir=str(cache))
+    expected = epoch_rows(first)
+    files = cached_files(cache)
+    assert len(files) == len(first.manifest.shards) and first.cache.fetches == len(files)
+    # flip one byte in the middle of one file (same size), truncate another (as a crash mid-write would)
+    data = bytearray(files[0].read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    files[0].write_bytes(bytes(data))
+    files[1].write_bytes(files[1].read_bytes()[:100])
+    again = TokenDataset(local_url, seq_len=32, seed=2, cache_dir=str(cache))
+    np.testing.assert_array_equal(epoch_rows(again), expected)
+    assert again.cache.fetches == 2
+    assert files[0].read_bytes() != bytes(data)
+
+
+def test_an_unreachable_first_replica_falls_back_to_the_second(local_url: str, tmp_path: Path) -> None:
+    dead_http = f"http://127.0.0.1:{free_port()}/ds"  # nothing listens there
+    ds = TokenDataset([dead_http, local_url], seq_len=32, seed=1, cache_dir=str(tmp_path / "c"))
+    reference = TokenDataset(local_url, seq_len=32, seed=1, cache_dir=str(tmp_path / "c2"))
+    np.testing.assert_array_equal(epoch_rows(ds), epoch_rows(reference))
+
+
+def test_a_bogus_s3_bucket_falls_back(s3_backend: Backend, local_url: str, tmp_path: Path) -> None:
+    bogus = "s3://no-such-bucket-ferry/ds"
+    ds = TokenDataset(
+        [bogus, local_url], seq_len=32, cache_dir=str(tmp_path / "c"), storage_options=s3_backend.storage_options
+    )
+    assert len(epoch_rows(ds)) >= ds.num_samples
+
+
+def test_a_replica_missing_or_corrupting_a_shard_falls_back_per_shard(local_url: str, tmp_path: Path) -> None:
+    """The first replica serves the manifest but lost one shard and has another corrupted."""
+    broken = tmp_path / "broken"
+    subprocess.run(["cp", "-r", local_url, str(broken)], check=True)
+    shard_files = sorted((broken / "shards").iterdir())
+    shard_files[0].unlink()
+    shard_files[1].write_bytes(b"garbage" + shard_files[1].read_bytes()[7:])
+    ds = TokenDataset([str(broken), local_url], seq_len=32, seed=3, cache_dir=str(tmp_path / "c"))
+    reference = TokenDataset(local_url, seq_len=32, seed=3, cache_dir=str(tmp_path / "c2"))
+    np.testing.assert_array_equal(epoch_rows(ds), epoch_rows(reference))
+    with pytest.raises(ShardError, match="no replica has a good copy"):
+        Replicas([str(broken)]).fetch(open_dataset(local_url).manifest.shards[_index_of(ds, shard_files[0].name)])
+
+
+def _index_of(ds: TokenDataset, name: str) -> int:
+    return [p.split("/")[-1] for p in ds.manifest.shards.paths].index(name)
+
+
+def test_processes_sharing_a_cache_download_each_shard_once(local_url: str, tmp_path: Path) -> None:
+    cache, start = tmp_path / "shared", tmp_path / "go"
+    script = HERE / "scripts" / "loader_cache_reader.py"
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), local_url, str(cache), str(start)], stdout=subprocess.PIPE, env=env
+        )
+        for _ in range(3)
+    ]
+    start.touch()
+    results = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    shards = len(open_dataset(local_url).manifest.shards)
+    assert sum(r["fetches"] for r in results) == shards  # nobody downloaded a shard twice
+    assert len({r["checksum"] for r in results}) == 1
+    assert not [p for p in cache.iterdir() if p.name.startswith(".ferry-tmp")]
+
+
+def test_eviction_never_removes_a_shard_in_use(local_url: str, tmp_path: Path) -> None:
+    manifest = open_dataset(local_url).manifest
+    replicas = Replicas(local_url)
+    user = ShardCache(str(tmp_path / "c"), 10**9, replicas, dtype=manifest.token_dtype)
+    leases = [user.open(manifest.shards[i]) for i in range(3)]
+    leases[1].release()
+    janitor = ShardCache(str(tmp_path / "c"), 0, replicas, dtype=manifest.token_dtype)
+    janitor.evict()
+    left = {p.name for p in cached_files(tmp_path / "c")}
+    assert left == {Path(user.path(manifest.shards[i])).name for i in (0, 2)}
+    assert int(leases[0].view.tokens[:5].sum()) >= 0  # still readable
+    for lease in leases:
+        lease.release()
+    janitor.evict()
+    assert cached_files(tmp_path / "c") == []
+
+
+def test_unreadable_datasets_are_clear_errors(tmp_path: Path, local_url: str) -> None:
+    with pytest.raises(DatasetNotFoundError, match="no ferry dataset"):
+        TokenDataset(str(tmp_path / "nothing"), seq_len=8, cache_dir=str(tmp_path / "c"))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "manifest.json").write_text("{not json")
+    with pytest.raises(DatasetError, match="manifest"):
+        TokenDataset(str(bad), seq_len=8, cache_dir=str(tmp_path / "c"))
+    with pytest.raises(DatasetError, match="not one sample"):
+        TokenDataset(local_url, seq_len=10**7, cache_dir=str(tmp_path / "c"))
