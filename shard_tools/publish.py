@@ -24,6 +24,25 @@ def current_version_id(loc: Location) -> str | None:
     return str(Manifest.parse_header(data)["version_id"])
 
 
+def _check_stored(loc: Location, paths: Sequence[str]) -> None:
+    """Every path must exist: one HEAD each for a few, one listing per directory for many."""
+    unique = sorted(set(paths))
+    if len(unique) <= 64:
+        missing = [p for p in unique if not loc.exists(p)]
+    else:
+        listed: dict[str, set[str]] = {}
+        missing = []
+        for p in unique:
+            head, _, name = p.rpartition("/")
+            if head not in listed:
+                listed[head] = set(loc.listdir(head))
+            if name not in listed[head]:
+                missing.append(p)
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise PublishError(f"refusing to publish: shard {missing[0]}{more} not stored at {loc.url}")
+
+
 def publish_version(
     loc: Location,
     manifest: Manifest,
@@ -39,9 +58,7 @@ def publish_version(
     raised, so two writers never silently drop each other's shards. ``new_shards`` are
     checked to exist first (old ones were checked when their version was published).
     """
-    for path in new_shards:
-        if not loc.exists(path):
-            raise PublishError(f"refusing to publish: shard {path} is not stored at {loc.url}")
+    _check_stored(loc, new_shards)
     if not loc.exists(manifest.table_path):
         loc.write_bytes(manifest.table_path, table_data)
     body = manifest.to_json()

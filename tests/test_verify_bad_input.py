@@ -285,3 +285,23 @@ def test_verify_cli_subprocess_names_shard(tmp_path: Path) -> None:
     )
     assert proc.returncode == 1
     assert f"BAD {rel}" in proc.stderr and "1 of" in proc.stderr
+
+
+@pytest.mark.parametrize("count", [3, 100])  # one HEAD each, or one listing
+def test_publish_refuses_missing_shards(tmp_path: Path, count: int) -> None:
+    from shard_tools import PublishError
+
+    loc = resolve(str(tmp_path / "ds"))
+    rows = []
+    for i in range(count):
+        rel = f"shards/{i:032x}.arrow.zst"
+        if i != count // 2:
+            loc.write_bytes(rel, b"x")
+        rows.append(ShardInfo(rel, 1, 1, 1, 1, digest_bytes(b"x"), digest_bytes(b"x")))
+    m, table = Manifest.build(
+        name="x", token_dtype="uint16", tokenizer=Tokenizer("none", 10, None), eos_appended=False,
+        shards=ShardTable.from_rows(rows), parent=None, created_at="t", tool_version="t",
+    )  # fmt: skip
+    with pytest.raises(PublishError, match=f"shard shards/{count // 2:032x}.arrow.zst not stored"):
+        publish_version(loc, m, table, expect_current=None, new_shards=[r.path for r in rows])
+    assert not (tmp_path / "ds" / "manifest.json").exists()
