@@ -43,6 +43,10 @@ def _pool(job: Job, units: Sequence[Unit], workers: int) -> Iterator[UnitResult]
         try:
             for fut in futures:  # in unit order: the output never depends on scheduling
                 yield fut.result()
+        except cf.process.BrokenProcessPool as exc:
+            raise FerryError(
+                f"a pack worker process died ({exc}); out of memory? try fewer --workers. Nothing was published"
+            ) from exc
         finally:
             for fut in futures:
                 fut.cancel()

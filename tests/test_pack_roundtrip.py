@@ -141,10 +141,15 @@ def test_hf_tokenizer_json(tmp_path: Path) -> None:
     tj = tiny_hf_tokenizer(tmp_path / "tokenizer.json")
     texts = ["the quick brown fox", "a lazy dog jumps", "unknown words map to unk", ""]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    (tmp_path / "in2.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in reversed(texts)))
+    inputs = [str(tmp_path / "in.jsonl"), str(tmp_path / "in2.jsonl")]
     out = str(tmp_path / "ds")
-    pack([str(tmp_path / "in.jsonl")], out, PackOptions(tokenizer=str(tj)))
+    one = pack(inputs, out, PackOptions(tokenizer=str(tj), name="hf"))
     hf = Tokenizer.from_file(str(tj))
-    assert read_back(out) == [hf.encode(t, add_special_tokens=False).ids for t in texts]
+    assert read_back(out) == [hf.encode(t, add_special_tokens=False).ids for t in texts + texts[::-1]]
+    # the tokenizer travels to worker processes; same version either way
+    two = pack(inputs, str(tmp_path / "ds2"), PackOptions(tokenizer=str(tj), name="hf", workers=2))
+    assert two.version_id == one.version_id
     m = open_dataset(out).manifest
     assert m.tokenizer.eos_id == hf.token_to_id("</s>") and m.tokenizer.vocab_size == hf.get_vocab_size()
 
