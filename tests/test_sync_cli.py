@@ -1,0 +1,93 @@
+"""`ferry sync`: JSON report, no-op, --verify-only, S3 options, exit codes, progress bar."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_replication import documents, make_docs, pack
+
+from service.cli import main
+from shard_tools.dataset import open_dataset
+from shard_tools.store import resolve
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any, str]:
+    code = main(["sync", *argv])
+    out, err = capsys.readouterr()
+    try:
+        return code, json.loads(out), err
+    except json.JSONDecodeError:
+        return code, out, err
+
+
+def test_sync_json_noop_and_verify_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    docs = make_docs(300, 41)
+    result = pack(str(tmp_path / "src"), docs, {})
+    src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
+    code, report, _ = run(capsys, src, dst, "--json", "--transfers", "3")
+    assert code == 0 and report["published"] and report["copied"] == result.shards
+    assert report["copied_bytes"] == result.stored_bytes and report["failed"] == []
+    assert documents(dst, {}) == [d.tolist() for d in docs]
+    code, report, _ = run(capsys, src, dst, "--json")
+    assert code == 0 and report["up_to_date"] and report["copied"] == 0
+    code, text, _ = run(capsys, src, dst)
+    assert code == 0 and "nothing to do" in text
+    code, report, _ = run(capsys, src, dst, "--verify-only", "--json")
+    assert code == 0 and report["verified"] == result.shards and report["failed"] == []
+    victim = open_dataset(dst).manifest.shards[3].path
+    loc = resolve(dst)
+    data = bytearray(loc.read_bytes(victim))
+    data[0] ^= 1
+    loc.write_bytes(victim, bytes(data))
+    code, report, _ = run(capsys, src, dst, "--verify-only", "--json")
+    assert code == 1 and [f["shard"] for f in report["failed"]] == [victim]
+
+
+def test_sync_to_s3_with_options(tmp_path: Path, s3_backend: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    docs = make_docs(200, 42)
+    pack(str(tmp_path / "src"), docs, {})
+    endpoint = s3_backend.storage_options["client_kwargs"]["endpoint_url"]
+    dst = s3_backend.url("synced")
+    code, report, err = run(
+        capsys,
+        str(tmp_path / "src"),
+        dst,
+        "--json",
+        "--dst-option",
+        "key=testing",
+        "--dst-option",
+        "secret=testing",
+        "-S",
+        f"client_kwargs.endpoint_url={endpoint}",
+    )
+    assert code == 0, err
+    assert report["published"] and report["destination"] == dst
+    assert documents(dst, s3_backend.storage_options) == [d.tolist() for d in docs]
+
+
+def test_progress_bar_and_bwlimit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pack(str(tmp_path / "src"), make_docs(300, 43), {})
+    code, text, err = run(capsys, str(tmp_path / "src"), str(tmp_path / "dst"), "--progress", "--bwlimit", "4MiB/s")
+    assert code == 0 and "published" in text and "sync" in err and "B/s" in err
+    assert main(["sync", str(tmp_path / "src"), str(tmp_path / "x"), "--bwlimit", "lots"]) == 2
+    assert "cannot read rate 'lots'" in capsys.readouterr().err
+
+
+def test_ferry_sync_exits_nonzero_on_unrepaired_failure(tmp_path: Path) -> None:
+    pack(str(tmp_path / "src"), make_docs(200, 44), {})
+    victim = open_dataset(str(tmp_path / "src")).manifest.shards[0].path
+    os.remove(tmp_path / "src" / victim)
+    ferry = Path(sys.executable).with_name("ferry")
+    proc = subprocess.run(
+        [str(ferry), "sync", str(tmp_path / "src"), str(tmp_path / "dst"), "--retries", "2"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert f"FAILED {victim}" in proc.stderr and "NOT published" in proc.stdout
+    assert not (tmp_path / "dst" / "manifest.json").exists()
