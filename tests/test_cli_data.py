@@ -127,6 +127,7 @@ def test_help_lists_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
         (["pack", "x.parquet", "--out", "o", "--vocab-size", "10", "--eos-id", "10"], "EOS id 10"),
         (["pack", "x.parquet", "--out", "o", "--vocab-size", "10", "--part", "3/2"], "--part"),
         (["pack", "x.parquet", "--out", "o", "--vocab-size", "10", "--part", "0/2", "--merge"], "--merge"),
+        (["pack", "nothing-*.parquet", "--out", "o", "--vocab-size", "10", "--no-eos"], "matches no files"),
         (["frobnicate"], "invalid choice"),
     ],
 )

@@ -245,3 +245,12 @@ def test_property_100k_documents(tmp_path_factory: pytest.TempPathFactory, seed:
     assert len(got) == 100_000
     assert np.array_equal(np.fromiter((len(d) for d in got), dtype=np.int64), lengths)
     assert np.array_equal(np.concatenate(got), flat)
+
+
+def test_input_globs_are_expanded_in_order(tmp_path: Path) -> None:
+    docs = make_docs(30, 12)
+    for i in range(3):
+        write_parquet_tokens(tmp_path / f"p{i}.parquet", docs[i * 10 : (i + 1) * 10])
+    out = str(tmp_path / "ds")
+    pack([f"file://{tmp_path}/p*.parquet"], out, token_opts())
+    assert read_back(out) == as_lists(docs)

@@ -65,7 +65,7 @@ def plan_units(paths: Sequence[str], options: SourceOptions, explicit_format: st
     """Units of work for ``paths`` in input order (Megatron prefixes given as .bin and .idx count once)."""
     units: list[Unit] = []
     seen_prefixes: set[str] = set()
-    for path in paths:
+    for path in expand_globs(paths, options):
         fmt = detect_format(path, explicit_format)
         if fmt == "megatron":
             prefix = path[:-4] if path.endswith((".bin", ".idx")) else path
@@ -79,6 +79,22 @@ def plan_units(paths: Sequence[str], options: SourceOptions, explicit_format: st
     if not units:
         raise UsageError("no input files given")
     return units
+
+
+def expand_globs(paths: Sequence[str], options: SourceOptions) -> list[str]:
+    """Expand ``*``, ``?`` and ``[..]`` patterns (for URLs a shell cannot glob), sorted per pattern."""
+    out: list[str] = []
+    for path in paths:
+        if not any(c in path for c in "*?["):
+            out.append(path)
+            continue
+        fs, root = fsspec.core.url_to_fs(path, **(options.storage_options or {}))
+        matches = sorted(fs.glob(root))
+        if not matches:
+            raise UsageError(f"input pattern {path!r} matches no files")
+        protocol = path.split("://", 1)[0] + "://" if "://" in path else ""
+        out.extend(m if not protocol or m.startswith(protocol) else protocol + m for m in matches)
+    return out
 
 
 def _check_exists(path: str, options: SourceOptions) -> None:
