@@ -91,11 +91,13 @@ def serve_main(config: Config, args: argparse.Namespace | None = None) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    level = getattr(logging, args.log_level.upper())
     logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
+        level=max(level, logging.INFO),  # libraries never below INFO: botocore's DEBUG log prints access keys
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    logging.getLogger("ferry").setLevel(level)
     return serve_main(load_config(args.config), args)
 
 
