@@ -61,18 +61,22 @@ def test_read_endpoints_describe_a_finished_sync(svc: Service) -> None:
 
     # the sampler records the copied bytes: some bucket of the last minute shows throughput
     tp = wait_until(
-        lambda: (t := http.get("/api/v1/throughput", params={"seconds": 60, "buckets": 6}).json())
-        and sum(p["bps"] for p in t["points"]) > 0
-        and t,
+        lambda: (
+            (t := http.get("/api/v1/throughput", params={"seconds": 60, "buckets": 6}).json())
+            and sum(p["bps"] for p in t["points"]) > 0
+            and t
+        ),
         timeout=5,
         what="throughput samples",
     )
     assert len(tp["points"]) == 6 and tp["bucket_seconds"] == 10
 
     metrics = http.get("/metrics").text
-    assert f'ferry_copied_bytes_total{{dataset="corpus",destination="west",source="east"}} {float(detail["bytes"])}' in (
-        metrics.replace(".0e+0", "")
-    ) or 'ferry_copied_bytes_total{dataset="corpus"' in metrics
+    assert (
+        f'ferry_copied_bytes_total{{dataset="corpus",destination="west",source="east"}} {float(detail["bytes"])}'
+        in (metrics.replace(".0e+0", ""))
+        or 'ferry_copied_bytes_total{dataset="corpus"' in metrics
+    )
     assert 'ferry_pending_shards{cluster="west",dataset="corpus"} 0.0' in metrics
     assert "ferry_paused 0.0" in metrics
 

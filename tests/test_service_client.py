@@ -78,7 +78,7 @@ def test_injected_transport_sees_the_token_and_maps_errors() -> None:
         if request.url.path == "/api/v1/pause":
             return httpx.Response(200, json={"ok": True, "message": "paused", "affected": 0})
         if request.url.path == "/api/v1/events":
-            body = b": keep-alive\n\nevent: hello\nid: 0\ndata: {\"a\": 1}\n\nevent: error\ndata: {\"id\": 3}\n\n"
+            body = b': keep-alive\n\nevent: hello\nid: 0\ndata: {"a": 1}\n\nevent: error\ndata: {"id": 3}\n\n'
             return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
         return httpx.Response(422, json={"detail": [{"loc": ["body", "id"], "msg": "bad"}]})
 

@@ -39,7 +39,10 @@ def test_status_table_json_and_watch(tmp_path: Path, monkeypatch: pytest.MonkeyP
         )
         doc = json.loads(js.stdout)
         assert doc["status"]["copied_bytes_total"] == res.stored_bytes
-        assert {(c["cluster"], c["state"]) for c in doc["replicas"]["cells"]} == {("east", "source"), ("west", "complete")}
+        assert {(c["cluster"], c["state"]) for c in doc["replicas"]["cells"]} == {
+            ("east", "source"),
+            ("west", "complete"),
+        }
 
         watch = subprocess.Popen(
             [*FERRY, "status", "--server", svc.url, "--watch", "--interval", "0.2"],

@@ -79,7 +79,7 @@ def start_server(
         app,
         host=host or settings.host,
         port=settings.port if port is None else port,
-        log_level="warning",
+        log_level="info" if access_log else "warning",
         access_log=access_log,
         timeout_graceful_shutdown=2,
         lifespan="on",
