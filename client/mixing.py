@@ -12,6 +12,7 @@ table lookups: O(1) per position, O(P) once.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from fractions import Fraction
 
@@ -32,9 +33,11 @@ class MixSchedule:
             raise ValueError(f"mixing weights must be positive and finite, got {list(weights)}")
         total = sum(Fraction(w) for w in weights)
         fracs = [(Fraction(w) / total).limit_denominator(MAX_PERIOD) for w in weights]
+        if min(fracs) == 0:
+            raise ValueError(f"weights {list(weights)} differ by more than 1:{MAX_PERIOD}; that is not supported")
         period = 1
         for f in fracs:
-            period = period * f.denominator // np.gcd(period, f.denominator)
+            period = period * f.denominator // math.gcd(period, f.denominator)
         if period > MAX_PERIOD:
             # denominators without a small common multiple: apportion MAX_PERIOD by largest remainder
             period = MAX_PERIOD
@@ -73,14 +76,13 @@ def _lay_out(quota: list[int], period: int) -> tuple[np.ndarray, np.ndarray]:
     source = np.empty(period, dtype=np.int64)
     rank = np.empty(period, dtype=np.int64)
     for t in range(period):
-        best, best_deadline = -1, None
+        best = -1
         for j in range(k):
-            # eligible while taking one more keeps c_j below (t+1)*q_j/P + 1
-            if counts[j] * period < (t + 1) * quota[j]:
-                # the (c_j+1)-th sample of j is due at position (c_j+1)*P/q_j; compare as fractions
-                deadline = Fraction((counts[j] + 1) * period, quota[j])
-                if best_deadline is None or deadline < best_deadline:
-                    best, best_deadline = j, deadline
+            # eligible while taking one more keeps c_j below (t+1)*q_j/P + 1; among those the earliest
+            # deadline wins: the (c_j+1)-th sample of j is due at (c_j+1)*P/q_j (compared cross-multiplied)
+            eligible = counts[j] * period < (t + 1) * quota[j]
+            if eligible and (best < 0 or (counts[j] + 1) * quota[best] < (counts[best] + 1) * quota[j]):
+                best = j
         source[t] = best
         rank[t] = counts[best]
         counts[best] += 1
