@@ -1,0 +1,168 @@
+"""The dashboard in real headless Chromium (Playwright) against a real daemon replicating east → west.
+
+Screenshots go to ``test-artifacts/`` (git-ignored).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_api_helpers import TOKEN, Service, pack, running_service, wait_until
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+pytestmark = pytest.mark.skipif(
+    not Path(CHROMIUM).exists() and shutil.which("chromium") is None,
+    reason="Chromium is not installed (/usr/bin/chromium); `make browser` installs Debian's package",
+)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(
+            executable_path=CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"), args=ARGS
+        )
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):  # type: ignore[no-untyped-def]
+    context = browser.new_context(viewport={"width": 1366, "height": 900})
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield pg
+    context.close()
+    assert errors == [], f"JavaScript errors on the page: {errors}"
+
+
+def _shot(pg, name: str) -> None:  # type: ignore[no-untyped-def]
+    ARTIFACTS.mkdir(exist_ok=True)
+    pg.screenshot(path=str(ARTIFACTS / f"dashboard-{name}.png"), full_page=True)
+
+
+def _cell(pg, dataset: str, cluster: str):  # type: ignore[no-untyped-def]
+    return pg.locator(f'#matrix tr[data-dataset="{dataset}"] td[data-cluster="{cluster}"]')
+
+
+def test_matrix_and_transfers_update_live_without_reload(page, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    with running_service(tmp_path, monkeypatch, bwlimit="48KiB/s") as svc:
+        page.goto(svc.url + "/")
+        page.wait_for_selector("#conn.pill-ok", timeout=15_000)  # the event stream is live
+        page.evaluate("window.__sameDocument = true")
+        assert page.locator("#matrix-empty").is_visible()
+
+        res = pack(svc.east("corpus"), n_docs=400, shard_size=16384)  # ~20 shards, several seconds at the limit
+        percents: list[float] = []
+        saw_transfer = False
+        shot_mid = False
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            cell = _cell(page, "corpus", "west")
+            if cell.count():
+                percents.append(float(cell.get_attribute("data-percent") or 0))
+                if cell.get_attribute("data-state") == "complete":
+                    break
+            if page.locator("#transfers tbody tr").count():
+                saw_transfer = True
+                if not shot_mid:
+                    _shot(page, "syncing")
+                    shot_mid = True
+            time.sleep(0.1)
+        assert percents and percents[-1] == 100.0, percents[-5:]
+        partial = [p for p in percents if 0 < p < 100]
+        assert len(set(partial)) >= 2, f"the matrix should move through partial states live: {sorted(set(percents))}"
+        assert saw_transfer, "a transfer in flight should have been listed"
+        assert page.evaluate("window.__sameDocument") is True  # no reload happened
+        assert _cell(page, "corpus", "east").get_attribute("data-state") == "source"
+        assert "100%" in _cell(page, "corpus", "west").inner_text()
+        wait_until(lambda: svc.west_version("corpus") == res.version_id, what="publication")
+        page.wait_for_function("document.querySelectorAll('#transfers tbody tr').length === 0", timeout=10_000)
+        page.wait_for_function(
+            "!document.querySelector('#chart-desc').textContent.startsWith('now 0 B/s · peak 0 B/s')", timeout=15_000
+        )
+        assert page.locator("#links tbody tr").first.inner_text().startswith("east → west")
+        _shot(page, "complete")
+
+
+def test_failure_shows_and_retry_with_token_clears_it(page, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    with running_service(tmp_path, monkeypatch) as svc:
+        page.goto(svc.url + "/")
+        page.wait_for_selector("#conn.pill-ok", timeout=15_000)
+        res = pack(svc.east("corpus"))
+        shards = sorted((Path(svc.east("corpus")) / "shards").iterdir())
+        victim = shards[0]
+        good = victim.read_bytes()
+        victim.write_bytes(good[:-32] + bytes(32))  # injected failure: the copy's digest check must refuse it
+
+        row = page.locator("#errors tbody tr").first
+        row.wait_for(timeout=30_000)
+        assert victim.name.split(".")[0][:8] in row.inner_text()
+        assert page.locator("#errors tbody tr td.reason").first.inner_text().strip() != ""
+        page.wait_for_selector('#matrix td[data-cluster="west"][data-state="failed"]', timeout=10_000)
+        _shot(page, "error")
+
+        victim.write_bytes(good)
+        row.locator("button.retry").click()
+        dialog = page.locator("#token-dialog")
+        dialog.wait_for(state="visible")
+        page.fill("#token-input", "wrong-token")
+        page.keyboard.press("Enter")
+        page.wait_for_selector("#token-why:has-text('refused')", timeout=10_000)  # asked again
+        page.fill("#token-input", TOKEN)
+        page.keyboard.press("Enter")
+        page.wait_for_function("document.querySelectorAll('#errors tbody tr').length === 0", timeout=30_000)
+        page.wait_for_selector('#matrix td[data-cluster="west"][data-state="complete"]', timeout=30_000)
+        assert svc.client.errors() == []
+        assert svc.west_version("corpus") == res.version_id
+
+
+def test_pause_and_resume_by_keyboard(page, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    with running_service(tmp_path, monkeypatch) as svc:
+        page.goto(svc.url + "/")
+        page.wait_for_selector("#conn.pill-ok", timeout=15_000)
+        page.focus("#btn-pause")
+        page.keyboard.press("Enter")
+        page.wait_for_selector("#token-dialog[open]")
+        page.keyboard.type(TOKEN)
+        page.keyboard.press("Enter")
+        page.wait_for_selector("#state:has-text('paused')", timeout=10_000)
+        assert page.inner_text("#btn-pause") == "Resume"
+        assert svc.daemon.paused is True
+
+        # paused: a new dataset is planned but nothing copies
+        pack(svc.east("corpus"))
+        page.wait_for_selector('#matrix tr[data-dataset="corpus"]', timeout=15_000)
+        time.sleep(1.0)
+        assert svc.client.replicas().cell("corpus", "west").verified_shards == 0  # type: ignore[union-attr]
+        _shot(page, "paused")
+
+        page.focus("#btn-pause")
+        page.keyboard.press("Enter")  # the token is remembered for this tab
+        page.wait_for_selector("#btn-pause:has-text('Pause')", timeout=10_000)
+        assert svc.daemon.paused is False
+        page.wait_for_selector('#matrix td[data-cluster="west"][data-state="complete"]', timeout=30_000)
+
+        # the bandwidth dialog sets a global limit
+        page.click("#btn-limits")
+        page.fill("#lim-global", "3")
+        page.keyboard.press("Enter")
+        wait_until(lambda: svc.daemon.limits().bwlimit == 3 * 2**20, timeout=10, what="the new limit")
+        page.wait_for_selector("#sum-limit:has-text('3.00 MiB/s')", timeout=10_000)
