@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_api_helpers import TOKEN, Service, pack, running_service, wait_until
+from test_api_helpers import TOKEN, pack, running_service, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
