@@ -1,0 +1,56 @@
+"""The public face of the loader: exported names, defaults, plain DataLoader use, no import of ``service``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from scripts.loader_common import pack_test_dataset
+
+import client
+from client import TokenDataset, TokenLoader
+from shard_tools.errors import UsageError
+
+
+@pytest.fixture(scope="module")
+def url_cache(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    root = tmp_path_factory.mktemp("api")
+    return pack_test_dataset(str(root / "ds"), 100), str(root / "cache")
+
+
+def test_exported_names() -> None:
+    assert {"TokenDataset", "MixedDataset", "TokenLoader"} <= set(client.__all__)
+    for name in client.__all__:
+        assert getattr(client, name) is not None
+
+
+def test_client_never_imports_service() -> None:
+    code = "import sys, client; bad = [m for m in sys.modules if m.split('.')[0] == 'service']; assert not bad, bad"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_rank_and_world_size_come_from_the_environment(
+    url_cache: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, cache = url_cache
+    ds = TokenDataset(url, seq_len=16, cache_dir=cache)
+    assert (TokenLoader(ds, 2).rank, TokenLoader(ds, 2).world_size) == (0, 1)
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    loader = TokenLoader(ds, 2)
+    assert (loader.rank, loader.world_size, loader.global_batch_size) == (2, 4, 8)
+    with pytest.raises(UsageError, match="invalid loader shape"):
+        TokenLoader(ds, 2, rank=4, world_size=4)
+
+
+def test_a_token_dataset_works_in_a_plain_dataloader(url_cache: tuple[str, str]) -> None:
+    url, cache = url_cache
+    ds = TokenDataset(url, seq_len=16, seed=1, cache_dir=cache)
+    plain = list(torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2))
+    rows = torch.cat([b["input_ids"] for b in plain]).numpy()
+    assert rows.shape == (ds.num_samples, 16)
+    reference = ds.batch(np.arange(ds.num_samples))["input_ids"].numpy()
+    assert sorted(map(bytes, rows)) == sorted(map(bytes, reference))  # every sample once
