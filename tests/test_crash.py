@@ -79,10 +79,10 @@ def test_sigkill_at_random_moments(tmp_path: Path) -> None:
     docs = make_docs(2500, 31)
     first = pack(str(tmp_path / "src" / "big"), docs[:2000], {}, shard_size=4096)
     assert first.shards >= 100
-    rate = first.stored_bytes / 6  # ~6 s of copying in all: the kills land mid-transfer
+    rate = first.stored_bytes / 8  # ~8 s of copying in all: the kills land mid-transfer
     config = tmp_path / "ferry.toml"
     config.write_text(CONFIG.format(root=tmp_path, rate=int(rate)))
-    cmd = [sys.executable, "-m", "service.cli", "serve", "--config", str(config), "--log-level", "warning"]
+    cmd = [sys.executable, "-m", "service.cli", "serve", "--config", str(config), "--log-level", "info"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     watcher = ManifestWatcher(str(tmp_path / "dst" / "big"))
     watcher.start()
@@ -92,8 +92,11 @@ def test_sigkill_at_random_moments(tmp_path: Path) -> None:
     held: list[int] = []  # shards at the destination after each kill
     try:
         for i in range(12):
-            proc = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
-            time.sleep(rng.uniform(0.4, 1.6))
+            proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+            assert proc.stderr is not None
+            while "daemon started" not in proc.stderr.readline():  # start-up time varies with the load
+                assert proc.poll() is None
+            time.sleep(rng.uniform(0.05, 0.8))
             proc.kill()  # SIGKILL: no cleanup of any kind
             proc.wait()
             kills += 1

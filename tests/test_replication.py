@@ -219,3 +219,45 @@ def test_retention_keeps_k_versions_and_last_copies(file_backend: Any) -> None:
     assert v1.shards[0].path in res.deleted_shards and not a.exists(v1.shards[0].path)
     assert v1.shards[2].path in res.protected_shards  # v2's own dropped shard: no copy elsewhere
     assert all(a.exists(s.path) for s in open_dataset(a.url).manifest.shards)
+
+
+def synthetic_dataset(url: str, sizes: list[int], seed: int = 0) -> Manifest:
+    """A dataset whose shard bodies are random bytes (valid manifest; for transfer tests only)."""
+    from shard_tools.digest import digest_bytes
+    from shard_tools.manifest import ShardInfo, Tokenizer
+
+    loc = resolve(url)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for size in sizes:
+        data = rng.integers(0, 256, size=size, dtype=np.uint8).tobytes()
+        d = digest_bytes(data)
+        path = f"shards/{d.split(':')[1]}.arrow.zst"
+        loc.write_bytes(path, data)
+        rows.append(ShardInfo(path, 1, size // 2, size, size, d, d))
+    m, table = Manifest.build(name="synthetic", token_dtype="uint16", tokenizer=Tokenizer("t", 65536, 0),
+                              eos_appended=True, shards=ShardTable.from_rows(rows), parent=None,
+                              created_at="2026-01-01T00:00:00+00:00", tool_version="test")  # fmt: skip
+    publish_version(loc, m, table, expect_current=None)
+    return m
+
+
+def test_s3_multipart_upload_completes_only_when_verified(file_backend: Any, s3_backend: Any) -> None:
+    from service.transfer import copy_shard
+    from shard_tools.errors import ShardDigestError
+
+    m = synthetic_dataset(file_backend.url("big"), [12 * 2**20 + 7, 3 * 2**20])
+    src, dst = resolve(file_backend.url("big")), resolve(s3_backend.url("big"), s3_backend.storage_options)
+    big = m.shards[0]
+    with pytest.raises(ShardDigestError):  # one flipped byte: the multipart upload is aborted, nothing appears
+        copy_shard(faulty_location(src, flip=1.0, seed=1), dst, big.path, big.stored_bytes, big.stored_digest,
+                   chunk_size=5 * 2**20)  # fmt: skip
+    dst.fs.invalidate_cache()
+    assert not dst.exists(big.path)
+    bucket = s3_backend.base.split("://")[1]
+    assert dst.fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", []) == []
+    res = engine().sync_pass("ds", "a", "b", {"a": src, "b": dst})
+    assert res.published and res.copied == 2
+    from shard_tools.digest import digest_bytes
+
+    assert digest_bytes(dst.read_bytes(big.path)) == big.stored_digest
