@@ -115,3 +115,32 @@ def test_killed_ray_worker_is_retried(local_ray: None, tmp_path: Path) -> None:
     assert killed, "no Ray worker was caught running pack_unit"
     assert on_ray.version_id == local.version_id
     assert shard_bytes(tmp_path / "ray") == shard_bytes(tmp_path / "local")
+
+
+@pytest.mark.slow
+def test_killed_ray_driver_publishes_nothing_partial(local_ray: None, tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    inputs = corpus(tmp_path, files=6)
+    out = tmp_path / "ray"
+    address = ray.get_runtime_context().gcs_address
+    cmd = [sys.executable, "-m", "shard_tools.cli", "pack", *inputs, "--out", str(out), "--vocab-size", "50257",
+           "--eos-id", "50256", "--shard-size", "16KiB", "--name", "ray", "--executor", "ray",
+           "--ray-address", address]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        if (out / "shards").exists() and any((out / "shards").iterdir()):
+            break  # tasks are writing shards: kill the driver now
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    if (out / "manifest.json").exists():  # it finished before the kill: then it must be whole
+        assert verify(str(out)).ok
+    else:  # a rerun of the same command publishes the same version as a local pack
+        assert subprocess.run(cmd, capture_output=True, timeout=120).returncode == 0
+    local = pack(inputs, str(tmp_path / "local"), OPTS)
+    assert open_dataset(str(out)).version_id == local.version_id and verify(str(out)).ok
