@@ -77,8 +77,10 @@ def _ray(job: Job, units: Sequence[Unit], address: str | None) -> Iterator[UnitR
                 if isinstance(cause, FerryError):
                     raise cause from None
                 raise
-    finally:
-        for ref in refs:
+    except BaseException:
+        for ref in refs:  # stop what is still queued or running; nothing will be published
             ray.cancel(ref)
+        raise
+    finally:
         if started_here:
             ray.shutdown()

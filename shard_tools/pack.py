@@ -378,12 +378,13 @@ def pack_part(
     prep = _prepare(inputs, out, opts)
     rid = run_id or run_id_for(prep.units, prep.header, prep.job, parts)
     mine = [i for i in range(len(prep.units)) if i % parts == part]
+    loc = resolve(out, opts.storage_options)
     results = _collect(
         run_units(
             prep.job,
             [prep.units[i] for i in mine],
             opts.executor,
-            workers=opts.workers,
+            workers=opts.workers if _shared_across_processes(loc) else 1,
             ray_address=opts.ray_address,
         ),
         len(mine),
@@ -397,7 +398,6 @@ def pack_part(
         header=prep.header,
         results={i: r.shards for i, r in zip(mine, results, strict=True)},
     )
-    loc = resolve(out, opts.storage_options)
     path = write_part(loc, record)
     return PartResult(
         url=loc.url,
