@@ -12,8 +12,8 @@ replicas of a dataset share files) and ``<cache_dir>/.locks/<hex>.{fetch,use}``.
   in use. Locks die with their process, so nothing leaks.
 - Beyond ``limit`` bytes the least recently used files (by mtime, touched on every
   open) are evicted.
-- A file of the wrong size, or whose raw digest fails (checked on the first open in
-  each process when ``verify`` is on), is removed and fetched again.
+- A file of the wrong size, or whose raw digest fails (checked once per process, by
+  the prefetch thread or on first open, when ``verify`` is on), is fetched again.
 """
 
 from __future__ import annotations
@@ -102,6 +102,7 @@ class ShardCache:
         self.dtype = dtype
         self.verify = verify
         self.fetches = 0  # shards this process downloaded (for tests and stats)
+        self._verified: set[str] = set()  # raw digests this process wrote or checked
         os.makedirs(os.path.join(self.directory, ".locks"), exist_ok=True)
 
     def path(self, info: ShardInfo) -> str:
@@ -116,18 +117,32 @@ class ShardCache:
         except FileNotFoundError:
             return False
 
+    def _good(self, info: ShardInfo) -> bool:
+        """Present with the right size and, when verifying, its raw digest checked once by this process."""
+        if not self._present(info):
+            return False
+        if not self.verify or info.raw_digest in self._verified:
+            return True
+        if _file_digest(self.path(info)) == info.raw_digest:
+            self._verified.add(info.raw_digest)
+            return True
+        return False
+
     def ensure(self, info: ShardInfo, *, bad: bool = False) -> None:
-        """Make sure a good copy of the shard is in the cache (fetch it if not; ``bad``: replace it)."""
-        if not bad and self._present(info):
+        """Make sure a good copy of the shard is in the cache (fetch it if not; ``bad``: replace it).
+
+        Called from prefetch threads too, so digest checks of cached files mostly happen in the background.
+        """
+        if not bad and self._good(info):
             return
         with _flock(self._lock(info, "fetch"), fcntl.LOCK_EX):
             path = self.path(info)
-            if bad:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-            elif self._present(info):
+            if not bad and self._good(info):
                 return  # another process fetched it while we waited
-            raw = self.replicas.fetch(info)
+            self._verified.discard(info.raw_digest)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # wrong size or digest; processes that mapped it keep their (checked) copy
+            raw = self.replicas.fetch(info)  # checked against both manifest digests
             tmp = temp_name(path)
             try:
                 with open(tmp, "wb") as f:
@@ -137,6 +152,7 @@ class ShardCache:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
                 raise
+            self._verified.add(info.raw_digest)
             self.fetches += 1
         self.evict(keep=path)
 
@@ -145,14 +161,11 @@ class ShardCache:
         for attempt in range(2):
             fd = os.open(self._lock(info, "use"), os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                fcntl.flock(fd, fcntl.LOCK_SH)
+                fcntl.flock(fd, fcntl.LOCK_SH)  # from here on no process evicts it
                 self.ensure(info, bad=attempt > 0)
                 path = self.path(info)
                 os.utime(path)  # recency for LRU eviction across processes
-                view = _map_shard(path, info, self.dtype)
-                if self.verify and _file_digest(path) != info.raw_digest:
-                    raise ShardError(info.path, f"cached copy {path} fails its raw digest")
-                return Lease(view, fd, info.raw_bytes)
+                return Lease(_map_shard(path, info, self.dtype), fd, info.raw_bytes)
             except (ShardError, FileNotFoundError):
                 os.close(fd)
                 if attempt:
