@@ -91,3 +91,21 @@ def test_ferry_sync_exits_nonzero_on_unrepaired_failure(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stderr
     assert f"FAILED {victim}" in proc.stderr and "NOT published" in proc.stdout
     assert not (tmp_path / "dst" / "manifest.json").exists()
+
+
+def test_cli_surface_and_exports() -> None:
+    """The public face is pinned: a new option or export is a deliberate change."""
+    import argparse
+
+    import service
+    from service.cli import register
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    register(sub)
+    options = {name: sorted(o for a in p._actions for o in a.option_strings) for name, p in sub.choices.items()}
+    assert options["sync"] == sorted(["-h", "--help", "--transfers", "--bwlimit", "--retries", "--verify-only", "--json",
+                                      "--progress", "--no-progress", "--storage-option", "-S", "--src-option",
+                                      "--dst-option"])  # fmt: skip
+    assert set(options["serve"]) >= {"--config", "-c", "--log-level", "--drain-timeout"}
+    assert sorted(service.__all__) == ["Config", "Daemon", "UNCHANGED", "load_config", "parse_config"]
