@@ -325,7 +325,7 @@ def build_parser(only_data: bool = False) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     first = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(only_data=first in DATA_COMMANDS and "--version" not in argv)
+    parser = build_parser(only_data=first in DATA_COMMANDS)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -120,8 +120,9 @@ def test_text_per_file_and_per_line(tmp_path: Path) -> None:
     assert read_back(out) == [list(b"one whole file\nwith two lines\n"), list("another ✓ file".encode())]
 
     out = str(tmp_path / "per_line")
-    pack([str(tmp_path / "a.txt")], out, PackOptions(tokenizer="bytes", text_per_line=True))
-    assert read_back(out) == [list(b"one whole file"), list(b"with two lines")]
+    (tmp_path / "crlf.txt").write_bytes(b"windows line\r\n\r\nlast\r\n")
+    pack([str(tmp_path / "a.txt"), str(tmp_path / "crlf.txt")], out, PackOptions(tokenizer="bytes", text_per_line=True))
+    assert read_back(out) == [list(b"one whole file"), list(b"with two lines"), list(b"windows line"), list(b"last")]
 
 
 def tiny_hf_tokenizer(path: Path) -> Path:

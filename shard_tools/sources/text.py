@@ -25,7 +25,7 @@ def read_text(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
                 return
             pending: list[str] = []
             for line in f:
-                line = line.rstrip("\n")
+                line = line.rstrip("\r\n")
                 if not line:
                     continue
                 pending.append(line)
