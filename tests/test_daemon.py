@@ -103,6 +103,10 @@ def test_daemon_replicates_and_obeys_controls(tmp_path: Path) -> None:
         time.sleep(0.8)
         assert d.paused and d.stats().paused
         assert not complete(d, "alpha", new.version_id)
+        waiting = wait_for(lambda: [r for r in d.replica_matrix() if r.dataset == "alpha" and r.state == "paused"],
+                           what="paused cells")  # fmt: skip
+        assert waiting[0].target_version == new.version_id and (waiting[0].lag_seconds or 0) > 0
+        assert any(lag.dataset == "alpha" and lag.seconds > 0 for lag in d.stats().lag)
         d.resume()
         wait_for(lambda: complete(d, "alpha", new.version_id), what="sync after resume")
         assert documents(cfg.clusters["d2"].dataset_url("alpha"), {}) == [x.tolist() for x in alpha_docs + more]
@@ -177,3 +181,26 @@ def test_ferry_serve_stops_on_sigterm(tmp_path: Path) -> None:
     from service.state import DB_NAME
 
     assert (tmp_path / "state" / DB_NAME).exists() and result.shards > 0
+
+
+def test_scheduled_scrub_repairs(tmp_path: Path) -> None:
+    docs = make_docs(150, 26)
+    pack(str(tmp_path / "src" / "delta"), docs, {})
+    config = write_config(tmp_path)
+    config.write_text(config.read_text().replace("keep_versions = 2", "keep_versions = 2\nscrub_interval = 1"))
+    cfg = load_config(config)
+    d = Daemon(cfg)
+    d.start()
+    try:
+        wait_for(lambda: complete(d, "delta"), what="first sync")
+        d1 = resolve(cfg.clusters["d1"].dataset_url("delta"))
+        victim = f"shards/{sorted(d1.listdir('shards'))[-1]}"
+        data = bytearray(d1.read_bytes(victim))
+        data[0] ^= 0x40
+        d1.write_bytes(victim, bytes(data))
+        found = wait_for(lambda: [r for r in d.scrub_reports(50) if r.cluster == "d1" and r.bad], what="a scrub")
+        assert found[0].bad == [victim] and found[0].repaired == [victim]
+        assert documents(cfg.clusters["d1"].dataset_url("delta"), {}) == [x.tolist() for x in docs]
+        assert any(e.kind == "corrupt" and e.cluster == "d1" for e in d.stats().errors)
+    finally:
+        d.stop()
