@@ -166,7 +166,10 @@ class Engine:
         result = PassResult(dataset, source, dest, version)
         result.total_shards = int(src_doc["totals"]["shards"])
         result.total_bytes = int(src_doc["totals"]["stored_bytes"])
-        dst_header = read_header(dst_loc)
+        try:
+            dst_header = read_header(dst_loc)
+        except ManifestError:
+            dst_header = None  # a damaged manifest.json at the destination is simply published again
         dest_version = str(dst_header[1]["version_id"]) if dst_header else None
         if dest_version == version:
             result.up_to_date = True

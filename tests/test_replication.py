@@ -101,6 +101,10 @@ def test_repairs_wrong_size_cleans_temps_and_resumes_without_state(pair: tuple[A
     assert res.verified_in_place == len(manifest.shards) - 1  # every intact old shard re-hashed, not copied
     assert temps(dst) == []
     assert documents(dst_url, dst_b.storage_options) == [d.tolist() for d in docs + more]
+    dst.write_bytes("manifest.json", b'{"damaged": ')  # a torn manifest at the destination is re-published
+    res = engine().sync_pass("ds", "a", "b", {"a": src, "b": dst})
+    assert res.published and res.copied == 0
+    assert documents(dst_url, dst_b.storage_options) == [d.tolist() for d in docs + more]
 
 
 def test_scrub_finds_and_repairs_flipped_byte(pair: tuple[Any, Any]) -> None:
