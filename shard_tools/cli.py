@@ -114,6 +114,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--append", action="store_true", help="publish a new version adding shards to an existing dataset")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary")
     _add_storage(p)
+    p.add_argument(
+        "--input-storage-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="fsspec storage option for input URLs (repeatable, dotted keys nest)",
+    )
     p.set_defaults(func=_cmd_pack)
 
     p = sub.add_parser("inspect", help="summarise a dataset: totals, versions, shards")
@@ -181,6 +187,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         ray_address=args.ray_address,
         append=args.append,
         storage_options=parse_storage_options(args.storage_option),
+        input_storage_options=parse_storage_options(args.input_storage_option),
     )
     if args.part:
         part, parts = parse_part_spec(args.part)

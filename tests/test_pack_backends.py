@@ -103,3 +103,16 @@ def test_cli_pack_to_s3_subprocess(s3_backend: Any, s3_env: dict[str, str], tmp_
     assert [d.tolist() for d in ds.documents()] == docs
     ver = subprocess.run([*cmd, "verify", url, "--json"], capture_output=True, text=True, env=env, timeout=120)
     assert ver.returncode == 0 and json.loads(ver.stdout)["ok"]
+
+
+def test_inputs_read_from_the_backend_with_a_glob(backend: Any, tmp_path: Path) -> None:
+    import fsspec
+
+    docs, files = docs_and_files(tmp_path)
+    for f in files:
+        with fsspec.open(backend.url(f"in/{Path(f).name}"), "wb", **backend.storage_options) as dst:
+            dst.write(Path(f).read_bytes())
+    url = backend.url("from-remote")
+    res = pack([backend.url("in/in-*.parquet")], url, opts(backend, input_storage_options=backend.storage_options))
+    assert res.documents == len(docs)
+    assert [d.tolist() for d in open_dataset(url, storage_options=backend.storage_options).documents()] == docs
