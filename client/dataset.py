@@ -33,6 +33,7 @@ MODES = ("tokens", "document")
 DEFAULT_WINDOW = 8
 DEFAULT_PREFETCH = 2
 DEFAULT_CACHE_LIMIT = "50GiB"
+_RECENT = 1024  # shards remembered as already prefetched
 
 
 class SampleSource(IterableDataset[dict[str, torch.Tensor]]):
@@ -195,6 +196,7 @@ class TokenDataset(SampleSource):
             cache_dir or default_cache_dir(), limit, self.replicas, dtype=self.manifest.token_dtype, verify=verify_cache
         )
         shards = self.manifest.shards
+        self._fits_cache = int(shards.raw_bytes.sum()) <= limit and len(shards) <= _RECENT
         total_tokens = int(shards.token_offsets[-1])
         if mode == "tokens":
             self.num_samples = max(0, (total_tokens - 1) // seq_len)
@@ -310,13 +312,15 @@ class TokenDataset(SampleSource):
         if self.prefetch_depth == 0 or len(positions) == 0:
             return
         reader = self.reader
+        if self._fits_cache and len(self._submitted) >= len(self.manifest.shards):
+            return  # every shard went through the cache in this process and none gets evicted
         todo = [s for s in self.shards_of(positions) if s not in self._submitted]
         if not todo:
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ferry-prefetch")
-        if len(self._submitted) > 4096:
-            self._submitted.clear()
+        if len(self._submitted) > _RECENT:
+            self._submitted.clear()  # forget old submissions: their shards may have been evicted since
         for s in todo:
             self._submitted.add(s)
             self._pool.submit(_quiet_ensure, reader.cache, self.manifest.shards[s])
