@@ -214,6 +214,8 @@ def _prepare(inputs: Sequence[str], out_url: str, opts: PackOptions) -> _Prepare
         text_per_line=opts.text_per_line,
         eos_id=info.eos_id,
         shard_size=opts.shard_size,
+        token_itemsize=np.dtype(header.token_dtype).itemsize,
+        eos_appended=header.eos_appended,
         storage_options=dict(opts.input_storage_options) or None,
     )
     units = plan_units(list(inputs), source, opts.input_format)

@@ -107,3 +107,20 @@ def test_plan_units_orders_and_dedups(tmp_path: Path) -> None:
     assert [(Path(u.path).name, u.format) for u in units] == [("b.npy", "npy"), ("m", "megatron"), ("a.npy", "npy")]
     with pytest.raises(UsageError, match="no input files"):
         plan_units([], SourceOptions())
+
+
+@pytest.mark.parametrize("vocab, eos", [(1000, True), (100_000, True), (100_000, False)])
+def test_megatron_units_pack_into_full_shards(tmp_path: Path, vocab: int, eos: bool) -> None:
+    from shard_tools import PackOptions, open_dataset, pack
+
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(0, 999, size=int(n)) for n in rng.integers(1, 300, size=1500)]
+    write_megatron(str(tmp_path / "m"), docs, np.dtype(np.int32))
+    budget = 32 * 1024
+    pack([str(tmp_path / "m.bin")], str(tmp_path / "ds"),
+         PackOptions(vocab_size=vocab, eos_id=999, shard_size=budget, append_eos=eos))  # fmt: skip
+    t = open_dataset(str(tmp_path / "ds")).manifest.shards
+    itemsize = 2 if vocab <= 65536 else 4
+    counted = t.tokens * itemsize + 4 * t.documents  # what the cutter counts
+    assert len(t) > 5 and (counted[:-1] >= budget).all()  # no half-empty or remainder shards
+    assert (counted[:-1] - budget < 300 * itemsize + 8).all()  # overshoot at most one document

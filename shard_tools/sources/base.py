@@ -40,6 +40,8 @@ class SourceOptions:
     text_per_line: bool = False
     eos_id: int | None = None
     shard_size: int = 128 * 2**20
+    token_itemsize: int = 4  # bytes per stored token id (2 for uint16 datasets); planners size units with it
+    eos_appended: bool = False  # whether packing adds one EOS token per document
     storage_options: dict[str, Any] | None = None
     batch_documents: int = 4096
 

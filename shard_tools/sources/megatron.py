@@ -13,12 +13,17 @@ __all__ = ["plan_megatron", "read_megatron"]
 
 
 def plan_megatron(prefix: str, options: SourceOptions) -> list[Unit]:
-    """Split the sequences into ranges of about one shard's worth of tokens each."""
+    """Split the sequences into ranges of exactly one shard each.
+
+    A unit's cost is counted as the shard cutter counts raw bytes (tokens incl. EOS times the
+    stored item size, plus 4 offset bytes per document), and ends at the first sequence where
+    it reaches ``shard_size`` — so every unit packs into one full shard, with no remainder."""
     index = read_index(prefix)
     n = len(index.lengths)
     if n == 0:
         return [Unit(path=prefix, format="megatron", start=0, stop=0)]
-    cost = np.cumsum(index.lengths.astype(np.int64) * 4 + 4)  # generous bytes per token incl. offsets
+    per_doc = options.token_itemsize * int(options.eos_appended) + 4
+    cost = np.cumsum(index.lengths.astype(np.int64) * options.token_itemsize + per_doc)
     units, start = [], 0
     while start < n:
         base = cost[start - 1] if start else 0
