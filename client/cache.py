@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import mmap
 import os
+import time
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -37,6 +38,7 @@ from .replicas import Replicas
 __all__ = ["ShardCache", "Lease", "default_cache_dir"]
 
 _SUFFIX = ".arrow"
+_STALE_TEMP_S = 600.0
 
 
 def default_cache_dir() -> str:
@@ -176,12 +178,17 @@ class ShardCache:
         raise AssertionError("unreachable")
 
     def usage(self) -> list[tuple[float, int, str]]:
-        """(mtime, size, path) of every cached shard file."""
+        """(mtime, size, path) of every cached shard file; removes temp files left by crashed processes."""
         out = []
+        stale = time.time() - _STALE_TEMP_S
         with os.scandir(self.directory) as it:
             for e in it:
-                if e.name.endswith(_SUFFIX) and TEMP_MARKER not in e.name:
-                    with contextlib.suppress(FileNotFoundError):
+                with contextlib.suppress(FileNotFoundError):
+                    if TEMP_MARKER in e.name:
+                        # a temp file is written in one go right after its download; an old one is an orphan
+                        if e.stat().st_mtime < stale:
+                            os.unlink(e.path)
+                    elif e.name.endswith(_SUFFIX):
                         st = e.stat()
                         out.append((st.st_mtime, st.st_size, e.path))
         return out

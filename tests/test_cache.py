@@ -152,6 +152,28 @@ def test_eviction_never_removes_a_shard_in_use(local_url: str, tmp_path: Path) -
     assert cached_files(tmp_path / "c") == []
 
 
+@pytest.mark.parametrize("depth", [0, 3])
+def test_prefetch_fetches_the_shards_of_the_next_batches(local_url: str, tmp_path: Path, depth: int) -> None:
+    cache = tmp_path / "cache"
+    ds = TokenDataset(local_url, seq_len=32, shuffle="none", cache_dir=str(cache), prefetch=depth)
+    next(iter(TokenLoader(ds, batch_size=64, rank=0, world_size=1)))
+    ds.close()  # waits for the background fetches
+    needed = {Path(ds.cache.path(ds.manifest.shards[s])).name for s in ds.shards_of(np.arange(64 * (1 + depth)))}
+    assert {p.name for p in cached_files(cache)} == needed
+    assert len(needed) >= (4 if depth else 1)
+
+
+def test_orphaned_temp_files_are_cleaned(local_url: str, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    ds = TokenDataset(local_url, seq_len=32, cache_dir=str(cache))
+    orphan, fresh = cache / ".ferry-tmp-0123456789ab-x.arrow", cache / ".ferry-tmp-ba9876543210-y.arrow"
+    orphan.write_bytes(b"half")
+    fresh.write_bytes(b"being written")
+    os.utime(orphan, (0, 0))
+    ds.cache.evict()
+    assert not orphan.exists() and fresh.exists()
+
+
 def test_unreadable_datasets_are_clear_errors(tmp_path: Path, local_url: str) -> None:
     with pytest.raises(DatasetNotFoundError, match="no ferry dataset"):
         TokenDataset(str(tmp_path / "nothing"), seq_len=8, cache_dir=str(tmp_path / "c"))
