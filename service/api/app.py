@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .auth import NAME_PATTERN, check_token, valid_name
 from .backend import ApiBackend, Invalid, NotFound
+from .cache import ResponseCache
 from .metrics import CONTENT_TYPE, render_metrics
 from .models import (
     ActionResult,
@@ -69,7 +70,10 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
         redoc_url=None,
         openapi_url="/api/v1/openapi.json",
     )
+    cache = ResponseCache(ttl=0.25)
+    unsubscribe = backend.subscribe(lambda ev: None if ev.kind == "progress" else cache.clear())
     app.state.backend = backend
+    app.state.unsubscribe = unsubscribe
     app.state.settings = settings
     app.state.stopping = stopping
 
@@ -91,16 +95,16 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
     _404: dict[int | str, dict[str, Any]] = {404: {"description": "unknown dataset, cluster, link or error id"}}
 
     @read.get("/status", response_model=StatusOut, summary="Daemon state: paused, limits, counters")
-    def get_status() -> StatusOut:
-        return backend.status()
+    async def get_status() -> Response:
+        return _json(cache.get("status", backend.status))
 
     @read.get("/clusters", response_model=list[ClusterOut], summary="Configured clusters")
-    def get_clusters() -> list[ClusterOut]:
-        return backend.clusters()
+    async def get_clusters() -> Response:
+        return _json(cache.get("clusters", backend.clusters))
 
     @read.get("/datasets", response_model=list[DatasetSummary], summary="Replicated datasets")
-    def get_datasets() -> list[DatasetSummary]:
-        return backend.datasets()
+    async def get_datasets() -> Response:
+        return _json(cache.get("datasets", backend.datasets))
 
     @read.get(
         "/datasets/{name}",
@@ -119,12 +123,12 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
         return detail
 
     @read.get("/replicas", response_model=ReplicaMatrix, summary="Dataset × cluster completeness matrix")
-    def get_replicas() -> ReplicaMatrix:
-        return backend.replicas()
+    async def get_replicas() -> Response:
+        return _json(cache.get("replicas", backend.replicas))
 
     @read.get("/transfers", response_model=list[TransferOut], summary="Shard copies in flight")
-    def get_transfers() -> list[TransferOut]:
-        return backend.transfers()
+    async def get_transfers() -> Response:
+        return _json(cache.get("transfers", backend.transfers))
 
     @read.get("/history", response_model=list[HistoryEntry], summary="Finished transfers, newest first")
     def get_history(
@@ -134,12 +138,12 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
         return backend.history(limit, dataset)
 
     @read.get("/errors", response_model=list[ErrorEntry], summary="Open replication errors, newest first")
-    def get_errors(limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[ErrorEntry]:
-        return backend.errors(limit)
+    async def get_errors(limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Response:
+        return _json(cache.get(f"errors:{limit}", lambda: backend.errors(limit)))
 
     @read.get("/links", response_model=list[LinkOut], summary="Lag, SLA attainment and limits per link")
-    def get_links() -> list[LinkOut]:
-        return backend.links()
+    async def get_links() -> Response:
+        return _json(cache.get("links", backend.links))
 
     @read.get("/throughput", response_model=ThroughputOut, summary="Copy throughput over the recent past")
     def get_throughput(
@@ -149,8 +153,8 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
         return backend.throughput(seconds, buckets)
 
     @read.get("/limits", response_model=LimitsOut, summary="Current transfer and bandwidth limits")
-    def get_limits() -> LimitsOut:
-        return backend.limits()
+    async def get_limits() -> Response:
+        return _json(cache.get("limits", backend.limits))
 
     @read.get(
         "/events",
@@ -169,21 +173,29 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
         "/sync", response_model=ActionResult, summary="Sync now (all, one dataset and/or one link)", responses=_404
     )
     def post_sync(body: SyncIn | None = None) -> ActionResult:
-        return backend.sync(body or SyncIn())
+        result = backend.sync(body or SyncIn())
+        cache.clear()
+        return result
 
     @write.post("/pause", response_model=ActionResult, summary="Pause replication (transfers in flight stop)")
     def post_pause() -> ActionResult:
-        return backend.pause()
+        result = backend.pause()
+        cache.clear()
+        return result
 
     @write.post("/resume", response_model=ActionResult, summary="Resume replication")
     def post_resume() -> ActionResult:
-        return backend.resume()
+        result = backend.resume()
+        cache.clear()
+        return result
 
     @write.put(
         "/limits", response_model=LimitsOut, summary="Change transfer and bandwidth limits at run time", responses=_404
     )
     def put_limits(body: LimitsIn) -> LimitsOut:
-        return backend.set_limits(body)
+        result = backend.set_limits(body)
+        cache.clear()
+        return result
 
     @write.post(
         "/scrub",
@@ -192,13 +204,17 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
         responses=_404,
     )
     def post_scrub(body: ScrubIn | None = None) -> ActionResult:
-        return backend.scrub(body or ScrubIn())
+        result = backend.scrub(body or ScrubIn())
+        cache.clear()
+        return result
 
     @write.post(
         "/retry", response_model=ActionResult, summary="Retry one failed shard (by error id) or all", responses=_404
     )
     def post_retry(body: RetryIn | None = None) -> ActionResult:
-        return backend.retry(body or RetryIn())
+        result = backend.retry(body or RetryIn())
+        cache.clear()
+        return result
 
     app.include_router(read)
     app.include_router(write)
@@ -244,6 +260,10 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
 
     app.state.started = time.time()
     return app
+
+
+def _json(body: bytes) -> Response:
+    return Response(body, media_type="application/json")
 
 
 def _static_bytes(name: str) -> bytes:

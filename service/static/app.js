@@ -388,6 +388,8 @@ document.addEventListener("DOMContentLoaded", () => {
   $("btn-retry-all").addEventListener("click", async () => { if (await control("Retry all", "/retry", "POST", {})) schedule("errors", "replicas"); });
   refresh(Object.keys(loaders));
   connect();
-  // lag and "x ago" grow without events; the chart's window slides
-  setInterval(() => schedule("links", "chart", "status"), 10000);
+  // a safety net for changes that raise no event (a dataset planned while paused), and lag and
+  // "x ago" grow without events; the server caches these reads, so polling costs little
+  setInterval(() => schedule("replicas", "transfers", "errors", "status"), 3000);
+  setInterval(() => schedule("links", "chart"), 10000);
 });

@@ -1,0 +1,285 @@
+"""Load on the service API while a sync runs: latency of ``/api/v1/replicas`` and the sync's throughput.
+
+    .venv/bin/python bench/service_load.py            # 128 MiB sync, 50 clients, 2 runs per mode
+    .venv/bin/python bench/service_load.py --quick    # 32 MiB, 1 run per mode
+
+Each run starts a real ``ferry serve`` process (daemon + API) replicating local "east" → "west",
+drops a pre-packed dataset into east (a rename), asks for a sync, and times until west's
+manifest appears. "loaded" runs add a separate load process: ``--clients`` concurrent clients
+polling ``/api/v1/replicas`` every ``--interval`` seconds plus one SSE stream on
+``/api/v1/events``. Targets: p99 < 100 ms, throughput loss < 10 %. The last stdout line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
+
+
+# ---- the load process ---------------------------------------------------------------------------------------------
+
+
+async def _load(url: str, clients: int, interval: float, stop_file: Path) -> dict[str, Any]:
+    latencies: list[tuple[float, float]] = []  # (wall time, seconds)
+    failures = 0
+    events = 0
+    started = time.perf_counter()
+    host, port = url.split("//", 1)[1].rsplit(":", 1)[0], int(url.rsplit(":", 1)[1])
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+
+        async def poller(i: int) -> None:
+            # a minimal keep-alive HTTP/1.1 client: httpx's own CPU cost would dominate on a small machine
+            nonlocal failures
+            await asyncio.sleep(interval * i / clients)  # spread the clients over one interval
+            reader, writer = await asyncio.open_connection(host, port)
+            request = f"GET /api/v1/replicas HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
+            try:
+                while not stop_file.exists():
+                    t0 = time.perf_counter()
+                    try:
+                        writer.write(request)
+                        head = await reader.readuntil(b"\r\n\r\n")
+                        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                        await reader.readexactly(length)
+                        if not head.startswith(b"HTTP/1.1 200"):
+                            raise ValueError(head[:40])
+                        latencies.append((time.time(), time.perf_counter() - t0))
+                    except (OSError, ValueError, IndexError, asyncio.IncompleteReadError):
+                        failures += 1
+                        return
+                    await asyncio.sleep(max(0.0, interval - (time.perf_counter() - t0)))
+            finally:
+                writer.close()
+
+        async def sse() -> None:
+            nonlocal events
+            async with http.stream("GET", "/api/v1/events", timeout=None) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("event:"):
+                        events += 1
+                    if stop_file.exists():
+                        return
+
+        async def watch_stop(tasks: list[asyncio.Task[None]]) -> None:
+            while not stop_file.exists():
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(interval)
+            for t in tasks:
+                t.cancel()
+
+        tasks = [asyncio.create_task(poller(i)) for i in range(clients)] + [asyncio.create_task(sse())]
+        await asyncio.gather(watch_stop(tasks), *tasks, return_exceptions=True)
+    return {
+        "requests": len(latencies),
+        "failures": failures,
+        "sse_events": events,
+        "latencies": latencies,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def load_worker(args: argparse.Namespace) -> int:
+    res = asyncio.run(_load(args.load_worker, args.clients, args.interval, Path(args.stop_file)))
+    print(json.dumps(res))
+    return 0
+
+
+# ---- the orchestrator ---------------------------------------------------------------------------------------------
+
+
+def _pack(path: Path, mib: int) -> tuple[int, int]:
+    from shard_tools.pack import PackOptions, pack_documents
+
+    rng = np.random.default_rng(7)
+    tokens = mib * 2**20 // 2
+    docs = (rng.zipf(1.2, size=4096) % 50_000 for _ in range(tokens // 4096))
+    res = pack_documents(docs, str(path), PackOptions(vocab_size=50_257, eos_id=50_256, shard_size=4 << 20))
+    return res.stored_bytes, res.shards
+
+
+def _config(root: Path, port: int) -> Path:
+    text = f"""state_dir = "state"
+poll_interval = 30
+[clusters.east]
+url = "east"
+[clusters.west]
+url = "west"
+[[rules]]
+from = "east"
+to = ["west"]
+[limits]
+transfers = 4
+[api]
+port = {port}
+token_env = "BENCH_TOKEN"
+"""
+    (root / "ferry.toml").write_text(text)
+    return root / "ferry.toml"
+
+
+def one_run(work: Path, packed: Path, stored: int, loaded: bool, args: argparse.Namespace) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(dir=work, prefix="run-"))
+    (root / "east").mkdir()
+    (root / "west").mkdir()
+    port = _free_port()
+    env = {**os.environ, "BENCH_TOKEN": "bench"}
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "shard_tools.cli", "serve", "--config", str(_config(root, port))],
+        cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    stop_file = root / "stop"
+    load = None
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or serve.poll() is not None:
+                raise RuntimeError("ferry serve did not start")
+            time.sleep(0.1)
+        if loaded:
+            load = subprocess.Popen(
+                [sys.executable, __file__, "--load-worker", url, "--clients", str(args.clients),
+                 "--interval", str(args.interval), "--stop-file", str(stop_file)],
+                stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            time.sleep(1.5)  # warm up: every client connected and polling
+        shutil.copytree(packed, root / "east" / ".incoming")
+        (root / "east" / ".incoming").rename(root / "east" / "data")  # appears at once
+        t0 = time.perf_counter()
+        wall0 = time.time()
+        httpx.post(url + "/api/v1/sync", headers={"Authorization": "Bearer bench"}, json={}, timeout=10)
+        manifest = root / "west" / "data" / "manifest.json"
+        while not manifest.exists():
+            if time.perf_counter() - t0 > 600:
+                raise RuntimeError("sync did not finish in 600 s")
+            time.sleep(0.01)
+        seconds = time.perf_counter() - t0
+        wall1 = time.time()
+        out: dict[str, Any] = {"seconds": seconds, "mib_per_s": stored / 2**20 / seconds}
+        if load is not None:
+            time.sleep(0.5)
+            stop_file.touch()
+            stdout, _ = load.communicate(timeout=60)
+            res = json.loads(stdout.strip().splitlines()[-1])
+            during = [lat for t, lat in res["latencies"] if wall0 <= t <= wall1]
+            out.update(
+                requests=res["requests"], failures=res["failures"], sse_events=res["sse_events"],
+                latencies=[lat for _, lat in res["latencies"]], latencies_during_sync=during,
+                load_seconds=res["seconds"],
+            )  # fmt: skip
+        return out
+    finally:
+        stop_file.touch()
+        if load is not None and load.poll() is None:
+            load.kill()
+            load.wait()
+        serve.send_signal(signal.SIGINT)
+        try:
+            serve.wait(30)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+            serve.wait()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mib", type=int, default=None, help="dataset size in MiB of raw tokens (default 128; quick 32)")
+    p.add_argument("--clients", type=int, default=50, help="concurrent polling clients (default 50)")
+    p.add_argument("--interval", type=float, default=0.25, help="seconds between one client's polls (default 0.25)")
+    p.add_argument("--runs", type=int, default=None, help="runs per mode (default 2; quick 1)")
+    p.add_argument("--quick", action="store_true", help="small and fast")
+    p.add_argument("--json", action="store_true", help="print only the JSON result line")
+    p.add_argument("--load-worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--stop-file", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.load_worker:
+        return load_worker(args)
+    mib = args.mib or (32 if args.quick else 128)
+    runs = args.runs or (1 if args.quick else 2)
+
+    def say(msg: str) -> None:
+        if not args.json:
+            print(msg, file=sys.stderr, flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="ferry-service-load-") as tmp:
+        work = Path(tmp)
+        packed = work / "packed"
+        stored, shards = _pack(packed, mib)
+        say(f"packed {stored / 2**20:.1f} MiB in {shards} shards")
+        results: dict[str, list[dict[str, Any]]] = {"baseline": [], "loaded": []}
+        for i in range(runs):
+            for mode in ("baseline", "loaded"):
+                r = one_run(work, packed, stored, mode == "loaded", args)
+                say(f"run {i + 1}/{runs} {mode}: {r['mib_per_s']:.1f} MiB/s")
+                results[mode].append(r)
+    base = statistics.median(r["mib_per_s"] for r in results["baseline"])
+    loaded = statistics.median(r["mib_per_s"] for r in results["loaded"])
+    lat = [x for r in results["loaded"] for x in r["latencies"]]
+    lat_sync = [x for r in results["loaded"] for x in r["latencies_during_sync"]]
+    req = sum(r["requests"] for r in results["loaded"])
+    dur = sum(r["load_seconds"] for r in results["loaded"])
+    out = {
+        "dataset_mib": round(stored / 2**20, 1),
+        "shards": shards,
+        "clients": args.clients,
+        "poll_interval_s": args.interval,
+        "runs_per_mode": runs,
+        "requests": req,
+        "failures": sum(r["failures"] for r in results["loaded"]),
+        "sse_events": sum(r["sse_events"] for r in results["loaded"]),
+        "latency_ms": {
+            "p50": round(_pct(lat, 50) * 1e3, 2),
+            "p99": round(_pct(lat, 99) * 1e3, 2),
+            "max": round(max(lat) * 1e3, 2) if lat else None,
+        },  # fmt: skip
+        "latency_during_sync_ms": {
+            "p50": round(_pct(lat_sync, 50) * 1e3, 2),
+            "p99": round(_pct(lat_sync, 99) * 1e3, 2),
+            "samples": len(lat_sync),
+        },  # fmt: skip
+        "requests_per_s": round(req / dur, 1) if dur else None,
+        "sync_mib_per_s": {"baseline": round(base, 1), "loaded": round(loaded, 1)},
+        "throughput_loss_pct": round(100 * (1 - loaded / base), 1),
+        "targets": {"p99_ms_below": 100, "loss_pct_below": 10},
+    }
+    out["targets_met"] = bool(out["latency_ms"]["p99"] < 100 and out["throughput_loss_pct"] < 10)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    sys.exit(main())
