@@ -177,7 +177,11 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
         cache.clear()
         return result
 
-    @write.post("/pause", response_model=ActionResult, summary="Pause replication (transfers in flight stop)")
+    @write.post(
+        "/pause",
+        response_model=ActionResult,
+        summary="Pause replication: no new transfers start (those in flight finish)",
+    )
     def post_pause() -> ActionResult:
         result = backend.pause()
         cache.clear()

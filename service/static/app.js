@@ -259,7 +259,13 @@ const loaders = {
   transfers: async () => renderTransfers(await api("/transfers")),
   links: async () => renderLinks(await api("/links")),
   errors: async () => renderErrors(await api("/errors?limit=50")),
-  chart: async () => renderChart(await api("/throughput?seconds=3600&buckets=120")),
+  chart: async () => {
+    // the last hour, or less while the daemon is younger (5-minute steps) so early traffic is not a sliver
+    const up = state.status?.uptime_seconds ?? 3600;
+    const seconds = Math.min(3600, Math.max(300, Math.ceil(up / 300) * 300));
+    $("chart-window").textContent = seconds === 3600 ? "last hour" : `last ${seconds / 60} min`;
+    renderChart(await api(`/throughput?seconds=${seconds}&buckets=120`));
+  },
 };
 let readDenied = false;
 async function refresh(names) {
