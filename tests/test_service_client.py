@@ -91,3 +91,40 @@ def test_injected_transport_sees_the_token_and_maps_errors() -> None:
         c.retry(5)
     assert exc.value.status == 422 and "bad" in str(exc.value)
     assert json.loads(seen[-1].content) == {"id": 5}
+
+
+def test_client_types_mirror_the_api_models() -> None:
+    """client.service_types repeats service.api.models (the client must not import the service): keep them equal."""
+    import dataclasses
+
+    from client import service_types as ct
+    from service.api import models as sm
+
+    pairs = {
+        ct.Cluster: sm.ClusterOut,
+        ct.DatasetSummary: sm.DatasetSummary,
+        ct.DatasetDetail: sm.DatasetDetail,
+        ct.ReplicaCell: sm.ReplicaCell,
+        ct.ReplicaMatrix: sm.ReplicaMatrix,
+        ct.Transfer: sm.TransferOut,
+        ct.HistoryEntry: sm.HistoryEntry,
+        ct.ErrorEntry: sm.ErrorEntry,
+        ct.Link: sm.LinkOut,
+        ct.Throughput: sm.ThroughputOut,
+        ct.ThroughputPoint: sm.ThroughputPoint,
+        ct.Limits: sm.LimitsOut,
+        ct.Status: sm.StatusOut,
+        ct.ActionResult: sm.ActionResult,
+    }
+    for client_type, model in pairs.items():
+        assert [f.name for f in dataclasses.fields(client_type)] == list(model.model_fields), client_type.__name__
+
+
+def test_public_names() -> None:
+    import client
+    import service.api
+
+    assert "ServiceClient" in client.__all__
+    assert sorted(service.api.__all__) == [
+        "ApiBackend", "ApiSettings", "RunningServer", "create_app", "run_server", "start_server",
+    ]  # fmt: skip
