@@ -105,10 +105,16 @@ def encode_shard_buffer(
         columns[name] = arr
     batch = pa.RecordBatch.from_pydict(columns)
     schema = batch.schema.with_metadata({_META_KEY: str(FORMAT_VERSION).encode()})
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, schema) as writer:
-        writer.write_batch(batch.replace_schema_metadata(schema.metadata))
-    return sink.getvalue()
+    batch = batch.replace_schema_metadata(schema.metadata)
+    # Size the file first (no copies), then write it into one buffer allocated once: a growing
+    # BufferOutputStream would reallocate and copy a 128 MiB shard several times.
+    mock = pa.MockOutputStream()
+    with pa.ipc.new_file(mock, schema) as writer:
+        writer.write_batch(batch)
+    buffer = pa.allocate_buffer(mock.size())
+    with pa.ipc.new_file(pa.FixedSizeBufferWriter(buffer), schema) as writer:
+        writer.write_batch(batch)
+    return buffer
 
 
 def compress(raw: bytes | memoryview | pa.Buffer, level: int) -> bytes:

@@ -23,7 +23,7 @@ from .manifest import SHARDS_DIR, ShardInfo
 from .sources import DocBatch, SourceOptions, Unit, read_unit
 from .store import Location, resolve
 
-__all__ = ["Job", "UnitResult", "pack_unit", "pack_batches", "cut_shards", "with_eos", "check_range"]
+__all__ = ["Job", "UnitResult", "pack_unit", "pack_batches", "cut_shards", "assemble", "with_eos", "check_range"]
 
 
 @dataclass(frozen=True)
@@ -49,17 +49,32 @@ class UnitResult:
     tokens: int
 
 
-def cut_shards(batches: Iterable[DocBatch], budget: int, itemsize: int) -> Iterator[DocBatch]:
-    """Regroup document batches into shards: cut at the first document boundary where the
-    raw size (tokens + 4-byte offsets) reaches ``budget``; a document is never split."""
+def cut_shards(
+    batches: Iterable[DocBatch],
+    budget: int,
+    itemsize: int,
+    *,
+    eos_id: int | None = None,
+    dtype: str | None = None,
+) -> Iterator[DocBatch]:
+    """Regroup document batches (without EOS) into shards: cut at the first document boundary
+    where the raw size — tokens (plus one EOS each when ``eos_id`` is set) times ``itemsize``,
+    plus 4 offset bytes per document — reaches ``budget``; a document is never split. Each
+    shard is assembled with EOS inserted in one copy, as ``dtype`` (default: the input's)."""
+    per_doc = 4 + (itemsize if eos_id is not None else 0)
+    for parts in _groups(batches, budget, itemsize, per_doc):
+        yield assemble(parts, eos_id, dtype or parts[0].tokens.dtype.name)
+
+
+def _groups(batches: Iterable[DocBatch], budget: int, itemsize: int, per_doc: int) -> Iterator[list[DocBatch]]:
     parts: list[DocBatch] = []
     used = 0
     for batch in batches:
         pos = 0
         ndocs = len(batch.offsets) - 1
         while pos < ndocs:
-            # raw bytes after taking documents pos..k: (offsets[k+1]-offsets[pos])*itemsize + 4*(k+1-pos)
-            rel = (batch.offsets[pos + 1 :] - batch.offsets[pos]) * itemsize + 4 * np.arange(1, ndocs - pos + 1)
+            # raw bytes after taking documents pos..k: (offsets[k+1]-offsets[pos])*itemsize + per_doc*(k+1-pos)
+            rel = (batch.offsets[pos + 1 :] - batch.offsets[pos]) * itemsize + per_doc * np.arange(1, ndocs - pos + 1)
             k = int(np.searchsorted(rel, budget - used, side="left"))
             if k >= ndocs - pos:  # the whole rest stays below the budget
                 parts.append(_slice(batch, pos, ndocs))
@@ -67,11 +82,11 @@ def cut_shards(batches: Iterable[DocBatch], budget: int, itemsize: int) -> Itera
                 break
             end = pos + k + 1
             parts.append(_slice(batch, pos, end))
-            yield _join(parts)
+            yield parts
             parts, used = [], 0
             pos = end
     if parts:
-        yield _join(parts)
+        yield parts
 
 
 def _slice(batch: DocBatch, a: int, b: int) -> DocBatch:
@@ -79,27 +94,47 @@ def _slice(batch: DocBatch, a: int, b: int) -> DocBatch:
     return DocBatch(batch.tokens[lo:hi], batch.offsets[a : b + 1] - lo)
 
 
-def _join(parts: list[DocBatch]) -> DocBatch:
-    if len(parts) == 1:
-        return parts[0]
-    tokens = np.concatenate([p.tokens for p in parts])
-    lengths = np.concatenate([np.diff(p.offsets) for p in parts])
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return DocBatch(tokens, offsets)
+def assemble(parts: list[DocBatch], eos_id: int | None, dtype: str) -> DocBatch:
+    """Concatenate document batches into one, as ``dtype``, appending ``eos_id`` to every
+    document when given — a single copy into a buffer allocated once."""
+    ndocs = sum(len(p.offsets) - 1 for p in parts)
+    ntokens = sum(int(p.offsets[-1] - p.offsets[0]) for p in parts) + (ndocs if eos_id is not None else 0)
+    out = np.empty(ntokens, dtype=np.dtype(dtype))
+    offsets = np.empty(ndocs + 1, dtype=np.int64)
+    offsets[0] = 0
+    t = d = 0
+    for p in parts:
+        k = len(p.offsets) - 1
+        src = p.offsets - p.offsets[0]
+        local = src if eos_id is None else src + np.arange(k + 1, dtype=np.int64)
+        n = int(local[-1])
+        if eos_id is None:
+            out[t : t + n] = p.tokens[p.offsets[0] : p.offsets[-1]]
+        else:
+            _copy_with_eos(out[t : t + n], p.tokens[p.offsets[0] : p.offsets[-1]], src, local, eos_id)
+        offsets[d + 1 : d + k + 1] = local[1:] + t
+        t += n
+        d += k
+    return DocBatch(out, offsets)
+
+
+def _copy_with_eos(dst: np.ndarray, tokens: np.ndarray, src: np.ndarray, local: np.ndarray, eos_id: int) -> None:
+    k = len(src) - 1
+    ends = local[1:] - 1
+    if k and tokens.shape[0] >= 256 * k:  # long documents: one slice copy each beats a boolean mask
+        s, q = src.tolist(), local.tolist()
+        for i in range(k):
+            dst[q[i] : q[i + 1] - 1] = tokens[s[i] : s[i + 1]]
+    else:
+        keep = np.ones(dst.shape[0], dtype=bool)
+        keep[ends] = False
+        dst[keep] = tokens
+    dst[ends] = eos_id
 
 
 def with_eos(batch: DocBatch, eos_id: int, dtype: str) -> DocBatch:
     """Append ``eos_id`` to every document, converting to the shard dtype in the same copy."""
-    ndocs = len(batch.offsets) - 1
-    new_offsets = batch.offsets + np.arange(ndocs + 1, dtype=np.int64)
-    out = np.empty(int(new_offsets[-1]), dtype=np.dtype(dtype))
-    eos_at = new_offsets[1:] - 1
-    keep = np.ones(out.shape[0], dtype=bool)
-    keep[eos_at] = False
-    out[keep] = batch.tokens  # one scatter; np.insert would copy twice
-    out[eos_at] = eos_id
-    return DocBatch(out, new_offsets)
+    return assemble([batch], eos_id, dtype)
 
 
 def check_range(batch: DocBatch, vocab_size: int, where: str) -> None:
@@ -149,18 +184,15 @@ def store_shard(job: Job, batch: DocBatch) -> ShardInfo:
 def pack_batches(job: Job, batches: Iterable[DocBatch], where: str) -> UnitResult:
     """Pack a stream of document batches (without EOS) into stored shards."""
     itemsize = np.dtype(job.dtype).itemsize
-    target = np.dtype(job.dtype)
 
-    def prepared() -> Iterator[DocBatch]:
+    def checked() -> Iterator[DocBatch]:
         for batch in batches:
-            check_range(batch, job.vocab_size, where)
-            if job.eos_id is not None:
-                yield with_eos(batch, job.eos_id, job.dtype)
-            else:
-                yield DocBatch(batch.tokens.astype(target, copy=False), batch.offsets)
+            check_range(batch, job.vocab_size, where)  # before any narrowing cast to the shard dtype
+            yield batch
 
-    source = _prefetch(prepared()) if job.prefetch else prepared()
-    shards = [store_shard(job, b) for b in cut_shards(source, job.source.shard_size, itemsize)]
+    source = _prefetch(checked()) if job.prefetch else checked()
+    cuts = cut_shards(source, job.source.shard_size, itemsize, eos_id=job.eos_id, dtype=job.dtype)
+    shards = [store_shard(job, b) for b in cuts]
     return UnitResult(shards, sum(s.documents for s in shards), sum(s.tokens for s in shards))
 
 
