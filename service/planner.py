@@ -50,7 +50,10 @@ class SourceVersion:
     @classmethod
     def of(cls, manifest: Manifest) -> SourceVersion:
         t = manifest.shards
-        return cls(manifest.version_id, [ShardRef(s.path, s.stored_bytes, s.stored_digest) for s in t])
+        # column by column: ~10x faster than one ShardInfo per row at 500k shards
+        digests = t._digests[0]  # noqa: SLF001 - ShardTable has no public digest column
+        sizes = t.stored_bytes.tolist()
+        return cls(manifest.version_id, [ShardRef(p, n, d) for p, n, d in zip(t.paths, sizes, digests, strict=True)])
 
     @property
     def total_bytes(self) -> int:
