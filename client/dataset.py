@@ -258,7 +258,10 @@ class TokenDataset(SampleSource):
     def reader(self) -> ShardReader:
         """This process's reader (re-created after a fork: mapped leases are per process)."""
         if self._reader is None or self._pid != _FORKS.generation:
-            self._reader = ShardReader(self.manifest, self.cache)
+            # every process on the node that shares the cache keeps at most its share of it mapped
+            info = get_worker_info()
+            share = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))) * (info.num_workers if info else 1)
+            self._reader = ShardReader(self.manifest, self.cache, max_bytes=self.cache.limit // share)
             self._pid = _FORKS.generation
             self._pool = None
             self._submitted = set()

@@ -25,10 +25,13 @@ IGNORE_INDEX = -100
 class ShardReader:
     """Mapped shards of one dataset version, and the gathers that read samples from them."""
 
-    def __init__(self, manifest: Manifest, cache: ShardCache, *, max_open: int = 64) -> None:
+    def __init__(
+        self, manifest: Manifest, cache: ShardCache, *, max_open: int = 64, max_bytes: int | None = None
+    ) -> None:
         self.manifest = manifest
         self.cache = cache
         self.max_open = max_open
+        self.max_bytes = cache.limit if max_bytes is None else max_bytes
         self.token_offsets = manifest.shards.token_offsets
         doc_offsets = np.zeros(len(manifest.shards) + 1, dtype=np.int64)
         np.cumsum(manifest.shards.documents, out=doc_offsets[1:])
@@ -51,7 +54,7 @@ class ShardReader:
         lease = self.cache.open(self.manifest.shards[s])
         self._leases[s] = lease
         self._bytes += lease.nbytes
-        while len(self._leases) > 1 and (len(self._leases) > self.max_open or self._bytes > self.cache.limit):
+        while len(self._leases) > 1 and (len(self._leases) > self.max_open or self._bytes > self.max_bytes):
             _, old = self._leases.popitem(last=False)
             self._bytes -= old.nbytes
             old.release()

@@ -24,8 +24,9 @@ HERE = Path(__file__).parent
 N_DOCS = 1000  # ~20 shards of 4 KiB
 
 
-def epoch_rows(ds: TokenDataset, batch: int = 8) -> np.ndarray:
-    return np.concatenate([b["input_ids"].numpy() for b in TokenLoader(ds, batch_size=batch, rank=0, world_size=1)])
+def epoch_rows(ds: TokenDataset, batch: int = 8, workers: int = 0) -> np.ndarray:
+    loader = TokenLoader(ds, batch_size=batch, num_workers=workers, rank=0, world_size=1)
+    return np.concatenate([b["input_ids"].numpy() for b in loader])
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,7 @@ def test_s3_with_a_small_cache_gives_the_local_stream(s3_backend: Backend, local
     )
     local = TokenDataset(local_url, seq_len=32, seed=5, shuffle="window", window=2, cache_dir=str(tmp_path / "c2"))
     assert remote.version_id == local.version_id  # same content, same version id
-    np.testing.assert_array_equal(epoch_rows(remote), epoch_rows(local))
+    np.testing.assert_array_equal(epoch_rows(remote, workers=2), epoch_rows(local))  # workers fetch over S3 too
     used = sum(p.stat().st_size for p in cached_files(cache))
     assert used <= limit + int(manifest.shards.raw_bytes.max())
     assert len(cached_files(cache)) < shards  # evicted as it went
