@@ -54,6 +54,9 @@ def test_read_endpoints_describe_a_finished_sync(svc: Service) -> None:
 
     links = http.get("/api/v1/links").json()
     assert [(ln["source"], ln["destination"], ln["lag_seconds"]) for ln in links] == [("east", "west", 0.0)]
+    # the version reached west well within the 1-minute SLA of the test config (the event may still be in flight)
+    sla = wait_until(lambda: (ln := http.get("/api/v1/links").json()[0])["versions_total"] and ln, timeout=5)
+    assert (sla["versions_total"], sla["versions_within_sla"], sla["share_within_sla"]) == (1, 1, 1.0)
     limits = http.get("/api/v1/limits").json()
     assert limits == {"transfers": 2, "global_bps": None, "links": {}}
     status = http.get("/api/v1/status").json()

@@ -112,10 +112,32 @@ class DaemonBackend:
                 key = (str(raw.get("dataset")), str(raw.get("src")), str(raw.get("dst")))
                 with self._lock:
                     self._copied[key] = self._copied.get(key, 0) + int(raw.get("bytes") or 0)
+            elif ev.kind == "version_published":
+                self._on_published(raw)
             with self._lock:
                 subs = list(self._subs.values())
             for cb in subs:
                 cb(ev)
+
+    def _on_published(self, raw: dict[str, Any]) -> None:
+        """Close the SLA record of (dataset, cluster, version); open it from history if sampling missed the start."""
+        ds, cluster, version = str(raw.get("dataset")), str(raw.get("cluster")), str(raw.get("version"))
+        done = float(raw.get("ts") or time.time())
+        with self._lock:
+            rec = self._sla.get((ds, cluster, version))
+        if rec is None or rec[0] is None:
+            try:
+                starts = [
+                    h.started_at
+                    for h in self._d.history(limit=1000, dataset=ds)
+                    if h.version == version and h.dst == cluster
+                ]
+            except Exception:  # the daemon is stopping: no record rather than a wrong one
+                return
+            rec = [min(starts, default=done), None]
+        rec[1] = done
+        with self._lock:
+            self._sla[(ds, cluster, version)] = rec
 
     def _sample(self, interval: float) -> None:
         while not self._closed.wait(interval):
@@ -133,10 +155,10 @@ class DaemonBackend:
             if cell.role != "destination" or not cell.target_version:
                 continue
             key = (cell.dataset, cell.cluster, cell.target_version)
+            published = cell.published_version == cell.target_version
             with self._lock:
-                rec = self._sla.setdefault(key, [now - (cell.lag_seconds or 0.0), None])
-                if cell.published_version == cell.target_version and rec[1] is None:
-                    rec[1] = now
+                if key not in self._sla:  # already published when first seen (a restart): timing unknown, not counted
+                    self._sla[key] = [None, None] if published else [now - (cell.lag_seconds or 0.0), None]
 
     def _event(self, raw: dict[str, Any]) -> EventOut:
         data = {k: self._clean(v) for k, v in raw.items() if k not in ("type", "ts")}
