@@ -271,11 +271,18 @@ def _print_human(report: dict[str, Any]) -> None:
         print(f"FAILED {f['shard']}: {f['error']}", file=sys.stderr)
 
 
+def _running_sync() -> bool:
+    """True when this process runs ``ferry sync`` (its first positional argument is ``sync``)."""
+    first = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+    return first == "sync"
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``sync`` and ``serve``."""
-    from .api.server import install_serve_hooks  # the HTTP API and dashboard ride along with `ferry serve`
+    if not _running_sync():  # `ferry sync` needs no web stack: importing it costs ~0.4 s of a no-op resync
+        from .api.server import install_serve_hooks  # the HTTP API and dashboard ride along with `ferry serve`
 
-    install_serve_hooks(SERVE_HOOKS, SERVE_EXTRAS)
+        install_serve_hooks(SERVE_HOOKS, SERVE_EXTRAS)
     add_sync_parser(sub)
     add_serve_parser(sub)
 
