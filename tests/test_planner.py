@@ -224,8 +224,17 @@ RCASES = [
         [D.path],
         ["tables/r3.arrow", "tables/r2.arrow"],
     ),  # fmt: skip
-    RCase("orphans (earlier last copies) go once copied elsewhere", [R2, R3], "r3", 2, {A.path: 1, D.path: 0},
-          [], [A.path], [], []),  # fmt: skip
+    RCase(
+        "orphans (earlier last copies) go once copied elsewhere",
+        [R2, R3],
+        "r3",
+        2,
+        {A.path: 1, D.path: 0},
+        [],
+        [A.path],
+        [],
+        [],
+    ),  # fmt: skip
 ]
 
 
