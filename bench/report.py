@@ -56,6 +56,13 @@ def _verdict(value: float | None, target: float, what: str) -> str:
     return f"{what}: {value:.2f} (target ≥ {target:g}) — {ok}"
 
 
+# Peers read rank/world size from torch.distributed / launcher env vars only, so a world-size change
+# needs a multi-process launch; this suite does not run one for them.
+WORLD_NOTE = {
+    "litdata": "not measured (world size comes from torch.distributed; needs a multi-process launch)",
+    "mosaic": "not measured (world size comes from launcher env vars; needs a multi-process launch)",
+}
+
 # ---------------------------------------------------------------- sections
 
 
@@ -208,13 +215,14 @@ def _resume(rs: dict[str, Any]) -> list[str]:
     lines = [
         "### Resume at 90% of an epoch",
         "",
-        "| tool | resume → first batch, s | next 8 batches equal the uninterrupted run | same state, 2 workers |",
-        "|---|---|---|---|",
+        "| tool | resume → first batch, s | next 8 batches equal the uninterrupted run | same state, 2 workers "
+        "| same state, world size 1 → 2 |",
+        "|---|---|---|---|---|",
     ]
     for tool, ref in refs.items():
         runs = rs.get("runs", {}).get(tool, [])
         if "error" in ref or "unsupported" in ref:
-            lines.append(f"| {LABEL.get(tool, tool)} | {ref.get('error') or ref.get('unsupported')} | — | — |")
+            lines.append(f"| {LABEL.get(tool, tool)} | {ref.get('error') or ref.get('unsupported')} | — | — | — |")
             continue
         eq = [r.get("equal") for r in runs if "equal" in r]
         exact = "yes" if eq and all(eq) else ("**no**" if eq else first_error(runs) or "—")
@@ -225,7 +233,14 @@ def _resume(rs: dict[str, Any]) -> list[str]:
             el_s = "yes" if el["equal"] else "**no** (different batches)"
         else:
             el_s = f"**cannot**: {str(el.get('error', ''))[:90]}"
-        lines.append(f"| {LABEL.get(tool, tool)} | {_cell(runs, 'resume_s', 1, 3)} | {exact} | {el_s} |")
+        ws = rs.get("world_1_to_2", {}).get(tool)
+        if ws is not None:
+            ws_s = ("yes" if ws.get("equal") else "**no**") if "equal" in ws else f"failed: {ws.get('error', '')[:80]}"
+        elif tool in PEERS:
+            ws_s = WORLD_NOTE[tool]
+        else:
+            ws_s = "—"
+        lines.append(f"| {LABEL.get(tool, tool)} | {_cell(runs, 'resume_s', 1, 3)} | {exact} | {el_s} | {ws_s} |")
     lines.append("")
     return lines
 

@@ -143,7 +143,16 @@ def _resume(ctx: Context, tools: dict[str, tuple[Runner, str]]) -> dict[str, Any
             res["equal"] = res["digests"] == refs[t]["digests"]
         elastic[t] = res
         log(f"resume {t} 0->2 workers: {res.get('error') or res.get('equal')}")
-    return {"reference": refs, "runs": runs, "workers_0_to_2": elastic}
+    world: dict[str, Any] = {}
+    if "ferry" in ok:  # the same state on world size 2 (two ranks of batch 8 = the same global batch)
+        runner, data = tools["ferry"]
+        elastic_runner = Runner("ferry", "ferry_elastic.py", ctx.ferry_python)
+        res = elastic_runner(ctx, {**_base(ctx, "ferry", data, 0), "state_file": str(ctx.data / "state-ferry.json")})
+        if "digests" in res:
+            res["equal"] = res["digests"] == refs["ferry"]["digests"]
+        world["ferry"] = res
+        log(f"resume ferry world 1->2: {res.get('error') or res.get('equal')}")
+    return {"reference": refs, "runs": runs, "workers_0_to_2": elastic, "world_1_to_2": world}
 
 
 def _maybe_profile(ctx: Context, ferry: tuple[Runner, str], result: dict[str, Any]) -> dict[str, Any] | None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import torch
 from _loadloop import Tool, main
 from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
 
@@ -26,7 +28,8 @@ def _build(a: dict[str, Any]) -> StreamingDataLoader:
 
 
 def _ids(batch: Any) -> tuple[Any, Any]:
-    t = batch.long()
+    # torch's uint16 -> int64 cast takes ~36 ms per batch; numpy's takes microseconds
+    t = torch.from_numpy(batch.numpy().astype(np.int64))
     return t[:, :-1], t[:, 1:]
 
 

@@ -20,16 +20,20 @@ class MemmapLoader:
         self.samples = (len(self.tokens) - 1) // self.seq_len
         self.order = np.random.default_rng(a["seed"]).permutation(self.samples)
         self.pos = 0
-        self.offsets = np.arange(self.seq_len + 1)
 
     def __len__(self) -> int:
         return self.samples // self.batch
 
     def __iter__(self) -> Any:
+        if self.pos + self.batch > len(self.order):
+            self.pos = 0  # next epoch (same order: the limit need not reshuffle)
+        width = self.seq_len + 1
         while self.pos + self.batch <= len(self.order):
             starts = self.order[self.pos : self.pos + self.batch] * self.seq_len
             self.pos += self.batch
-            window = self.tokens[starts[:, None] + self.offsets].astype(np.int64)
+            window = np.empty((self.batch, width), dtype=np.int64)
+            for j, s in enumerate(starts):  # one contiguous slice copy per sample beats a fancy-index gather
+                window[j] = self.tokens[s : s + width]
             t = torch.from_numpy(window)
             yield t[:, :-1], t[:, 1:]
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import torch
 from _loadloop import Tool, main
 from streaming import StreamingDataLoader, StreamingDataset
 from streaming.base.util import clean_stale_shared_memory
@@ -13,11 +15,18 @@ from streaming.base.util import clean_stale_shared_memory
 def _build(a: dict[str, Any]) -> StreamingDataLoader:
     clean_stale_shared_memory()  # a killed earlier run must not poison this one
     ds = StreamingDataset(local=a["data"], shuffle=True, shuffle_seed=a["seed"], batch_size=a["batch_size"])
-    return StreamingDataLoader(ds, batch_size=a["batch_size"], num_workers=a["workers"], drop_last=True)
+    return StreamingDataLoader(
+        ds, batch_size=a["batch_size"], num_workers=a["workers"], drop_last=True, collate_fn=_collate
+    )
+
+
+def _collate(samples: list[dict[str, Any]]) -> Any:
+    # stack and widen in numpy: torch's uint16 -> int64 cast takes ~36 ms per batch
+    return torch.from_numpy(np.stack([s["tokens"] for s in samples]).astype(np.int64))
 
 
 def _ids(batch: Any) -> tuple[Any, Any]:
-    t = batch["tokens"].long()
+    t = batch
     return t[:, :-1], t[:, 1:]
 
 
