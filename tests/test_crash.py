@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import free_port
 from test_daemon import wait_for
 from test_replication import documents, make_docs, pack
 
@@ -41,6 +42,9 @@ to = ["dst"]
 [limits]
 transfers = 4
 bwlimit = "{rate}"
+
+[api]
+port = {port}
 """
 
 
@@ -81,7 +85,7 @@ def test_sigkill_at_random_moments(tmp_path: Path) -> None:
     assert first.shards >= 100
     rate = first.stored_bytes / 8  # ~8 s of copying in all: the kills land mid-transfer
     config = tmp_path / "ferry.toml"
-    config.write_text(CONFIG.format(root=tmp_path, rate=int(rate)))
+    config.write_text(CONFIG.format(root=tmp_path, rate=int(rate), port=free_port()))
     cmd = [sys.executable, "-m", "service.cli", "serve", "--config", str(config), "--log-level", "info"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     watcher = ManifestWatcher(str(tmp_path / "dst" / "big"))

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import free_port
 from test_replication import documents, make_docs, pack
 
 from service.config import load_config
@@ -39,6 +40,9 @@ to = ["d1", "d2"]
 
 [limits]
 transfers = 3
+
+[api]
+port = {port}
 """
 
 
@@ -54,7 +58,7 @@ def wait_for(cond: Callable[[], Any], timeout: float = 30.0, what: str = "condit
 
 def write_config(root: Path, poll: float = 0.2) -> Path:
     p = root / "ferry.toml"
-    p.write_text(CONFIG.format(root=root, poll=poll, mem=f"daemon-{os.getpid()}-{root.name}"))
+    p.write_text(CONFIG.format(root=root, poll=poll, mem=f"daemon-{os.getpid()}-{root.name}", port=free_port()))
     return p
 
 
