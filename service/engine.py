@@ -26,6 +26,7 @@ from .executor import Executor, Job, JobResult
 from .planner import SourceVersion, VersionRecord, order_sources, plan_retention, plan_sync
 from .state import State
 from .stats import Stats
+from .transfer import abort_stale_uploads
 
 __all__ = ["Engine", "PassResult", "read_header", "load_version", "listing"]
 
@@ -201,6 +202,8 @@ class Engine:
             with contextlib.suppress(StorageError):
                 dst_loc.remove(tmp.path)
                 result.temps_deleted += 1
+        with contextlib.suppress(StorageError):
+            result.temps_deleted += abort_stale_uploads(dst_loc)
         result.already_verified = len(plan.verified)
         result.verified_bytes = sum(s.size for s in plan.verified)
         fatal = self.state.fatal(dataset, dest)

@@ -22,7 +22,15 @@ from shard_tools.digest import Hasher
 from shard_tools.errors import ShardDigestError, ShardFormatError, StorageError
 from shard_tools.store import Location, temp_name
 
-__all__ = ["CHUNK_SIZE", "Cancelled", "SourceMissing", "CopyOutcome", "copy_shard", "verify_shard"]
+__all__ = [
+    "CHUNK_SIZE",
+    "Cancelled",
+    "SourceMissing",
+    "CopyOutcome",
+    "copy_shard",
+    "verify_shard",
+    "abort_stale_uploads",
+]
 
 CHUNK_SIZE = 8 * 1024 * 1024
 _MIN_PART = 5 * 1024 * 1024  # S3's smallest multipart part
@@ -294,3 +302,22 @@ def verify_shard(
     if hasher.hexdigest() != digest:
         return "digest mismatch"
     return None
+
+
+def abort_stale_uploads(loc: Location) -> int:
+    """Abort unfinished multipart uploads under ``loc`` (left by a killed writer); returns how many.
+
+    They are invisible to readers but hold storage. Only S3-like stores have them; elsewhere 0.
+    Call it only while no transfer to ``loc`` is in flight.
+    """
+    call = getattr(loc.fs, "call_s3", None)
+    if call is None:
+        return 0
+    bucket, _, key = loc.root.partition("/")
+    try:
+        uploads = call("list_multipart_uploads", Bucket=bucket, Prefix=f"{key}/" if key else "").get("Uploads", [])
+        for up in uploads:
+            call("abort_multipart_upload", Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
+    except Exception as exc:  # noqa: BLE001
+        raise StorageError(f"cannot clean unfinished uploads at {loc.url}: {exc}") from exc
+    return len(uploads)

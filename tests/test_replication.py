@@ -260,8 +260,11 @@ def test_s3_multipart_upload_completes_only_when_verified(file_backend: Any, s3_
     assert not dst.exists(big.path)
     bucket = s3_backend.base.split("://")[1]
     assert dst.fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", []) == []
+    # an upload left unfinished by a killed writer is aborted by the next pass
+    dst.fs.call_s3("create_multipart_upload", Bucket=bucket, Key=f"big/{big.path}")
     res = engine().sync_pass("ds", "a", "b", {"a": src, "b": dst})
-    assert res.published and res.copied == 2
+    assert res.published and res.copied == 2 and res.temps_deleted == 1
+    assert dst.fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", []) == []
     from shard_tools.digest import digest_bytes
 
     assert digest_bytes(dst.read_bytes(big.path)) == big.stored_digest
