@@ -39,6 +39,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc; NaN elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q)) if values else float("nan")
 
@@ -174,7 +183,10 @@ def one_run(work: Path, packed: Path, stored: int, loaded: bool, args: argparse.
                  "--interval", str(args.interval), "--stop-file", str(stop_file)],
                 stdout=subprocess.PIPE, text=True,
             )  # fmt: skip
-            time.sleep(1.5)  # warm up: every client connected and polling
+            time.sleep(0.7)  # warm up: every client connected and polling
+            a0, s0, l0 = time.time(), _cpu_seconds(serve.pid), _cpu_seconds(load.pid)
+            time.sleep(1.5)  # an idle window under load: CPU per request of the server and of the clients
+            a1, s1, l1 = time.time(), _cpu_seconds(serve.pid), _cpu_seconds(load.pid)
         shutil.copytree(packed, root / "east" / ".incoming")
         (root / "east" / ".incoming").rename(root / "east" / "data")  # appears at once
         t0 = time.perf_counter()
@@ -194,6 +206,9 @@ def one_run(work: Path, packed: Path, stored: int, loaded: bool, args: argparse.
             stdout, _ = load.communicate(timeout=60)
             res = json.loads(stdout.strip().splitlines()[-1])
             during = [lat for t, lat in res["latencies"] if wall0 <= t <= wall1]
+            idle_requests = sum(1 for t, _ in res["latencies"] if a0 <= t <= a1)
+            out["idle_window"] = {"requests": idle_requests, "seconds": a1 - a0, "server_cpu_s": s1 - s0,
+                                  "client_cpu_s": l1 - l0}  # fmt: skip
             out.update(
                 requests=res["requests"], failures=res["failures"], sse_events=res["sse_events"],
                 latencies=[lat for _, lat in res["latencies"]], latencies_during_sync=during,
@@ -251,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     lat_sync = [x for r in results["loaded"] for x in r["latencies_during_sync"]]
     req = sum(r["requests"] for r in results["loaded"])
     dur = sum(r["load_seconds"] for r in results["loaded"])
+    idle = max(1, sum(r["idle_window"]["requests"] for r in results["loaded"]))
     out = {
         "dataset_mib": round(stored / 2**20, 1),
         "shards": shards,
@@ -271,6 +287,12 @@ def main(argv: list[str] | None = None) -> int:
             "samples": len(lat_sync),
         },  # fmt: skip
         "requests_per_s": round(req / dur, 1) if dur else None,
+        "cpu_ms_per_request": {
+            "server": round(1e3 * sum(r["idle_window"]["server_cpu_s"] for r in results["loaded"]) / idle, 3),
+            "clients": round(1e3 * sum(r["idle_window"]["client_cpu_s"] for r in results["loaded"]) / idle, 3),
+        },
+        "cpu_cores": os.cpu_count(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "sync_mib_per_s": {"baseline": round(base, 1), "loaded": round(loaded, 1)},
         "throughput_loss_pct": round(100 * (1 - loaded / base), 1),
         "targets": {"p99_ms_below": 100, "loss_pct_below": 10},
