@@ -85,6 +85,7 @@ class Daemon:
         self.root, self.me, self.port = root, me, free_port()
         self.config = _config(root, me, self.port, bwlimit)
         self.proc: subprocess.Popen[bytes] | None = None
+        self.killed = False
         self.log = root / f"serve-{me}.log"
 
     def start(self) -> None:
@@ -110,6 +111,7 @@ class Daemon:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(30)
+        self.killed = True
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -175,7 +177,7 @@ def _wait(what: str, check: Callable[[], bool], timeout: float, daemons: list[Da
     deadline = time.monotonic() + timeout
     while not check():
         for d in daemons:
-            if d.proc is not None and d.proc.poll() is not None:
+            if d.proc is not None and not d.killed and d.proc.poll() is not None:
                 pytest.fail(f"ferry serve for {d.me} exited ({d.proc.returncode}) waiting for {what}:\n{d.tail()}")
         if time.monotonic() > deadline:
             logs = "\n".join(f"--- {d.me}\n{d.tail()}" for d in daemons)
@@ -298,3 +300,19 @@ def test_three_daemons_mesh_kill_restart_no_partial_version(tmp_path: Path, daem
             check=False,
         )
         assert proc.returncode == 0, (c, proc.stdout, proc.stderr)
+
+
+@pytest.mark.skipif(not _has_cluster_option(), reason="ferry.toml has no per-daemon `cluster` option yet")
+def test_cluster_option_is_validated(tmp_path: Path) -> None:
+    from service.config import parse_config
+    from shard_tools.errors import ConfigError
+
+    doc: dict[str, Any] = {
+        "clusters": {c: {"url": str(tmp_path / c)} for c in CLUSTERS},
+        "rules": [{"datasets": "*", "from": "east", "to": "*"}],
+    }
+    assert parse_config(doc).cluster is None  # one daemon for every destination (the one-machine setup)
+    assert parse_config({**doc, "cluster": "west"}).cluster == "west"
+    for bad in ("south", 3, ""):
+        with pytest.raises(ConfigError, match="cluster"):
+            parse_config({**doc, "cluster": bad})
