@@ -305,3 +305,20 @@ def test_publish_refuses_missing_shards(tmp_path: Path, count: int) -> None:
     with pytest.raises(PublishError, match=f"shard shards/{count // 2:032x}.arrow.zst not stored"):
         publish_version(loc, m, table, expect_current=None, new_shards=[r.path for r in rows])
     assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
+def test_concurrent_writer_loses_cleanly(tmp_path: Path) -> None:
+    from shard_tools import PublishError
+
+    out, docs = make(tmp_path)
+    loc = resolve(out)
+    current = open_dataset(out).manifest
+    stale = current.parent  # a writer that started before the current version was published
+    m, table = Manifest.build(
+        name="bad", token_dtype="uint16", tokenizer=current.tokenizer, eos_appended=True,
+        shards=current.shards, parent=stale, created_at="t", tool_version="t",
+    )  # fmt: skip
+    before = (Path(out) / "manifest.json").read_bytes()
+    with pytest.raises(PublishError, match="changed while packing"):
+        publish_version(loc, m, table, expect_current=stale)
+    assert (Path(out) / "manifest.json").read_bytes() == before
