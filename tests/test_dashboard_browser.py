@@ -166,3 +166,17 @@ def test_pause_and_resume_by_keyboard(page, tmp_path: Path, monkeypatch: pytest.
         page.keyboard.press("Enter")
         wait_until(lambda: svc.daemon.limits().bwlimit == 3 * 2**20, timeout=10, what="the new limit")
         page.wait_for_selector("#sum-limit:has-text('3.00 MiB/s')", timeout=10_000)
+
+
+def test_read_protected_service_asks_for_the_token_first(page, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    with running_service(tmp_path, monkeypatch, read_protected=True) as svc:
+        res = pack(svc.east("corpus"))
+        wait_until(lambda: svc.west_version("corpus") == res.version_id, what="replication")
+        page.goto(svc.url + "/")
+        page.wait_for_selector("#token-dialog[open]", timeout=15_000)
+        assert page.locator("#matrix tbody tr").count() == 0  # nothing shown before the token
+        page.fill("#token-input", TOKEN)
+        page.keyboard.press("Enter")
+        page.wait_for_selector('#matrix td[data-cluster="west"][data-state="complete"]', timeout=15_000)
+        page.wait_for_selector("#conn.pill-ok", timeout=15_000)  # the event stream carries the token too
+        assert TOKEN not in page.content()

@@ -390,7 +390,10 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   $("btn-sync").addEventListener("click", async () => { if (await control("Sync", "/sync", "POST", {})) schedule("status"); });
   $("btn-limits").addEventListener("click", openLimits);
-  $("btn-token").addEventListener("click", async () => { forgetToken(); if (await askToken("Enter the API token.")) toast("token set"); });
+  $("btn-token").addEventListener("click", async () => {
+    forgetToken();
+    if (await askToken("Enter the API token.")) { toast("token set"); readDenied = false; refresh(Object.keys(loaders)); connect(); }
+  });
   $("btn-retry-all").addEventListener("click", async () => { if (await control("Retry all", "/retry", "POST", {})) schedule("errors", "replicas"); });
   refresh(Object.keys(loaders));
   connect();
