@@ -96,6 +96,12 @@ class Dataset:
             raw, shard=info.path, dtype=self.manifest.token_dtype, documents=info.documents, tokens=info.tokens
         )
 
+    def tokens(self) -> Iterator[np.ndarray]:
+        """The dataset's token stream (what the loader cuts samples from), one verified shard
+        at a time: each shard's flat tokens, EOS included where it was appended."""
+        for i in range(len(self)):
+            yield self.read_shard(i).tokens
+
     def documents(self, *, strip_eos: bool = True) -> Iterator[np.ndarray]:
         """Every document in manifest order. With ``strip_eos`` the EOS appended at pack time
         is removed, giving back exactly the tokens that were put in."""

@@ -58,7 +58,7 @@ def test_parquet_tokens_multi_file(tmp_path: Path) -> None:
     assert read_back(out) == as_lists(a + b)
     ds = open_dataset(out)
     # stored stream = each document followed by EOS, in order
-    flat = np.concatenate([ds.read_shard(i).tokens for i in range(len(ds))])
+    flat = np.concatenate(list(ds.tokens()))
     expect = np.concatenate([np.append(d, EOS) for d in a + b])
     assert np.array_equal(flat, expect) and ds.manifest.token_dtype == "uint16"
 
