@@ -60,10 +60,11 @@ def _flock(path: str, mode: int) -> Iterator[int]:
         os.close(fd)  # closing releases the lock
 
 
-def _map_shard(path: str, info: ShardInfo, dtype: str) -> ShardView:
-    """Map a cached shard read-only, pre-faulting its pages (MAP_POPULATE where the OS has it): random
-    sample reads then cost a memory copy, not a page fault each."""
-    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+def _map_shard(path: str, info: ShardInfo, dtype: str, populate: bool) -> ShardView:
+    """Map a cached shard read-only. With ``populate`` its pages are pre-faulted (MAP_POPULATE where the OS
+    has it): worth it when most of the shard will be read, as random sample reads then cost a memory copy
+    and not a page fault each; wasteful when one sample is read from a shard among thousands."""
+    flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
     with open(path, "rb") as f:
         try:
             mm = mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
@@ -158,7 +159,7 @@ class ShardCache:
             self.fetches += 1
         self.evict(keep=path)
 
-    def open(self, info: ShardInfo) -> Lease:
+    def open(self, info: ShardInfo, *, populate: bool = False) -> Lease:
         """Map a shard for reading (fetching it first if needed); release the lease when done."""
         for attempt in range(2):
             fd = os.open(self._lock(info, "use"), os.O_RDWR | os.O_CREAT, 0o644)
@@ -167,7 +168,7 @@ class ShardCache:
                 self.ensure(info, bad=attempt > 0)
                 path = self.path(info)
                 os.utime(path)  # recency for LRU eviction across processes
-                return Lease(_map_shard(path, info, self.dtype), fd, info.raw_bytes)
+                return Lease(_map_shard(path, info, self.dtype, populate), fd, info.raw_bytes)
             except (ShardError, FileNotFoundError):
                 os.close(fd)
                 if attempt:

@@ -261,7 +261,11 @@ class TokenDataset(SampleSource):
             # every process on the node that shares the cache keeps at most its share of it mapped
             info = get_worker_info()
             share = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))) * (info.num_workers if info else 1)
-            self._reader = ShardReader(self.manifest, self.cache, max_bytes=self.cache.limit // share)
+            budget = self.cache.limit // share
+            # pre-fault mapped shards when they will be read through: windows read each shard whole, and a
+            # dataset that stays mapped is read whole over an epoch; a global shuffle of a big one is not
+            populate = self.shuffle != "global" or int(self.manifest.shards.raw_bytes.sum()) <= budget
+            self._reader = ShardReader(self.manifest, self.cache, max_bytes=budget, populate=populate)
             self._pid = _FORKS.generation
             self._pool = None
             self._submitted = set()

@@ -26,10 +26,17 @@ class ShardReader:
     """Mapped shards of one dataset version, and the gathers that read samples from them."""
 
     def __init__(
-        self, manifest: Manifest, cache: ShardCache, *, max_open: int = 64, max_bytes: int | None = None
+        self,
+        manifest: Manifest,
+        cache: ShardCache,
+        *,
+        max_open: int = 64,
+        max_bytes: int | None = None,
+        populate: bool = False,
     ) -> None:
         self.manifest = manifest
         self.cache = cache
+        self.populate = populate
         self.max_open = max_open
         self.max_bytes = cache.limit if max_bytes is None else max_bytes
         self.token_offsets = manifest.shards.token_offsets
@@ -51,7 +58,7 @@ class ShardReader:
         if lease is not None:
             self._leases.move_to_end(s)
             return lease.view
-        lease = self.cache.open(self.manifest.shards[s])
+        lease = self.cache.open(self.manifest.shards[s], populate=self.populate)
         self._leases[s] = lease
         self._bytes += lease.nbytes
         while len(self._leases) > 1 and (len(self._leases) > self.max_open or self._bytes > self.max_bytes):
