@@ -34,9 +34,11 @@ def test_status_table_json_and_watch(tmp_path: Path, monkeypatch: pytest.MonkeyP
         assert row.split() == ["corpus", "source", "100.0%", "complete"]
         assert "no transfers in flight" in out.stdout
 
+        env = {**os.environ, "MY_TOKEN": "whatever"}  # --token-env: sent, and ignored where reads are open
         js = subprocess.run(
-            [*FERRY, "status", "--server", svc.url, "--json"], capture_output=True, text=True, timeout=60
-        )
+            [*FERRY, "status", "--server", svc.url, "--json", "--token-env", "MY_TOKEN"],
+            capture_output=True, text=True, timeout=60, env=env,
+        )  # fmt: skip
         doc = json.loads(js.stdout)
         assert doc["status"]["copied_bytes_total"] == res.stored_bytes
         assert {(c["cluster"], c["state"]) for c in doc["replicas"]["cells"]} == {
@@ -50,18 +52,15 @@ def test_status_table_json_and_watch(tmp_path: Path, monkeypatch: pytest.MonkeyP
             stderr=subprocess.PIPE,
             text=True,
         )
-        time.sleep(3)
+        assert watch.stdout is not None
+        frames = 0
+        deadline = time.monotonic() + 60
+        while frames < 2 and time.monotonic() < deadline:  # refreshed at least once
+            frames += watch.stdout.readline().startswith("ferry status — ")
         watch.send_signal(signal.SIGINT)
-        stdout, _ = watch.communicate(timeout=30)
-        assert watch.returncode == 0
-        assert stdout.count("ferry status — ") >= 2  # refreshed at least once
-
-        # the token comes from --token-env; a read-protected server would need it (here: accepted anyway)
-        env = {**os.environ, "MY_TOKEN": "whatever"}
-        ok = subprocess.run(
-            [*FERRY, "status", "--server", svc.url, "--token-env", "MY_TOKEN"], capture_output=True, env=env, timeout=60
-        )
-        assert ok.returncode == 0
+        watch.communicate(timeout=30)
+        assert frames == 2
+        assert watch.returncode == 0  # Ctrl-C ends --watch quietly
 
 
 def test_status_against_nothing_fails_cleanly() -> None:
