@@ -5,8 +5,9 @@
 
 from __future__ import annotations
 
-from .dataset import MixedDataset, TokenDataset
+from .dataset import TokenDataset
 from .loader import TokenLoader
+from .mixed import MixedDataset
 from .service_client import ServiceClient
 
 __all__ = ["TokenDataset", "MixedDataset", "TokenLoader", "ServiceClient"]

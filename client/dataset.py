@@ -1,4 +1,4 @@
-"""``TokenDataset`` (one dataset, fixed-length token samples or whole documents) and ``MixedDataset``.
+"""``TokenDataset``: one ferry dataset read as fixed-length token samples (or whole documents).
 
 A dataset maps *stream positions* (epoch ``e`` covers ``[e*n, (e+1)*n)``) to samples
 and writes them into batch tensors. Sample ``i`` (token mode) is stream tokens
@@ -10,123 +10,28 @@ within an epoch is a :mod:`client.order`; which rank reads what is the loader's 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import get_worker_info
 
 from shard_tools.errors import DatasetError, UsageError
 from shard_tools.manifest import Manifest
 from shard_tools.pack import parse_size
 
 from .cache import ShardCache, default_cache_dir
-from .mixing import MixSchedule
+from .mixed import MixedDataset
 from .order import SHUFFLE_MODES, SampleOrder, make_order
 from .reader import ShardReader
+from .source import MODES, SampleSource
 
-__all__ = ["TokenDataset", "MixedDataset", "SampleSource", "MODES", "to_batch"]
-
-MODES = ("tokens", "document")
+__all__ = ["TokenDataset"]
 DEFAULT_WINDOW = 8
 DEFAULT_PREFETCH = 2
 DEFAULT_CACHE_LIMIT = "50GiB"
 _RECENT = 1024  # shards remembered as already prefetched
-
-
-class SampleSource(IterableDataset[dict[str, torch.Tensor]]):
-    """What :class:`~client.loader.TokenLoader` reads: ``n`` samples per epoch, written into batches."""
-
-    seq_len: int
-    mode: str
-    num_samples: int
-    prefetch_depth: int
-    token_dtype: np.dtype
-
-    def identity(self) -> dict[str, Any]:
-        """Everything that fixes the sample order (goes into the loader state's fingerprint)."""
-        raise NotImplementedError
-
-    def fill(self, positions: np.ndarray, rows: np.ndarray, out: Mapping[str, np.ndarray]) -> None:
-        """Write the samples at stream ``positions`` into rows ``rows`` of the arrays in ``out``: token mode
-        ``out["windows"]`` (token dtype, ``seq_len + 1`` wide); document mode ``input_ids``, ``labels``
-        and ``attention_mask`` (int64)."""
-        raise NotImplementedError
-
-    def boundaries(self, positions: np.ndarray) -> list[list[int]]:
-        """Per sample, offsets in ``(0, seq_len)`` where a document starts (token mode)."""
-        raise NotImplementedError
-
-    def prefetch(self, positions: np.ndarray) -> None:
-        """Start fetching, in the background, the shards the samples at ``positions`` will need."""
-
-    def close(self) -> None:
-        """Release mapped shards and background threads of this process."""
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def payload(self, positions: np.ndarray, *, boundaries: bool = False) -> dict[str, Any]:
-        """The samples at stream ``positions`` in compact form (what DataLoader workers send): token mode
-        the raw ``[B, seq_len + 1]`` windows in the token dtype, document mode the finished int64 arrays."""
-        pos = np.asarray(positions, dtype=np.int64)
-        b, length = len(pos), self.seq_len
-        rows = np.arange(b)
-        if self.mode == "document":
-            arrays = {k: np.empty((b, length), dtype=np.int64) for k in ("input_ids", "labels", "attention_mask")}
-            self.fill(pos, rows, arrays)
-            return arrays
-        windows = np.empty((b, length + 1), dtype=self.token_dtype)
-        self.fill(pos, rows, {"windows": windows})
-        out: dict[str, Any] = {"windows": windows}
-        if boundaries:
-            out["boundaries"] = self.boundaries(pos)
-        return out
-
-    def batch(self, positions: np.ndarray, *, boundaries: bool = False) -> dict[str, torch.Tensor]:
-        """The samples at stream ``positions`` as a batch dict of int64 tensors ``[len(positions), seq_len]``."""
-        return to_batch(self.payload(positions, boundaries=boundaries))
-
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        """Single samples of epoch 0 for plain ``DataLoader`` use: rank ``RANK`` of ``WORLD_SIZE`` and each
-        worker take every ``world_size * workers``-th position. For exact resume use ``TokenLoader``."""
-        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-        info = get_worker_info()
-        wid, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        for p in range(rank * workers + wid, self.num_samples, world * workers):
-            sample = self.batch(np.asarray([p]))
-            yield {k: v[0] for k, v in sample.items()}
-
-
-def to_batch(payload: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """Tensors from a payload: windows are widened to int64 ``input_ids = w[:, :-1]``, ``labels = w[:, 1:]``."""
-    if "windows" not in payload:
-        return {k: torch.from_numpy(v) for k, v in payload.items()}
-    windows = payload["windows"]
-    b, length = windows.shape[0], windows.shape[1] - 1
-    inputs = torch.empty((b, length), dtype=torch.int64)
-    labels = torch.empty((b, length), dtype=torch.int64)
-    np.copyto(inputs.numpy(), windows[:, :-1])
-    np.copyto(labels.numpy(), windows[:, 1:])
-    out = {"input_ids": inputs, "labels": labels}
-    if "boundaries" in payload:
-        out.update(_varlen(payload["boundaries"], length))
-    return out
-
-
-def _varlen(bounds: list[list[int]], length: int) -> dict[str, torch.Tensor]:
-    """``cu_seqlens`` (int32, flattened batch, flash-attn varlen style) and ``position_ids`` from boundaries."""
-    cu: list[int] = [0]
-    pos = np.empty((len(bounds), length), dtype=np.int64)
-    for row, inner in enumerate(bounds):
-        cuts = [0, *inner, length]
-        base = row * length
-        cu.extend(base + c for c in cuts[1:])
-        seg_start = np.repeat(np.asarray(cuts[:-1]), np.diff(cuts))
-        pos[row] = np.arange(length) - seg_start
-    return {"cu_seqlens": torch.tensor(cu, dtype=torch.int32), "position_ids": torch.from_numpy(pos)}
 
 
 class TokenDataset(SampleSource):
@@ -362,67 +267,3 @@ def _quiet_ensure(cache: ShardCache, info: Any) -> None:
         cache.ensure(info)
     except Exception:  # noqa: BLE001
         return
-
-
-class MixedDataset(SampleSource):
-    """Several datasets drawn by weight; position ``p``'s source is a pure function of ``p``.
-
-    Each source keeps its own endless stream (its own epochs and shuffle); an epoch of the
-    mixture is defined as the sum of the sources' sample counts.
-    """
-
-    def __init__(self, datasets: Sequence[SampleSource], weights: Sequence[float]) -> None:
-        if len(datasets) != len(weights) or not datasets:
-            raise UsageError(f"mix needs one weight per dataset ({len(datasets)} datasets, {len(weights)} weights)")
-        lengths = {d.seq_len for d in datasets}
-        modes = {d.mode for d in datasets}
-        if len(lengths) != 1 or len(modes) != 1:
-            raise UsageError(f"mixed datasets must share seq_len and mode, got {sorted(lengths)} / {sorted(modes)}")
-        try:
-            self.schedule = MixSchedule(list(weights))
-        except ValueError as exc:
-            raise UsageError(str(exc)) from exc
-        self.sources = list(datasets)
-        self.seq_len = lengths.pop()
-        self.mode = modes.pop()
-        self.token_dtype = np.result_type(*[d.token_dtype for d in datasets])
-        self.num_samples = sum(d.num_samples for d in datasets)
-        self.prefetch_depth = max(d.prefetch_depth for d in datasets)
-
-    def __repr__(self) -> str:
-        return f"MixedDataset({self.sources!r}, weights={self.schedule.weights})"
-
-    def identity(self) -> dict[str, Any]:
-        idents = [d.identity() for d in self.sources]
-        return {
-            "dataset_version": [i["dataset_version"] for i in idents],
-            "seed": [i["seed"] for i in idents],
-            "seq_len": self.seq_len,
-            "quota": self.schedule.quota.tolist(),
-            "sources": idents,
-        }
-
-    def _split(self, positions: np.ndarray) -> Iterator[tuple[SampleSource, np.ndarray, np.ndarray]]:
-        src, idx = self.schedule.locate(positions)
-        for j in np.unique(src).tolist():
-            sel = np.nonzero(src == j)[0]
-            yield self.sources[j], idx[sel], sel
-
-    def fill(self, positions: np.ndarray, rows: np.ndarray, out: Mapping[str, np.ndarray]) -> None:
-        for source, idx, sel in self._split(positions):
-            source.fill(idx, rows[sel], out)
-
-    def boundaries(self, positions: np.ndarray) -> list[list[int]]:
-        result: list[list[int]] = [[] for _ in range(len(positions))]
-        for source, idx, sel in self._split(positions):
-            for i, b in zip(sel.tolist(), source.boundaries(idx), strict=True):
-                result[i] = b
-        return result
-
-    def prefetch(self, positions: np.ndarray) -> None:
-        for source, idx, _ in self._split(positions):
-            source.prefetch(idx)
-
-    def close(self) -> None:
-        for d in self.sources:
-            d.close()

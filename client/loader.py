@@ -19,8 +19,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from shard_tools.errors import UsageError
 
-from .dataset import SampleSource, to_batch
 from .partition import batches_until, global_batch_size, rank_positions, worker_batches
+from .source import SampleSource, to_batch
 from .state import make_state, restore_position
 
 __all__ = ["TokenLoader", "default_rank_world"]

@@ -1,0 +1,115 @@
+"""What the loader reads: a ``SampleSource`` maps stream positions to samples, and payloads become tensors.
+
+A source has ``num_samples`` samples per epoch and an endless stream of positions
+(epoch ``e`` covers ``[e*n, (e+1)*n)``). It writes the samples at given positions into
+a compact *payload* (token mode: the raw ``[B, seq_len + 1]`` windows in the token
+dtype; document mode: finished int64 arrays), which :func:`to_batch` turns into the
+batch tensors. Payloads are what DataLoader workers send to the main process.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+__all__ = ["SampleSource", "MODES", "to_batch"]
+
+MODES = ("tokens", "document")
+
+
+class SampleSource(IterableDataset[dict[str, torch.Tensor]]):
+    """What :class:`~client.loader.TokenLoader` reads: ``n`` samples per epoch, written into batches."""
+
+    seq_len: int
+    mode: str
+    num_samples: int
+    prefetch_depth: int
+    token_dtype: np.dtype
+
+    def identity(self) -> dict[str, Any]:
+        """Everything that fixes the sample order (goes into the loader state's fingerprint)."""
+        raise NotImplementedError
+
+    def fill(self, positions: np.ndarray, rows: np.ndarray, out: Mapping[str, np.ndarray]) -> None:
+        """Write the samples at stream ``positions`` into rows ``rows`` of the arrays in ``out``: token mode
+        ``out["windows"]`` (token dtype, ``seq_len + 1`` wide); document mode ``input_ids``, ``labels``
+        and ``attention_mask`` (int64)."""
+        raise NotImplementedError
+
+    def boundaries(self, positions: np.ndarray) -> list[list[int]]:
+        """Per sample, offsets in ``(0, seq_len)`` where a document starts (token mode)."""
+        raise NotImplementedError
+
+    def prefetch(self, positions: np.ndarray) -> None:
+        """Start fetching, in the background, the shards the samples at ``positions`` will need."""
+
+    def close(self) -> None:
+        """Release mapped shards and background threads of this process."""
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def payload(self, positions: np.ndarray, *, boundaries: bool = False) -> dict[str, Any]:
+        """The samples at stream ``positions`` in compact form (what DataLoader workers send): token mode
+        the raw ``[B, seq_len + 1]`` windows in the token dtype, document mode the finished int64 arrays."""
+        pos = np.asarray(positions, dtype=np.int64)
+        b, length = len(pos), self.seq_len
+        rows = np.arange(b)
+        if self.mode == "document":
+            arrays = {k: np.empty((b, length), dtype=np.int64) for k in ("input_ids", "labels", "attention_mask")}
+            self.fill(pos, rows, arrays)
+            return arrays
+        windows = np.empty((b, length + 1), dtype=self.token_dtype)
+        self.fill(pos, rows, {"windows": windows})
+        out: dict[str, Any] = {"windows": windows}
+        if boundaries:
+            out["boundaries"] = self.boundaries(pos)
+        return out
+
+    def batch(self, positions: np.ndarray, *, boundaries: bool = False) -> dict[str, torch.Tensor]:
+        """The samples at stream ``positions`` as a batch dict of int64 tensors ``[len(positions), seq_len]``."""
+        return to_batch(self.payload(positions, boundaries=boundaries))
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        """Single samples of epoch 0 for plain ``DataLoader`` use: rank ``RANK`` of ``WORLD_SIZE`` and each
+        worker take every ``world_size * workers``-th position. For exact resume use ``TokenLoader``."""
+        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+        info = get_worker_info()
+        wid, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for p in range(rank * workers + wid, self.num_samples, world * workers):
+            sample = self.batch(np.asarray([p]))
+            yield {k: v[0] for k, v in sample.items()}
+
+
+def to_batch(payload: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Tensors from a payload: windows are widened to int64 ``input_ids = w[:, :-1]``, ``labels = w[:, 1:]``."""
+    if "windows" not in payload:
+        return {k: torch.from_numpy(v) for k, v in payload.items()}
+    windows = payload["windows"]
+    b, length = windows.shape[0], windows.shape[1] - 1
+    inputs = torch.empty((b, length), dtype=torch.int64)
+    labels = torch.empty((b, length), dtype=torch.int64)
+    np.copyto(inputs.numpy(), windows[:, :-1])
+    np.copyto(labels.numpy(), windows[:, 1:])
+    out = {"input_ids": inputs, "labels": labels}
+    if "boundaries" in payload:
+        out.update(_varlen(payload["boundaries"], length))
+    return out
+
+
+def _varlen(bounds: list[list[int]], length: int) -> dict[str, torch.Tensor]:
+    """``cu_seqlens`` (int32, flattened batch, flash-attn varlen style) and ``position_ids`` from boundaries."""
+    cu: list[int] = [0]
+    pos = np.empty((len(bounds), length), dtype=np.int64)
+    for row, inner in enumerate(bounds):
+        cuts = [0, *inner, length]
+        base = row * length
+        cu.extend(base + c for c in cuts[1:])
+        seg_start = np.repeat(np.asarray(cuts[:-1]), np.diff(cuts))
+        pos[row] = np.arange(length) - seg_start
+    return {"cu_seqlens": torch.tensor(cu, dtype=torch.int32), "position_ids": torch.from_numpy(pos)}
