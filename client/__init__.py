@@ -5,9 +5,28 @@
 
 from __future__ import annotations
 
-from .dataset import TokenDataset
-from .loader import TokenLoader
-from .mixed import MixedDataset
-from .service_client import ServiceClient
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .dataset import TokenDataset
+    from .loader import TokenLoader
+    from .mixed import MixedDataset
+    from .service_client import ServiceClient
 
 __all__ = ["TokenDataset", "MixedDataset", "TokenLoader", "ServiceClient"]
+
+# Imported on first use (PEP 562): `ferry status` and ServiceClient need no torch, and every `ferry`
+# command loads client.cli, which would otherwise pay torch's multi-second import.
+_LAZY = {
+    "TokenDataset": ".dataset",
+    "TokenLoader": ".loader",
+    "MixedDataset": ".mixed",
+    "ServiceClient": ".service_client",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
