@@ -60,6 +60,10 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         stopping.set()  # ends open SSE streams so shutdown is not held up
+        unsubscribe()
+        close = getattr(backend, "close", None)
+        if close is not None:  # the adapter's event pump and sampler threads
+            close()
 
     app = FastAPI(
         title="ferry service",
