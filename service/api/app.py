@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from .auth import NAME_PATTERN, check_token, valid_name
 from .backend import ApiBackend, Invalid, NotFound
 from .cache import ResponseCache
+from .fastpath import CachedReads
 from .metrics import CONTENT_TYPE, render_metrics
 from .models import (
     ActionResult,
@@ -100,15 +101,15 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
 
     @read.get("/status", response_model=StatusOut, summary="Daemon state: paused, limits, counters")
     async def get_status() -> Response:
-        return _json(cache.get("status", backend.status))
+        return _json(cache.get("/api/v1/status", backend.status))
 
     @read.get("/clusters", response_model=list[ClusterOut], summary="Configured clusters")
     async def get_clusters() -> Response:
-        return _json(cache.get("clusters", backend.clusters))
+        return _json(cache.get("/api/v1/clusters", backend.clusters))
 
     @read.get("/datasets", response_model=list[DatasetSummary], summary="Replicated datasets")
     async def get_datasets() -> Response:
-        return _json(cache.get("datasets", backend.datasets))
+        return _json(cache.get("/api/v1/datasets", backend.datasets))
 
     @read.get(
         "/datasets/{name}",
@@ -128,11 +129,11 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
 
     @read.get("/replicas", response_model=ReplicaMatrix, summary="Dataset × cluster completeness matrix")
     async def get_replicas() -> Response:
-        return _json(cache.get("replicas", backend.replicas))
+        return _json(cache.get("/api/v1/replicas", backend.replicas))
 
     @read.get("/transfers", response_model=list[TransferOut], summary="Shard copies in flight")
     async def get_transfers() -> Response:
-        return _json(cache.get("transfers", backend.transfers))
+        return _json(cache.get("/api/v1/transfers", backend.transfers))
 
     @read.get("/history", response_model=list[HistoryEntry], summary="Finished transfers, newest first")
     def get_history(
@@ -147,7 +148,7 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
 
     @read.get("/links", response_model=list[LinkOut], summary="Lag, SLA attainment and limits per link")
     async def get_links() -> Response:
-        return _json(cache.get("links", backend.links))
+        return _json(cache.get("/api/v1/links", backend.links))
 
     @read.get("/throughput", response_model=ThroughputOut, summary="Copy throughput over the recent past")
     def get_throughput(
@@ -158,7 +159,7 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
 
     @read.get("/limits", response_model=LimitsOut, summary="Current transfer and bandwidth limits")
     async def get_limits() -> Response:
-        return _json(cache.get("limits", backend.limits))
+        return _json(cache.get("/api/v1/limits", backend.limits))
 
     @read.get(
         "/events",
@@ -226,6 +227,20 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
 
     app.include_router(read)
     app.include_router(write)
+    app.add_middleware(
+        CachedReads,
+        cache=cache,
+        routes={
+            "/api/v1/status": backend.status,
+            "/api/v1/replicas": backend.replicas,
+            "/api/v1/transfers": backend.transfers,
+            "/api/v1/clusters": backend.clusters,
+            "/api/v1/datasets": backend.datasets,
+            "/api/v1/links": backend.links,
+            "/api/v1/limits": backend.limits,
+        },
+        token=settings.token if settings.read_protected else None,
+    )
 
     @app.exception_handler(NotFound)
     async def not_found(request: Request, exc: NotFound) -> JSONResponse:
