@@ -39,6 +39,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sync-mib", type=int, default=None, help="size of the sync data set in MiB (default 1024)")
     p.add_argument("--scaling", default=None, help="comma list of shard counts (default 1000,10000,100000)")
     p.add_argument("--no-profile", action="store_true", help="skip profiling ferry where it misses a target")
+    p.add_argument("--report-from", default=None, help="only regenerate the page from this results JSON")
     p.add_argument("--data", default=None, help="scratch directory (default bench/data)")
     p.add_argument("--results", default=None, help="results directory (default bench/results)")
     p.add_argument("--docs", default=None, help="page to generate (default docs/BENCHMARKS.md); 'none' to skip")
@@ -49,6 +50,20 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     started = time.perf_counter()
     repo = Path(__file__).resolve().parent.parent
+    if args.report_from:  # regenerate the page (e.g. after editing bench/analysis.md) without measuring
+        src = Path(args.report_from).resolve()
+        saved = json.loads(src.read_text())
+        page = Path(args.docs) if args.docs else repo / "docs" / "BENCHMARKS.md"
+        peers_py = repo / ".venv-bench" / "bin" / "python"
+        stamped = saved["meta"].get("results_file", src.name)
+        report.write(
+            saved,
+            page,
+            str(peers_py) if peers_py.exists() else None,
+            os.path.relpath(src.parent / stamped, page.parent.resolve()),
+        )
+        print(report.headline(saved))
+        return 0
     suites = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = set(suites) - set(SUITES)
     if unknown:
@@ -107,13 +122,16 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.results) if args.results else repo / "bench" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    results["meta"]["results_file"] = f"{stamp}.json"
     text = json.dumps(results, indent=1, sort_keys=True, default=str)
     (out_dir / f"{stamp}.json").write_text(text)
     (out_dir / "latest.json").write_text(text)
     log(f"results: {out_dir / (stamp + '.json')}")
     if args.docs != "none":
         page = Path(args.docs) if args.docs else repo / "docs" / "BENCHMARKS.md"
-        report.write(results, page, peers, os.path.relpath(out_dir / f"{stamp}.json", page.parent))
+        report.write(
+            results, page, peers, os.path.relpath((out_dir / f"{stamp}.json").resolve(), page.parent.resolve())
+        )
         log(f"page: {page}")
     print(report.headline(results))
     return 0

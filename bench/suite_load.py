@@ -86,7 +86,8 @@ def run(ctx: Context) -> dict[str, Any]:
         cold: dict[str, dict[str, Any]] = {}
         for t in names:  # cold: fresh cache, first contact with the data
             runner, data = tools[t]
-            cold[t] = runner(ctx, {**_base(ctx, t, data, workers), "mode": "throughput"})
+            # only its first batch is reported: a short run
+            cold[t] = runner(ctx, {**_base(ctx, t, data, workers), "mode": "throughput", "min_seconds": 0.3})
             log(f"load w{workers} {t} cold: {cold[t].get('error') or round(cold[t].get('first_batch_s', 0), 3)}")
 
         def one(tool: str, _r: int, workers: int = workers) -> dict[str, Any]:
@@ -156,12 +157,34 @@ def _resume(ctx: Context, tools: dict[str, tuple[Runner, str]]) -> dict[str, Any
 
 
 def _maybe_profile(ctx: Context, ferry: tuple[Runner, str], result: dict[str, Any]) -> dict[str, Any] | None:
-    w0 = result["throughput"].get("0", {})
+    """cProfile of ferry's loop where it misses the throughput targets, and of its resume where a peer resumes
+    faster."""
     if not ctx.profile:
         return None
-    if w0.get("ratio_vs_faster_peer", 99) >= 3.0 and w0.get("fraction_of_limit", 1.0) >= 0.5:
-        return None
-    log("load: ferry misses a target; profiling the 0-worker loop")
     runner, data = ferry
-    res = runner(ctx, {**_base(ctx, "ferry", data, 0), "mode": "throughput", "profile": True})
-    return {"case": "0 workers, warm cache", "text": res.get("profile") or res.get("error", "")}
+    texts: list[str] = []
+    w0 = result["throughput"].get("0", {})
+    if w0.get("ratio_vs_faster_peer", 99) < 3.0 or w0.get("fraction_of_limit", 1.0) < 0.5:
+        log("load: ferry misses a throughput target; profiling the 0-worker loop")
+        res = runner(ctx, {**_base(ctx, "ferry", data, 0), "mode": "throughput", "profile": True})
+        texts.append("0 workers, warm cache:\n" + (res.get("profile") or res.get("error", "")))
+    rs = result.get("resume", {}).get("runs", {})
+    ferry_s = (summary(rs.get("ferry", []), "resume_s") or {}).get("median")
+    peer_s = [(summary(rs.get(p, []), "resume_s") or {}).get("median") for p in ("litdata", "mosaic")]
+    if ferry_s and any(p and p < ferry_s for p in peer_s):
+        log("load: a peer resumes faster; profiling ferry's resume")
+        res = runner(
+            ctx,
+            {
+                **_base(ctx, "ferry", data, 0),
+                "mode": "resume",
+                "profile": True,
+                "state_file": str(ctx.data / "state-ferry.json"),
+            },
+        )
+        texts.append(
+            "resume at 90% (construct + load_state_dict + 8 batches):\n" + (res.get("profile") or res.get("error", ""))
+        )
+    if not texts:
+        return None
+    return {"case": "cProfile", "text": "\n\n".join(texts)}

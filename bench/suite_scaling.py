@@ -86,10 +86,11 @@ def run(ctx: Context, sizes: list[int] | None = None) -> dict[str, Any]:
         )
         cache = str(ctx.data / "cache" / f"scale-{n}")
 
-        def one(mode: str, _r: int, path: str = path, cache: str = cache) -> dict[str, Any]:
-            return runner(ctx, {"data": path, "cache_dir": cache, "mode": mode}, timeout=300)
+        def one(_tool: str, _r: int, path: str = path, cache: str = cache) -> dict[str, Any]:
+            return runner(ctx, {"data": path, "cache_dir": cache}, timeout=300)
 
-        runs = alternate(ctx, ["startup", "resume"], one, what=f"scaling {n} shards")
+        both = alternate(ctx, ["ferry"], one, what=f"scaling {n} shards")["ferry"]
+        runs = {"startup": both, "resume": both}
         rows.append(
             {
                 "shards": n,
