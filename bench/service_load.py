@@ -1,7 +1,7 @@
 """Load on the service API while a sync runs: latency of ``/api/v1/replicas`` and the sync's throughput.
 
-    .venv/bin/python bench/service_load.py            # 128 MiB sync, 50 clients, 2 runs per mode
-    .venv/bin/python bench/service_load.py --quick    # 32 MiB, 1 run per mode
+    .venv/bin/python bench/service_load.py            # 512 MiB sync, 50 clients, 3 runs per mode
+    .venv/bin/python bench/service_load.py --quick    # 128 MiB, 1 run per mode
 
 Each run starts a real ``ferry serve`` process (daemon + API) replicating local "east" → "west",
 drops a pre-packed dataset into east (a rename), asks for a sync, and times until west's
@@ -231,10 +231,10 @@ def one_run(work: Path, packed: Path, stored: int, loaded: bool, args: argparse.
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mib", type=int, default=None, help="dataset size in MiB of raw tokens (default 128; quick 32)")
+    p.add_argument("--mib", type=int, default=None, help="dataset size in MiB of raw tokens (default 512; quick 128)")
     p.add_argument("--clients", type=int, default=50, help="concurrent polling clients (default 50)")
     p.add_argument("--interval", type=float, default=0.25, help="seconds between one client's polls (default 0.25)")
-    p.add_argument("--runs", type=int, default=None, help="runs per mode (default 2; quick 1)")
+    p.add_argument("--runs", type=int, default=None, help="runs per mode (default 3; quick 1)")
     p.add_argument("--quick", action="store_true", help="small and fast")
     p.add_argument("--json", action="store_true", help="print only the JSON result line")
     p.add_argument("--load-worker", default=None, help=argparse.SUPPRESS)
@@ -242,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.load_worker:
         return load_worker(args)
-    mib = args.mib or (32 if args.quick else 128)
-    runs = args.runs or (1 if args.quick else 2)
+    mib = args.mib or (128 if args.quick else 512)
+    runs = args.runs or (1 if args.quick else 3)
 
     def say(msg: str) -> None:
         if not args.json:

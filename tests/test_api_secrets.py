@@ -84,7 +84,7 @@ token_env = "FT_TOKEN"
 
         wait_until(published, timeout=60, what="replication between the moto buckets")
         paths = [
-            "/", "/static/app.js", "/static/app.css", "/api/docs", "/api/v1/openapi.json", "/api/v1/status",
+            "/", "/static/app.js", "/static/app.css", "/api/v1/openapi.json", "/api/v1/status",
             "/api/v1/clusters", "/api/v1/datasets", "/api/v1/datasets/corpus", "/api/v1/replicas",
             "/api/v1/transfers", "/api/v1/history?limit=1000", "/api/v1/errors", "/api/v1/links",
             "/api/v1/throughput", "/api/v1/limits", "/metrics", "/healthz", "/readyz", "/api/v1/datasets/nope",

@@ -71,7 +71,7 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
         version="1",
         description="Replication status and control. Mutating calls need `Authorization: Bearer <token>`.",
         lifespan=lifespan,
-        docs_url="/api/docs",
+        docs_url=None,  # Swagger UI loads its assets from a CDN; ferry works offline, the schema is enough
         redoc_url=None,
         openapi_url="/api/v1/openapi.json",
     )
