@@ -159,9 +159,21 @@ def _pack(res: dict[str, Any]) -> list[str]:
             f"- zstd-{case['level']}, {case['workers']} worker(s): "
             + (_verdict(ratio, 3.0, f"ferry ÷ faster peer ({peer})") if ratio is not None else "peers not measured")
             + (f"; ferry reaches {frac:.0%} of the zstd-only limit" if frac else "")
+            + _ceiling(case)
         )
     lines.append("")
     return lines
+
+
+def _ceiling(case: dict[str, Any]) -> str:
+    """How far ahead of the faster peer any packer could be: the zstd-only limit over that peer."""
+    peer = case.get("faster_peer")
+    limit = _med(case["runs"].get("zstd-limit", []), "tokens_per_s")
+    best = _med(case["runs"].get(peer, []), "tokens_per_s") if peer else None
+    if not limit or not best:
+        return ""
+    reach = "out of reach" if limit / best < 3 else "reachable"
+    return f"; ceiling: limit ÷ faster peer = {limit / best:.2f}x, so 3× is {reach} at these settings"
 
 
 def _load(res: dict[str, Any]) -> list[str]:

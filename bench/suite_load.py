@@ -139,7 +139,9 @@ def _resume(ctx: Context, tools: dict[str, tuple[Runner, str]]) -> dict[str, Any
         if t == "memmap-limit" or ctx.quick:
             continue
         runner, data = tools[t]
-        res = runner(ctx, {**_base(ctx, t, data, 2), "mode": "resume", "state_file": str(ctx.data / f"state-{t}.json")})
+        # same cache directory as the run that saved the state (litdata records it in the state)
+        args = {**_base(ctx, t, data, 2), "cache_dir": _base(ctx, t, data, 0)["cache_dir"]}
+        res = runner(ctx, {**args, "mode": "resume", "state_file": str(ctx.data / f"state-{t}.json")})
         if "digests" in res:
             res["equal"] = res["digests"] == refs[t]["digests"]
         elastic[t] = res
