@@ -45,6 +45,8 @@ class Context:
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
+        # a user's Python caches bytecode; without it every run recompiles ferry's modules
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONPATH"] = str(RUNNERS)
         env.setdefault("PYTHONWARNINGS", "ignore")
         return env

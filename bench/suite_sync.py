@@ -74,6 +74,7 @@ def _moto(ctx: Context) -> Iterator[dict[str, str]]:
         "AWS_DEFAULT_REGION": "us-east-1",
     }
     env.pop("AWS_CA_BUNDLE", None)  # rclone fails with LoadCustomCABundleError otherwise (FINDINGS.md)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     proc = subprocess.Popen(
         [ctx.ferry_python, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
@@ -148,6 +149,7 @@ def run(ctx: Context, rclone: str | None = None, mib: int = 1024) -> dict[str, A
     # local -> local (+ cp -r as the limit)
     env = dict(os.environ)
     env.pop("AWS_CA_BUNDLE", None)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as in a user's shell: bytecode is cached
 
     def local_one(tool: str, _r: int) -> dict[str, Any]:
         dst = str(root / f"dst-{tool}")
