@@ -102,6 +102,7 @@ async function control(label, path, method, body) {
       toast(res.message || label + ": done");
       return res;
     } catch (e) {
+      if (e.status === 403 && /disabled/.test(e.message)) { toast(e.message, true); return null; }  // no token configured
       if (e.status === 401 || e.status === 403) { forgetToken(); continue; }
       toast(label + " failed: " + e.message, true);
       return null;
