@@ -8,7 +8,9 @@ depends on the executor or on scheduling.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
+import itertools
 import multiprocessing
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -77,20 +79,28 @@ def _ray(job: Job, units: Sequence[Unit], address: str | None) -> Iterator[UnitR
         except Exception as exc:  # noqa: BLE001 - Ray raises assorted types for unreachable clusters
             raise UsageError(f"cannot start or reach Ray (address {address or 'local'}): {exc}") from exc
     task = ray.remote(max_retries=RAY_MAX_RETRIES, retry_exceptions=[StorageError])(pack_unit)  # type: ignore[call-overload]
-    refs = [task.remote(job, u) for u in units]
+    # A bounded window of tasks in flight, results taken in unit order. After an error nothing
+    # more is submitted and the few tasks in flight are left to finish (their shards are
+    # content-addressed, so harmless): ray.cancel racing a finishing task can crash the driver
+    # in Ray 2.60 ("Tried to complete task that was not pending").
+    window = max(4, 2 * int(ray.cluster_resources().get("CPU", 1)))
+    pending: collections.deque[Any] = collections.deque()
     try:
-        for ref in refs:  # in unit order, as the local executor
+        queued = iter(units)
+        for unit in itertools.islice(queued, window):
+            pending.append(task.remote(job, unit))
+        while pending:
+            ref = pending.popleft()
             try:
-                yield ray.get(ref)
+                result = ray.get(ref)
             except ray.exceptions.RayTaskError as exc:
                 cause = getattr(exc, "cause", None)
                 if isinstance(cause, FerryError):
                     raise cause from None
                 raise
-    except BaseException:
-        for ref in refs:  # stop what is still queued or running; nothing will be published
-            ray.cancel(ref)
-        raise
+            for unit in itertools.islice(queued, 1):
+                pending.append(task.remote(job, unit))
+            yield result
     finally:
         if started_here:
             ray.shutdown()
