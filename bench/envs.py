@@ -12,12 +12,13 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from harness import log
 
-__all__ = ["ensure_peers_venv", "ensure_rclone", "machine", "versions"]
+__all__ = ["PeersVenv", "ensure_peers_venv", "ensure_rclone", "machine", "versions"]
 
 PEER_PACKAGES = [
     "torch",
@@ -32,31 +33,55 @@ PEER_PACKAGES = [
 ]
 
 
+class PeersVenv:
+    """Creating ``.venv-bench`` in the background: pip mostly unpacks wheels (I/O), so the corpus can be
+    generated meanwhile. :meth:`wait` gives the peers' python, or None when the install failed."""
+
+    def __init__(self, repo: Path) -> None:
+        self.venv = repo / ".venv-bench"
+        self.py = self.venv / "bin" / "python"
+        self.constraints = repo / "constraints-bench.txt"
+        self.stamp = self.venv / ".installed"
+        self.want = self.constraints.read_text()
+        self.proc: subprocess.Popen[str] | None = None
+        self.error: str | None = None
+        self.log = tempfile.TemporaryFile("w+")  # noqa: SIM115 — lives as long as the install
+        if self.ready():
+            return
+        log("creating .venv-bench for the peers (litdata, mosaicml-streaming; torch 2.14.1 + torchvision 0.29.1)")
+        try:
+            if not self.py.exists():
+                subprocess.run([sys.executable, "-m", "venv", str(self.venv)], check=True)
+            self.proc = subprocess.Popen(
+                [str(self.py), "-m", "pip", "install", "-q", "-c", str(self.constraints), *PEER_PACKAGES],
+                stdout=subprocess.DEVNULL,
+                stderr=self.log,  # a file, not a pipe: pip's many index warnings would fill a pipe and block it
+                text=True,
+            )
+        except (OSError, subprocess.CalledProcessError) as exc:
+            self.error = str(exc)
+
+    def ready(self) -> bool:
+        return self.py.exists() and self.stamp.exists() and self.stamp.read_text() == self.want
+
+    def wait(self) -> str | None:
+        if self.proc is not None:
+            self.proc.wait()
+            if self.proc.returncode != 0:
+                self.log.seek(0)
+                self.error = f"pip exit {self.proc.returncode}: {self.log.read()[-800:]}"
+            else:
+                self.stamp.write_text(self.want)
+            self.proc = None
+        if self.error:
+            log(f"peers' venv failed ({self.error}); peers are skipped")
+            return None
+        return str(self.py) if self.ready() else None
+
+
 def ensure_peers_venv(repo: Path) -> str | None:
     """Path of the peers' python, creating ``.venv-bench`` when missing or stale; None on failure."""
-    venv = repo / ".venv-bench"
-    py = venv / "bin" / "python"
-    constraints = repo / "constraints-bench.txt"
-    stamp = venv / ".installed"
-    want = constraints.read_text()
-    if py.exists() and stamp.exists() and stamp.read_text() == want:
-        return str(py)
-    log("creating .venv-bench for the peers (litdata, mosaicml-streaming; torch 2.14.1 + torchvision 0.29.1)")
-    try:
-        if not py.exists():
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run(
-            [str(py), "-m", "pip", "install", "-q", "-c", str(constraints), *PEER_PACKAGES],
-            check=True,
-            stderr=subprocess.PIPE,  # pip's index warnings are noise here; shown on failure
-            text=True,
-        )
-    except subprocess.CalledProcessError as exc:
-        err = exc.stderr if isinstance(exc.stderr, str) else ""
-        log(f"peers' venv failed ({exc}); peers are skipped. {err[-800:]}")
-        return None
-    stamp.write_text(want)
-    return str(py)
+    return PeersVenv(repo).wait()
 
 
 def ensure_rclone() -> str | None:

@@ -71,13 +71,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     data = Path(args.data) if args.data else repo / "bench" / "data"
     data.mkdir(parents=True, exist_ok=True)
-    peers = None if args.no_peers else envs.ensure_peers_venv(repo)
+    venv = None if args.no_peers else envs.PeersVenv(repo)  # installs in the background
     rclone = None if args.no_peers or "sync" not in suites else envs.ensure_rclone()
     ctx = Context(
         repo=repo,
         data=data,
         ferry_python=sys.executable,
-        peers_python=peers,
+        peers_python=None,
         repeats=args.repeats or (1 if args.quick else 3),
         quick=args.quick,
         profile=not args.no_profile,
@@ -87,6 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     ctx.corpus = ensure_corpus(data, CorpusSpec(tokens=tokens))
     corpus_s = time.perf_counter() - t0
+    sync_mib = args.sync_mib or (64 if args.quick else 1024)
+    if "sync" in suites:  # its data set too, while pip may still be unpacking
+        import suite_sync
+
+        suite_sync.prepare(ctx, sync_mib)
+    peers = venv.wait() if venv else None
+    ctx.peers_python = peers
     results: dict[str, Any] = {
         "meta": {
             "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -110,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             module = __import__(f"suite_{name}")
             kwargs: dict[str, Any] = {}
             if name == "sync":
-                kwargs = {"rclone": rclone, "mib": args.sync_mib or (64 if args.quick else 1024)}
+                kwargs = {"rclone": rclone, "mib": sync_mib}
             if name == "scaling" and args.scaling:
                 kwargs = {"sizes": [int(x) for x in args.scaling.split(",")]}
             results[name] = module.run(ctx, **kwargs)

@@ -19,7 +19,7 @@ from typing import Any
 
 from harness import Context, alternate, log, summary
 
-__all__ = ["run"]
+__all__ = ["prepare", "run"]
 
 TRANSFERS = 4
 SHARD_MIB = 32
@@ -45,6 +45,13 @@ def _make_dataset(root: Path, mib: int) -> tuple[str, int, int]:
         )
     m = open_dataset(str(path)).manifest
     return str(path), len(m.shards), int(m.shards.stored_bytes.sum())
+
+
+def prepare(ctx: Context, mib: int) -> None:
+    """Make (or find) the sync data set ahead of the measurements."""
+    root = ctx.data / "sync"
+    root.mkdir(parents=True, exist_ok=True)
+    _make_dataset(root, mib)
 
 
 def _timed(cmd: list[str], env: dict[str, str], timeout: float = 900) -> tuple[float, str | None]:
