@@ -384,17 +384,23 @@ def _headline_rows(res: dict[str, Any]) -> list[str]:
     for peer in PEERS:
         p_res = _med(rs.get(peer, []), "resume_s")
         if f_res and p_res:
-            rows.append(f"| resume at 90% (time, peer ÷ ferry) | {LABEL[peer]} | {p_res / f_res:.2f}x faster |")
+            rows.append(
+                f"| resume at 90% → first batch (peer time ÷ ferry time) | {LABEL[peer]} | {_speed(p_res / f_res)} |"
+            )
     sy = res.get("sync") or {}
     for link, case in (sy.get("links") or {}).items():
         if case.get("ratio_vs_rclone"):
             rows.append(f"| sync MB/s {link} | {LABEL['rclone']} | {case['ratio_vs_rclone']:.2f}x |")
         if case.get("noop_speedup_vs_rclone"):
             rows.append(
-                f"| no-op resync {link} (rclone ÷ ferry time) | {LABEL['rclone']} | "
-                f"{case['noop_speedup_vs_rclone']:.1f}x faster |"
+                f"| no-op resync {link} (rclone time ÷ ferry time) | {LABEL['rclone']} | "
+                f"{_speed(case['noop_speedup_vs_rclone'])} |"
             )
     return rows
+
+
+def _speed(r: float) -> str:
+    return f"{r:.2f}x (ferry faster)" if r >= 1 else f"{r:.2f}x (ferry {1 / r:.1f}x slower)"
 
 
 def headline(res: dict[str, Any]) -> str:
