@@ -174,3 +174,16 @@ def test_progress_bar_on_a_tty(tmp_path: Path) -> None:
     text = b"".join(chunks).decode(errors="replace")
     assert os.waitstatus_to_exitcode(status) == 0
     assert "packing" in text and "2/2" in text and "tok_s" in text and "packed 60 documents" in text
+
+
+def test_executor_ray_without_ray_is_a_clear_usage_error(tmp_path: Path) -> None:
+    inputs = corpus(tmp_path, files=1, docs=5)
+    code = (
+        "import sys; sys.modules['ray'] = None\n"  # as if the 'ray' extra were not installed
+        "from shard_tools.cli import main\n"
+        f"sys.exit(main(['pack', {inputs[0]!r}, '--out', {str(tmp_path / 'ds')!r}, '--vocab-size', '50257',"
+        " '--eos-id', '50256', '--executor', 'ray']))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "pip install 'ferry[ray]'" in proc.stderr
+    assert not (tmp_path / "ds" / "manifest.json").exists()
