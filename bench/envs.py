@@ -6,6 +6,7 @@ once and stamped with the constraints file it was built from.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -163,5 +164,6 @@ def versions(ferry_python: str, peers_python: str | None, rclone: str | None) ->
             out["rclone"] = first.split()[-1]
         except (OSError, IndexError):
             pass
-    out["cp"] = "GNU coreutils " + (shutil.which("cp") or "cp")
+    with contextlib.suppress(OSError, IndexError):
+        out["cp"] = subprocess.run(["cp", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     return out

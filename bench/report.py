@@ -85,7 +85,8 @@ def _machine(res: dict[str, Any]) -> list[str]:
     lines += [
         f"- Corpus: {c.get('tokens', 0) / 1e6:.0f}M tokens in {c.get('documents')} documents, {c.get('files')} Parquet "
         f"files (`tokens` list<uint16>), log-normal lengths (median ~600), Zipf ids, vocab 50257, seed "
-        f"{c.get('spec', {}).get('seed')}; generated in {c.get('generate_s', 0):.1f} s.",
+        f"{c.get('spec', {}).get('seed')}; "
+        + (f"generated in {c['generate_s']:.1f} s." if c.get("generate_s", 0) > 0.5 else "reused from bench/data."),
         f"- Run: `{meta.get('command')}`, {meta.get('repeats')} repeats per measurement, started "
         f"{meta.get('started')}, took {meta.get('duration_s', 0) / 60:.1f} min.",
         "",
@@ -298,7 +299,7 @@ def _sync(res: dict[str, Any]) -> list[str]:
         "| link | tool | MB/s | no-op re-run s | ferry ÷ tool (MB/s) | tool ÷ ferry (no-op time) |",
         "|---|---|---|---|---|---|",
     ]
-    for link, case in sy.get("links", {}).items():
+    for link, case in _links(sy):
         ferry = case["runs"].get("ferry", [])
         f_mb = _med(ferry, "mb_per_s")
         f_noop = _med(ferry, "noop_s")
@@ -311,7 +312,7 @@ def _sync(res: dict[str, Any]) -> list[str]:
                 f"{'' if tool == 'ferry' else _ratio(noop, f_noop)} |"
             )
     lines += ["", "Targets (≥ 1.5× rclone's MB/s, no-op ≥ 10× faster):", ""]
-    for link, case in sy.get("links", {}).items():
+    for link, case in _links(sy):
         r = case.get("ratio_vs_rclone")
         n = case.get("noop_speedup_vs_rclone")
         lines.append(f"- {link}: " + _verdict(r, 1.5, "throughput ÷ rclone") + "; " + _verdict(n, 10, "no-op speed-up"))
@@ -319,6 +320,11 @@ def _sync(res: dict[str, Any]) -> list[str]:
         lines += ["", sy["note"]]
     lines.append("")
     return lines
+
+
+def _links(sy: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Links in a stable order: local first (results JSON sorts keys)."""
+    return sorted((sy.get("links") or {}).items(), key=lambda kv: ("S3" in kv[0], kv[0]))
 
 
 def _service(res: dict[str, Any]) -> list[str]:
@@ -388,7 +394,7 @@ def _headline_rows(res: dict[str, Any]) -> list[str]:
                 f"| resume at 90% → first batch (peer time ÷ ferry time) | {LABEL[peer]} | {_speed(p_res / f_res)} |"
             )
     sy = res.get("sync") or {}
-    for link, case in (sy.get("links") or {}).items():
+    for link, case in _links(sy):
         if case.get("ratio_vs_rclone"):
             rows.append(f"| sync MB/s {link} | {LABEL['rclone']} | {case['ratio_vs_rclone']:.2f}x |")
         if case.get("noop_speedup_vs_rclone"):
