@@ -302,23 +302,20 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-DATA_COMMANDS = ("pack", "inspect", "verify", "export")
-
-
-def build_parser(only_data: bool = False) -> argparse.ArgumentParser:
-    """The full ``ferry`` parser; ``only_data`` registers just this package's commands (the
-    other packages' entry points may import heavy libraries such as torch)."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``ferry`` parser. Given the ``command`` about to run, only the entry point that owns it
+    is loaded (other packages' commands may import heavy libraries such as torch); otherwise all."""
     parser = argparse.ArgumentParser(
         prog="ferry",
         description="ferry: pack tokenized training data, replicate it across clusters, stream it into training.",
     )
     parser.add_argument("--version", action="version", version=f"ferry {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    if only_data:
-        register(sub)
-        return parser
+    eps = sorted(entry_points(group="ferry.commands"), key=lambda e: e.name)
+    if any(ep.name == command for ep in eps):
+        eps = [ep for ep in eps if ep.name == command]
     registered = set()
-    for ep in sorted(entry_points(group="ferry.commands"), key=lambda e: e.name):
+    for ep in eps:
         if ep.value in registered:
             continue
         registered.add(ep.value)
@@ -332,7 +329,7 @@ def build_parser(only_data: bool = False) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     first = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(only_data=first in DATA_COMMANDS)
+    parser = build_parser(first)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
