@@ -356,8 +356,8 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 def _profiles(res: dict[str, Any]) -> list[str]:
     lines: list[str] = []
-    for suite in ("pack", "load", "sync"):
-        prof = (res.get(suite) or {}).get("profile")
+    for suite, key in (("pack", "profile"), ("load", "profile"), ("sync", "profile"), ("sync", "profile_s3")):
+        prof = (res.get(suite) or {}).get(key)
         if prof:
             lines += [
                 f"### Profile: ferry {suite} ({prof.get('case')}), top functions",

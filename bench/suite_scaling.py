@@ -7,6 +7,7 @@ permutation are as large as a real N-shard dataset's, while the disk holds a few
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -49,8 +50,8 @@ def synthesize(root: Path, n: int) -> dict[str, Any]:
 
     out = root / f"shards-{n}"
     tiny_root, info, tiny = _tiny_shard(root)
-    if (out / "manifest.json").exists():
-        return {"path": str(out), "reused": True}
+    if (out / "manifest.json").exists() and (out / "build.json").exists():
+        return {"path": str(out), "reused": True, **json.loads((out / "build.json").read_text())}
     shutil.rmtree(out, ignore_errors=True)
     (out / "shards").mkdir(parents=True)
     shutil.copyfile(tiny_root / info.path, out / info.path)
@@ -69,7 +70,9 @@ def synthesize(root: Path, n: int) -> dict[str, Any]:
         tool_version="bench",
     )
     publish_version(resolve(str(out)), manifest, data, expect_current=None, new_shards=[info.path])
-    return {"path": str(out), "build_s": time.perf_counter() - t0, "reused": False}
+    built = {"build_s": time.perf_counter() - t0}
+    (out / "build.json").write_text(json.dumps(built))  # beside the data set, outside its manifest
+    return {"path": str(out), "reused": False, **built}
 
 
 def run(ctx: Context, sizes: list[int] | None = None) -> dict[str, Any]:
@@ -82,7 +85,10 @@ def run(ctx: Context, sizes: list[int] | None = None) -> dict[str, Any]:
         made = synthesize(root, n)
         path = made["path"]
         manifest_bytes = sum(
-            os.path.getsize(os.path.join(b, f)) for b, _d, fs in os.walk(path) for f in fs if not f.endswith(".zst")
+            os.path.getsize(os.path.join(b, f))
+            for b, _d, fs in os.walk(path)
+            for f in fs
+            if not f.endswith(".zst") and f != "build.json"
         )
         cache = str(ctx.data / "cache" / f"scale-{n}")
 

@@ -7,6 +7,7 @@ start included, the same for all). Destinations are emptied between runs (not ti
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -186,7 +187,13 @@ def run(ctx: Context, rclone: str | None = None, mib: int = 1024) -> dict[str, A
                 return res
 
             runs = alternate(ctx, tools, s3_one, what="sync local→S3")
-            result["links"]["local→S3 (moto)"] = {"runs": runs, **_ratios(runs)}
+            result["links"]["local→S3 (moto)"] = case = {"runs": runs, **_ratios(runs)}
+            if (
+                ctx.profile
+                and ctx.peers_python
+                and (case.get("ratio_vs_rclone", 99) < 1.5 or case.get("noop_speedup_vs_rclone", 99) < 10)
+            ):
+                result["profile_s3"] = _profile_s3(ctx, fs, cmd_for, s3env)
     except Exception as exc:  # noqa: BLE001 — report, keep the local numbers
         print(f"sync to S3 failed: {exc}", file=sys.stderr)
         result["links"]["local→S3 (moto)"] = {"runs": {}, "error": str(exc)}
@@ -215,6 +222,23 @@ def _maybe_profile(
     noop = pyspy.top(spy, cmd_for("ferry", dst, False), env)
     shutil.rmtree(dst, ignore_errors=True)
     return {"case": "local→local, py-spy", "text": f"full copy:\n{full}\n\nno-op re-run:\n{noop}"}
+
+
+def _profile_s3(ctx: Context, fs: Any, cmd_for: Any, env: dict[str, str]) -> dict[str, Any]:
+    """py-spy of ``ferry sync`` to S3 (moto): full copy, then the no-op re-run."""
+    import pyspy
+
+    assert ctx.peers_python is not None
+    spy = str(Path(ctx.peers_python).parent / "py-spy")
+    if not Path(spy).exists():
+        return {"case": "local→S3", "text": "py-spy not available"}
+    log("sync: ferry misses an S3 target; profiling ferry sync to S3 with py-spy")
+    fs.mkdir("bench-profile")
+    full = pyspy.top(spy, cmd_for("ferry", "s3://bench-profile/ds", True), env)
+    noop = pyspy.top(spy, cmd_for("ferry", "s3://bench-profile/ds", True), env)
+    with contextlib.suppress(Exception):
+        fs.rm("bench-profile", recursive=True)
+    return {"case": "local→S3 (moto), py-spy", "text": f"full copy:\n{full}\n\nno-op re-run:\n{noop}"}
 
 
 def _ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
