@@ -84,6 +84,17 @@ class Runner:
         cmd = [self.python, str(RUNNERS / self.script), json.dumps(args)]
         return run_json(cmd, ctx.env(), timeout)
 
+    def profile(self, ctx: Context, args: dict[str, Any]) -> str:
+        """Top functions of one run: py-spy over all threads where the peers' venv has it, else cProfile."""
+        spy = Path(ctx.peers_python).parent / "py-spy" if ctx.peers_python else None
+        if spy is not None and spy.exists():
+            import pyspy
+
+            cmd = [self.python, str(RUNNERS / self.script), json.dumps(args)]
+            return "py-spy:\n" + pyspy.top(str(spy), cmd, ctx.env(), rate=1000, skip_imports=True)
+        res = self(ctx, {**args, "profile": True})
+        return "cProfile, main thread only:\n" + str(res.get("profile") or res.get("error", ""))
+
 
 def alternate(
     ctx: Context,

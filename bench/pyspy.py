@@ -7,14 +7,19 @@ stacks into the top functions by own time and by inclusive time.
 from __future__ import annotations
 
 import collections
+import re
 import subprocess
 import tempfile
 from pathlib import Path
 
 __all__ = ["top"]
 
+_IDLE = re.compile(
+    r"^(Condition\.wait|Event\.wait|Thread\._wait_for_tstate_lock|\w*Selector\.select|_worker \(concurrent)"
+)
 
-def _fold(raw: str, n: int) -> str:
+
+def _fold(raw: str, n: int, skip_imports: bool = False) -> str:
     own: collections.Counter[str] = collections.Counter()
     incl: collections.Counter[str] = collections.Counter()
     total = 0
@@ -23,6 +28,10 @@ def _fold(raw: str, n: int) -> str:
         if not stack or not count.isdigit():
             continue
         c = int(count)
+        if skip_imports and "_find_and_load" in stack:
+            continue  # interpreter start-up, not the code under test
+        if skip_imports and _IDLE.search(stack.rsplit(";", 1)[-1]):
+            continue  # a parked thread (progress monitor, idle pool worker), not work
         total += c
         frames = stack.split(";")
         own[frames[-1]] += c
@@ -30,19 +39,28 @@ def _fold(raw: str, n: int) -> str:
             incl[f] += c
     if not total:
         return "(no samples)"
-    out = [f"{total} samples (all threads)", "", "own%   function (file:line)"]
+    what = "all threads; imports and parked threads excluded" if skip_imports else "all threads"
+    out = [f"{total} samples ({what})", "", "own%   function (file:line)"]
     out += [f"{100 * c / total:5.1f}  {f}" for f, c in own.most_common(n)]
     out += ["", "incl%  function (file:line)"]
     out += [f"{100 * c / total:5.1f}  {f}" for f, c in incl.most_common(n)]
     return "\n".join(out)
 
 
-def top(pyspy: str, cmd: list[str], env: dict[str, str], n: int = 15, timeout: float = 300) -> str:
+def top(
+    pyspy: str,
+    cmd: list[str],
+    env: dict[str, str],
+    n: int = 15,
+    timeout: float = 300,
+    rate: int = 200,
+    skip_imports: bool = False,
+) -> str:
     """Run ``cmd`` under ``py-spy record`` and return its top functions as text."""
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "stacks.txt"
         proc = subprocess.run(
-            [pyspy, "record", "-r", "200", "-f", "raw", "-o", str(raw), "--", *cmd],
+            [pyspy, "record", "-r", str(rate), "-f", "raw", "-o", str(raw), "--", *cmd],
             env=env,
             capture_output=True,
             text=True,
@@ -50,4 +68,4 @@ def top(pyspy: str, cmd: list[str], env: dict[str, str], n: int = 15, timeout: f
         )
         if not raw.exists():
             return f"py-spy failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}"
-        return _fold(raw.read_text(), n)
+        return _fold(raw.read_text(), n, skip_imports)

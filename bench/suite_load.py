@@ -168,25 +168,16 @@ def _maybe_profile(ctx: Context, ferry: tuple[Runner, str], result: dict[str, An
     w0 = result["throughput"].get("0", {})
     if w0.get("ratio_vs_faster_peer", 99) < 3.0 or w0.get("fraction_of_limit", 1.0) < 0.5:
         log("load: ferry misses a throughput target; profiling the 0-worker loop")
-        res = runner(ctx, {**_base(ctx, "ferry", data, 0), "mode": "throughput", "profile": True})
-        texts.append("0 workers, warm cache:\n" + (res.get("profile") or res.get("error", "")))
+        texts.append(
+            "0 workers, warm cache, " + runner.profile(ctx, {**_base(ctx, "ferry", data, 0), "mode": "throughput"})
+        )
     rs = result.get("resume", {}).get("runs", {})
     ferry_s = (summary(rs.get("ferry", []), "resume_s") or {}).get("median")
     peer_s = [(summary(rs.get(p, []), "resume_s") or {}).get("median") for p in ("litdata", "mosaic")]
     if ferry_s and any(p and p < ferry_s for p in peer_s):
         log("load: a peer resumes faster; profiling ferry's resume")
-        res = runner(
-            ctx,
-            {
-                **_base(ctx, "ferry", data, 0),
-                "mode": "resume",
-                "profile": True,
-                "state_file": str(ctx.data / "state-ferry.json"),
-            },
-        )
-        texts.append(
-            "resume at 90% (construct + load_state_dict + 8 batches):\n" + (res.get("profile") or res.get("error", ""))
-        )
+        args = {**_base(ctx, "ferry", data, 0), "mode": "resume", "state_file": str(ctx.data / "state-ferry.json")}
+        texts.append("resume at 90% (construct + load_state_dict + 8 batches), " + runner.profile(ctx, args))
     if not texts:
         return None
-    return {"case": "cProfile", "text": "\n\n".join(texts)}
+    return {"case": "see each part", "text": "\n\n".join(texts)}

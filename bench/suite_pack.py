@@ -83,7 +83,7 @@ def _maybe_profile(ctx: Context, ferry: Runner, cases: list[dict[str, Any]]) -> 
         return None
     log("pack: ferry misses a target; profiling ferry pack (1 worker, zstd-1)")
     corpus = ctx.corpus
-    res = ferry(
+    text = ferry.profile(
         ctx,
         {
             "inputs": corpus.files,
@@ -93,7 +93,6 @@ def _maybe_profile(ctx: Context, ferry: Runner, cases: list[dict[str, Any]]) -> 
             "shard_size": SHARD_SIZE,
             "vocab_size": corpus.spec.vocab_size,
             "eos_id": corpus.spec.eos_id,
-            "profile": True,
         },
     )
-    return {"case": "zstd-1, 1 worker", "text": res.get("profile") or res.get("error", "")}
+    return {"case": "zstd-1, 1 worker", "text": text}
