@@ -194,6 +194,7 @@ class Config:
     scrub_interval: float | None = None  # seconds; None = only on demand
     api: ApiConfig = field(default_factory=ApiConfig)
     source_path: Path | None = None
+    cluster: str | None = None  # one daemon per cluster: act only where this cluster is the destination
 
     def links(self) -> list[tuple[str, str]]:
         """Every (source, destination) pair some rule names."""
@@ -243,7 +244,17 @@ def parse_config(
     base = base_dir or Path.cwd()
     _check_keys(
         doc,
-        {"clusters", "rules", "limits", "state_dir", "poll_interval", "keep_versions", "scrub_interval", "api"},
+        {
+            "clusters",
+            "rules",
+            "limits",
+            "state_dir",
+            "poll_interval",
+            "keep_versions",
+            "scrub_interval",
+            "api",
+            "cluster",
+        },
         "ferry.toml",
     )
     raw_clusters = doc.get("clusters")
@@ -310,7 +321,16 @@ def parse_config(
         keep_versions=int(_number(doc.get("keep_versions", 3), "keep_versions", minimum=1, integer=True)),
         scrub_interval=None if scrub in (None, 0) else float(_number(scrub, "scrub_interval", minimum=1)),
         api=api,
+        cluster=_own_cluster(doc.get("cluster"), clusters),
     )
+
+
+def _own_cluster(value: Any, clusters: Mapping[str, Cluster]) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in clusters:
+        raise ConfigError(f"cluster: {value!r} is not one of the configured clusters ({', '.join(clusters)})")
+    return value
 
 
 def _string(value: Any, where: str) -> str:

@@ -199,6 +199,9 @@ class Daemon:
                 header = headers[key]
                 if header is None:
                     continue
+                if self._config.cluster not in (None, dest):  # that cluster's own daemon copies: just look
+                    self._note_peer(name, rule.source, dest, header)
+                    continue
                 clusters = dict.fromkeys([rule.source, *rule.destinations])
                 locations = {c: self._location(c, name) for c in clusters}
                 known = self._known[name]
@@ -219,6 +222,18 @@ class Daemon:
             except Exception as exc:  # noqa: BLE001 - the loop must survive any single pass
                 log.exception("pass %s %s->%s crashed", name, rule.source, dest)
                 self._report_failure(name, dest, f"{type(exc).__name__}: {exc}")
+
+    def _note_peer(self, name: str, source: str, dest: str, src_header: tuple[bytes, dict[str, Any]]) -> None:
+        """A destination another daemon serves: read its manifest.json (one small read) for the matrix."""
+        doc = src_header[1]
+        res = PassResult(name, source, dest, str(doc["version_id"]))
+        res.total_shards, res.total_bytes = int(doc["totals"]["shards"]), int(doc["totals"]["stored_bytes"])
+        peer = read_header(self._location(dest, name))
+        if peer is not None and peer[1]["version_id"] == res.version_id:
+            res.up_to_date = True
+            res.already_verified, res.verified_bytes = res.total_shards, res.total_bytes
+        with self._lock:
+            self._known[name].cells[dest] = res
 
     def _report_failure(self, dataset: str | None, cluster: str, message: str) -> None:
         log.warning("%s", message)
@@ -258,7 +273,7 @@ class Daemon:
                 clusters = [known.source, *known.destinations]
                 locations = {c: self._location(c, name) for c in clusters}
                 for c in clusters:
-                    if cluster not in (None, c) or self._stopping.is_set():
+                    if cluster not in (None, c) or self._config.cluster not in (None, c) or self._stopping.is_set():
                         continue
                     t0, wall = time.monotonic(), time.time()
                     try:

@@ -102,6 +102,15 @@ def listing(loc: Location) -> dict[str, int]:
     return out
 
 
+def _publishes(loc: Location, version: str) -> bool:
+    """Whether ``loc``'s manifest.json names ``version`` (then every shard of it is verified there)."""
+    try:
+        header = read_header(loc)
+    except (StorageError, ManifestError):
+        return False
+    return header is not None and header[1]["version_id"] == version
+
+
 def _created_ts(header: dict[str, Any]) -> float | None:
     try:
         return datetime.fromisoformat(str(header["created_at"]).replace("Z", "+00:00")).timestamp()
@@ -188,6 +197,11 @@ class Engine:
         src_version = SourceVersion.of(manifest)
         held = listing(dst_loc)
         others = {p: [c for c in cs if c != dest and c in locations] for p, cs in self.state.replicas(dataset).items()}
+        peers = [c for c in locations if c not in (source, dest) and _publishes(locations[c], version)]
+        if peers:  # published by another cluster's daemon (pull model: nothing shared but storage)
+            for s in src_version.shards:
+                have = others.setdefault(s.path, [])
+                have += [c for c in peers if c not in have]
         plan = plan_sync(
             src_version,
             source=source,

@@ -280,16 +280,18 @@ def test_three_daemons_mesh_kill_restart_no_partial_version(tmp_path: Path, daem
     # east's daemon is restricted to east (the source): it copied nothing anywhere.
     assert east.get("/api/v1/history?limit=1000") == []
 
-    # Every daemon shows the whole matrix, complete, from the peers' manifests.
+    # Every daemon shows the whole matrix, complete, from the peers' manifests (within a poll or two).
+    def matrix_complete(d: Daemon) -> bool:
+        cells = {(c["dataset"], c["cluster"]): c for c in d.get("/api/v1/replicas")["cells"]}
+        return set(cells) == {(DATASET, c) for c in CLUSTERS} and all(
+            cell["published_version"] == version
+            and cell["state"] in ("source", "complete")
+            and cell["verified_shards"] == cell["total_shards"] == shards
+            for cell in cells.values()
+        )
+
     for d in (east, west2, north):
-        matrix = d.get("/api/v1/replicas")
-        cells = {(c["dataset"], c["cluster"]): c for c in matrix["cells"]}
-        assert set(cells) == {(DATASET, c) for c in CLUSTERS}, (d.me, matrix)
-        for c in CLUSTERS:
-            cell = cells[(DATASET, c)]
-            assert cell["published_version"] == version, (d.me, cell)
-            assert cell["state"] in ("source", "complete"), (d.me, cell)
-            assert cell["verified_shards"] == cell["total_shards"] == shards, (d.me, cell)
+        _wait(f"{d.me}'s dashboard matrix to show every cluster complete", lambda d=d: matrix_complete(d), 10, daemons)
 
     for c in CLUSTERS:
         proc = subprocess.run(
