@@ -13,6 +13,7 @@ Usage::
     .venv/bin/python bench/scale_manifest.py                      # 1k, 10k, 100k, 1M
     .venv/bin/python bench/scale_manifest.py --sizes 100000 --repeat 3 --planner --loader
     .venv/bin/python bench/scale_manifest.py --daemon --sizes 10000 100000   # a real ferry serve's RSS
+    .venv/bin/python bench/scale_manifest.py --engine-steps --sizes 100000   # a sync pass, step by step
 
 Prints one JSON document on stdout: ``{"results": [ {per size}, ... ]}``.
 """
@@ -225,6 +226,40 @@ def _measure_loader(root: str, repeat: int) -> dict[str, Any]:
     return out
 
 
+def measure_engine_steps(n: int) -> dict[str, Any]:
+    """The steps of one ``Engine.sync_pass`` on a changed version, timed one by one, in-process:
+    shard table load, ``SourceVersion.of``, the recursive listing of a destination holding
+    ``n`` shards (sparse files), ``plan_sync`` for an empty destination, ``State.set_pending``."""
+    from service.engine import listing, load_version, read_header
+    from service.planner import SourceVersion, plan_sync
+    from service.state import State
+    from shard_tools.store import resolve
+
+    out: dict[str, Any] = {"shards": n}
+    with tempfile.TemporaryDirectory(prefix="ferry-scale-engine-") as root:
+        ds = os.path.join(root, "corpus")
+        publish_synthetic(ds, n)
+        loc = resolve(ds)
+        header = read_header(loc)
+        assert header is not None
+        out["load_version_s"], (manifest, _) = _median_time(lambda: load_version(loc, header[0]), 1)
+        out["source_version_of_s"], src = _median_time(lambda: SourceVersion.of(manifest), 1)
+        os.makedirs(os.path.join(ds, "shards"))
+        for ref in src.shards:
+            with open(os.path.join(ds, ref.path), "wb") as f:
+                f.truncate(ref.size)
+        out["listing_s"], held = _median_time(lambda: listing(loc), 1)
+        assert len(held) >= n
+        out["plan_sync_s"], plan = _median_time(
+            lambda: plan_sync(src, source="east", dest_version=None, listing={}, verified=(), replicas={}), 1
+        )
+        state = State(os.path.join(root, "state"))
+        rows = [(c.shard.path, c.shard.size) for c in plan.copies]
+        out["set_pending_s"], _ = _median_time(lambda: state.set_pending("corpus", src.version_id, "west", rows), 1)
+        state.close()
+    return out
+
+
 def _free_port() -> int:
     import socket
 
@@ -341,9 +376,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--planner", action="store_true", help="also time the replication planner")
     ap.add_argument("--loader", action="store_true", help="also time TokenDataset start-up")
     ap.add_argument("--daemon", action="store_true", help="measure a real ferry serve instead (e.g. --sizes 100000)")
+    ap.add_argument("--engine-steps", action="store_true", help="time the steps of a sync pass (e.g. --sizes 100000)")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # child mode: one size, this process
     ap.add_argument("--publish-only", metavar="ROOT", help=argparse.SUPPRESS)  # child mode: synthesise + publish
     args = ap.parse_args(argv)
+    if args.engine_steps:
+        print(json.dumps({"engine_steps": [measure_engine_steps(n) for n in args.sizes]}, indent=1))
+        return 0
     if args.daemon:
         print(json.dumps({"daemon": [measure_daemon(n) for n in args.sizes]}, indent=1))
         return 0
