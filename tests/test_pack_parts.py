@@ -102,7 +102,9 @@ def test_killed_merge_driver_publishes_nothing_partial(tmp_path: Path) -> None:
     for p in procs:
         p.wait(60)
     merge = subprocess.run([*cmd, "--merge", "--parts", "2"], capture_output=True, text=True, timeout=60)
-    if procs[0].returncode != 0:  # the usual case: part 0 died before writing its record
+    # The usual case: part 0 died before writing its record. On a quiet machine it may have
+    # written it (or even exited) before the kill landed; then its part is complete.
+    if not list(Path(out).glob("parts/*/part-0-of-2.json")):
         assert merge.returncode != 0 and "missing" in merge.stderr
         assert not (Path(out) / "manifest.json").exists()
         subprocess.run([*cmd, "--part", "0/2"], check=True, capture_output=True, timeout=60)  # rerun the lost part
