@@ -28,8 +28,8 @@ def _fold(raw: str, n: int, skip_imports: bool = False) -> str:
         if not stack or not count.isdigit():
             continue
         c = int(count)
-        if skip_imports and "_find_and_load" in stack:
-            continue  # interpreter start-up, not the code under test
+        if skip_imports and ("_find_and_load" in stack or "finalize._exitfunc" in stack):
+            continue  # interpreter start-up and shutdown, not the code under test
         if skip_imports and _IDLE.search(stack.rsplit(";", 1)[-1]):
             continue  # a parked thread (progress monitor, idle pool worker), not work
         total += c
