@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from shard_tools import open_dataset
+from shard_tools import PackOptions, open_dataset, pack_documents
 from shard_tools.cli import main
 from shard_tools.megatron import read_index
 
@@ -187,3 +187,16 @@ def test_executor_ray_without_ray_is_a_clear_usage_error(tmp_path: Path) -> None
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "pip install 'ferry[ray]'" in proc.stderr
     assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
+def test_output_into_a_closed_pipe_exits_quietly(tmp_path: Path) -> None:
+    """`ferry inspect URL | head -1` must not print a BrokenPipeError traceback."""
+    out = tmp_path / "ds"
+    docs = [list(range(i % 50, i % 50 + 400)) for i in range(1500)]  # ~1 document per 1 KiB shard
+    pack_documents(docs, str(out), PackOptions(vocab_size=1000, eos_id=999, shard_size=1024))
+    proc = subprocess.run(
+        f"{sys.executable} -m shard_tools.cli inspect --shards {out} | head -1",
+        shell=True, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.stdout.startswith("dataset")
+    assert "Traceback" not in proc.stderr
