@@ -34,6 +34,16 @@ __all__ = [
 
 CHUNK_SIZE = 8 * 1024 * 1024
 _MIN_PART = 5 * 1024 * 1024  # S3's smallest multipart part
+# A shard up to this size goes to an object store as one PUT (one request instead of
+# create + parts + complete); larger ones upload in parts of this size. It bounds the
+# upload buffer per transfer.
+SINGLE_PUT_MAX = 64 * 1024 * 1024
+
+# Every byte ferry moves is hashed (xxh128) and checked against the manifest, so botocore's
+# own CRC32 of every PUT/part body (default "when_supported" since botocore 1.36) is CPU
+# spent twice; ask for it only where S3 requires it. A user's environment still wins.
+os.environ.setdefault("AWS_REQUEST_CHECKSUM_CALCULATION", "when_required")
+os.environ.setdefault("AWS_RESPONSE_CHECKSUM_VALIDATION", "when_required")
 
 Throttle = Callable[[int], None]
 Progress = Callable[[int], None]
@@ -202,7 +212,7 @@ def _copy_stream(
         return
     if _writes_buffered(dst):
         # object store: the upload completes on close only; abort it on any failure
-        f = dst.fs.open(target, "wb", block_size=max(chunk, _MIN_PART))
+        f = dst.fs.open(target, "wb", block_size=_part_size(size, chunk))
         try:
             for data in _read_chunks(src, path, chunk, cancel):
                 throttle(len(data))
@@ -233,6 +243,13 @@ def _copy_stream(
         with contextlib.suppress(Exception):
             dst.fs.rm_file(tmp)
         raise
+
+
+def _part_size(size: int, chunk: int) -> int:
+    """Upload buffer size: above ``size`` (so the store gets one PUT) up to SINGLE_PUT_MAX."""
+    if size < SINGLE_PUT_MAX:
+        return max(size + 1, chunk, _MIN_PART)
+    return max(SINGLE_PUT_MAX, chunk)
 
 
 _BUFFERED: dict[type, bool] = {}

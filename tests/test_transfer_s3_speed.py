@@ -1,0 +1,50 @@
+"""Object-store uploads: one PUT for a shard that fits, verified multipart above, nothing on corruption."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+import service.transfer as transfer
+from service.faults import faulty_location
+from shard_tools.digest import digest_bytes
+from shard_tools.errors import ShardDigestError
+from shard_tools.store import resolve
+
+
+def _shard(loc: Any, path: str, size: int) -> str:
+    data = os.urandom(size)
+    loc.write_bytes(path, data)
+    return digest_bytes(data)
+
+
+def _etag(dst: Any, bucket: str, key: str) -> str:
+    return str(dst.fs.call_s3("head_object", Bucket=bucket, Key=key)["ETag"]).strip('"')
+
+
+def test_small_shard_is_one_put_and_large_is_verified_multipart(
+    file_backend: Any, s3_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = resolve(file_backend.url("ds"))
+    dst = resolve(s3_backend.url("ds"), s3_backend.storage_options)
+    bucket = s3_backend.base.split("://")[1]
+    size = 6 * 2**20 + 3
+    d = _shard(src, "shards/a.bin", size)
+    transfer.copy_shard(src, dst, "shards/a.bin", size, d, chunk_size=2**20)
+    assert "-" not in _etag(dst, bucket, "ds/shards/a.bin")  # a multipart ETag ends in -<parts>
+    assert digest_bytes(dst.read_bytes("shards/a.bin")) == d
+
+    # above the single-PUT size: multipart, completed only when the digest matched
+    monkeypatch.setattr(transfer, "SINGLE_PUT_MAX", 5 * 2**20)
+    size = 11 * 2**20 + 5
+    d = _shard(src, "shards/b.bin", size)
+    with pytest.raises(ShardDigestError):
+        transfer.copy_shard(faulty_location(src, flip=1.0, seed=3), dst, "shards/b.bin", size, d, chunk_size=2**20)
+    dst.fs.invalidate_cache()
+    assert not dst.exists("shards/b.bin")
+    assert dst.fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", []) == []
+    transfer.copy_shard(src, dst, "shards/b.bin", size, d, chunk_size=2**20)
+    assert _etag(dst, bucket, "ds/shards/b.bin").endswith("-3")
+    assert digest_bytes(dst.read_bytes("shards/b.bin")) == d
