@@ -210,6 +210,11 @@ def _copy_stream(
                 os.unlink(tmp)
             raise
         return
+    if _writes_buffered(dst) and src.local and size < SINGLE_PUT_MAX:
+        # one PUT of the very bytes hashed: read once into our own buffer (no write-buffer copies)
+        buf = _read_local_verified(src, path, size, digest, chunk, throttle, progress, cancel)
+        dst.fs.pipe_file(target, buf)
+        return
     if _writes_buffered(dst):
         # object store: the upload completes on close only; abort it on any failure
         f = dst.fs.open(target, "wb", block_size=_part_size(size, chunk))
@@ -243,6 +248,47 @@ def _copy_stream(
         with contextlib.suppress(Exception):
             dst.fs.rm_file(tmp)
         raise
+
+
+def _read_local_verified(
+    src: Location,
+    path: str,
+    size: int,
+    digest: str,
+    chunk: int,
+    throttle: Throttle,
+    progress: Progress,
+    cancel: threading.Event | None,
+) -> bytearray:
+    """The whole (small) local shard in one buffer, hashed chunk by chunk as it is read."""
+    try:
+        f = open(src.full(path), "rb", buffering=0)  # noqa: SIM115 - closed below
+    except FileNotFoundError as exc:
+        raise SourceMissing(str(exc)) from exc
+    with f:
+        actual = os.fstat(f.fileno()).st_size
+        if actual != size:
+            raise ShardFormatError(path, f"source holds {actual} bytes, manifest says {size}")
+        buf = bytearray(size)
+        view = memoryview(buf)
+        try:
+            hasher = Hasher()
+            off = 0
+            while off < size:
+                _check(cancel)
+                n = f.readinto(view[off : min(off + chunk, size)])
+                if not n:
+                    break
+                piece = view[off : off + n]
+                throttle(n)
+                hasher.update(piece)
+                progress(n)
+                piece.release()
+                off += n
+        finally:
+            view.release()
+    _finish(hasher, path, size, digest)
+    return buf
 
 
 def _part_size(size: int, chunk: int) -> int:

@@ -10,7 +10,7 @@ import pytest
 import service.transfer as transfer
 from service.faults import faulty_location
 from shard_tools.digest import digest_bytes
-from shard_tools.errors import ShardDigestError
+from shard_tools.errors import ShardDigestError, ShardFormatError
 from shard_tools.store import resolve
 
 
@@ -48,3 +48,18 @@ def test_small_shard_is_one_put_and_large_is_verified_multipart(
     transfer.copy_shard(src, dst, "shards/b.bin", size, d, chunk_size=2**20)
     assert _etag(dst, bucket, "ds/shards/b.bin").endswith("-3")
     assert digest_bytes(dst.read_bytes("shards/b.bin")) == d
+
+
+def test_single_put_from_a_corrupt_local_source_writes_nothing(file_backend: Any, s3_backend: Any) -> None:
+    src = resolve(file_backend.url("ds"))
+    dst = resolve(s3_backend.url("ds"), s3_backend.storage_options)
+    size = 3 * 2**20 + 1
+    d = _shard(src, "shards/c.bin", size)
+    data = src.read_bytes("shards/c.bin")
+    src.write_bytes("shards/c.bin", bytes([data[0] ^ 1]) + data[1:])  # the replica rots
+    with pytest.raises(ShardDigestError):
+        transfer.copy_shard(src, dst, "shards/c.bin", size, d, chunk_size=2**20)
+    with pytest.raises(ShardFormatError):  # the manifest's size disagrees with the file
+        transfer.copy_shard(src, dst, "shards/c.bin", size + 1, d, chunk_size=2**20)
+    dst.fs.invalidate_cache()
+    assert not dst.exists("shards/c.bin")
