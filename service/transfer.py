@@ -5,7 +5,8 @@ Local → local reads the source through ``mmap`` and writes the very bytes it h
 Destinations are written atomically: a temp name + rename on local disks and on
 stores without buffered writers (memory), and on object stores a streamed upload that
 is only completed (single PUT or multipart complete) when the digest matched, and
-aborted otherwise. Memory stays bounded by one chunk (plus the object store's part).
+aborted otherwise. A local shard below SINGLE_PUT_MAX goes to an object store as one PUT
+of the buffer it was hashed from. Memory stays bounded by one chunk, or per upload by SINGLE_PUT_MAX.
 """
 
 from __future__ import annotations
