@@ -129,3 +129,18 @@ def summary(runs: list[dict[str, Any]], key: str) -> dict[str, float] | None:
 def first_error(runs: list[dict[str, Any]]) -> str | None:
     """The first error among runs, for the report."""
     return next((str(r["error"]) for r in runs if "error" in r), None)
+
+
+def ratios(runs: dict[str, list[dict[str, Any]]], limit: str) -> dict[str, Any]:
+    """ferry's median tokens/s against each peer, the faster peer, and the ``limit`` tool."""
+    med = {t: (summary(r, "tokens_per_s") or {}).get("median") for t, r in runs.items()}
+    ferry = med.get("ferry")
+    peers = {t: v for t, v in med.items() if t in ("litdata", "mosaic") and v}
+    out: dict[str, Any] = {"ratio_vs": {t: ferry / v for t, v in peers.items()} if ferry else {}}
+    if ferry and peers:
+        best = max(peers, key=lambda t: peers[t])
+        out["faster_peer"] = best
+        out["ratio_vs_faster_peer"] = ferry / peers[best]
+    if ferry and med.get(limit):
+        out["fraction_of_limit"] = ferry / med[limit]
+    return out

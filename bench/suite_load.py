@@ -14,7 +14,7 @@ import shutil
 from typing import Any
 
 import suite_pack
-from harness import Context, Runner, alternate, log, summary
+from harness import Context, Runner, alternate, log, ratios, summary
 
 __all__ = ["run"]
 
@@ -95,24 +95,10 @@ def run(ctx: Context) -> dict[str, Any]:
             return runner(ctx, {**_base(ctx, tool, data, workers), "mode": "throughput"})
 
         runs = alternate(ctx, names, one, what=f"load w{workers}")
-        result["throughput"][str(workers)] = {"runs": runs, "cold": cold, **_ratios(runs)}
+        result["throughput"][str(workers)] = {"runs": runs, "cold": cold, **ratios(runs, "memmap-limit")}
     result["resume"] = _resume(ctx, tools)
     result["profile"] = _maybe_profile(ctx, tools["ferry"], result)
     return result
-
-
-def _ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    med = {t: (summary(r, "tokens_per_s") or {}).get("median") for t, r in runs.items()}
-    ferry = med.get("ferry")
-    peers = {t: v for t, v in med.items() if t in ("litdata", "mosaic") and v}
-    out: dict[str, Any] = {"ratio_vs": {t: ferry / v for t, v in peers.items()} if ferry else {}}
-    if ferry and peers:
-        best = max(peers, key=lambda t: peers[t])
-        out["faster_peer"] = best
-        out["ratio_vs_faster_peer"] = ferry / peers[best]
-    if ferry and med.get("memmap-limit"):
-        out["fraction_of_limit"] = ferry / med["memmap-limit"]
-    return out
 
 
 def _resume(ctx: Context, tools: dict[str, tuple[Runner, str]]) -> dict[str, Any]:

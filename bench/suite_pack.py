@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness import Context, Runner, alternate, log, summary
+from harness import Context, Runner, alternate, log, ratios
 
 __all__ = ["run"]
 
@@ -56,24 +56,10 @@ def run(ctx: Context) -> dict[str, Any]:
                 return res
 
             runs = alternate(ctx, list(runners), one, what=f"pack zstd-{level} x{workers}")
-            cases.append({"level": level, "workers": workers, "runs": runs, **_ratios(runs)})
+            cases.append({"level": level, "workers": workers, "runs": runs, **ratios(runs, "zstd-limit")})
     result: dict[str, Any] = {"tokens": corpus.tokens, "shard_size": SHARD_SIZE, "cases": cases}
     result["profile"] = _maybe_profile(ctx, runners["ferry"], cases)
     return result
-
-
-def _ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    med = {t: (summary(r, "tokens_per_s") or {}).get("median") for t, r in runs.items()}
-    ferry = med.get("ferry")
-    peers = {t: v for t, v in med.items() if t in ("litdata", "mosaic") and v}
-    out: dict[str, Any] = {"ratio_vs": {t: ferry / v for t, v in peers.items()} if ferry else {}}
-    if ferry and peers:
-        best = max(peers, key=lambda t: peers[t])
-        out["faster_peer"] = best
-        out["ratio_vs_faster_peer"] = ferry / peers[best]
-    if ferry and med.get("zstd-limit"):
-        out["fraction_of_limit"] = ferry / med["zstd-limit"]
-    return out
 
 
 def _maybe_profile(ctx: Context, ferry: Runner, cases: list[dict[str, Any]]) -> dict[str, Any] | None:
