@@ -9,10 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from parquet_corpus import parquet_corpus, shard_bytes
 
 from shard_tools import ManifestError, PackOptions, UsageError, open_dataset, pack, verify
 from shard_tools.cli import main
@@ -22,18 +20,7 @@ OPTS = PackOptions(vocab_size=50_257, eos_id=50_256, shard_size=16 * 1024, name=
 
 
 def corpus(tmp_path: Path, files: int = 5) -> list[str]:
-    rng = np.random.default_rng(3)
-    paths = []
-    for f in range(files):
-        lists = [rng.integers(0, 50_000, size=int(rng.integers(1, 300))).tolist() for _ in range(120)]
-        path = tmp_path / f"in-{f}.parquet"
-        pq.write_table(pa.table({"tokens": pa.array(lists, type=pa.list_(pa.uint16()))}), path)
-        paths.append(str(path))
-    return paths
-
-
-def shard_bytes(root: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in (root / "shards").iterdir()}
+    return parquet_corpus(tmp_path, files=files, docs=120, seed=3)
 
 
 def test_parts_then_merge_equal_local(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

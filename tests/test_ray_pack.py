@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from parquet_corpus import parquet_corpus, shard_bytes
 
 from shard_tools import PackOptions, TokenRangeError, open_dataset, pack, verify
 from shard_tools.pack import merge_parts, pack_part
@@ -26,18 +27,7 @@ def local_ray() -> Iterator[None]:
 
 
 def corpus(tmp_path: Path, files: int = 4) -> list[str]:
-    rng = np.random.default_rng(5)
-    paths = []
-    for f in range(files):
-        lists = [rng.integers(0, 50_000, size=int(rng.integers(1, 300))).tolist() for _ in range(150)]
-        path = tmp_path / f"in-{f}.parquet"
-        pq.write_table(pa.table({"tokens": pa.array(lists, type=pa.list_(pa.uint16()))}), path)
-        paths.append(str(path))
-    return paths
-
-
-def shard_bytes(root: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in (root / "shards").iterdir()}
+    return parquet_corpus(tmp_path, files=files, docs=150, seed=5)
 
 
 @pytest.mark.slow
