@@ -124,7 +124,7 @@ def load_worker(args: argparse.Namespace) -> int:
 
 
 def _pack(path: Path, mib: int) -> tuple[int, int]:
-    from shard_tools.pack import PackOptions, pack_documents
+    from shard_tools.packing import PackOptions, pack_documents
 
     rng = np.random.default_rng(7)
     tokens = mib * 2**20 // 2

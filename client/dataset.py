@@ -19,7 +19,7 @@ from torch.utils.data import get_worker_info
 
 from shard_tools.errors import DatasetError, UsageError
 from shard_tools.manifest import Manifest
-from shard_tools.pack import parse_size
+from shard_tools.packing import parse_size
 
 from .cache import ShardCache, default_cache_dir
 from .mixed import MixedDataset

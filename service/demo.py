@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from client.service_client import ServiceClient
-    from shard_tools.pack import PackOptions, pack_documents
+    from shard_tools.packing import PackOptions, pack_documents
 
     root = Path(args.data).resolve()
     for sub in ("east", "west", "state", "cache"):

@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shard_tools.errors import DatasetNotFoundError, ManifestError, StorageError
-from shard_tools.manifest import MANIFEST_FILE, SHARDS_DIR, VERSIONS_DIR, Manifest, version_path
+from shard_tools.header import MANIFEST_FILE, SHARDS_DIR, VERSIONS_DIR, parse_header, version_path
 from shard_tools.store import TEMP_MARKER, Location
 
 from .events import EventBus
@@ -27,6 +27,9 @@ from .planner import SourceVersion, VersionRecord, order_sources, plan_retention
 from .state import State
 from .stats import Stats
 from .transfer import abort_stale_uploads
+
+if TYPE_CHECKING:
+    from shard_tools.manifest import Manifest
 
 __all__ = ["Engine", "PassResult", "read_header", "load_version", "listing"]
 
@@ -69,12 +72,14 @@ def read_header(loc: Location, rel: str = MANIFEST_FILE) -> tuple[bytes, dict[st
         data = loc.read_bytes(rel)
     except FileNotFoundError:
         return None
-    return data, Manifest.parse_header(data)
+    return data, parse_header(data)
 
 
 def load_version(loc: Location, header: bytes) -> tuple[Manifest, bytes]:
     """The manifest whose header is ``header`` with its shard table read from ``loc``."""
-    doc = Manifest.parse_header(header)
+    from shard_tools.manifest import Manifest  # numpy + pyarrow: only when there is work to plan
+
+    doc = parse_header(header)
     try:
         table = loc.read_bytes(doc["shard_table"]["path"])
     except FileNotFoundError as exc:

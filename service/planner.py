@@ -12,9 +12,12 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from shard_tools.manifest import Manifest
 from shard_tools.store import TEMP_MARKER
+
+if TYPE_CHECKING:
+    from shard_tools.manifest import Manifest
 
 __all__ = [
     "ShardRef",

@@ -1,16 +1,41 @@
-"""shard_tools — ferry's shard format, packing, inspection and verification."""
+"""shard_tools — ferry's shard format, packing, inspection and verification.
+
+The public names below load on first use (PEP 562), so ``ferry sync``, the loader and the
+service import only the modules they need — a no-op resync does not pay for numpy and
+pyarrow. ``from shard_tools import pack`` works as before.
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .errors import *  # noqa: F403 — the error hierarchy is small and always needed
+from .errors import __all__ as _errors_all
+
 __version__ = "0.1.0"
 
-from .dataset import Dataset, decode_stored_shard, load_manifest, open_dataset  # noqa: E402
-from .errors import *  # noqa: E402,F403
-from .errors import __all__ as _errors_all  # noqa: E402
-from .export import export_megatron  # noqa: E402
-from .manifest import Manifest, ShardInfo, ShardTable, Tokenizer  # noqa: E402
-from .pack import PackOptions, PackResult, PartResult, merge_parts, pack, pack_documents, pack_part  # noqa: E402
-from .verify import VerifyReport, verify  # noqa: E402
+# public name → the module that defines it
+_LAZY = {
+    "Dataset": "dataset",
+    "open_dataset": "dataset",
+    "load_manifest": "dataset",
+    "decode_stored_shard": "dataset",
+    "Manifest": "manifest",
+    "ShardInfo": "manifest",
+    "ShardTable": "manifest",
+    "Tokenizer": "manifest",
+    "PackOptions": "packing",
+    "PackResult": "packing",
+    "PartResult": "packing",
+    "pack": "packing",
+    "pack_documents": "packing",
+    "pack_part": "packing",
+    "merge_parts": "packing",
+    "verify": "verification",
+    "VerifyReport": "verification",
+    "export_megatron": "export",
+}
 
 __all__ = [
     "__version__",
@@ -34,3 +59,23 @@ __all__ = [
     "export_megatron",
     *_errors_all,
 ]
+
+if TYPE_CHECKING:
+    from .dataset import Dataset, decode_stored_shard, load_manifest, open_dataset
+    from .export import export_megatron
+    from .manifest import Manifest, ShardInfo, ShardTable, Tokenizer
+    from .packing import PackOptions, PackResult, PartResult, merge_parts, pack, pack_documents, pack_part
+    from .verification import VerifyReport, verify
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shard_tools' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

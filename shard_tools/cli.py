@@ -164,7 +164,7 @@ def _compression_level(spec: str) -> int:
 
 
 def _cmd_pack(args: argparse.Namespace) -> int:
-    from .pack import PackOptions, merge_parts, pack, pack_part, parse_part_spec, parse_size
+    from .packing import PackOptions, merge_parts, pack, pack_part, parse_part_spec, parse_size
 
     if args.merge and args.part:
         raise UsageError("--merge and --part are separate steps: run each --part I/N, then --merge")
@@ -263,7 +263,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from .verify import verify
+    from .verification import verify
 
     bar = tqdm(unit="B", unit_scale=True, disable=args.json or not sys.stderr.isatty(), desc="verifying")
     report = verify(

@@ -20,6 +20,7 @@ import pyarrow as pa
 import zstandard
 
 from .errors import ShardFormatError, TokenRangeError
+from .header import TOKEN_DTYPE_NAMES
 
 __all__ = [
     "FORMAT_VERSION",
@@ -38,7 +39,7 @@ __all__ = [
 FORMAT_VERSION = 1
 SHARD_SUFFIX = ".arrow.zst"
 _META_KEY = b"ferry.format"
-TOKEN_DTYPES: dict[str, pa.DataType] = {"uint16": pa.uint16(), "uint32": pa.uint32()}
+TOKEN_DTYPES: dict[str, pa.DataType] = {name: pa.from_numpy_dtype(np.dtype(name)) for name in TOKEN_DTYPE_NAMES}
 _MAX_TOKENS_PER_SHARD = 2**31 - 1  # list<> uses int32 offsets
 
 

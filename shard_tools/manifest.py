@@ -17,7 +17,7 @@ the table is detected when it is read.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -28,7 +28,16 @@ import pyarrow.compute as pc
 
 from .digest import check_digest_string, digest_bytes
 from .errors import ManifestError
-from .format import TOKEN_DTYPES
+from .header import (
+    MANIFEST_FILE,
+    MANIFEST_FORMAT,
+    SHARDS_DIR,
+    TABLES_DIR,
+    VERSIONS_DIR,
+    parse_header,
+    version_id_of,
+    version_path,
+)
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -43,12 +52,6 @@ __all__ = [
     "version_path",
 ]
 
-MANIFEST_FORMAT = 1
-MANIFEST_FILE = "manifest.json"
-VERSIONS_DIR = "versions"
-TABLES_DIR = "tables"
-SHARDS_DIR = "shards"
-_UNDIGESTED = ("version_id", "created_at", "tool_version")
 _INT_COLUMNS = ("documents", "tokens", "stored_bytes", "raw_bytes")
 _STR_COLUMNS = ("path", "stored_digest", "raw_digest")
 _DIGEST_RE = r"^xxh128:[0-9a-f]{32}$"  # the form check_digest_string accepts
@@ -57,10 +60,6 @@ _TABLE_SCHEMA = pa.schema(
     + [(c, pa.int64()) for c in _INT_COLUMNS]
     + [("stored_digest", pa.string()), ("raw_digest", pa.string())]
 )
-
-
-def version_path(version_id: str) -> str:
-    return f"{VERSIONS_DIR}/{version_id}.json"
 
 
 @dataclass(frozen=True)
@@ -257,7 +256,7 @@ class Manifest:
             tool_version=tool_version,
             version_id="",
         )
-        version_id = _version_id(draft.body())
+        version_id = version_id_of(draft.body())
         return _replace_version(draft, version_id), table_data
 
     @property
@@ -295,21 +294,8 @@ class Manifest:
 
     @classmethod
     def parse_header(cls, data: bytes) -> dict[str, Any]:
-        """Parse and check the JSON header alone (no shard table); returns the validated dict."""
-        try:
-            doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ManifestError(f"manifest is not valid JSON ({exc})") from exc
-        if not isinstance(doc, dict):
-            raise ManifestError("manifest is not a JSON object")
-        _check_header(doc)
-        body = {k: v for k, v in doc.items() if k not in _UNDIGESTED}
-        if _version_id(body) != doc["version_id"]:
-            raise ManifestError(
-                f"manifest body does not match its version id {doc['version_id']} "
-                "(hand-edited or corrupt); restore it from versions/ or re-pack"
-            )
-        return doc
+        """Parse and check the JSON header alone (no shard table); see :func:`shard_tools.header.parse_header`."""
+        return parse_header(data)
 
     @classmethod
     def from_json(cls, data: bytes, table_data: bytes) -> Manifest:
@@ -340,53 +326,7 @@ class Manifest:
         return manifest
 
 
-def _version_id(body: dict[str, Any]) -> str:
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    return digest_bytes(canonical).split(":", 1)[1]
-
-
 def _replace_version(m: Manifest, version_id: str) -> Manifest:
     from dataclasses import replace
 
     return replace(m, version_id=version_id)
-
-
-def _require(doc: dict[str, Any], key: str, types: type | tuple[type, ...], where: str = "manifest") -> Any:
-    if key not in doc:
-        raise ManifestError(f"{where} lacks {key!r}")
-    value = doc[key]
-    if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
-        raise ManifestError(f"{where} field {key!r} has the wrong type ({type(value).__name__})")
-    return value
-
-
-def _as_tuple(types: type | tuple[type, ...]) -> Sequence[type]:
-    return types if isinstance(types, tuple) else (types,)
-
-
-def _check_header(doc: dict[str, Any]) -> None:
-    if _require(doc, "format", int) != MANIFEST_FORMAT:
-        raise ManifestError(f"manifest format {doc['format']} is not supported (expected {MANIFEST_FORMAT})")
-    for key in ("version_id", "name", "token_dtype", "created_at", "tool_version"):
-        _require(doc, key, str)
-    if doc["token_dtype"] not in TOKEN_DTYPES:
-        raise ManifestError(f"unknown token dtype {doc['token_dtype']!r} (expected one of {sorted(TOKEN_DTYPES)})")
-    _require(doc, "eos_appended", bool)
-    tok = _require(doc, "tokenizer", dict)
-    _require(tok, "name", str, "tokenizer")
-    _require(tok, "vocab_size", int, "tokenizer")
-    if tok.get("eos_id") is not None:
-        _require(tok, "eos_id", int, "tokenizer")
-    else:
-        tok["eos_id"] = None
-    totals = _require(doc, "totals", dict)
-    for key in ("shards", "documents", "tokens", "stored_bytes", "raw_bytes"):
-        _require(totals, key, int, "totals")
-    st = _require(doc, "shard_table", dict)
-    _require(st, "path", str, "shard_table")
-    _require(st, "bytes", int, "shard_table")
-    check_digest_string(_require(st, "digest", str, "shard_table"))
-    if not st["path"].startswith(f"{TABLES_DIR}/") or ".." in st["path"]:
-        raise ManifestError(f"shard table path {st['path']!r} is not under {TABLES_DIR}/")
-    if "parent" not in doc or not (doc["parent"] is None or isinstance(doc["parent"], str)):
-        raise ManifestError("manifest field 'parent' must be a version id or null")

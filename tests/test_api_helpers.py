@@ -18,7 +18,7 @@ from client.service_client import ServiceClient
 from service.api import RunningServer, start_server
 from service.config import Config, parse_config
 from service.daemon import Daemon
-from shard_tools.pack import PackOptions, PackResult, pack_documents
+from shard_tools.packing import PackOptions, PackResult, pack_documents
 
 TOKEN = "test-token-0123456789"
 TOKEN_ENV = "FERRY_TEST_API_TOKEN"

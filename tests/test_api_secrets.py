@@ -17,7 +17,7 @@ import pytest
 import s3fs
 from test_api_helpers import make_docs, wait_until
 
-from shard_tools.pack import PackOptions, pack_documents
+from shard_tools.packing import PackOptions, pack_documents
 
 KEY = "AKIAFERRYKEY7Q3X9Z"
 SECRET = "ferry-s3cr3t-value-never-shown-42"

@@ -14,7 +14,7 @@ from parquet_corpus import parquet_corpus, shard_bytes
 
 from shard_tools import ManifestError, PackOptions, UsageError, open_dataset, pack, verify
 from shard_tools.cli import main
-from shard_tools.pack import merge_parts, pack_part
+from shard_tools.packing import merge_parts, pack_part
 
 OPTS = PackOptions(vocab_size=50_257, eos_id=50_256, shard_size=16 * 1024, name="fan")
 

@@ -12,7 +12,7 @@ import pytest
 from parquet_corpus import parquet_corpus, shard_bytes
 
 from shard_tools import PackOptions, TokenRangeError, open_dataset, pack, verify
-from shard_tools.pack import merge_parts, pack_part
+from shard_tools.packing import merge_parts, pack_part
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (optional extra: pip install 'ferry[ray]')")
 

@@ -15,7 +15,7 @@ from service.faults import faulty_location
 from service.state import State
 from shard_tools.dataset import open_dataset
 from shard_tools.manifest import Manifest, ShardTable
-from shard_tools.pack import PackOptions, pack_documents
+from shard_tools.packing import PackOptions, pack_documents
 from shard_tools.publish import publish_version
 from shard_tools.store import TEMP_MARKER, Location, resolve
 
