@@ -20,7 +20,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from .errors import StorageError
 
-__all__ = ["Location", "TEMP_MARKER", "resolve", "is_local", "temp_name"]
+__all__ = ["Location", "TEMP_MARKER", "resolve", "with_store_defaults", "is_local", "temp_name"]
 
 TEMP_MARKER = ".ferry-tmp-"
 
@@ -126,6 +126,29 @@ def _atomic_local_write(path: str, data: bytes | memoryview) -> None:
         raise
 
 
+_S3_PROTOCOLS = ("s3://", "s3a://")
+
+
+def with_store_defaults(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``storage_options`` plus ferry's defaults for the URL's store; the caller's values win.
+
+    S3: request bodies are sent unsigned (``UNSIGNED-PAYLOAD``, as rclone and the AWS SDKs
+    do over TLS) instead of SHA-256-signed — ferry hashes every byte it uploads itself
+    (xxh128, checked against the manifest before an upload completes) and TLS protects the
+    bytes in transit, so signing the body costs a second pass over it on both ends for
+    nothing. Set ``config_kwargs.s3.payload_signing_enabled=true`` to sign anyway (e.g.
+    over a plain-HTTP endpoint that is not on loopback).
+    """
+    options = dict(storage_options or {})
+    if url.startswith(_S3_PROTOCOLS):
+        config = dict(options.get("config_kwargs") or {})
+        s3 = dict(config.get("s3") or {})
+        s3.setdefault("payload_signing_enabled", False)
+        config["s3"] = s3
+        options["config_kwargs"] = config
+    return options
+
+
 def resolve(url: str, storage_options: Mapping[str, Any] | None = None) -> Location:
     """Turn a URL (or plain path) into a :class:`Location`.
 
@@ -133,7 +156,7 @@ def resolve(url: str, storage_options: Mapping[str, Any] | None = None) -> Locat
     backend's usual environment variables and profiles.
     """
     try:
-        fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+        fs, root = fsspec.core.url_to_fs(url, **with_store_defaults(url, storage_options))
     except (ImportError, ValueError) as exc:
         raise StorageError(f"cannot open {url!r}: {exc}", retryable=False) from exc
     if is_local(fs):

@@ -63,3 +63,31 @@ def test_single_put_from_a_corrupt_local_source_writes_nothing(file_backend: Any
         transfer.copy_shard(src, dst, "shards/c.bin", size + 1, d, chunk_size=2**20)
     dst.fs.invalidate_cache()
     assert not dst.exists("shards/c.bin")
+
+
+def _payload_hashes(dst: Any) -> list[str]:
+    """Record the x-amz-content-sha256 header of every PutObject the client sends."""
+    seen: list[str] = []
+
+    def hook(request: Any, **_: Any) -> None:
+        value = request.headers["X-Amz-Content-SHA256"]
+        seen.append(value.decode() if isinstance(value, bytes) else value)
+
+    dst.fs.connect(refresh=False)
+    dst.fs.s3.meta.events.register("before-send.s3.PutObject", hook)
+    return seen
+
+
+def test_uploads_are_unsigned_by_default_and_signed_on_request(file_backend: Any, s3_backend: Any) -> None:
+    src = resolve(file_backend.url("ds"))
+    size = 2**20 + 7
+    d = _shard(src, "shards/u.bin", size)
+    for options, expect_signed in ((s3_backend.storage_options, False),
+                                   ({**s3_backend.storage_options,
+                                     "config_kwargs": {"s3": {"payload_signing_enabled": True}}}, True)):  # fmt: skip
+        dst = resolve(s3_backend.url(f"ds-{expect_signed}"), options)
+        seen = _payload_hashes(dst)
+        transfer.copy_shard(src, dst, "shards/u.bin", size, d, chunk_size=2**20)
+        assert len(seen) == 1
+        assert (seen[0] != "UNSIGNED-PAYLOAD") is expect_signed, seen  # signed: the body's SHA-256 in hex
+        assert digest_bytes(dst.read_bytes("shards/u.bin")) == d
