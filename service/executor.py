@@ -61,53 +61,63 @@ class _Slots:
     """A semaphore whose size can change at run time, closed by pause."""
 
     def __init__(self, size: int) -> None:
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        self._free = threading.Condition(lock)  # acquirers wait here: one is woken per released slot
+        self._idle = threading.Condition(lock)  # wait_idle() waits here
         self._size = size
         self._used = 0
         self.paused = False
         self.closed = False
 
+    def _wake_all(self) -> None:
+        self._free.notify_all()
+        self._idle.notify_all()
+
     def resize(self, size: int) -> None:
-        with self._cond:
+        with self._free:
             self._size = size
-            self._cond.notify_all()
+            self._wake_all()
 
     @property
     def size(self) -> int:
         return self._size
 
     def set_paused(self, paused: bool) -> None:
-        with self._cond:
+        with self._free:
             self.paused = paused
-            self._cond.notify_all()
+            self._wake_all()
 
     def close(self) -> None:
-        with self._cond:
+        with self._free:
             self.closed = True
-            self._cond.notify_all()
+            self._wake_all()
 
     def acquire(self) -> bool:
-        with self._cond:
+        with self._free:
             while not self.closed and (self.paused or self._used >= self._size):
-                self._cond.wait(0.5)
+                self._free.wait(0.5)
             if self.closed:
                 return False
             self._used += 1
             return True
 
     def release(self) -> None:
-        with self._cond:
+        with self._free:
             self._used -= 1
-            self._cond.notify_all()
+            # Wake one waiting worker per freed slot: waking every idle worker thread (up to
+            # max_workers) on each release cost more than the copies of small shards.
+            self._free.notify()
+            if not self._used:
+                self._idle.notify_all()
 
     def wait_idle(self, timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
+        with self._idle:
             while self._used:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
-                self._cond.wait(left if left is None else min(left, 0.5))
+                self._idle.wait(left if left is None else min(left, 0.5))
             return True
 
 
