@@ -45,6 +45,10 @@ __all__ = ["create_app"]
 _STATIC = resources.files("service") / "static"
 _STATIC_FILES = {"app.js": "text/javascript", "app.css": "text/css"}
 _NO_STORE = {"Cache-Control": "no-store"}
+# Events that only move counters (bytes, verified shards) many times a second during a sync: they
+# leave cached reads alone, which then trail them by at most the cache's TTL. Any other event
+# (an error, a publish, the end of a pass, a control call) drops the cache at once.
+_COUNTING_EVENTS = frozenset({"progress", "shard_verified"})
 _FAVICON = (
     b'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><rect width="16" height="16" rx="3" fill="#1f6feb"/>'
     b'<path d="M3 10h10l-2 3H5z M7 3v6h1V5l3 4H7" fill="#fff"/></svg>'
@@ -76,7 +80,7 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
         openapi_url="/api/v1/openapi.json",
     )
     cache = ResponseCache(ttl=0.25)
-    unsubscribe = backend.subscribe(lambda ev: None if ev.kind == "progress" else cache.clear())
+    unsubscribe = backend.subscribe(lambda ev: None if ev.kind in _COUNTING_EVENTS else cache.clear())
     app.state.backend = backend
     app.state.unsubscribe = unsubscribe
     app.state.settings = settings

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 from .backend import ApiBackend
@@ -54,9 +56,23 @@ async def event_stream(
         else:
             overflow = True
 
-    def on_event(ev: EventOut) -> None:  # daemon thread → event loop
-        with contextlib.suppress(RuntimeError):  # loop closed while the daemon still publishes
-            loop.call_soon_threadsafe(put, ev)
+    inbox: deque[EventOut] = deque()
+    inbox_lock = threading.Lock()
+
+    def drain() -> None:  # on the event loop: hand everything that arrived to put()
+        with inbox_lock:
+            batch = list(inbox)
+            inbox.clear()
+        for ev in batch:
+            put(ev)
+
+    def on_event(ev: EventOut) -> None:  # daemon thread → event loop, one wake-up per batch
+        with inbox_lock:
+            inbox.append(ev)
+            first = len(inbox) == 1
+        if first:  # a drain is not pending yet: schedule one (waking the loop per event costs the copies)
+            with contextlib.suppress(RuntimeError):  # loop closed while the daemon still publishes
+                loop.call_soon_threadsafe(drain)
 
     unsubscribe = backend.subscribe(on_event)
     seq = 0
