@@ -333,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_cores": os.cpu_count(),
         "load_average_1m": round(os.getloadavg()[0], 2),
         "sync_mib_per_s": {"baseline": round(base, 1), "loaded": round(loaded, 1)},
+        "runs_mib_per_s": {mode: [round(r["mib_per_s"], 1) for r in results[mode]] for mode in results},
         "throughput_loss_pct": round(100 * (1 - loaded / base), 1),
         "targets": {"p99_ms_below": 100, "loss_pct_below": 10},
     }

@@ -2,8 +2,10 @@
 
 Progress events arrive many times a second per transfer; each stream coalesces them to the
 latest per transfer and flushes at most every ``progress_interval`` so a slow client never
-backs up the daemon. Other events are delivered in order; if a client falls too far behind,
-it gets one ``resync`` event (reload everything) instead of an unbounded queue.
+backs up the daemon. Other events are delivered in order, batched: a stream writes at most
+once per ``min_flush_interval`` (0.1 s), however many events a fast sync publishes. If a
+client falls too far behind, it gets one ``resync`` event (reload everything) instead of an
+unbounded queue.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ async def event_stream(
     stopping: asyncio.Event,
     *,
     progress_interval: float = 0.5,
+    min_flush_interval: float = 0.1,
     heartbeat: float = 15.0,
 ) -> AsyncIterator[bytes]:
     """Yield SSE frames until the client disconnects or the server stops."""
@@ -78,20 +81,31 @@ async def event_stream(
     seq = 0
     try:
         yield format_event("hello", {"time": time.time(), "status": backend.status().model_dump()}, seq)
-        last_beat = time.monotonic()
+        last_beat = last_flush = time.monotonic()
         while not stopping.is_set():
+            pause = min_flush_interval - (time.monotonic() - last_flush)
+            if pause > 0:  # at most one write per interval: a busy sync publishes hundreds of events a second
+                await asyncio.sleep(pause)
+            events: list[EventOut] = []
             try:
-                ev = await asyncio.wait_for(queue.get(), timeout=progress_interval)
+                first = await asyncio.wait_for(queue.get(), timeout=progress_interval)
             except asyncio.TimeoutError:
-                ev = None
+                first = None
+            if first is not None:
+                events.append(first)
+                while not queue.empty():  # everything that queued up meanwhile goes out in the same write
+                    item = queue.get_nowait()
+                    if item is not None:
+                        events.append(item)
             out: list[bytes] = []
             if overflow:
                 overflow = False
+                events.clear()
                 while not queue.empty():
                     queue.get_nowait()
                 seq += 1
                 out.append(format_event("resync", {"time": time.time()}, seq))
-            elif ev is not None:
+            for ev in events:
                 seq += 1
                 out.append(format_event(ev.kind, {**ev.data, "time": ev.time}, seq))
             if progress:
@@ -102,7 +116,7 @@ async def event_stream(
             if not out and time.monotonic() - last_beat >= heartbeat:
                 out.append(b": keep-alive\n\n")
             if out:
-                last_beat = time.monotonic()
+                last_beat = last_flush = time.monotonic()
                 yield b"".join(out)
             if await _maybe_await(is_disconnected()):
                 break
