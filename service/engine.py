@@ -258,19 +258,20 @@ class Engine:
             return
         self.stats.add_pending(job.dataset, job.dest, -job.shard.size, -1)
         if r.ok:
-            self.state.add_verified(job.dataset, job.dest, [job.shard.path])
-            self.state.mark(job.dataset, job.version, job.dest, job.shard.path, "verified", attempts=r.attempts,
-                            size=job.shard.size)  # fmt: skip
+            event = {
+                "type": "shard_verified", "ts": time.time(), "dataset": job.dataset, "version": job.version,
+                "shard": job.shard.path, "src": r.src or job.dest, "dst": job.dest, "bytes": r.bytes,
+                "duration_s": r.seconds,
+            }  # fmt: skip
+            self.state.shard_verified(job.dataset, job.version, job.dest, job.shard.path, attempts=r.attempts,
+                                      size=job.shard.size, event=event)  # fmt: skip
             result.verified_bytes += job.shard.size
             if r.copied:
                 result.copied += 1
                 result.copied_bytes += r.bytes
             else:
                 result.verified_in_place += 1
-            self._event(
-                "shard_verified", dataset=job.dataset, version=job.version, shard=job.shard.path,
-                src=r.src or job.dest, dst=job.dest, bytes=r.bytes, duration_s=r.seconds,
-            )  # fmt: skip
+            self.events.deliver(event)
         else:
             result.failed.append(r)
             error_id = self.state.mark(job.dataset, job.version, job.dest, job.shard.path, "failed",

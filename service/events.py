@@ -30,7 +30,10 @@ class EventBus:
                 self._subs.remove(q)
 
     def publish(self, type_: str, **fields: Any) -> dict[str, Any]:
-        event = {"type": type_, "ts": time.time(), **fields}
+        return self.deliver({"type": type_, "ts": time.time(), **fields})
+
+    def deliver(self, event: dict[str, Any]) -> dict[str, Any]:
+        """Hand an event built elsewhere (``type``, ``ts``, fields) to every subscriber."""
         with self._lock:
             subs = list(self._subs)
         for q in subs:

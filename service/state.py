@@ -59,6 +59,15 @@ _KEEP_EVENTS = 10_000
 _KEEP_TRANSFERS = 100_000
 
 
+_MARK_SQL = (
+    "INSERT INTO shard_status (dataset, version, dest, path, size, status, attempts, last_error, retryable, "
+    "updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (dataset, version, dest, path) DO UPDATE SET "
+    "status = excluded.status, attempts = shard_status.attempts + excluded.attempts, "
+    "last_error = COALESCE(excluded.last_error, CASE WHEN excluded.status = 'verified' THEN NULL "
+    "ELSE shard_status.last_error END), retryable = excluded.retryable, updated = excluded.updated "
+    "RETURNING id"
+)
+
 class State:
     """The daemon's database. ``State(None)`` keeps everything in memory (``ferry sync``)."""
 
@@ -85,6 +94,18 @@ class State:
     def _x(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
+
+    def _tx(self, *statements: tuple[str, Sequence[Any]]) -> None:
+        """Run ``(sql, args)`` statements in one transaction."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                for sql, args in statements:
+                    self._db.execute(sql, args).fetchall()
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
 
     def _many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         with self._lock:
@@ -120,16 +141,25 @@ class State:
         size: int = 0,
     ) -> int:
         """Set one shard's status; returns its row id (the error id when ``status`` is failed)."""
-        rows = self._x(
-            "INSERT INTO shard_status (dataset, version, dest, path, size, status, attempts, last_error, retryable, "
-            "updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (dataset, version, dest, path) DO UPDATE SET "
-            "status = excluded.status, attempts = shard_status.attempts + excluded.attempts, "
-            "last_error = COALESCE(excluded.last_error, CASE WHEN excluded.status = 'verified' THEN NULL "
-            "ELSE shard_status.last_error END), retryable = excluded.retryable, updated = excluded.updated "
-            "RETURNING id",
-            (dataset, version, dest, path, size, status, attempts, error, retryable, time.time()),
-        )
+        rows = self._x(_MARK_SQL, (dataset, version, dest, path, size, status, attempts, error, retryable, time.time()))
         return int(rows[0][0])
+
+    def shard_verified(
+        self, dataset: str, version: str, dest: str, path: str, *, attempts: int, size: int, event: dict[str, Any]
+    ) -> None:
+        """A shard became verified at ``dest``: replica, status and event in one transaction.
+
+        (Four autocommits per shard were most of a small shard's bookkeeping, all of it
+        serialized with the API's request handling in one interpreter.)
+        """
+        now = time.time()
+        body = {k: v for k, v in event.items() if k not in ("type", "ts")}
+        self._tx(
+            ("INSERT OR REPLACE INTO replicas VALUES (?, ?, ?, ?)", (dataset, dest, path, now)),
+            ("DELETE FROM bad WHERE dataset=? AND cluster=? AND path=?", (dataset, dest, path)),
+            (_MARK_SQL, (dataset, version, dest, path, size, "verified", attempts, None, None, now)),
+            ("INSERT INTO events (ts, type, body) VALUES (?, ?, ?)", (event["ts"], event["type"], json.dumps(body))),
+        )
 
     def failed(self, dataset: str, dest: str) -> set[str]:
         rows = self._x("SELECT path FROM shard_status WHERE dataset=? AND dest=? AND status='failed'", (dataset, dest))
