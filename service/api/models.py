@@ -6,6 +6,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .auth import NAME_MAX_LENGTH, NAME_PATTERN
+
 __all__ = [
     "ActionResult",
     "ClusterOut",
@@ -224,9 +226,6 @@ class EventOut(_Out):
     data: dict[str, object]
 
 
-_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
-
-
 Rate = Annotated[float, Field(ge=0, le=1e13)]
 
 
@@ -237,9 +236,9 @@ class _In(BaseModel):
 class SyncIn(_In):
     """Sync now: everything, or narrowed to one dataset and/or the links from ``source`` / to ``destination``."""
 
-    dataset: str | None = Field(default=None, pattern=_NAME)
-    source: str | None = Field(default=None, pattern=_NAME)
-    destination: str | None = Field(default=None, pattern=_NAME)
+    dataset: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=NAME_MAX_LENGTH)
+    source: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=NAME_MAX_LENGTH)
+    destination: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=NAME_MAX_LENGTH)
 
 
 class LimitsIn(_In):
@@ -255,8 +254,8 @@ class LimitsIn(_In):
 class ScrubIn(_In):
     """Re-verify replicas (optionally one dataset / cluster) and repair from a healthy copy."""
 
-    dataset: str | None = Field(default=None, pattern=_NAME)
-    cluster: str | None = Field(default=None, pattern=_NAME)
+    dataset: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=NAME_MAX_LENGTH)
+    cluster: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=NAME_MAX_LENGTH)
 
 
 class RetryIn(_In):
