@@ -5,8 +5,9 @@ The names below load on first use, so ``ferry sync`` imports only what a pass ne
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from shard_tools.lazy import lazy_attributes
 
 __all__ = ["Config", "Daemon", "UNCHANGED", "load_config", "parse_config"]
 
@@ -23,10 +24,4 @@ if TYPE_CHECKING:
     from .daemon import UNCHANGED, Daemon
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'service' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)

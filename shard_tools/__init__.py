@@ -7,11 +7,11 @@ pyarrow. ``from shard_tools import pack`` works as before.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .errors import *  # noqa: F403 — the error hierarchy is small and always needed
 from .errors import __all__ as _errors_all
+from .lazy import lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -68,14 +68,4 @@ if TYPE_CHECKING:
     from .verification import VerifyReport, verify
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'shard_tools' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)

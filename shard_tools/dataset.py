@@ -16,7 +16,8 @@ from .errors import (
     ShardMissingError,
 )
 from .format import ShardView, decompress, parse_shard
-from .manifest import MANIFEST_FILE, VERSIONS_DIR, Manifest, ShardInfo, version_path
+from .header import MANIFEST_FILE, VERSIONS_DIR, version_path
+from .manifest import Manifest, ShardInfo
 from .store import Location, resolve
 
 __all__ = ["Dataset", "open_dataset", "load_manifest", "decode_stored_shard", "list_versions"]

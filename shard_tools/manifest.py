@@ -29,27 +29,18 @@ import pyarrow.compute as pc
 from .digest import check_digest_string, digest_bytes
 from .errors import ManifestError
 from .header import (
-    MANIFEST_FILE,
     MANIFEST_FORMAT,
     SHARDS_DIR,
     TABLES_DIR,
-    VERSIONS_DIR,
     parse_header,
     version_id_of,
-    version_path,
 )
 
 __all__ = [
-    "MANIFEST_FORMAT",
-    "MANIFEST_FILE",
-    "VERSIONS_DIR",
-    "TABLES_DIR",
-    "SHARDS_DIR",
     "Tokenizer",
     "ShardInfo",
     "ShardTable",
     "Manifest",
-    "version_path",
 ]
 
 _INT_COLUMNS = ("documents", "tokens", "stored_bytes", "raw_bytes")

@@ -19,7 +19,8 @@ import numpy as np
 from .digest import digest_bytes
 from .errors import TokenRangeError
 from .format import SHARD_SUFFIX, compress, encode_shard_buffer
-from .manifest import SHARDS_DIR, ShardInfo
+from .header import SHARDS_DIR
+from .manifest import ShardInfo
 from .sources import DocBatch, SourceOptions, Unit, read_unit
 from .store import Location, resolve
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .errors import DatasetNotFoundError, PublishError
-from .manifest import MANIFEST_FILE, Manifest, version_path
+from .header import MANIFEST_FILE, version_path
+from .manifest import Manifest
 from .store import Location
 
 __all__ = ["publish_version", "current_version_id"]
