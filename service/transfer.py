@@ -12,10 +12,13 @@ of the buffer it was hashed from. Memory stays bounded by one chunk, or per uplo
 from __future__ import annotations
 
 import contextlib
+import http.client
 import mmap
 import os
+import ssl
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -214,7 +217,7 @@ def _copy_stream(
     if _writes_buffered(dst) and src.local and size < SINGLE_PUT_MAX:
         # one PUT of the very bytes hashed: read once into our own buffer (no write-buffer copies)
         buf = _read_local_verified(src, path, size, digest, chunk, throttle, progress, cancel)
-        dst.fs.pipe_file(target, buf)
+        _put_object(dst, target, buf)
         return
     if _writes_buffered(dst):
         # object store: the upload completes on close only; abort it on any failure
@@ -290,6 +293,68 @@ def _read_local_verified(
             view.release()
     _finish(hasher, path, size, digest)
     return buf
+
+
+def _put_object(dst: Location, target: str, buf: bytearray) -> None:
+    """One PUT of ``buf`` at ``target``: on S3 a presigned PUT sent by this thread, else the filesystem's own.
+
+    s3fs sends every body through aiobotocore/aiohttp on its one event-loop thread, which joins
+    and buffers it in Python; a presigned URL (made by s3fs, so endpoint, region, addressing
+    and credentials are its own) lets each transfer thread send its buffer with one blocking
+    ``sendall``. On moto here: 320 MB/s and 0.85 CPU-s per GiB against ~250 MB/s and ~1.8 CPU-s.
+    """
+    fs = dst.fs
+    if _presign_ok(fs):
+        url = fs.url(target, expires=_PRESIGN_EXPIRES, client_method="put_object")
+        if _presigned_put(url, target, buf):
+            fs.invalidate_cache(target)
+            return
+        fs._ferry_no_presign = True  # e.g. a redirect to the bucket's region: s3fs handles that
+    fs.pipe_file(target, buf)
+
+
+_PRESIGN_EXPIRES = 900
+_connections = threading.local()
+
+
+def _presign_ok(fs: object) -> bool:
+    """Whether uploads to ``fs`` may go as presigned PUTs (s3fs with nothing a presigned PUT would drop)."""
+    if "s3" not in getattr(fs, "protocol", ()) or not hasattr(fs, "url") or getattr(fs, "_ferry_no_presign", False):
+        return False
+    s3_config = (getattr(fs, "config_kwargs", None) or {}).get("s3") or {}
+    return (
+        not getattr(fs, "s3_additional_kwargs", None)  # SSE, ACL, …: headers a presigned PUT would not carry
+        and not s3_config.get("payload_signing_enabled")  # the user asked for signed bodies
+        and "verify" not in (getattr(fs, "client_kwargs", None) or {})  # custom TLS verification: s3fs's
+    )
+
+
+def _presigned_put(url: str, target: str, buf: bytearray) -> bool:
+    """PUT ``buf`` to a presigned ``url`` on this thread's kept-alive connection; False: not accepted."""
+    u = urllib.parse.urlsplit(url)
+    key = (u.scheme, u.netloc)
+    pool: dict[tuple[str, str], http.client.HTTPConnection] = _connections.__dict__.setdefault("pool", {})
+    conn = pool.get(key)
+    if conn is None:
+        if u.scheme == "https":
+            context = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or None)
+            conn = http.client.HTTPSConnection(u.hostname or "", u.port, timeout=300, context=context)
+        else:
+            conn = http.client.HTTPConnection(u.hostname or "", u.port, timeout=300)
+        pool[key] = conn
+    try:
+        conn.request("PUT", f"{u.path}?{u.query}", body=buf, headers={"Content-Length": str(len(buf))})
+        resp = conn.getresponse()
+        resp.read()  # drained for the kept-alive connection; not quoted: S3 error bodies can name the key id
+    except (OSError, http.client.HTTPException) as exc:
+        conn.close()
+        pool.pop(key, None)
+        raise StorageError(f"PUT of {target} failed: {exc}") from exc
+    if 200 <= resp.status < 300:
+        return True
+    if resp.status >= 500 or resp.status in (408, 429):
+        raise StorageError(f"PUT of {target}: HTTP {resp.status} {resp.reason}")
+    return False
 
 
 def _part_size(size: int, chunk: int) -> int:

@@ -78,16 +78,40 @@ def _payload_hashes(dst: Any) -> list[str]:
     return seen
 
 
-def test_uploads_are_unsigned_by_default_and_signed_on_request(file_backend: Any, s3_backend: Any) -> None:
+def test_uploads_are_presigned_puts_by_default_and_signed_on_request(file_backend: Any, s3_backend: Any) -> None:
     src = resolve(file_backend.url("ds"))
     size = 2**20 + 7
     d = _shard(src, "shards/u.bin", size)
-    for options, expect_signed in ((s3_backend.storage_options, False),
-                                   ({**s3_backend.storage_options,
-                                     "config_kwargs": {"s3": {"payload_signing_enabled": True}}}, True)):  # fmt: skip
-        dst = resolve(s3_backend.url(f"ds-{expect_signed}"), options)
+    signed = {"config_kwargs": {"s3": {"payload_signing_enabled": True}}}
+    cases = (
+        ("presigned", {}, []),  # the transfer thread PUTs to a presigned URL: botocore sends nothing
+        ("signed", signed, ["sha256"]),  # asked for signed bodies: botocore's PutObject with the SHA-256
+        ("extra-kwargs", {"s3_additional_kwargs": {"ACL": "private"}}, ["UNSIGNED-PAYLOAD"]),  # headers to keep
+    )
+    for name, extra, expected in cases:
+        dst = resolve(s3_backend.url(f"ds-{name}"), {**s3_backend.storage_options, **extra})
         seen = _payload_hashes(dst)
         transfer.copy_shard(src, dst, "shards/u.bin", size, d, chunk_size=2**20)
-        assert len(seen) == 1
-        assert (seen[0] != "UNSIGNED-PAYLOAD") is expect_signed, seen  # signed: the body's SHA-256 in hex
+        assert ["sha256" if len(h) == 64 else h for h in seen] == expected, (name, seen)
         assert digest_bytes(dst.read_bytes("shards/u.bin")) == d
+
+
+def test_a_refused_presigned_put_falls_back_to_the_filesystem(
+    file_backend: Any, s3_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = resolve(file_backend.url("ds"))
+    dst = resolve(s3_backend.url("ds-fallback"), s3_backend.storage_options)
+    size = 2**20 + 9
+    d = _shard(src, "shards/f.bin", size)
+    real_url = dst.fs.url
+    bucket = s3_backend.base.split("://")[1]
+
+    def elsewhere(path: str, **kw: Any) -> str:  # a URL the store refuses (404 NoSuchBucket)
+        return str(real_url(path, **kw)).replace(f"/{bucket}/", "/no-such-bucket-here/")
+
+    monkeypatch.setattr(dst.fs, "url", elsewhere)
+    seen = _payload_hashes(dst)
+    transfer.copy_shard(src, dst, "shards/f.bin", size, d, chunk_size=2**20)
+    assert seen == ["UNSIGNED-PAYLOAD"]  # refused once, then s3fs's own PutObject, unsigned
+    assert digest_bytes(dst.read_bytes("shards/f.bin")) == d
+    assert getattr(dst.fs, "_ferry_no_presign", False)  # and later uploads go the s3fs way directly
