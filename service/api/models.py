@@ -261,4 +261,4 @@ class ScrubIn(_In):
 class RetryIn(_In):
     """Retry failed work: one error by id, or every open error when ``id`` is omitted."""
 
-    id: int | None = Field(default=None, ge=0, le=2**62)
+    id: int | None = Field(default=None, ge=0, le=2**53 - 1)  # the largest integer a JSON number carries exactly
