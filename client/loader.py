@@ -10,7 +10,7 @@ puts them back in order of ``k``. The state counts batches *delivered* to the ca
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -158,19 +158,22 @@ class TokenLoader:
         plan = self._plan()
         g = self.global_batch_size
         source = self._local(plan) if self.num_workers == 0 else self._workers(plan)
-        for k, batch in enumerate(source):
-            # count the batch as consumed the moment it is handed over, not when it was built
-            self._position = plan.start + (k + 1) * g
-            yield batch
+        try:
+            for k, batch in enumerate(source):
+                # count the batch as consumed the moment it is handed over, not when it was built
+                self._position = plan.start + (k + 1) * g
+                yield batch
+        finally:
+            source.close()  # an abandoned iterator stops its worker processes now
 
-    def _local(self, plan: _Plan) -> Iterator[Batch]:
+    def _local(self, plan: _Plan) -> Generator[Batch, None, None]:
         depth = self.dataset.prefetch_depth
         mine = range(plan.count)
         for k in mine:
             batch = to_batch(plan.build(self.dataset, k, _Plan.ahead(mine, k, depth)))
             yield _pin(batch) if self.pin_memory else batch
 
-    def _workers(self, plan: _Plan) -> Iterator[Batch]:
+    def _workers(self, plan: _Plan) -> Generator[Batch, None, None]:
         self.dataset.close()  # no threads or mapped shards in the parent when the workers fork
         loader = DataLoader(
             _WorkerStream(self.dataset, plan, self.num_workers, _GROUP),
@@ -181,12 +184,16 @@ class TokenLoader:
         )
         pending: dict[int, dict[str, Any]] = {}
         want = 0
-        for item in loader:
-            pending.update(item)
-            while want in pending:  # workers may finish out of turn; deliver in order of k
-                batch = to_batch(pending.pop(want))
-                yield _pin(batch) if self.pin_memory else batch
-                want += 1
+        items = iter(loader)
+        try:
+            for item in items:
+                pending.update(item)
+                while want in pending:  # workers may finish out of turn; deliver in order of k
+                    batch = to_batch(pending.pop(want))
+                    yield _pin(batch) if self.pin_memory else batch
+                    want += 1
+        finally:
+            _stop_workers(items)
 
     def state_dict(self) -> dict[str, Any]:
         """A small JSON-serialisable dict: what was delivered so far (``torch.distributed.checkpoint`` Stateful)."""
@@ -199,6 +206,18 @@ class TokenLoader:
         order configuration, unless ``strict=False``.
         """
         self._position = restore_position(state_dict, self.dataset.identity(), self.dataset.num_samples, strict=strict)
+
+
+def _stop_workers(items: Iterator[Any]) -> None:
+    """Shut the DataLoader's worker processes down now rather than when ``items`` is collected.
+
+    DataLoader stops its workers in the iterator's ``__del__``; an iterator left alive until
+    interpreter exit (a reference cycle, a global) can leave the exit waiting on a worker that
+    was never told to stop. ``_shutdown_workers`` is idempotent and is what ``__del__`` calls.
+    """
+    shutdown = getattr(items, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
 
 
 def _as_is(item: Any) -> Any:

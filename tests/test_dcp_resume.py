@@ -11,10 +11,13 @@ run crosses an epoch boundary after the resume, and the final weights agree.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +43,22 @@ def _env() -> dict[str, str]:
 
 
 def _run(cmd: list[str], timeout: float = 180) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), check=False)
-    assert proc.returncode == 0, (
-        f"{' '.join(cmd)}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+    """Run ``cmd`` in its own process group; on a timeout every process in it dumps its Python
+    stacks (``dcp_train.py`` registers faulthandler on SIGUSR1) and the whole group is killed,
+    so a hang leaves a diagnosis and no orphaned ranks or DataLoader workers behind."""
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), start_new_session=True
     )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGUSR1)
+            time.sleep(2)
+            os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)}\ntimed out after {timeout:.0f} s; stacks:\n{stderr[-12000:]}")
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-6000:]}"
 
 
 def _torchrun(nproc: int, args: list[str]) -> None:

@@ -16,8 +16,10 @@ parameters to ``<out>/params-<tag>.json``.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,7 @@ class AppState(Stateful):
 
 
 def main() -> int:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for stacks when a run hangs
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", required=True)
     ap.add_argument("--out", required=True, type=Path)
@@ -116,6 +119,7 @@ def main() -> int:
         loss.backward()
         optim.step()
         step += 1
+    del batches  # the loader's iterator stops this rank's DataLoader workers now, not at interpreter exit
     stream.close()
 
     if args.stop_after is not None:
