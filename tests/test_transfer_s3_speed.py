@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import socket
+import time
+import tracemalloc
+import urllib.parse
 from typing import Any
 
 import pytest
@@ -115,3 +119,40 @@ def test_a_refused_presigned_put_falls_back_to_the_filesystem(
     assert seen == ["UNSIGNED-PAYLOAD"]  # refused once, then s3fs's own PutObject, unsigned
     assert digest_bytes(dst.read_bytes("shards/f.bin")) == d
     assert getattr(dst.fs, "_ferry_no_presign", False)  # and later uploads go the s3fs way directly
+
+
+def test_presigned_put_streams_with_memory_bounded_by_one_chunk(file_backend: Any, s3_backend: Any) -> None:
+    """The single PUT is streamed from one reused chunk buffer, not the whole shard held in memory."""
+    src = resolve(file_backend.url("ds"))
+    dst = resolve(s3_backend.url("ds-stream"), s3_backend.storage_options)
+    size, chunk = 24 * 2**20 + 11, 2**20
+    d = _shard(src, "shards/s.bin", size)
+    dst.fs.url(dst.full("shards/s.bin"))  # the S3 client and its service model (~12 MB of JSON) exist before
+    tracemalloc.start()
+    try:
+        transfer.copy_shard(src, dst, "shards/s.bin", size, d, chunk_size=chunk)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * chunk, f"peak {peak / 2**20:.1f} MiB for a {size / 2**20:.0f} MiB shard"
+    assert digest_bytes(dst.read_bytes("shards/s.bin")) == d
+    assert "-" not in _etag(dst, s3_backend.base.split("://")[1], "ds-stream/shards/s.bin")  # one PUT
+
+
+def test_a_connection_the_server_closed_is_replaced_before_reuse() -> None:
+    """A kept-alive connection the store closed while idle is reopened, not written into (a failed PUT)."""
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        u = urllib.parse.urlsplit(f"http://127.0.0.1:{srv.getsockname()[1]}/b/k?X-Amz-Signature=x")
+        conn = transfer._connection(u)
+        conn.connect()
+        peer, _ = srv.accept()
+        assert transfer._connection(u) is conn and conn.sock is not None  # open and idle: kept
+        peer.close()  # the server's idle timeout
+        deadline = time.monotonic() + 5
+        while conn.sock is not None and time.monotonic() < deadline:
+            transfer._connection(u)
+            time.sleep(0.01)
+        assert conn.sock is None  # closed here; http.client reconnects on the next request
+        transfer._drop_connection(u, conn)
