@@ -1,4 +1,8 @@
-"""Sync: MB/s local→local and local→S3 (moto), and the no-op re-run — ferry vs rclone vs cp -r.
+"""Sync: MB/s local→local and local→S3 (moto), and the no-op re-run — ferry vs rclone, with limits.
+
+The limits: ``cp -r`` locally; to S3, bare presigned PUTs of every file from the same number of
+threads (``runners/s3_put_limit.py``: no hashing, no verification), whose PUT-only time shows what
+the server itself takes.
 
 The data set is a real ferry dataset (shards of ~32 MiB, random tokens so zstd cannot shrink
 them), made once and cached. Every tool is a CLI, timed from outside as a user sees it (process
@@ -8,6 +12,7 @@ start included, the same for all). Destinations are emptied between runs (not ti
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -55,16 +60,17 @@ def prepare(ctx: Context, mib: int) -> None:
     _make_dataset(root, mib)
 
 
-def _timed(cmd: list[str], env: dict[str, str], timeout: float = 900) -> tuple[float, str | None]:
+def _timed(cmd: list[str], env: dict[str, str], timeout: float = 900) -> tuple[float, str | None, str]:
+    """(wall seconds, error or None, stdout)."""
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return time.perf_counter() - t0, f"timed out after {timeout:.0f}s"
+        return time.perf_counter() - t0, f"timed out after {timeout:.0f}s", ""
     dt = time.perf_counter() - t0
     if proc.returncode != 0:
-        return dt, f"exit {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-300:]}"
-    return dt, None
+        return dt, f"exit {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-300:]}", proc.stdout
+    return dt, None, proc.stdout
 
 
 @contextmanager
@@ -137,12 +143,15 @@ def run(ctx: Context, rclone: str | None = None, mib: int = 1024) -> dict[str, A
         result["note"] = "rclone was not available (not root, or --no-peers): ferry and cp only."
 
     def measure(cmd: list[str], env: dict[str, str], noop: bool) -> dict[str, Any]:
-        dt, err = _timed(cmd, env)
+        dt, err, stdout = _timed(cmd, env)
         if err:
             return {"error": err}
         out: dict[str, Any] = {"seconds": dt, "mb_per_s": nbytes / dt / 1e6}
+        if "put_s" in stdout:  # the upload limit also reports its PUTs alone (no process start)
+            put_s = float(json.loads(stdout.strip().splitlines()[-1])["put_s"])
+            out.update({"put_s": put_s, "put_mb_per_s": nbytes / put_s / 1e6})
         if noop:
-            dt2, err2 = _timed(cmd, env)
+            dt2, err2, _ = _timed(cmd, env)
             out.update({"noop_s": dt2} if not err2 else {"noop_error": err2})
         return out
 
@@ -152,6 +161,9 @@ def run(ctx: Context, rclone: str | None = None, mib: int = 1024) -> dict[str, A
         if tool == "rclone":
             target = "moto:" + dst[len("s3://") :] if s3 else dst
             return [str(rclone), "sync", src, target, "--transfers", str(TRANSFERS), "--checksum"]
+        if tool == "put-limit":
+            spec = json.dumps({"src": src, "dst": dst, "transfers": TRANSFERS})
+            return [ctx.ferry_python, str(Path(__file__).parent / "runners" / "s3_put_limit.py"), spec]
         return ["cp", "-r", src, dst]
 
     # local -> local (+ cp -r as the limit)
@@ -179,14 +191,14 @@ def run(ctx: Context, rclone: str | None = None, mib: int = 1024) -> dict[str, A
             def s3_one(tool: str, _r: int) -> dict[str, Any]:
                 bucket = f"bench-{tool}-{next(counter)}"
                 fs.mkdir(bucket)
-                res = measure(cmd_for(tool, f"s3://{bucket}/ds", True), s3env, noop=True)
+                res = measure(cmd_for(tool, f"s3://{bucket}/ds", True), s3env, noop=tool != "put-limit")
                 try:
                     fs.rm(bucket, recursive=True)  # free moto's memory
                 except Exception as exc:  # noqa: BLE001 — cleanup only
                     log(f"sync: could not remove {bucket}: {exc}")
                 return res
 
-            runs = alternate(ctx, tools, s3_one, what="sync local→S3")
+            runs = alternate(ctx, [*tools, "put-limit"], s3_one, what="sync local→S3")
             result["links"]["local→S3 (moto)"] = case = {"runs": runs, **_ratios(runs)}
             if (
                 ctx.profile
@@ -256,4 +268,9 @@ def _ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     c_mb = med("cp", "mb_per_s")
     if f_mb and c_mb:
         out["fraction_of_cp"] = f_mb / c_mb
+    limit_mb, put_mb = med("put-limit", "mb_per_s"), med("put-limit", "put_mb_per_s")
+    if f_mb and limit_mb:
+        out["fraction_of_put_limit"] = f_mb / limit_mb
+    if r_mb and put_mb:  # no uploader, even with no start-up at all, gets past this against rclone
+        out["put_ceiling_vs_rclone"] = put_mb / r_mb
     return out
