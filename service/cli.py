@@ -9,20 +9,18 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shard_tools.cli import parse_storage_options, print_json
 from shard_tools.errors import DatasetNotFoundError, UsageError
-from shard_tools.store import resolve
 
-from .bandwidth import Bandwidth
 from .config import Config, format_rate, load_config, parse_rate, redact
-from .daemon import Daemon
-from .engine import Engine, PassResult, load_version, read_header
-from .executor import Executor, Job, JobResult
-from .planner import SourceVersion
-from .state import State
-from .stats import Stats
+
+if TYPE_CHECKING:  # the engine and its storage stack load only when a command needs them
+    from .daemon import Daemon
+    from .engine import PassResult
+    from .executor import Executor, JobResult
+    from .stats import Stats
 
 __all__ = [
     "register",
@@ -73,6 +71,8 @@ def run_until_signal(daemon: Daemon, stop: threading.Event | None = None) -> Non
 
 def serve_main(config: Config, args: argparse.Namespace | None = None) -> int:
     """Run the daemon (and any SERVE_EXTRAS) until a signal; stop gracefully."""
+    from .daemon import Daemon
+
     with _Signals() as signals:
         daemon = Daemon(config)
         daemon.start()
@@ -168,9 +168,28 @@ def _progress_thread(stats: Stats, enabled: bool) -> tuple[threading.Event, thre
 def _cmd_sync(args: argparse.Namespace) -> int:
     if args.transfers < 1:
         raise UsageError("--transfers must be at least 1")
+    parse_rate(args.bwlimit, "--bwlimit")
     both = parse_storage_options(args.storage_option)
-    src = resolve(args.src, {**both, **parse_storage_options(args.src_option)})
-    dst = resolve(args.dst, {**both, **parse_storage_options(args.dst_option)})
+    src_options = {**both, **parse_storage_options(args.src_option)}
+    dst_options = {**both, **parse_storage_options(args.dst_option)}
+    t0 = time.monotonic()
+    if not args.verify_only:
+        from .quickcheck import up_to_date_header
+
+        header = up_to_date_header(args.src, args.dst, src_options, dst_options)
+        if header is not None:  # nothing to do, known without the storage stack
+            return _print_report(_up_to_date_report(header, args), args, t0, ok=True)
+
+    from shard_tools.store import resolve
+
+    from .bandwidth import Bandwidth
+    from .engine import Engine
+    from .executor import Executor
+    from .state import State
+    from .stats import Stats
+
+    src = resolve(args.src, src_options)
+    dst = resolve(args.dst, dst_options)
     names = {"src": src, "dst": dst}
     stats = Stats()
     executor = Executor(
@@ -181,7 +200,6 @@ def _cmd_sync(args: argparse.Namespace) -> int:
     )
     show = sys.stderr.isatty() if args.progress is None else args.progress
     done, thread = _progress_thread(stats, show and not args.json)
-    t0 = time.monotonic()
     try:
         if args.verify_only:
             report, ok = _verify_only(executor, names, args)
@@ -193,6 +211,10 @@ def _cmd_sync(args: argparse.Namespace) -> int:
         done.set()
         if thread is not None:
             thread.join()
+    return _print_report(report, args, t0, ok)
+
+
+def _print_report(report: dict[str, Any], args: argparse.Namespace, t0: float, ok: bool) -> int:
     report["seconds"] = round(time.monotonic() - t0, 3)
     if args.json:
         print_json(report)
@@ -206,6 +228,27 @@ def _failures(failed: list[JobResult]) -> list[dict[str, Any]]:
         {"shard": r.job.shard.path, "error": r.error, "retryable": r.retryable, "attempts": r.attempts}
         for r in sorted(failed, key=lambda r: r.job.shard.path)
     ]
+
+
+def _up_to_date_report(header: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """What the engine reports for a destination that already publishes the source's version."""
+    shards = int(header["totals"]["shards"])
+    return {
+        "source": redact(args.src),
+        "destination": redact(args.dst),
+        "version": str(header["version_id"]),
+        "up_to_date": True,
+        "published": False,
+        "shards": shards,
+        "copied": 0,
+        "copied_bytes": 0,
+        "verified_in_place": 0,
+        "already_verified": shards,
+        "corrupt_detected": 0,
+        "temps_deleted": 0,
+        "failed": [],
+        "throughput_bytes_per_s": 0.0,
+    }
 
 
 def _report(res: PassResult, args: argparse.Namespace) -> dict[str, Any]:
@@ -228,6 +271,10 @@ def _report(res: PassResult, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _verify_only(executor: Executor, names: dict[str, Any], args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
+    from .engine import load_version, read_header
+    from .executor import Job
+    from .planner import SourceVersion
+
     header = read_header(names["src"])
     if header is None:
         raise DatasetNotFoundError(f"no manifest.json at {redact(args.src)}")

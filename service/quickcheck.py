@@ -1,0 +1,232 @@
+"""The no-op check of ``ferry sync`` without the storage stack: two manifest reads, little imported.
+
+A no-op resync compares the version ids in the source's and the destination's ``manifest.json``.
+Through fsspec an S3 side costs importing s3fs, aiobotocore, botocore and aiohttp and building
+an S3 client (~0.45 s on our machine), several times the check itself. For local paths and for
+S3 URLs with plain settings (keys from storage options, the environment or static keys in the
+shared credentials file; an explicit or the AWS endpoint), this module reads each
+``manifest.json`` directly: one GET signed with AWS Signature Version 4 over ``http.client``.
+
+It only ever answers "up to date": another version, a missing or unreadable manifest, an HTTP
+error or any setting it does not handle gives None, and ``ferry sync`` takes its full path,
+which decides everything itself. So this module can make a no-op faster, never a sync different.
+"""
+
+from __future__ import annotations
+
+import configparser
+import datetime
+import hashlib
+import hmac
+import http.client
+import json
+import os
+import re
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shard_tools.errors import FerryError
+from shard_tools.header import MANIFEST_FILE, parse_header
+
+__all__ = ["S3Get", "plan_s3_get", "sign_v4", "up_to_date_header"]
+
+_MAX_HEADER = 64 * 2**20  # a manifest.json header is a few KiB; anything huge is not one
+_TIMEOUT = 10.0
+_EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+# storage options a plain GET honours (the rest, e.g. profile or requester_pays, mean: full path)
+_OPTIONS = {"key", "secret", "token", "anon", "endpoint_url", "client_kwargs", "config_kwargs", "skip_instance_cache"}
+_DNS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$")
+
+
+@dataclass(frozen=True)
+class S3Get:
+    """One object read: where to send it and how to sign it (``credentials`` None: anonymous)."""
+
+    scheme: str
+    host: str  # with ":port" when not the scheme's default
+    path: str  # already URI-encoded
+    region: str
+    credentials: tuple[str, str, str | None] | None  # (access key id, secret, session token)
+
+
+def up_to_date_header(
+    src_url: str, dst_url: str, src_options: Mapping[str, Any], dst_options: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """The source's parsed header when the destination already publishes the same version, else None."""
+    try:
+        src = _read_manifest(src_url, src_options)
+        dst = _read_manifest(dst_url, dst_options) if src is not None else None
+        if src is None or dst is None:
+            return None
+        src_doc, dst_doc = parse_header(src), parse_header(dst)
+    except (FerryError, TypeError, KeyError, AttributeError):  # odd options or documents: the full path says why
+        return None
+    return src_doc if src_doc["version_id"] == dst_doc["version_id"] else None
+
+
+def _read_manifest(url: str, options: Mapping[str, Any]) -> bytes | None:
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    try:
+        if scheme in ("", "file", "local"):  # fsspec's local filesystem has no option that changes a read
+            path = Path(url.split("://", 1)[1] if scheme else url) / MANIFEST_FILE
+            with open(path, "rb") as f:
+                return f.read(_MAX_HEADER + 1)
+        if scheme in ("s3", "s3a"):
+            get = plan_s3_get(url.rstrip("/") + "/" + MANIFEST_FILE, options, os.environ)
+            return None if get is None else _fetch(get)
+    except (OSError, http.client.HTTPException, ValueError):
+        return None
+    return None
+
+
+def plan_s3_get(url: str, options: Mapping[str, Any], env: Mapping[str, str]) -> S3Get | None:
+    """How to GET ``s3://bucket/key`` with these storage options and environment, or None (not handled)."""
+    opts = _fsspec_env_options(env)
+    if opts is None:
+        return None
+    opts.update(options)
+    if set(opts) - _OPTIONS:
+        return None
+    client = dict(opts.get("client_kwargs") or {})
+    if set(client) - {"endpoint_url", "region_name"}:
+        return None
+    config = dict(opts.get("config_kwargs") or {})
+    if set(config) - {"s3"} or set(config.get("s3") or {}) - {"payload_signing_enabled"}:
+        return None
+    if any(env.get(v) for v in ("AWS_USE_FIPS_ENDPOINT", "AWS_USE_DUALSTACK_ENDPOINT", "AWS_S3_US_EAST_1_REGIONAL")):
+        return None
+    bucket, _, key = url.split("://", 1)[1].partition("/")
+    if not bucket or not key:
+        return None
+    region = client.get("region_name") or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1"
+    endpoint = (
+        opts.get("endpoint_url")
+        or client.get("endpoint_url")
+        or env.get("AWS_ENDPOINT_URL_S3")
+        or env.get("AWS_ENDPOINT_URL")
+    )
+    anon = opts.get("anon") in (True, "true", "True", "1", 1)
+    credentials = None if anon else _credentials(opts, env)
+    if credentials is None and not anon:
+        return None
+    quoted_key = urllib.parse.quote(key, safe="/~")
+    if endpoint:
+        u = urllib.parse.urlsplit(str(endpoint))
+        if u.scheme not in ("http", "https") or not u.hostname or u.query:
+            return None
+        base = u.path.rstrip("/")
+        path = f"{urllib.parse.quote(base, safe='/~')}/{urllib.parse.quote(bucket, safe='')}/{quoted_key}"
+        host = u.hostname if u.port in (None, 80 if u.scheme == "http" else 443) else f"{u.hostname}:{u.port}"
+        return S3Get(u.scheme, host, path, str(region), credentials)
+    if not _DNS_BUCKET.match(bucket) or not re.fullmatch(r"[a-z0-9-]+", str(region)):
+        return None  # dotted or odd bucket names and unusual regions: botocore knows the rules
+    return S3Get("https", f"{bucket}.s3.{region}.amazonaws.com", f"/{quoted_key}", str(region), credentials)
+
+
+def _fsspec_env_options(env: Mapping[str, str]) -> dict[str, Any] | None:
+    """fsspec's own defaults for s3 from ``FSSPEC_S3`` / ``FSSPEC_S3_<KWARG>``; None if config files exist."""
+    conf_dir = Path(env.get("FSSPEC_CONFIG_DIR") or Path.home() / ".config" / "fsspec")
+    if conf_dir.is_dir() and any(conf_dir.iterdir()):
+        return None  # config files may hold anything: leave them to fsspec
+    out: dict[str, Any] = {}
+    if env.get("FSSPEC_S3"):
+        try:
+            blob = json.loads(env["FSSPEC_S3"])
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(blob, dict):
+            return None
+        out.update(blob)
+    for name, value in env.items():
+        if name.startswith("FSSPEC_S3_"):
+            try:
+                out[name[len("FSSPEC_S3_") :].lower()] = json.loads(value)
+            except json.JSONDecodeError:
+                out[name[len("FSSPEC_S3_") :].lower()] = value
+    return out
+
+
+def _credentials(opts: Mapping[str, Any], env: Mapping[str, str]) -> tuple[str, str, str | None] | None:
+    """Static keys in botocore's order: explicit, environment, the shared credentials file; else None."""
+    if opts.get("key") and opts.get("secret"):
+        return str(opts["key"]), str(opts["secret"]), opts.get("token") and str(opts["token"])
+    if opts.get("key") or opts.get("secret") or opts.get("token"):
+        return None
+    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
+        return env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"], env.get("AWS_SESSION_TOKEN") or None
+    if any(env.get(v) for v in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_WEB_IDENTITY_TOKEN_FILE")):
+        return None
+    path = Path(env.get("AWS_SHARED_CREDENTIALS_FILE") or Path.home() / ".aws" / "credentials")
+    parser = configparser.RawConfigParser()
+    try:
+        if not parser.read(path):
+            return None
+    except configparser.Error:
+        return None
+    profile = env.get("AWS_PROFILE") or env.get("AWS_DEFAULT_PROFILE") or "default"
+    if not parser.has_section(profile):
+        return None
+    section = dict(parser.items(profile))
+    if set(section) - {"aws_access_key_id", "aws_secret_access_key", "aws_session_token", "region"}:
+        return None  # roles, processes, SSO: botocore's business
+    if not section.get("aws_access_key_id") or not section.get("aws_secret_access_key"):
+        return None
+    return section["aws_access_key_id"], section["aws_secret_access_key"], section.get("aws_session_token") or None
+
+
+def sign_v4(get: S3Get, now: datetime.datetime) -> dict[str, str]:
+    """Headers of a GET of ``get`` signed with AWS Signature Version 4 (service s3, empty payload)."""
+    amz_date = now.strftime("%Y%m%dT%H%M%SZ")
+    headers = {"host": get.host, "x-amz-content-sha256": _EMPTY_SHA256, "x-amz-date": amz_date}
+    if get.credentials is None:
+        return headers
+    key_id, secret, token = get.credentials
+    if token:
+        headers["x-amz-security-token"] = token
+    names = sorted(headers)
+    canonical = "\n".join(
+        [
+            "GET",
+            get.path,
+            "",
+            "".join(f"{n}:{headers[n].strip()}\n" for n in names),
+            ";".join(names),
+            _EMPTY_SHA256,
+        ]
+    )
+    scope = f"{amz_date[:8]}/{get.region}/s3/aws4_request"
+    to_sign = f"AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
+    k = _hmac(("AWS4" + secret).encode(), amz_date[:8])
+    for part in (get.region, "s3", "aws4_request"):
+        k = _hmac(k, part)
+    signature = hmac.new(k, to_sign.encode(), hashlib.sha256).hexdigest()
+    headers["authorization"] = (
+        f"AWS4-HMAC-SHA256 Credential={key_id}/{scope}, SignedHeaders={';'.join(names)}, Signature={signature}"
+    )
+    return headers
+
+
+def _hmac(key: bytes, msg: str) -> bytes:
+    return hmac.new(key, msg.encode(), hashlib.sha256).digest()
+
+
+def _fetch(get: S3Get) -> bytes | None:
+    headers = sign_v4(get, datetime.datetime.now(datetime.timezone.utc))
+    conn: http.client.HTTPConnection
+    if get.scheme == "https":
+        import ssl
+
+        context = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or None)
+        conn = http.client.HTTPSConnection(get.host, timeout=_TIMEOUT, context=context)
+    else:
+        conn = http.client.HTTPConnection(get.host, timeout=_TIMEOUT)
+    try:
+        conn.request("GET", get.path, headers=headers)  # the signed Host header, not http.client's own
+        resp = conn.getresponse()
+        body = resp.read(_MAX_HEADER + 1)
+    finally:
+        conn.close()
+    return body if resp.status == 200 and len(body) <= _MAX_HEADER else None
