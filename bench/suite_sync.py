@@ -179,7 +179,7 @@ def run(ctx: Context, rclone: str | None = None, mib: int = 1024) -> dict[str, A
         shutil.rmtree(dst, ignore_errors=True)
         return res
 
-    runs = alternate(ctx, [*tools, "cp"], local_one, what="sync local→local")
+    runs = alternate(ctx, [*tools, "cp"], local_one, repeats=_repeats(ctx), what="sync local→local")
     result["links"]["local→local"] = {"runs": runs, **_ratios(runs)}
 
     # local -> S3 (moto)
@@ -198,7 +198,7 @@ def run(ctx: Context, rclone: str | None = None, mib: int = 1024) -> dict[str, A
                     log(f"sync: could not remove {bucket}: {exc}")
                 return res
 
-            runs = alternate(ctx, [*tools, "put-limit"], s3_one, what="sync local→S3")
+            runs = alternate(ctx, [*tools, "put-limit"], s3_one, repeats=_repeats(ctx), what="sync local→S3")
             result["links"]["local→S3 (moto)"] = case = {"runs": runs, **_ratios(runs)}
             if (
                 ctx.profile
@@ -211,6 +211,12 @@ def run(ctx: Context, rclone: str | None = None, mib: int = 1024) -> dict[str, A
         result["links"]["local→S3 (moto)"] = {"runs": {}, "error": str(exc)}
     result["profile"] = _maybe_profile(ctx, result, src, root, cmd_for, env)
     return result
+
+
+def _repeats(ctx: Context) -> int:
+    """At least 5 alternating runs per tool outside --quick: one copy run on this VM can take 3× another
+    (page-cache allocation in the kernel, see bench/analysis.md), and a median of 3 moves with one outlier."""
+    return ctx.repeats if ctx.quick else max(ctx.repeats, 5)
 
 
 def _maybe_profile(
