@@ -1,7 +1,8 @@
 """One shard, one copy: stream, hash while streaming, write atomically, verify.
 
-Local → local reads the source through ``mmap`` and writes the very bytes it hashed
-(one pass, no Python-level buffering); every other pair streams fixed-size chunks.
+Local → local copies in the kernel (``copy_file_range``) and then hashes the destination's bytes
+as they landed; where the kernel cannot, it reads the source through ``mmap`` and writes the
+very bytes it hashed. Every other pair streams fixed-size chunks.
 Destinations are written atomically: a temp name + rename on local disks and on
 stores without buffered writers (memory), and on object stores a streamed upload that
 is only completed (single PUT or multipart complete) when the digest matched, and
@@ -14,6 +15,7 @@ single PUT is used (s3fs sends a body it holds whole).
 from __future__ import annotations
 
 import contextlib
+import errno
 import http.client
 import io
 import mmap
@@ -139,27 +141,12 @@ def _copy_local(
             raise ShardFormatError(path, f"source holds {actual} bytes, manifest says {size}")
         os.makedirs(os.path.dirname(dst_path), exist_ok=True)
         tmp = temp_name(dst_path)
-        fd_out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd_out = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            hasher = Hasher()
-            if size:
-                with mmap.mmap(fd_in, 0, access=mmap.ACCESS_READ) as mm:
-                    if hasattr(mm, "madvise"):
-                        mm.madvise(mmap.MADV_SEQUENTIAL)
-                    view = memoryview(mm)
-                    try:
-                        for off in range(0, size, chunk):
-                            _check(cancel)
-                            piece = view[off : off + chunk]
-                            throttle(len(piece))
-                            hasher.update(piece)
-                            done = 0
-                            while done < len(piece):
-                                done += os.write(fd_out, piece[done:])
-                            progress(len(piece))
-                            del piece
-                    finally:
-                        view.release()
+            if _kernel_copy(fd_in, fd_out, size, chunk, throttle, progress, cancel):
+                hasher = _hash_file(fd_out, size, chunk, cancel)  # the bytes as they landed
+            else:
+                hasher = _copy_hashing_source(fd_in, fd_out, size, chunk, throttle, progress, cancel)
             _finish(hasher, path, size, digest)
             os.close(fd_out)
             fd_out = -1
@@ -172,6 +159,99 @@ def _copy_local(
             raise
     finally:
         os.close(fd_in)
+
+
+def _kernel_copy(
+    fd_in: int,
+    fd_out: int,
+    size: int,
+    chunk: int,
+    throttle: Throttle,
+    progress: Progress,
+    cancel: threading.Event | None,
+) -> bool:
+    """Copy with ``copy_file_range`` (page cache to page cache in the kernel, or a reflink); False when
+    the kernel or filesystem pair cannot (nothing was written then).
+
+    On our 2-core VM this took 0.23–0.29 s per GiB against 0.29–1.55 s for the mmap + write loop,
+    whose copy into freshly allocated page-cache pages is sometimes several times slower.
+    """
+    copy = getattr(os, "copy_file_range", None)
+    if copy is None or not size:
+        return False
+    off = 0
+    while off < size:
+        _check(cancel)
+        n = min(chunk, size - off)
+        throttle(n)
+        try:
+            done = copy(fd_in, fd_out, n, off, off)
+        except OSError as exc:
+            if off == 0 and exc.errno in _NO_KERNEL_COPY:
+                return False
+            raise
+        if not done:
+            break  # the source is shorter than it was a moment ago: the size check after hashing says so
+        progress(done)
+        off += done
+    return True
+
+
+_NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EPERM}
+
+
+def _hash_file(fd: int, size: int, chunk: int, cancel: threading.Event | None) -> Hasher:
+    """Hash the first ``size`` bytes of the open file ``fd`` (what the destination now holds)."""
+    hasher = Hasher()
+    written = os.fstat(fd).st_size
+    if not written:
+        return hasher
+    with mmap.mmap(fd, written, access=mmap.ACCESS_READ) as mm:
+        if hasattr(mm, "madvise"):
+            mm.madvise(mmap.MADV_SEQUENTIAL)
+        view = memoryview(mm)
+        try:
+            for off in range(0, written, chunk):
+                _check(cancel)
+                piece = view[off : off + chunk]
+                hasher.update(piece)
+                piece.release()
+        finally:
+            view.release()
+    return hasher
+
+
+def _copy_hashing_source(
+    fd_in: int,
+    fd_out: int,
+    size: int,
+    chunk: int,
+    throttle: Throttle,
+    progress: Progress,
+    cancel: threading.Event | None,
+) -> Hasher:
+    """Copy through a read-only mapping of the source, writing the very bytes hashed (no kernel copy)."""
+    hasher = Hasher()
+    if not size:
+        return hasher
+    with mmap.mmap(fd_in, 0, access=mmap.ACCESS_READ) as mm:
+        if hasattr(mm, "madvise"):
+            mm.madvise(mmap.MADV_SEQUENTIAL)
+        view = memoryview(mm)
+        try:
+            for off in range(0, size, chunk):
+                _check(cancel)
+                piece = view[off : off + chunk]
+                throttle(len(piece))
+                hasher.update(piece)
+                done = 0
+                while done < len(piece):
+                    done += os.write(fd_out, piece[done:])
+                progress(len(piece))
+                del piece
+        finally:
+            view.release()
+    return hasher
 
 
 def _read_chunks(src: Location, path: str, chunk: int, cancel: threading.Event | None) -> Iterator[bytes]:
