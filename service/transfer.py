@@ -27,6 +27,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from shard_tools.digest import Hasher
 from shard_tools.errors import ShardDigestError, ShardFormatError, StorageError
@@ -73,6 +74,18 @@ class CopyOutcome:
     seconds: float
 
 
+class _Copy(NamedTuple):
+    """One shard copy's parameters, handed down the copy paths."""
+
+    path: str
+    size: int
+    digest: str
+    chunk: int
+    throttle: Throttle
+    progress: Progress
+    cancel: threading.Event | None
+
+
 def _noop(n: int) -> None:
     pass
 
@@ -108,11 +121,12 @@ def copy_shard(
     StorageError for backend failures, Cancelled when ``cancel`` is set.
     """
     t0 = time.monotonic()
+    c = _Copy(path, size, digest, chunk_size, throttle, progress, cancel)
     try:
         if src.local and dst.local:
-            _copy_local(src.full(path), dst.full(path), path, size, digest, chunk_size, throttle, progress, cancel)
+            _copy_local(src.full(path), dst.full(path), c)
         else:
-            _copy_stream(src, dst, path, size, digest, chunk_size, throttle, progress, cancel)
+            _copy_stream(src, dst, c)
     except (ShardDigestError, ShardFormatError, SourceMissing, Cancelled, StorageError):
         raise
     except Exception as exc:  # noqa: BLE001 - map backend errors at the boundary
@@ -120,17 +134,8 @@ def copy_shard(
     return CopyOutcome(size, time.monotonic() - t0)
 
 
-def _copy_local(
-    src_path: str,
-    dst_path: str,
-    path: str,
-    size: int,
-    digest: str,
-    chunk: int,
-    throttle: Throttle,
-    progress: Progress,
-    cancel: threading.Event | None,
-) -> None:
+def _copy_local(src_path: str, dst_path: str, c: _Copy) -> None:
+    path, size, digest = c.path, c.size, c.digest
     try:
         fd_in = os.open(src_path, os.O_RDONLY)
     except FileNotFoundError as exc:
@@ -143,10 +148,8 @@ def _copy_local(
         tmp = temp_name(dst_path)
         fd_out = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            if _kernel_copy(fd_in, fd_out, size, chunk, throttle, progress, cancel):
-                hasher = _hash_file(fd_out, size, chunk, cancel)  # the bytes as they landed
-            else:
-                hasher = _copy_hashing_source(fd_in, fd_out, size, chunk, throttle, progress, cancel)
+            # in the kernel, then hash the bytes as they landed; else the mmap loop hashing what it writes
+            hasher = _hash_file(fd_out, c) if _kernel_copy(fd_in, fd_out, c) else _copy_hashing_source(fd_in, fd_out, c)
             _finish(hasher, path, size, digest)
             os.close(fd_out)
             fd_out = -1
@@ -161,21 +164,14 @@ def _copy_local(
         os.close(fd_in)
 
 
-def _kernel_copy(
-    fd_in: int,
-    fd_out: int,
-    size: int,
-    chunk: int,
-    throttle: Throttle,
-    progress: Progress,
-    cancel: threading.Event | None,
-) -> bool:
+def _kernel_copy(fd_in: int, fd_out: int, c: _Copy) -> bool:
     """Copy with ``copy_file_range`` (page cache to page cache in the kernel, or a reflink); False when
     the kernel or filesystem pair cannot (nothing was written then).
 
     On our 2-core VM this took 0.23–0.29 s per GiB against 0.29–1.55 s for the mmap + write loop,
     whose copy into freshly allocated page-cache pages is sometimes several times slower.
     """
+    size, chunk, throttle, progress, cancel = c.size, c.chunk, c.throttle, c.progress, c.cancel
     copy = getattr(os, "copy_file_range", None)
     if copy is None or not size:
         return False
@@ -200,58 +196,45 @@ def _kernel_copy(
 _NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EPERM}
 
 
-def _hash_file(fd: int, size: int, chunk: int, cancel: threading.Event | None) -> Hasher:
-    """Hash the first ``size`` bytes of the open file ``fd`` (what the destination now holds)."""
+def _hash_file(fd: int, c: _Copy) -> Hasher:
+    """Hash the open file ``fd`` (what the destination now holds; its length is checked against ``c.size``)."""
     hasher = Hasher()
-    written = os.fstat(fd).st_size
-    if not written:
-        return hasher
-    with mmap.mmap(fd, written, access=mmap.ACCESS_READ) as mm:
-        if hasattr(mm, "madvise"):
-            mm.madvise(mmap.MADV_SEQUENTIAL)
-        view = memoryview(mm)
-        try:
-            for off in range(0, written, chunk):
-                _check(cancel)
-                piece = view[off : off + chunk]
-                hasher.update(piece)
-                piece.release()
-        finally:
-            view.release()
+    for piece in _mapped_pieces(fd, os.fstat(fd).st_size, c.chunk, c.cancel):
+        hasher.update(piece)
     return hasher
 
 
-def _copy_hashing_source(
-    fd_in: int,
-    fd_out: int,
-    size: int,
-    chunk: int,
-    throttle: Throttle,
-    progress: Progress,
-    cancel: threading.Event | None,
-) -> Hasher:
+def _copy_hashing_source(fd_in: int, fd_out: int, c: _Copy) -> Hasher:
     """Copy through a read-only mapping of the source, writing the very bytes hashed (no kernel copy)."""
     hasher = Hasher()
-    if not size:
-        return hasher
-    with mmap.mmap(fd_in, 0, access=mmap.ACCESS_READ) as mm:
+    for piece in _mapped_pieces(fd_in, c.size, c.chunk, c.cancel):
+        c.throttle(len(piece))
+        hasher.update(piece)
+        done = 0
+        while done < len(piece):
+            done += os.write(fd_out, piece[done:])
+        c.progress(len(piece))
+    return hasher
+
+
+def _mapped_pieces(fd: int, length: int, chunk: int, cancel: threading.Event | None) -> Iterator[memoryview]:
+    """``chunk``-sized views of a sequential read-only mapping of the first ``length`` bytes of ``fd``."""
+    if not length:
+        return
+    mm = mmap.mmap(fd, length, access=mmap.ACCESS_READ)
+    view = memoryview(mm)
+    try:
         if hasattr(mm, "madvise"):
             mm.madvise(mmap.MADV_SEQUENTIAL)
-        view = memoryview(mm)
-        try:
-            for off in range(0, size, chunk):
-                _check(cancel)
-                piece = view[off : off + chunk]
-                throttle(len(piece))
-                hasher.update(piece)
-                done = 0
-                while done < len(piece):
-                    done += os.write(fd_out, piece[done:])
-                progress(len(piece))
-                del piece
-        finally:
-            view.release()
-    return hasher
+        for off in range(0, length, chunk):
+            _check(cancel)
+            piece = view[off : off + chunk]
+            yield piece
+            piece.release()
+    finally:
+        view.release()
+        with contextlib.suppress(BufferError):  # a consumer that failed mid-piece still holds it: gc closes the map
+            mm.close()
 
 
 def _read_chunks(src: Location, path: str, chunk: int, cancel: threading.Event | None) -> Iterator[bytes]:
@@ -268,17 +251,8 @@ def _read_chunks(src: Location, path: str, chunk: int, cancel: threading.Event |
             yield data
 
 
-def _copy_stream(
-    src: Location,
-    dst: Location,
-    path: str,
-    size: int,
-    digest: str,
-    chunk: int,
-    throttle: Throttle,
-    progress: Progress,
-    cancel: threading.Event | None,
-) -> None:
+def _copy_stream(src: Location, dst: Location, c: _Copy) -> None:
+    path, size, digest, chunk, throttle, progress, cancel = c
     hasher = Hasher()
     target = dst.full(path)
     if dst.local:
@@ -299,10 +273,10 @@ def _copy_stream(
             raise
         return
     if _writes_buffered(dst) and src.local and size < SINGLE_PUT_MAX:
-        if _presign_ok(dst.fs) and _put_presigned(src, dst, path, size, digest, chunk, throttle, progress, cancel):
+        if _presign_ok(dst.fs) and _put_presigned(src, dst, c):
             return
         # the store's own PUT of the very bytes hashed: read once into one buffer (no write-buffer copies)
-        buf = _read_local_verified(src, path, size, digest, chunk, throttle, progress, cancel)
+        buf = _read_local_verified(src, c)
         dst.fs.pipe_file(target, buf)
         return
     if _writes_buffered(dst):
@@ -340,25 +314,23 @@ def _copy_stream(
         raise
 
 
-def _read_local_verified(
-    src: Location,
-    path: str,
-    size: int,
-    digest: str,
-    chunk: int,
-    throttle: Throttle,
-    progress: Progress,
-    cancel: threading.Event | None,
-) -> bytearray:
-    """The whole (small) local shard in one buffer, hashed chunk by chunk as it is read."""
+def _open_local_source(src: Location, c: _Copy) -> io.FileIO:
+    """The local source shard, unbuffered, after checking its size against the manifest."""
     try:
-        f = open(src.full(path), "rb", buffering=0)  # noqa: SIM115 - closed below
+        f = open(src.full(c.path), "rb", buffering=0)  # noqa: SIM115 - the caller closes it
     except FileNotFoundError as exc:
         raise SourceMissing(str(exc)) from exc
-    with f:
-        actual = os.fstat(f.fileno()).st_size
-        if actual != size:
-            raise ShardFormatError(path, f"source holds {actual} bytes, manifest says {size}")
+    actual = os.fstat(f.fileno()).st_size
+    if actual != c.size:
+        f.close()
+        raise ShardFormatError(c.path, f"source holds {actual} bytes, manifest says {c.size}")
+    return f
+
+
+def _read_local_verified(src: Location, c: _Copy) -> bytearray:
+    """The whole (small) local shard in one buffer, hashed chunk by chunk as it is read."""
+    path, size, digest, chunk, throttle, progress, cancel = c
+    with _open_local_source(src, c) as f:
         buf = bytearray(size)
         view = memoryview(buf)
         try:
@@ -381,17 +353,7 @@ def _read_local_verified(
     return buf
 
 
-def _put_presigned(
-    src: Location,
-    dst: Location,
-    path: str,
-    size: int,
-    digest: str,
-    chunk: int,
-    throttle: Throttle,
-    progress: Progress,
-    cancel: threading.Event | None,
-) -> bool:
+def _put_presigned(src: Location, dst: Location, c: _Copy) -> bool:
     """One PUT of a local shard to a presigned URL, streamed by this thread from one reused chunk buffer.
 
     s3fs sends every body through aiobotocore/aiohttp on its one event-loop thread, which joins
@@ -402,21 +364,15 @@ def _put_presigned(
     nothing. Memory: one chunk per transfer thread. False: the store refused the presigned PUT
     (e.g. a redirect to the bucket's region); the caller then uses s3fs, for good on this filesystem.
     """
+    path, chunk = c.path, c.chunk
     fs = dst.fs
     target = dst.full(path)
     u = urllib.parse.urlsplit(fs.url(target, expires=_PRESIGN_EXPIRES, client_method="put_object"))
-    try:
-        f = open(src.full(path), "rb", buffering=0)  # noqa: SIM115 - closed below
-    except FileNotFoundError as exc:
-        raise SourceMissing(str(exc)) from exc
-    with f:
-        actual = os.fstat(f.fileno()).st_size
-        if actual != size:
-            raise ShardFormatError(path, f"source holds {actual} bytes, manifest says {size}")
+    with _open_local_source(src, c) as f:
         conn = _connection(u)
         view = memoryview(_chunk_buffer(chunk))
         try:
-            status, reason = _stream_put(conn, u, f, view[:chunk], path, size, digest, throttle, progress, cancel)
+            status, reason = _stream_put(conn, u, f, view[:chunk], c)
         except BaseException:
             _drop_connection(u, conn)  # the body is short of its Content-Length: the PUT cannot complete
             raise
@@ -433,18 +389,10 @@ def _put_presigned(
 
 
 def _stream_put(
-    conn: http.client.HTTPConnection,
-    u: urllib.parse.SplitResult,
-    f: io.RawIOBase,
-    buf: memoryview,
-    path: str,
-    size: int,
-    digest: str,
-    throttle: Throttle,
-    progress: Progress,
-    cancel: threading.Event | None,
+    conn: http.client.HTTPConnection, u: urllib.parse.SplitResult, f: io.RawIOBase, buf: memoryview, c: _Copy
 ) -> tuple[int, str]:
     """Send the request and the body from ``f`` (the last piece only once verified); (status, reason)."""
+    path, size, digest, _, throttle, progress, cancel = c
     hasher = Hasher()
     try:
         conn.putrequest("PUT", f"{u.path}?{u.query}", skip_accept_encoding=True)
