@@ -18,8 +18,8 @@ from .config import Config, format_rate, load_config, parse_rate, redact
 
 if TYPE_CHECKING:  # the engine and its storage stack load only when a command needs them
     from .daemon import Daemon
-    from .engine import PassResult
     from .executor import Executor, JobResult
+    from .passes import PassResult
     from .stats import Stats
 
 __all__ = [
@@ -168,7 +168,7 @@ def _progress_thread(stats: Stats, enabled: bool) -> tuple[threading.Event, thre
 def _cmd_sync(args: argparse.Namespace) -> int:
     if args.transfers < 1:
         raise UsageError("--transfers must be at least 1")
-    parse_rate(args.bwlimit, "--bwlimit")
+    bwlimit = parse_rate(args.bwlimit, "--bwlimit")
     both = parse_storage_options(args.storage_option)
     src_options = {**both, **parse_storage_options(args.src_option)}
     dst_options = {**both, **parse_storage_options(args.dst_option)}
@@ -178,7 +178,11 @@ def _cmd_sync(args: argparse.Namespace) -> int:
 
         header = up_to_date_header(args.src, args.dst, src_options, dst_options)
         if header is not None:  # nothing to do, known without the storage stack
-            return _print_report(_up_to_date_report(header, args), args, t0, ok=True)
+            from .passes import PassResult
+
+            res = PassResult.of_source("dataset", "src", "dst", header)
+            res.mark_up_to_date()
+            return _print_report(_report(res, args), args, t0, ok=True)
 
     from shard_tools.store import resolve
 
@@ -194,7 +198,7 @@ def _cmd_sync(args: argparse.Namespace) -> int:
     stats = Stats()
     executor = Executor(
         transfers=args.transfers,
-        bandwidth=Bandwidth(parse_rate(args.bwlimit, "--bwlimit")),
+        bandwidth=Bandwidth(bwlimit),
         stats=stats,
         retries=max(1, args.retries),
     )
@@ -228,27 +232,6 @@ def _failures(failed: list[JobResult]) -> list[dict[str, Any]]:
         {"shard": r.job.shard.path, "error": r.error, "retryable": r.retryable, "attempts": r.attempts}
         for r in sorted(failed, key=lambda r: r.job.shard.path)
     ]
-
-
-def _up_to_date_report(header: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """What the engine reports for a destination that already publishes the source's version."""
-    shards = int(header["totals"]["shards"])
-    return {
-        "source": redact(args.src),
-        "destination": redact(args.dst),
-        "version": str(header["version_id"]),
-        "up_to_date": True,
-        "published": False,
-        "shards": shards,
-        "copied": 0,
-        "copied_bytes": 0,
-        "verified_in_place": 0,
-        "already_verified": shards,
-        "corrupt_detected": 0,
-        "temps_deleted": 0,
-        "failed": [],
-        "throughput_bytes_per_s": 0.0,
-    }
 
 
 def _report(res: PassResult, args: argparse.Namespace) -> dict[str, Any]:

@@ -229,13 +229,10 @@ class Daemon:
 
     def _note_peer(self, name: str, source: str, dest: str, src_header: tuple[bytes, dict[str, Any]]) -> None:
         """A destination another daemon serves: read its manifest.json (one small read) for the matrix."""
-        doc = src_header[1]
-        res = PassResult(name, source, dest, str(doc["version_id"]))
-        res.total_shards, res.total_bytes = int(doc["totals"]["shards"]), int(doc["totals"]["stored_bytes"])
+        res = PassResult.of_source(name, source, dest, src_header[1])
         peer = read_header(self._location(dest, name))
         if peer is not None and peer[1]["version_id"] == res.version_id:
-            res.up_to_date = True
-            res.already_verified, res.verified_bytes = res.total_shards, res.total_bytes
+            res.mark_up_to_date()
         with self._lock:
             self._known[name].cells[dest] = res
 

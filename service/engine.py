@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +22,7 @@ from shard_tools.store import TEMP_MARKER, Location
 
 from .events import EventBus
 from .executor import Executor, Job, JobResult
+from .passes import PassResult
 from .planner import SourceVersion, VersionRecord, order_sources, plan_retention, plan_sync
 from .state import State
 from .stats import Stats
@@ -32,38 +32,6 @@ if TYPE_CHECKING:
     from shard_tools.manifest import Manifest
 
 __all__ = ["Engine", "PassResult", "read_header", "load_version", "listing"]
-
-
-@dataclass
-class PassResult:
-    """What a pass did at one destination."""
-
-    dataset: str
-    source: str
-    destination: str
-    version_id: str
-    up_to_date: bool = False
-    published: bool = False
-    copied: int = 0
-    copied_bytes: int = 0
-    verified_in_place: int = 0
-    already_verified: int = 0
-    verified_bytes: int = 0  # bytes of the version verified at the destination so far
-    failed: list[JobResult] = field(default_factory=list)
-    skipped_failed: int = 0  # shards failed fatally before, waiting for retry()
-    temps_deleted: int = 0
-    corrupt_detected: int = 0
-    retired: list[str] = field(default_factory=list)
-    deleted_shards: list[str] = field(default_factory=list)
-    protected_shards: list[str] = field(default_factory=list)
-    cancelled: bool = False
-    total_shards: int = 0
-    total_bytes: int = 0
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return not self.failed and not self.skipped_failed and not self.cancelled
 
 
 def read_header(loc: Location, rel: str = MANIFEST_FILE) -> tuple[bytes, dict[str, Any]] | None:
@@ -177,18 +145,15 @@ class Engine:
         if src_header is None:
             raise DatasetNotFoundError(f"no {MANIFEST_FILE} at {src_loc.url}: nothing to replicate")
         src_bytes, src_doc = src_header
-        version = str(src_doc["version_id"])
-        result = PassResult(dataset, source, dest, version)
-        result.total_shards = int(src_doc["totals"]["shards"])
-        result.total_bytes = int(src_doc["totals"]["stored_bytes"])
+        result = PassResult.of_source(dataset, source, dest, src_doc)
+        version = result.version_id
         try:
             dst_header = read_header(dst_loc)
         except ManifestError:
             dst_header = None  # a damaged manifest.json at the destination is simply published again
         dest_version = str(dst_header[1]["version_id"]) if dst_header else None
         if dest_version == version:
-            result.up_to_date = True
-            result.already_verified, result.verified_bytes = result.total_shards, result.total_bytes
+            result.mark_up_to_date()
             if on_plan is not None:
                 on_plan(result)
             self.stats.set_pending(dataset, dest, 0, 0)
