@@ -20,6 +20,7 @@ from torch.utils.data import get_worker_info
 from shard_tools.errors import DatasetError, UsageError
 from shard_tools.manifest import Manifest
 from shard_tools.packing import parse_size
+from shard_tools.threadname import name_os_thread
 
 from .cache import ShardCache, default_cache_dir
 from .mixed import MixedDataset
@@ -230,7 +231,9 @@ class TokenDataset(SampleSource):
         if not todo:
             return
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ferry-prefetch")
+            self._pool = ThreadPoolExecutor(
+                max_workers=2, thread_name_prefix="ferry-prefetch", initializer=name_os_thread
+            )
         if len(self._submitted) > _RECENT:
             self._submitted.clear()  # forget old submissions: their shards may have been evicted since
         for s in todo:

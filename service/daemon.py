@@ -17,6 +17,7 @@ from typing import Any
 
 from shard_tools.errors import ConfigError, FerryError, UsageError
 from shard_tools.store import Location, resolve
+from shard_tools.threadname import start_named_thread
 
 from .bandwidth import Bandwidth
 from .config import Config, Rule, link_name, parse_rate
@@ -120,8 +121,7 @@ class Daemon:
         # daemon loads it up front so its first pass does not pay ~0.2 s of imports.
         import shard_tools.manifest  # noqa: F401
 
-        self._thread = threading.Thread(target=self._loop, name="ferry-daemon", daemon=True)
-        self._thread.start()
+        self._thread = start_named_thread(self._loop, "ferry-daemon")
         log.info("daemon started: %d clusters, %d rules, state in %s",
                  len(self._config.clusters), len(self._config.rules), self._config.state_dir)  # fmt: skip
 

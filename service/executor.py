@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from shard_tools.errors import ShardDigestError, ShardFormatError, StorageError
 from shard_tools.store import Location
+from shard_tools.threadname import start_named_thread
 
 from .bandwidth import Bandwidth
 from .config import link_name
@@ -205,9 +206,7 @@ class Executor:
                     on_result(res)
 
         n = min(len(jobs), self.max_workers)
-        threads = [threading.Thread(target=worker, name=f"ferry-transfer-{i}", daemon=True) for i in range(n)]
-        for t in threads:
-            t.start()
+        threads = [start_named_thread(worker, f"ferry-copy-{i}") for i in range(n)]
         for t in threads:
             t.join()
         return results

@@ -23,6 +23,7 @@ from .header import SHARDS_DIR
 from .manifest import ShardInfo
 from .sources import DocBatch, SourceOptions, Unit, read_unit
 from .store import Location, resolve
+from .threadname import start_named_thread
 
 __all__ = ["Job", "UnitResult", "pack_unit", "pack_batches", "cut_shards", "assemble", "with_eos", "check_range"]
 
@@ -234,8 +235,7 @@ def _prefetch(items: Iterator[DocBatch], depth: int = 2) -> Iterator[DocBatch]:
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
             put(exc)
 
-    thread = threading.Thread(target=produce, name="ferry-prefetch", daemon=True)
-    thread.start()
+    thread = start_named_thread(produce, "ferry-prefetch")
     try:
         while True:
             item = q.get()

@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from shard_tools.errors import ConfigError, UsageError
+from shard_tools.threadname import start_named_thread
 
 from .backend import Invalid, NotFound
 from .models import (
@@ -84,11 +85,9 @@ class DaemonBackend:
         self._queue = daemon.subscribe(maxsize=10_000)
         self._sample_once()  # a baseline, so bytes copied before the first tick still show as throughput
         self._threads = [
-            threading.Thread(target=self._pump, name="ferry-api-events", daemon=True),
-            threading.Thread(target=self._sample, args=(sample_interval,), name="ferry-api-sampler", daemon=True),
+            start_named_thread(self._pump, "ferry-api-event"),
+            start_named_thread(self._sample, "ferry-api-rates", (sample_interval,)),
         ]
-        for t in self._threads:
-            t.start()
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
 

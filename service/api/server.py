@@ -20,6 +20,7 @@ from typing import Any
 import uvicorn
 
 from shard_tools.errors import ServiceError
+from shard_tools.threadname import start_named_thread
 
 from .app import create_app
 from .settings import ApiSettings
@@ -95,8 +96,7 @@ def start_server(
         finally:
             loop.close()
 
-    thread = threading.Thread(target=run, name="ferry-api", daemon=True)
-    thread.start()
+    thread = start_named_thread(run, "ferry-api")
     deadline = time.monotonic() + startup_timeout
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
