@@ -1,21 +1,34 @@
 """Load on the service API while a sync runs: latency of ``/api/v1/replicas`` and the sync's throughput.
 
-    .venv/bin/python bench/service_load.py            # 2 GiB of tokens, 50 clients, 5 runs per mode
-    .venv/bin/python bench/service_load.py --quick    # 128 MiB, 1 run per mode
+    .venv/bin/python bench/service_load.py            # 1 GiB of tokens, 50 clients, 9 cycles of 3 modes
+    .venv/bin/python bench/service_load.py --quick    # 128 MiB, 1 cycle
 
-Each run starts a real ``ferry serve`` process (daemon + API) replicating local "east" → "west",
-drops a pre-packed dataset into east (a rename), asks for a sync, and times until west's
-manifest appears. "loaded" runs add a separate load process: ``--clients`` concurrent clients
-polling ``/api/v1/replicas`` every ``--interval`` seconds plus one SSE stream on
-``/api/v1/events``. "floor" runs point the same load at a stand-in server (fixed bytes, raw
-asyncio, another process) while ferry syncs: the loss the load's own CPU causes on this machine
-with no API work in ferry at all. Targets: p99 < 100 ms, throughput loss < 10 %. The last
-stdout line is JSON.
+Each cycle starts a real ``ferry serve`` process (daemon + API) replicating local "east" → "west"
+and runs three syncs in it, one per mode: it drops a pre-packed dataset under a new name into
+east (a rename), asks for a sync of that dataset, and times until west's manifest appears.
+"loaded" syncs run with a separate load process: ``--clients`` concurrent clients polling
+``/api/v1/replicas`` every ``--interval`` seconds plus one SSE stream on ``/api/v1/events``.
+"floor" syncs point the same load at a stand-in server (fixed bytes, raw asyncio, another
+process) while ferry syncs: the loss the load's own CPU causes on this machine with no API work
+in ferry at all. Targets: p99 < 100 ms, throughput loss < 10 %. The last stdout line is JSON.
 
 The clusters live on tmpfs (``/dev/shm``) when it has room: on this machine's disk the same
 baseline sync varied 600–1260 MiB/s from run to run with the kernel's writeback, which drowns
 a 10 % effect. On tmpfs the sync is bound by ferry's own work, the hardest case for "the API
-must not slow replication". Every run starts after ``sync(2)``; modes alternate.
+must not slow replication". 1 GiB of tokens (~670 MiB stored), and each dataset is deleted
+after its sync: on this VM, tmpfs memory in use beyond ~3.5 GiB is slow to fill (perf: the
+kernel's memcpy into fresh tmpfs pages). With 2 GiB of tokens (packed copy + east + west ≈
+4 GiB), or with three 1 GiB datasets kept, the sync that crossed that line ran at 430–680
+MiB/s and cost 1.8–3.5 CPU-seconds, the others 1400–1700 MiB/s and 0.55–0.75 CPU-seconds,
+whatever the mode: noise larger than the effect measured.
+
+Noise control (the same sync's speed moves 2–3× within minutes on this VM): one discarded
+warm-up sync; a cycle's three syncs run seconds apart in one process; every mode waits the
+same time before its sync starts; the order of the modes rotates from cycle to cycle; and
+besides the medians of each mode the result gives the *paired* loss, the median over cycles of
+one cycle's loaded/baseline ratio, which cancels the machine's drift between cycles. ferry names its
+threads in the OS, so the CPU of the ``ferry-api`` thread (everything HTTP: requests, SSE)
+during the sync is read from ``/proc`` and reported next to the serve process's total.
 """
 
 from __future__ import annotations
@@ -65,6 +78,19 @@ def _cpu_seconds(pid: int) -> float:
     except OSError:
         return float("nan")
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _thread_cpu(pid: int, name: str) -> float:
+    """CPU seconds of the live threads of ``pid`` whose OS name is ``name`` (0 when none)."""
+    total = 0.0
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            if (task / "comm").read_text().strip() == name:
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except OSError:
+            continue  # the thread ended meanwhile
+    return total
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -220,34 +246,53 @@ token_env = "BENCH_TOKEN"
     return root / "ferry.toml"
 
 
-def one_run(work: Path, packed: Path, stored: int, mode: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One sync; ``mode``: "baseline" (no load), "loaded" (the load on ferry's API) or "floor" (the same
-    load on a stand-in server in another process: what the load costs the sync with no API work at all)."""
-    loaded = mode != "baseline"
-    os.sync()  # the previous run's dirty pages are written back outside the clock
-    root = Path(tempfile.mkdtemp(dir=work, prefix="run-"))
-    (root / "east").mkdir()
-    (root / "west").mkdir()
-    port = _free_port()
-    env = {**os.environ, "BENCH_TOKEN": "bench"}
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "shard_tools.cli", "serve", "--config", str(_config(root, port))],
-        cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    stop_file = root / "stop"
-    load = stand_in = None
-    try:
+class Serve:
+    """One ``ferry serve`` (daemon + API) over fresh east/west directories; a context manager."""
+
+    def __init__(self, work: Path) -> None:
+        self.root = Path(tempfile.mkdtemp(dir=work, prefix="cycle-"))
+        (self.root / "east").mkdir()
+        (self.root / "west").mkdir()
+        port = _free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "shard_tools.cli", "serve", "--config", str(_config(self.root, port))],
+            cwd=self.root, env={**os.environ, "BENCH_TOKEN": "bench"},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    def __enter__(self) -> Serve:
         deadline = time.monotonic() + 60
         while True:
             try:
-                if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                    break
+                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                    return self
             except httpx.HTTPError:
                 pass
-            if time.monotonic() > deadline or serve.poll() is not None:
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.__exit__()
                 raise RuntimeError("ferry serve did not start")
             time.sleep(0.1)
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def one_sync(serve: Serve, packed: Path, stored: int, name: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Replicate a new dataset ``name`` east → west in a running ``serve``, under ``mode``: "baseline" (no
+    load), "loaded" (the load on ferry's API) or "floor" (the same load on a stand-in server in another
+    process: what the load costs the sync with no API work at all)."""
+    os.sync()  # dirty pages of earlier work are written back outside the clock
+    pid, url = serve.proc.pid, serve.url
+    stop_file = serve.root / f"stop-{name}"
+    load = stand_in = None
+    try:
         target = url
         if mode == "floor":
             target = f"http://127.0.0.1:{_free_port()}"
@@ -256,33 +301,37 @@ def one_run(work: Path, packed: Path, stored: int, mode: str, args: argparse.Nam
                 [sys.executable, __file__, "--stand-in", target.rsplit(":", 1)[1], "--body-bytes", str(body)]
             )
             _wait_listening(target)
-        if loaded:
+        if mode != "baseline":
             load = subprocess.Popen(
                 [sys.executable, __file__, "--load-worker", target, "--clients", str(args.clients),
                  "--interval", str(args.interval), "--stop-file", str(stop_file)],
                 stdout=subprocess.PIPE, text=True,
             )  # fmt: skip
-            time.sleep(0.7)  # warm up: every client connected and polling
-            a0, s0, l0 = time.time(), _cpu_seconds(serve.pid), _cpu_seconds(load.pid)
-            time.sleep(1.5)  # an idle window under load: CPU per request of the server and of the clients
-            a1, s1, l1 = time.time(), _cpu_seconds(serve.pid), _cpu_seconds(load.pid)
-        shutil.copytree(packed, root / "east" / ".incoming")
-        (root / "east" / ".incoming").rename(root / "east" / "data")  # appears at once
-        cpu0 = _cpu_seconds(serve.pid)
+            time.sleep(_SETTLE)  # warm up: every client connected and polling
+            a0, s0, l0 = time.time(), _cpu_seconds(pid), _cpu_seconds(load.pid)
+            time.sleep(_IDLE_WINDOW)  # an idle window under load: CPU per request of the server and of the clients
+            a1, s1, l1 = time.time(), _cpu_seconds(pid), _cpu_seconds(load.pid)
+        else:
+            time.sleep(_SETTLE + _IDLE_WINDOW)  # the same pause before the sync in every mode
+        incoming = serve.root / "east" / f".incoming-{name}"
+        shutil.copytree(packed, incoming)
+        incoming.rename(serve.root / "east" / name)  # appears at once
+        cpu0, api0 = _cpu_seconds(pid), _thread_cpu(pid, "ferry-api")
         t0 = time.perf_counter()
         wall0 = time.time()
         httpx.post(url + "/api/v1/sync", headers={"Authorization": "Bearer bench"}, json={}, timeout=10)
-        manifest = root / "west" / "data" / "manifest.json"
+        manifest = serve.root / "west" / name / "manifest.json"
         while not manifest.exists():
             if time.perf_counter() - t0 > 600:
                 raise RuntimeError("sync did not finish in 600 s")
-            time.sleep(0.01)
+            time.sleep(0.005)
         seconds = time.perf_counter() - t0
         wall1 = time.time()
         out: dict[str, Any] = {
             "seconds": seconds,
             "mib_per_s": stored / 2**20 / seconds,
-            "server_cpu_s": _cpu_seconds(serve.pid) - cpu0,  # the serve process during the sync
+            "server_cpu_s": _cpu_seconds(pid) - cpu0,  # the serve process during the sync
+            "api_cpu_s": _thread_cpu(pid, "ferry-api") - api0,  # its HTTP thread (requests, SSE)
         }
         if load is not None:
             time.sleep(0.5)
@@ -305,21 +354,27 @@ def one_run(work: Path, packed: Path, stored: int, mode: str, args: argparse.Nam
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        serve.send_signal(signal.SIGINT)
-        try:
-            serve.wait(30)
-        except subprocess.TimeoutExpired:
-            serve.kill()
-            serve.wait()
-        shutil.rmtree(root, ignore_errors=True)
+        for side in ("east", "west"):  # the same memory in use at every sync: see the module's docstring
+            shutil.rmtree(serve.root / side / name, ignore_errors=True)
+
+
+_SETTLE = 0.7
+_IDLE_WINDOW = 1.5
+_MODES = ("baseline", "loaded", "floor")
+
+
+def _paired_loss(results: dict[str, list[dict[str, Any]]], mode: str, against: str = "baseline") -> float:
+    """Median over cycles of 1 - mode/against within the same cycle, in percent."""
+    ratios = [m["mib_per_s"] / a["mib_per_s"] for m, a in zip(results[mode], results[against], strict=True)]
+    return round(100 * (1 - statistics.median(ratios)), 1)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mib", type=int, default=None, help="dataset size in MiB of raw tokens (default 2048; quick 128)")
+    p.add_argument("--mib", type=int, default=None, help="dataset size in MiB of raw tokens (default 1024; quick 128)")
     p.add_argument("--clients", type=int, default=50, help="concurrent polling clients (default 50)")
     p.add_argument("--interval", type=float, default=0.25, help="seconds between one client's polls (default 0.25)")
-    p.add_argument("--runs", type=int, default=None, help="runs per mode (default 5; quick 1)")
+    p.add_argument("--runs", type=int, default=None, help="cycles, each one run per mode (default 9; quick 1)")
     p.add_argument(
         "--workdir", default=None, help="where the clusters live (default: /dev/shm if it has room, else the temp dir)"
     )
@@ -334,8 +389,8 @@ def main(argv: list[str] | None = None) -> int:
         return load_worker(args)
     if args.stand_in:
         return stand_in_worker(args)
-    mib = args.mib or (128 if args.quick else 2048)
-    runs = args.runs or (1 if args.quick else 5)
+    mib = args.mib or (128 if args.quick else 1024)
+    runs = args.runs or (1 if args.quick else 9)
     workdir = args.workdir or _tmpfs_with_room(4 * mib * 2**20)
 
     def say(msg: str) -> None:
@@ -347,12 +402,19 @@ def main(argv: list[str] | None = None) -> int:
         packed = work / "packed"
         stored, shards = _pack(packed, mib)
         say(f"packed {stored / 2**20:.1f} MiB in {shards} shards")
-        results: dict[str, list[dict[str, Any]]] = {"baseline": [], "loaded": [], "floor": []}
+        with Serve(work) as serve:  # first touch of tmpfs memory, caches: not counted
+            warm = one_sync(serve, packed, stored, "warm-up", "baseline", args)
+        say(f"warm-up (not counted): {warm['mib_per_s']:.1f} MiB/s")
+        results: dict[str, list[dict[str, Any]]] = {mode: [] for mode in _MODES}
+        errors = 0  # errors the daemon reported: a clean run has none
         for i in range(runs):
-            for mode in results:
-                r = one_run(work, packed, stored, mode, args)
-                say(f"run {i + 1}/{runs} {mode}: {r['mib_per_s']:.1f} MiB/s")
-                results[mode].append(r)
+            with Serve(work) as serve:  # one serve per cycle: its three syncs run seconds apart
+                for mode in _MODES[i % 3 :] + _MODES[: i % 3]:  # rotate: no mode always runs first or last
+                    r = one_sync(serve, packed, stored, f"data-{mode}", mode, args)
+                    say(f"cycle {i + 1}/{runs} {mode}: {r['mib_per_s']:.1f} MiB/s, serve CPU "
+                        f"{r['server_cpu_s']:.2f} s (HTTP thread {r['api_cpu_s']:.2f} s)")  # fmt: skip
+                    results[mode].append(r)
+                errors += len(httpx.get(serve.url + "/api/v1/errors", timeout=10).json())
     base = statistics.median(r["mib_per_s"] for r in results["baseline"])
     loaded = statistics.median(r["mib_per_s"] for r in results["loaded"])
     floor = statistics.median(r["mib_per_s"] for r in results["floor"])
@@ -369,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs_per_mode": runs,
         "requests": req,
         "failures": sum(r["failures"] for r in results["loaded"]),
+        "daemon_errors": errors,
         "sse_events": sum(r["sse_events"] for r in results["loaded"]),
         "latency_ms": {
             "p50": round(_pct(lat, 50) * 1e3, 2),
@@ -388,6 +451,10 @@ def main(argv: list[str] | None = None) -> int:
         "server_cpu_s_during_sync": {
             mode: round(statistics.median(r["server_cpu_s"] for r in results[mode]), 3) for mode in results
         },
+        # the ferry-api thread alone (uvicorn's loop: every request and the SSE stream)
+        "api_thread_cpu_s_during_sync": {
+            mode: round(statistics.median(r["api_cpu_s"] for r in results[mode]), 3) for mode in results
+        },
         "workdir": "tmpfs" if workdir else "temp dir",
         "cpu_cores": os.cpu_count(),
         "load_average_1m": round(os.getloadavg()[0], 2),
@@ -397,6 +464,10 @@ def main(argv: list[str] | None = None) -> int:
         # the same load answered by a stand-in server in another process: the loss from the load's
         # own CPU (clients + the cheapest possible server) on this machine, with no API work in ferry
         "throughput_loss_floor_pct": round(100 * (1 - floor / base), 1),
+        # medians over cycles of the ratio within one cycle (cancels the machine's drift between cycles)
+        "paired_loss_pct": _paired_loss(results, "loaded"),
+        "paired_loss_floor_pct": _paired_loss(results, "floor"),
+        "paired_loss_beyond_floor_pct": _paired_loss(results, "loaded", against="floor"),
         "targets": {"p99_ms_below": 100, "loss_pct_below": 10},
     }
     out["targets_met"] = bool(out["latency_ms"]["p99"] < 100 and out["throughput_loss_pct"] < 10)

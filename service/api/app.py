@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from .auth import NAME_PATTERN, check_token, valid_name
 from .backend import ApiBackend, Invalid, NotFound
 from .cache import ResponseCache
-from .fastpath import CachedReads
+from .fastpath import CachedReads, FastReadsApp
 from .metrics import CONTENT_TYPE, render_metrics
 from .models import (
     ActionResult,
@@ -70,7 +70,7 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
         if close is not None:  # the adapter's event pump and sampler threads
             close()
 
-    app = FastAPI(
+    app = FastReadsApp(
         title="ferry service",
         version="1",
         description="Replication status and control. Mutating calls need `Authorization: Bearer <token>`.",
@@ -231,9 +231,8 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
 
     app.include_router(read)
     app.include_router(write)
-    app.add_middleware(
-        CachedReads,
-        cache=cache,
+    app.fast_reads = CachedReads(
+        cache,
         routes={
             "/api/v1/status": backend.status,
             "/api/v1/replicas": backend.replicas,
