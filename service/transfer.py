@@ -21,6 +21,7 @@ import io
 import mmap
 import os
 import select
+import socket
 import ssl
 import threading
 import time
@@ -454,7 +455,7 @@ def _connection(u: urllib.parse.SplitResult) -> http.client.HTTPConnection:
     pool: dict[tuple[str, str], http.client.HTTPConnection] = _local.__dict__.setdefault("pool", {})
     key = (u.scheme, u.netloc)
     conn = pool.get(key)
-    if conn is not None and conn.sock is not None and select.select([conn.sock], [], [], 0)[0]:
+    if conn is not None and conn.sock is not None and _readable_now(conn.sock):
         conn.close()  # readable while idle: the server closed it (or sent something unasked)
     if conn is None:
         if u.scheme == "https":
@@ -464,6 +465,16 @@ def _connection(u: urllib.parse.SplitResult) -> http.client.HTTPConnection:
             conn = http.client.HTTPConnection(u.hostname or "", u.port, timeout=300)
         pool[key] = conn
     return conn
+
+
+def _readable_now(sock: socket.socket) -> bool:
+    """True when ``sock`` has something to read right now. poll(), not select(): select() refuses
+    descriptors ≥ FD_SETSIZE (1024), which a busy daemon's sockets reach."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
+    return bool(select.select([sock], [], [], 0)[0])  # Windows: no poll(), and no FD_SETSIZE limit of that kind
 
 
 def _drop_connection(u: urllib.parse.SplitResult, conn: http.client.HTTPConnection) -> None:

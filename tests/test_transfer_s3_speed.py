@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import time
 import tracemalloc
 import urllib.parse
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -139,7 +141,28 @@ def test_presigned_put_streams_with_memory_bounded_by_one_chunk(file_backend: An
     assert "-" not in _etag(dst, s3_backend.base.split("://")[1], "ds-stream/shards/s.bin")  # one PUT
 
 
-def test_a_connection_the_server_closed_is_replaced_before_reuse() -> None:
+@pytest.fixture(params=["low fd", "fd above 1024"])
+def high_fd(request: pytest.FixtureRequest) -> Iterator[bool]:
+    """Run with the connection's socket on a descriptor past FD_SETSIZE (select() refuses those)."""
+    if request.param == "low fd":
+        yield False
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < 1200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    fillers = []
+    try:
+        while not fillers or fillers[-1] < 1100:
+            fillers.append(os.open(os.devnull, os.O_RDONLY))
+        yield True
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_connection_the_server_closed_is_replaced_before_reuse(high_fd: bool) -> None:
     """A kept-alive connection the store closed while idle is reopened, not written into (a failed PUT)."""
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))
@@ -148,6 +171,7 @@ def test_a_connection_the_server_closed_is_replaced_before_reuse() -> None:
         conn = transfer._connection(u)
         conn.connect()
         peer, _ = srv.accept()
+        assert conn.sock is not None and (conn.sock.fileno() >= 1024) == high_fd
         assert transfer._connection(u) is conn and conn.sock is not None  # open and idle: kept
         peer.close()  # the server's idle timeout
         deadline = time.monotonic() + 5
