@@ -20,6 +20,7 @@ import faulthandler
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,14 @@ def main() -> int:
     if distributed:
         dist.barrier()
         dist.destroy_process_group()
+        # Leave without running destructors. Seen in a test run (py-spy --native): the DDP reducer's
+        # last reference dropped at exit, ~ProcessGroupGloo joined its worker thread while holding
+        # the GIL, and that thread, destroying the barrier's AsyncWork, waited for the GIL to decref
+        # a tensor — a deadlock inside torch; the rank never exited and torchrun left it orphaned.
+        # Everything this script writes is closed by now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 
