@@ -71,13 +71,18 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _stat_cpu(stat: Path) -> float:
+    """User + system CPU seconds from a ``/proc/.../stat`` file (a process or one of its threads)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(comm)", which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process (Linux /proc; NaN elsewhere)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return _stat_cpu(Path(f"/proc/{pid}/stat"))
     except OSError:
         return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _thread_cpu(pid: int, name: str) -> float:
@@ -86,8 +91,7 @@ def _thread_cpu(pid: int, name: str) -> float:
     for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
             if (task / "comm").read_text().strip() == name:
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+                total += _stat_cpu(task / "stat")
         except OSError:
             continue  # the thread ended meanwhile
     return total
