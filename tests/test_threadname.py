@@ -22,7 +22,13 @@ def os_name(native_id: int) -> str:
 
 
 def os_names() -> set[str]:
-    return {p.joinpath("comm").read_text().rstrip("\n") for p in Path("/proc/self/task").iterdir()}
+    names = set()
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            names.add(task.joinpath("comm").read_text().rstrip("\n"))
+        except FileNotFoundError:  # a thread that ended between the listing and the read
+            continue
+    return names
 
 
 @linux_only
