@@ -93,14 +93,27 @@ class _Slots:
             self.closed = True
             self._wake_all()
 
-    def acquire(self) -> bool:
+    def acquire(self, give_up: Callable[[], bool] | None = None) -> bool:
+        """Take a slot (True), or return False once closed or once ``give_up()`` holds while waiting."""
         with self._free:
             while not self.closed and (self.paused or self._used >= self._size):
+                if give_up is not None and give_up():
+                    return False
                 self._free.wait(0.5)
             if self.closed:
                 return False
             self._used += 1
             return True
+
+    def keep(self) -> bool:
+        """May a holder go on to its next job with its slot? Not when paused, closed or resized below use."""
+        with self._free:
+            return not (self.closed or self.paused or self._used > self._size)
+
+    def wake_waiters(self) -> None:
+        """Let every waiting ``acquire`` re-check (its ``give_up``)."""
+        with self._free:
+            self._free.notify_all()
 
     def release(self) -> None:
         with self._free:
@@ -187,23 +200,35 @@ class Executor:
         results: list[JobResult] = []
         lock = threading.Lock()
 
+        def finish(res: JobResult) -> None:
+            with lock:
+                results.append(res)
+            if on_result is not None:
+                on_result(res)
+
         def worker() -> None:
-            while True:
+            # A worker keeps its slot from job to job and gives it back only when paused, stopped,
+            # resized below use or out of jobs: handing the slot to another thread after every job
+            # cost a thread wake-up per shard, most of the interpreter's time on a fast local sync.
+            while self._slots.acquire(give_up=todo.empty):
+                try:
+                    while True:
+                        try:
+                            job = todo.get_nowait()
+                        except queue.Empty:
+                            self._slots.wake_waiters()  # the others waiting for a slot can go home
+                            return
+                        finish(self._run_one(job, locations))
+                        if not self._slots.keep():
+                            break
+                finally:
+                    self._slots.release()
+            while True:  # stopped (closed): what nobody started ends as cancelled
                 try:
                     job = todo.get_nowait()
                 except queue.Empty:
                     return
-                if not self._slots.acquire():
-                    res = JobResult(job, ok=False, cancelled=True, error="stopped")
-                else:
-                    try:
-                        res = self._run_one(job, locations)
-                    finally:
-                        self._slots.release()
-                with lock:
-                    results.append(res)
-                if on_result is not None:
-                    on_result(res)
+                finish(JobResult(job, ok=False, cancelled=True, error="stopped"))
 
         n = min(len(jobs), self.max_workers)
         threads = [start_named_thread(worker, f"ferry-copy-{i}") for i in range(n)]
