@@ -110,15 +110,11 @@ class Engine:
         self.keep_versions = keep_versions
         self.priority = dict(priority or {})
         executor.history = self._history
-        executor.on_start = self._copying
 
     def _history(self, job: Job, src: str, nbytes: int, started: float, duration: float, error: str | None) -> None:
         self.state.record_transfer(
             job.dataset, job.version, job.shard.path, src, job.dest, nbytes, started, duration, error is None, error
         )
-
-    def _copying(self, job: Job) -> None:
-        self.state.mark(job.dataset, job.version, job.dest, job.shard.path, "copying", size=job.shard.size)
 
     def _event(self, type_: str, **fields: Any) -> None:
         event = self.events.publish(type_, **fields)
@@ -204,6 +200,7 @@ class Engine:
             on_plan(result)
         if jobs:
             self.executor.run(jobs, locations, lambda r: self._on_result(r, result))
+            self.state.flush()  # the pass's verified marks are committed before its manifest is published
         if result.ok:
             self._publish(dst_loc, manifest, table, src_bytes, dataset, dest, result)
             if self.keep_versions:

@@ -264,8 +264,6 @@ class Executor:
                 result.corrupt += 1
                 self.stats.corrupt(job.dataset, job.dest)
         fatal_sources: set[str] = set()
-        if self.on_start is not None and job.sources:
-            self.on_start(job)
         for attempt in range(1, self.retries + 1):
             for src_name in job.sources:
                 if src_name in fatal_sources:
@@ -348,8 +346,6 @@ class Executor:
 
     #: set by the engine to write history rows: fn(job, src, bytes, started, duration, error)
     history: Callable[[Job, str, int, float, float, str | None], None] | None = None
-    #: set by the engine to record that a job's first transfer starts: fn(job)
-    on_start: Callable[[Job], None] | None = None
 
     def _record(self, job: Job, src: str, nbytes: int, started: float, t_start: float, error: str | None) -> None:
         if self.history is not None:

@@ -1,11 +1,15 @@
-"""The executor's resizable semaphore: bounded concurrency, one wake-up per freed slot, idle detection."""
+"""The executor's resizable semaphore (bounded concurrency, one wake-up per freed slot, idle detection) and
+its workers, which keep a slot from job to job until paused, resized, stopped or out of jobs."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from service.executor import _Slots
+import pytest
+
+from service.executor import Executor, Job, JobResult, _Slots
+from service.planner import ShardRef
 
 
 def test_slots_bound_concurrency_and_hand_over_every_slot() -> None:
@@ -61,3 +65,78 @@ def test_resize_pause_close_wake_waiters() -> None:
     slots.close()  # closing wakes the paused waiter, which gives up
     blocked.join(timeout=5)
     assert late == [False]
+
+
+def _jobs(n: int) -> list[Job]:
+    return [Job("ds", "v1", ShardRef(f"shards/{i}", 1, "xxh128:" + "0" * 32), ("east",), "west") for i in range(n)]
+
+
+def test_a_worker_keeps_its_slot_from_job_to_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Jobs run on as many threads as there are slots: no hand-over (a thread wake-up) after every shard."""
+    ran_on: list[str] = []
+
+    def run_one(self: Executor, job: Job, locations: object) -> JobResult:
+        ran_on.append(threading.current_thread().name)
+        time.sleep(0.001)
+        return JobResult(job, ok=True)
+
+    monkeypatch.setattr(Executor, "_run_one", run_one)
+    results = Executor(transfers=2).run(_jobs(40), {})
+    assert len(results) == 40 and all(r.ok for r in results)
+    assert len(set(ran_on)) == 2, sorted(set(ran_on))
+
+
+def test_pause_and_resize_take_effect_between_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    ex = Executor(transfers=1)
+    active = peak = 0
+    lock = threading.Lock()
+    started = threading.Event()
+
+    def run_one(self: Executor, job: Job, locations: object) -> JobResult:
+        nonlocal active, peak
+        started.set()
+        with lock:
+            active += 1
+            peak = max(peak, active)
+        time.sleep(0.01)
+        with lock:
+            active -= 1
+        return JobResult(job, ok=True)
+
+    monkeypatch.setattr(Executor, "_run_one", run_one)
+    done: list[int] = []
+    runner = threading.Thread(target=lambda: done.append(len(ex.run(_jobs(30), {}))))
+    runner.start()
+    assert started.wait(5)
+    ex.pause()
+    time.sleep(0.05)  # the job in flight ends; the worker gives its slot back
+    with lock:
+        assert active == 0
+    ex.set_transfers(3)
+    ex.resume()
+    runner.join(30)
+    assert done == [30] and peak == 3  # after the resize three workers ran at once
+
+
+def test_a_stopped_executor_cancels_what_nobody_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    ex = Executor(transfers=1)
+    gate = threading.Event()
+
+    def run_one(self: Executor, job: Job, locations: object) -> JobResult:
+        gate.wait(5)
+        return JobResult(job, ok=True)
+
+    monkeypatch.setattr(Executor, "_run_one", run_one)
+    out: list[list[JobResult]] = []
+    runner = threading.Thread(target=lambda: out.append(ex.run(_jobs(5), {})))
+    runner.start()
+    time.sleep(0.05)
+    stopper = threading.Thread(target=ex.shutdown, args=(5.0,))
+    stopper.start()
+    time.sleep(0.05)
+    gate.set()
+    runner.join(10)
+    stopper.join(10)
+    results = out[0]
+    assert len(results) == 5
+    assert sum(r.ok for r in results) == 1 and sum(r.cancelled for r in results) == 4

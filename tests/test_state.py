@@ -1,34 +1,42 @@
-"""The daemon's SQLite state: a verified shard's replica, status and event land together or not at all."""
+"""The daemon's SQLite state: a verified shard's replica, status and event land together or not at all,
+buffered and committed in batches that every read sees."""
 
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
 
-from service.state import State
+from service import state as state_module
+from service.state import DB_NAME, State
 
 
 def _event(path: str, **extra: object) -> dict[str, object]:
     return {"type": "shard_verified", "ts": 1.5, "dataset": "ds", "shard": path, "dst": "west", **extra}
 
 
-def test_shard_verified_writes_replica_status_and_event_in_one_transaction(tmp_path: Path) -> None:
+def _committed_replicas(state_dir: Path) -> set[str]:
+    """What another connection (another process, or the same daemon after a crash) finds on disk."""
+    with sqlite3.connect(state_dir / DB_NAME) as db:
+        return {r[0] for r in db.execute("SELECT path FROM replicas")}
+
+
+def test_shard_verified_writes_replica_status_and_event_together(tmp_path: Path) -> None:
     state = State(tmp_path / "state")
     state.mark_bad("ds", "west", "shards/a", "digest mismatch")
     state.mark("ds", "v1", "west", "shards/a", "failed", error="corrupt", retryable=True, attempts=1, size=10)
     state.shard_verified("ds", "v1", "west", "shards/a", attempts=2, size=10, event=_event("shards/a"))
-    assert state.verified("ds", "west") == {"shards/a"}
+    assert state.verified("ds", "west") == {"shards/a"}  # a read sees the buffered write
     assert state.bad("ds", "west") == set()
     assert state.failed("ds", "west") == set()  # the status row moved from failed to verified
     assert state.events(1) == [{"type": "shard_verified", "ts": 1.5, "dataset": "ds", "shard": "shards/a",
                                 "dst": "west"}]  # fmt: skip
 
-    # the last statement fails (a timestamp SQLite cannot bind): the replica row written before it is
-    # rolled back too — no replica without its status and event
+    # a value SQLite cannot store is refused at the call, before anything is buffered
     broken = {**_event("shards/b"), "ts": [1.5]}
-    with pytest.raises(sqlite3.Error):
+    with pytest.raises(TypeError):
         state.shard_verified("ds", "v1", "west", "shards/b", attempts=1, size=10, event=broken)
     assert state.verified("ds", "west") == {"shards/a"}
     assert len(state.events(10)) == 1
@@ -37,3 +45,40 @@ def test_shard_verified_writes_replica_status_and_event_in_one_transaction(tmp_p
     again = State(tmp_path / "state")  # and it is on disk
     assert again.verified("ds", "west") == {"shards/a"}
     again.close()
+
+
+def test_completed_copies_are_committed_in_batches_that_reads_and_flush_see(tmp_path: Path) -> None:
+    state = State(tmp_path / "state")
+    state.flush()
+    for i in range(3):
+        state.record_transfer("ds", "v1", f"shards/{i}", "east", "west", 10, time.time(), 0.01, True, None)
+        state.shard_verified("ds", "v1", "west", f"shards/{i}", attempts=1, size=10, event=_event(f"shards/{i}"))
+    assert _committed_replicas(tmp_path / "state") == set()  # buffered: not one transaction per shard
+    state.flush()
+    assert _committed_replicas(tmp_path / "state") == {"shards/0", "shards/1", "shards/2"}
+    assert [h.shard for h in state.history(10)] == ["shards/2", "shards/1", "shards/0"]  # order kept
+
+    # a full buffer commits by itself; so does the next write once the oldest buffered one is too old
+    per_shard = 5  # history row, replica, bad, status, event
+    for i in range(state_module._BATCH_STATEMENTS // per_shard + 1):
+        state.record_transfer("ds", "v1", f"full/{i}", "east", "west", 10, time.time(), 0.01, True, None)
+        state.shard_verified("ds", "v1", "west", f"full/{i}", attempts=1, size=10, event=_event(f"full/{i}"))
+    assert "full/0" in _committed_replicas(tmp_path / "state")
+    state.flush()
+    state.shard_verified("ds", "v1", "west", "old", attempts=1, size=10, event=_event("old"))
+    time.sleep(state_module._BATCH_SECONDS + 0.05)
+    state.shard_verified("ds", "v1", "west", "next", attempts=1, size=10, event=_event("next"))
+    assert {"old", "next"} <= _committed_replicas(tmp_path / "state")
+    state.close()
+
+
+def test_a_batch_that_fails_rolls_back_whole(tmp_path: Path) -> None:
+    state = State(tmp_path / "state")
+    state.shard_verified("ds", "v1", "west", "shards/a", attempts=1, size=10, event=_event("shards/a"))
+    state._defer(("INSERT INTO no_such_table VALUES (1)", ()))
+    with pytest.raises(sqlite3.OperationalError):
+        state.flush()
+    assert state.verified("ds", "west") == set() and state.events(10) == []  # no replica without its event
+    state.shard_verified("ds", "v1", "west", "shards/b", attempts=1, size=10, event=_event("shards/b"))
+    assert state.verified("ds", "west") == {"shards/b"}  # the state goes on working
+    state.close()
