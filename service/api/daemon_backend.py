@@ -8,6 +8,7 @@ with the API process. Every string that leaves here is scrubbed of configured se
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -45,6 +46,7 @@ from .settings import ApiSettings
 
 __all__ = ["DaemonBackend", "secret_values"]
 
+_PUMP_INTERVAL = 0.05  # seconds between collections of events while they keep coming
 _KNOWN_STATES = {"source", "complete", "syncing", "failed", "paused", "unknown"}
 
 
@@ -103,20 +105,34 @@ class DaemonBackend:
     def _pump(self) -> None:
         while not self._closed.is_set():
             try:
-                raw = self._queue.get(timeout=0.25)
+                batch = [self._queue.get(timeout=0.25)]  # idle: sleep until an event arrives
             except queue.Empty:
                 continue
-            ev = self._event(raw)
-            if ev.kind == "shard_verified":
-                key = (str(raw.get("dataset")), str(raw.get("src")), str(raw.get("dst")))
-                with self._lock:
-                    self._copied[key] = self._copied.get(key, 0) + int(raw.get("bytes") or 0)
-            elif ev.kind == "version_published":
-                self._on_published(raw)
+            while batch:
+                for raw in batch:
+                    self._dispatch(raw)
+                # busy: collect what arrives over the next interval without being woken per event (a
+                # wake-up per event, done by the copy thread publishing it, cost the sync more than
+                # handling the event)
+                if self._closed.wait(_PUMP_INTERVAL):
+                    return
+                batch = []
+                with contextlib.suppress(queue.Empty):
+                    while True:
+                        batch.append(self._queue.get_nowait())
+
+    def _dispatch(self, raw: dict[str, Any]) -> None:
+        ev = self._event(raw)
+        if ev.kind == "shard_verified":
+            key = (str(raw.get("dataset")), str(raw.get("src")), str(raw.get("dst")))
             with self._lock:
-                subs = list(self._subs.values())
-            for cb in subs:
-                cb(ev)
+                self._copied[key] = self._copied.get(key, 0) + int(raw.get("bytes") or 0)
+        elif ev.kind == "version_published":
+            self._on_published(raw)
+        with self._lock:
+            subs = list(self._subs.values())
+        for cb in subs:
+            cb(ev)
 
     def _on_published(self, raw: dict[str, Any]) -> None:
         """Close the SLA record of (dataset, cluster, version); open it from history if sampling missed the start."""
