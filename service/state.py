@@ -12,12 +12,13 @@ Tables::
     scrubs        dataset, cluster, checked, bad, repaired, started, duration
 
 One connection guarded by a lock serves every thread. The bookkeeping of a completed copy (its
-history row, the verified replica, its status and event) is buffered and committed in batches
-(every ``_BATCH_STATEMENTS`` statements or ``_BATCH_SECONDS``, whichever comes first, and before
-any other read or write, so nothing ever reads around the buffer): one transaction per shard,
-each waiting for the interpreter lock several times, had become most of a fast local sync's time.
-A SIGKILL loses at most that buffer; a restart re-plans from storage, and a shard whose verified
-mark was lost is re-hashed where it lies (not copied again). Every other call is its own
+history row, the verified replica, its status and event) is buffered and committed in batches:
+every ``_BATCH_STATEMENTS`` statements or ``_BATCH_SECONDS`` after the first of them (the
+``ferry-state`` thread), whichever comes first, and before any other read or write, so nothing
+ever reads around the buffer. One transaction per shard, each waiting for the interpreter lock
+several times, had become most of a fast local sync's time. A SIGKILL loses at most that
+buffer: a restart re-plans from storage, and a shard whose verified mark was lost is re-hashed
+where it lies (not copied again); its history row stays lost. Every other call is its own
 transaction.
 """
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -32,9 +34,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from shard_tools.threadname import start_named_thread
+
 from .views import ErrorInfo, HistoryEntry, ScrubReport
 
 __all__ = ["State", "DB_NAME"]
+
+log = logging.getLogger("ferry.state")
 
 DB_NAME = "ferry-state.sqlite3"
 _SCHEMA = """
@@ -64,7 +70,7 @@ CREATE TABLE IF NOT EXISTS scrubs (
 """
 _KEEP_EVENTS = 10_000
 _BATCH_STATEMENTS = 256  # buffered statements (5 per copied shard) that trigger a commit
-_BATCH_SECONDS = 0.5  # nor does a buffered statement wait longer than this for the next write
+_BATCH_SECONDS = 0.1  # nor does a buffered statement wait longer than this for the next write
 _KEEP_TRANSFERS = 100_000
 
 
@@ -92,6 +98,9 @@ class State:
         self._pending: list[tuple[str, Sequence[Any]]] = []  # buffered writes, committed in order
         self._pending_since = 0.0
         self._pending_lock = threading.Lock()
+        self._pending_added = threading.Condition(self._pending_lock)  # the flusher waits here
+        self._closing = threading.Event()
+        self._flusher: threading.Thread | None = None
         self._db = sqlite3.connect(target, check_same_thread=False, isolation_level=None, timeout=30)
         if target != ":memory:":
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -100,10 +109,21 @@ class State:
         # versions before 0.2 marked copies in flight 'copying': after a crash those never completed
         self._db.execute("UPDATE shard_status SET status='pending' WHERE status='copying'")
         self._writes = 0
+        self._closed = False
 
     def close(self) -> None:
-        with self._connection():
+        """Commit what is buffered and close the database; idempotent."""
+        with self._pending_lock:
+            self._closing.set()
+            self._pending_added.notify_all()
+        if self._flusher is not None:
+            self._flusher.join(10)
+        with self._lock:
+            if self._closed:
+                return
+            self._commit_pending()
             self._db.close()
+            self._closed = True
 
     @contextlib.contextmanager
     def _connection(self) -> Iterator[None]:
@@ -118,14 +138,32 @@ class State:
             pass
 
     def _defer(self, *statements: tuple[str, Sequence[Any]]) -> None:
-        """Buffer ``(sql, args)`` statements; commit the buffer when it is full or old enough."""
+        """Buffer ``(sql, args)`` statements: committed when the buffer is full, by the next read or write,
+        or by the flusher thread ``_BATCH_SECONDS`` after the first of them, whichever comes first."""
         with self._pending_lock:
             if not self._pending:
                 self._pending_since = time.monotonic()
+                if self._flusher is None:
+                    self._flusher = start_named_thread(self._flush_when_due, "ferry-state")
+                self._pending_added.notify()
             self._pending.extend(statements)
-            due = len(self._pending) >= _BATCH_STATEMENTS or time.monotonic() - self._pending_since >= _BATCH_SECONDS
-        if due:
+            full = len(self._pending) >= _BATCH_STATEMENTS
+        if full:
             self.flush()
+
+    def _flush_when_due(self) -> None:
+        """The flusher: commits a buffer once its first statement is ``_BATCH_SECONDS`` old."""
+        while True:
+            with self._pending_lock:
+                while not self._pending and not self._closing.is_set():
+                    self._pending_added.wait()
+                due = self._pending_since + _BATCH_SECONDS
+            if self._closing.wait(max(0.0, due - time.monotonic())):
+                return  # close() commits the rest
+            try:
+                self.flush()
+            except sqlite3.Error:  # a bad batch is rolled back and dropped; a restart re-derives its marks
+                log.exception("could not commit buffered state")
 
     def _commit_pending(self) -> None:
         """Under ``_lock``: the buffer in one transaction, one ``executemany`` per kind of statement."""

@@ -58,18 +58,24 @@ def test_completed_copies_are_committed_in_batches_that_reads_and_flush_see(tmp_
     assert _committed_replicas(tmp_path / "state") == {"shards/0", "shards/1", "shards/2"}
     assert [h.shard for h in state.history(10)] == ["shards/2", "shards/1", "shards/0"]  # order kept
 
-    # a full buffer commits by itself; so does the next write once the oldest buffered one is too old
+    # a full buffer commits by itself
     per_shard = 5  # history row, replica, bad, status, event
     for i in range(state_module._BATCH_STATEMENTS // per_shard + 1):
         state.record_transfer("ds", "v1", f"full/{i}", "east", "west", 10, time.time(), 0.01, True, None)
         state.shard_verified("ds", "v1", "west", f"full/{i}", attempts=1, size=10, event=_event(f"full/{i}"))
     assert "full/0" in _committed_replicas(tmp_path / "state")
     state.flush()
-    state.shard_verified("ds", "v1", "west", "old", attempts=1, size=10, event=_event("old"))
-    time.sleep(state_module._BATCH_SECONDS + 0.05)
-    state.shard_verified("ds", "v1", "west", "next", attempts=1, size=10, event=_event("next"))
-    assert {"old", "next"} <= _committed_replicas(tmp_path / "state")
-    state.close()
+    # a lone write is committed by the flusher thread soon, with nothing else happening
+    state.shard_verified("ds", "v1", "west", "lone", attempts=1, size=10, event=_event("lone"))
+    assert "lone" not in _committed_replicas(tmp_path / "state")
+    deadline = time.monotonic() + state_module._BATCH_SECONDS + 2.0
+    while "lone" not in _committed_replicas(tmp_path / "state") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "lone" in _committed_replicas(tmp_path / "state")
+    state.shard_verified("ds", "v1", "west", "last", attempts=1, size=10, event=_event("last"))
+    state.close()  # commits the rest
+    assert "last" in _committed_replicas(tmp_path / "state")
+    state.close()  # idempotent
 
 
 def test_a_batch_that_fails_rolls_back_whole(tmp_path: Path) -> None:

@@ -105,6 +105,7 @@ def test_the_daemon_and_its_copy_threads_are_named(tmp_path: Path, monkeypatch: 
         assert "ferry-daemon" in os_names()
         while q.get(timeout=30)["type"] != "pass":
             pass
+        assert "ferry-state" in os_names()  # the thread that commits the copies' buffered bookkeeping
     finally:
         d.stop()
     assert copying and all(n.startswith("ferry-copy-") for n in copying), copying
