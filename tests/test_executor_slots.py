@@ -12,24 +12,33 @@ from service.executor import Executor, Job, JobResult, _Slots
 from service.planner import ShardRef
 
 
+class Gauge:
+    """Counts who is inside a ``with`` block at once, the most ever, and how many left it."""
+
+    def __init__(self) -> None:
+        self.active = self.peak = self.done = 0
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self.active -= 1
+            self.done += 1
+
+
 def test_slots_bound_concurrency_and_hand_over_every_slot() -> None:
     slots = _Slots(2)
-    active = 0
-    peak = 0
-    done = 0
-    lock = threading.Lock()
+    gauge = Gauge()
 
     def worker() -> None:
-        nonlocal active, peak, done
         for _ in range(25):
             assert slots.acquire()
-            with lock:
-                active += 1
-                peak = max(peak, active)
-            time.sleep(0.0005)
-            with lock:
-                active -= 1
-                done += 1
+            with gauge:
+                time.sleep(0.0005)
             slots.release()
 
     threads = [threading.Thread(target=worker) for _ in range(12)]
@@ -37,7 +46,7 @@ def test_slots_bound_concurrency_and_hand_over_every_slot() -> None:
         t.start()
     for t in threads:
         t.join(timeout=60)
-    assert done == 12 * 25 and peak == 2
+    assert gauge.done == 12 * 25 and gauge.peak == 2
     assert slots.wait_idle(timeout=1.0)
 
 
@@ -88,19 +97,13 @@ def test_a_worker_keeps_its_slot_from_job_to_job(monkeypatch: pytest.MonkeyPatch
 
 def test_pause_and_resize_take_effect_between_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
     ex = Executor(transfers=1)
-    active = peak = 0
-    lock = threading.Lock()
+    gauge = Gauge()
     started = threading.Event()
 
     def run_one(self: Executor, job: Job, locations: object) -> JobResult:
-        nonlocal active, peak
         started.set()
-        with lock:
-            active += 1
-            peak = max(peak, active)
-        time.sleep(0.01)
-        with lock:
-            active -= 1
+        with gauge:
+            time.sleep(0.01)
         return JobResult(job, ok=True)
 
     monkeypatch.setattr(Executor, "_run_one", run_one)
@@ -110,12 +113,11 @@ def test_pause_and_resize_take_effect_between_jobs(monkeypatch: pytest.MonkeyPat
     assert started.wait(5)
     ex.pause()
     time.sleep(0.05)  # the job in flight ends; the worker gives its slot back
-    with lock:
-        assert active == 0
+    assert gauge.active == 0
     ex.set_transfers(3)
     ex.resume()
     runner.join(30)
-    assert done == [30] and peak == 3  # after the resize three workers ran at once
+    assert done == [30] and gauge.peak == 3  # after the resize three workers ran at once
 
 
 def test_a_stopped_executor_cancels_what_nobody_started(monkeypatch: pytest.MonkeyPatch) -> None:
