@@ -112,8 +112,12 @@ def test_pause_and_resize_take_effect_between_jobs(monkeypatch: pytest.MonkeyPat
     runner.start()
     assert started.wait(5)
     ex.pause()
-    time.sleep(0.05)  # the job in flight ends; the worker gives its slot back
-    assert gauge.active == 0
+    deadline = time.monotonic() + 5
+    while gauge.active and time.monotonic() < deadline:  # the job in flight ends; its worker gives the slot back
+        time.sleep(0.005)
+    finished = gauge.done
+    time.sleep(0.05)
+    assert gauge.active == 0 and gauge.done == finished  # paused: nothing new starts
     ex.set_transfers(3)
     ex.resume()
     runner.join(30)
@@ -122,9 +126,10 @@ def test_pause_and_resize_take_effect_between_jobs(monkeypatch: pytest.MonkeyPat
 
 def test_a_stopped_executor_cancels_what_nobody_started(monkeypatch: pytest.MonkeyPatch) -> None:
     ex = Executor(transfers=1)
-    gate = threading.Event()
+    started, gate = threading.Event(), threading.Event()
 
     def run_one(self: Executor, job: Job, locations: object) -> JobResult:
+        started.set()
         gate.wait(5)
         return JobResult(job, ok=True)
 
@@ -132,11 +137,13 @@ def test_a_stopped_executor_cancels_what_nobody_started(monkeypatch: pytest.Monk
     out: list[list[JobResult]] = []
     runner = threading.Thread(target=lambda: out.append(ex.run(_jobs(5), {})))
     runner.start()
-    time.sleep(0.05)
+    assert started.wait(5)  # one job in flight
     stopper = threading.Thread(target=ex.shutdown, args=(5.0,))
     stopper.start()
-    time.sleep(0.05)
-    gate.set()
+    deadline = time.monotonic() + 5
+    while not ex._slots.closed and time.monotonic() < deadline:
+        time.sleep(0.005)
+    gate.set()  # the job in flight finishes after the stop
     runner.join(10)
     stopper.join(10)
     results = out[0]
