@@ -69,9 +69,9 @@ CREATE TABLE IF NOT EXISTS scrubs (
     started REAL, duration REAL);
 """
 _KEEP_EVENTS = 10_000
-_BATCH_STATEMENTS = 256  # buffered statements (5 per copied shard) that trigger a commit
-_BATCH_SECONDS = 0.1  # nor does a buffered statement wait longer than this for the next write
 _KEEP_TRANSFERS = 100_000
+_BATCH_STATEMENTS = 256  # buffered statements (5 per copied shard) that trigger a commit
+_BATCH_SECONDS = 0.1  # the ferry-state thread commits a buffer this long after its first statement
 
 
 _MARK_SQL = (
