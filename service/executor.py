@@ -113,7 +113,7 @@ class _Slots:
     def wake_waiters(self) -> None:
         """Let every waiting ``acquire`` re-check (its ``give_up``)."""
         with self._free:
-            self._free.notify_all()
+            self._wake_all()
 
     def release(self) -> None:
         with self._free:
