@@ -124,7 +124,10 @@ def add_sync_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="replicate one dataset from SRC_URL to DST_URL (one shot)",
         description="Copy every shard of the source's current version that the destination lacks, verify each "
         "against the manifest digest, then publish versions/<id>.json and manifest.json at the destination. "
-        "Exits 1 if any shard could not be copied and verified.",
+        "The destination only moves forward: a version that does not descend from the destination's current one "
+        "(its parent chain) is refused unless --allow-rollback, and a destination another writer holds (its "
+        "lease: a daemon, another ferry sync) is left alone. Exits 1 if any shard could not be copied and "
+        "verified, or the publish was refused.",
     )
     p.add_argument("src", metavar="SRC_URL", help="source dataset URL")
     p.add_argument("dst", metavar="DST_URL", help="destination dataset URL")
@@ -133,6 +136,11 @@ def add_sync_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--retries", type=int, default=5, help="attempts per shard before it fails (default 5)")
     p.add_argument("--verify-only", action="store_true", help="only re-hash the destination's shards; copy nothing")
     p.add_argument("--json", action="store_true", help="print a JSON report")
+    p.add_argument(
+        "--allow-rollback",
+        action="store_true",
+        help="publish even if the source's version does not descend from the destination's (moves it back)",
+    )
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar (TTY)")
     p.add_argument("--storage-option", "-S", action="append", metavar="KEY=VALUE", help="fsspec option for both sides")
     p.add_argument("--src-option", action="append", metavar="KEY=VALUE", help="fsspec option for the source only")
@@ -208,7 +216,7 @@ def _cmd_sync(args: argparse.Namespace) -> int:
         if args.verify_only:
             report, ok = _verify_only(executor, names, args)
         else:
-            engine = Engine(executor, State(None))
+            engine = Engine(executor, State(None), writer="sync", allow_rollback=args.allow_rollback)
             res = engine.sync_pass("dataset", "src", "dst", names)
             report, ok = _report(res, args), res.ok
     finally:

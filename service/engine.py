@@ -16,12 +16,14 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from shard_tools.errors import DatasetNotFoundError, ManifestError, StorageError
+from shard_tools.errors import DatasetNotFoundError, ManifestError, RollbackError, StorageError
 from shard_tools.header import MANIFEST_FILE, SHARDS_DIR, VERSIONS_DIR, parse_header, version_path
-from shard_tools.store import TEMP_MARKER, Location
+from shard_tools.publish import descends_from, store_version, swap_manifest
+from shard_tools.store import STALE_TEMP_SECONDS, TEMP_MARKER, Location, temp_is_stale
 
 from .events import EventBus
 from .executor import Executor, Job, JobResult
+from .lease import DEFAULT_TTL, Lease
 from .passes import PassResult
 from .planner import SourceVersion, VersionRecord, order_sources, plan_retention, plan_sync
 from .state import State
@@ -57,6 +59,12 @@ def load_version(loc: Location, header: bytes) -> tuple[Manifest, bytes]:
 
 def listing(loc: Location) -> dict[str, int]:
     """Every object under the dataset prefix (relative path → size): one recursive listing."""
+    return {rel: size for rel, (size, _) in listing_with_age(loc).items()}
+
+
+def listing_with_age(loc: Location) -> dict[str, tuple[int, float | None]]:
+    """Every object under the dataset prefix: relative path → (size, seconds since it last
+    changed, None where the store does not say). One recursive listing."""
     loc.fs.invalidate_cache(loc.root)  # another process may have written since (s3fs caches listings)
     try:
         found = loc.fs.find(loc.root, detail=True)
@@ -65,14 +73,22 @@ def listing(loc: Location) -> dict[str, int]:
     except Exception as exc:  # noqa: BLE001
         raise StorageError(f"cannot list {loc.url}: {exc}") from exc
     prefix = loc.root.rstrip("/") + "/"
-    out: dict[str, int] = {}
+    now = time.time()
+    out: dict[str, tuple[int, float | None]] = {}
     for name, info in found.items():
         if info.get("type", "file") != "file":
             continue
         name = str(name)
         rel = name[len(prefix) :] if name.startswith(prefix) else name.lstrip("/")
-        out[rel] = int(info.get("size") or 0)
+        out[rel] = (int(info.get("size") or 0), _age(info, now))
     return out
+
+
+def _age(info: Mapping[str, Any], now: float) -> float | None:
+    changed = info.get("mtime", info.get("LastModified"))
+    if hasattr(changed, "timestamp"):
+        changed = changed.timestamp()
+    return now - float(changed) if isinstance(changed, (int, float)) else None
 
 
 def _publishes(loc: Location, version: str) -> bool:
@@ -102,8 +118,17 @@ class Engine:
         events: EventBus | None = None,
         keep_versions: int | None = None,
         priority: Mapping[str, int] | None = None,
+        writer: str = "daemon",
+        lease_ttl: float = DEFAULT_TTL,
+        allow_rollback: bool = False,
     ) -> None:
+        """``writer`` names this kind of writer in the destination's lease (daemon, sync);
+        ``allow_rollback`` lets a pass publish a version that does not descend from the
+        destination's current one (the user forces it)."""
         self.executor = executor
+        self.writer = writer
+        self.lease_ttl = lease_ttl
+        self.allow_rollback = allow_rollback
         self.state = state
         self.stats: Stats = executor.stats
         self.events = events or EventBus()
@@ -133,35 +158,73 @@ class Engine:
     ) -> PassResult:
         """Bring ``dest`` to the source's current version. ``locations`` maps cluster names to the
         dataset's location on each (the source, the destination and any other replica).
-        ``on_plan`` receives the result object once planned; it fills in while shards complete."""
+        ``on_plan`` receives the result object once planned; it fills in while shards complete.
+
+        Raises RollbackError (before copying anything) when the source's version does not
+        descend from the destination's, and LeaseHeldError when another writer holds the
+        destination's lease."""
         t0 = time.monotonic()
         src_loc, dst_loc = locations[source], locations[dest]
         if src_header is None:
             src_header = read_header(src_loc)
         if src_header is None:
             raise DatasetNotFoundError(f"no {MANIFEST_FILE} at {src_loc.url}: nothing to replicate")
-        src_bytes, src_doc = src_header
-        result = PassResult.of_source(dataset, source, dest, src_doc)
-        version = result.version_id
+        result = PassResult.of_source(dataset, source, dest, src_header[1])
         try:
             dst_header = read_header(dst_loc)
         except ManifestError:
             dst_header = None  # a damaged manifest.json at the destination is simply published again
         dest_version = str(dst_header[1]["version_id"]) if dst_header else None
-        if dest_version == version:
-            result.mark_up_to_date()
-            if on_plan is not None:
-                on_plan(result)
-            self.stats.set_pending(dataset, dest, 0, 0)
-            self.stats.set_lag(dataset, dest, None)
-            result.seconds = time.monotonic() - t0
-            return result
+        if dest_version == result.version_id:
+            self._up_to_date(result, on_plan)
+        else:
+            self._check_descends(src_loc, dst_loc, result.version_id, dest_version)
+            with Lease(dst_loc, self.writer, ttl=self.lease_ttl):
+                self._bring_up(result, src_header[0], src_loc, dst_loc, dest_version, locations, on_plan)
+        result.seconds = time.monotonic() - t0
+        if not result.up_to_date:
+            self._event(
+                "pass", dataset=dataset, source=source, destination=dest, copied=result.copied,
+                failed=len(result.failed), published=result.published,
+            )  # fmt: skip
+        return result
+
+    def _up_to_date(self, result: PassResult, on_plan: Callable[[PassResult], None] | None) -> None:
+        result.mark_up_to_date()
+        if on_plan is not None:
+            on_plan(result)
+        self.stats.set_pending(result.dataset, result.destination, 0, 0)
+        self.stats.set_lag(result.dataset, result.destination, None)
+
+    def _check_descends(self, src: Location, dst: Location, version: str, dest_version: str | None) -> None:
+        """Refuse to replace ``dest_version`` by a ``version`` that is not its descendant."""
+        if dest_version is None or self.allow_rollback:
+            return
+        ok, why = descends_from([src, dst], version, dest_version)
+        if not ok:
+            raise RollbackError(
+                f"refusing to publish {version} at {dst.url}: it would replace {dest_version}, which it does not "
+                f"descend from ({why}); the destination stays as it is (force with --allow-rollback)"
+            )
+
+    def _bring_up(
+        self,
+        result: PassResult,
+        src_bytes: bytes,
+        src_loc: Location,
+        dst_loc: Location,
+        dest_version: str | None,
+        locations: Mapping[str, Location],
+        on_plan: Callable[[PassResult], None] | None,
+    ) -> None:
+        """Plan, copy and publish one version at a destination whose lease this writer holds."""
+        dataset, source, dest, version = result.dataset, result.source, result.destination, result.version_id
         first_seen = self.state.seen_version(dataset, dest, version, time.time())
-        created = _created_ts(src_doc)
+        created = _created_ts(parse_header(src_bytes))
         self.stats.set_lag(dataset, dest, min(first_seen, created) if created else first_seen)
         manifest, table = load_version(src_loc, src_bytes)
         src_version = SourceVersion.of(manifest)
-        held = listing(dst_loc)
+        held = listing_with_age(dst_loc)
         others = {p: [c for c in cs if c != dest and c in locations] for p, cs in self.state.replicas(dataset).items()}
         peers = [c for c in locations if c not in (source, dest) and _publishes(locations[c], version)]
         if peers:  # published by another cluster's daemon (pull model: nothing shared but storage)
@@ -172,13 +235,15 @@ class Engine:
             src_version,
             source=source,
             dest_version=dest_version,
-            listing=held,
+            listing={p: size for p, (size, _) in held.items()},
             verified=self.state.verified(dataset, dest),
             known_bad=self.state.bad(dataset, dest),
             replicas={p: cs for p, cs in others.items() if cs},
             priority=self.priority,
         )
         for tmp in plan.delete_temps:
+            if not temp_is_stale(tmp.path, held[tmp.path][1]):
+                continue  # a live writer's (a pack on this host, or recent: another host's)
             with contextlib.suppress(StorageError):
                 dst_loc.remove(tmp.path)
                 result.temps_deleted += 1
@@ -202,15 +267,9 @@ class Engine:
             self.executor.run(jobs, locations, lambda r: self._on_result(r, result))
             self.state.flush()  # the pass's verified marks are committed before its manifest is published
         if result.ok:
-            self._publish(dst_loc, manifest, table, src_bytes, dataset, dest, result)
-            if self.keep_versions:
+            self._publish(src_loc, dst_loc, manifest, table, src_bytes, result)
+            if self.keep_versions and result.published:
                 self._retain(dst_loc, manifest, dataset, dest, held, result)
-        result.seconds = time.monotonic() - t0
-        self._event(
-            "pass", dataset=dataset, source=source, destination=dest, copied=result.copied,
-            failed=len(result.failed), published=result.published,
-        )  # fmt: skip
-        return result
 
     def _on_result(self, r: JobResult, result: PassResult) -> None:
         job = r.job
@@ -246,17 +305,25 @@ class Engine:
             )  # fmt: skip
 
     def _publish(
-        self, dst: Location, manifest: Manifest, table: bytes, header: bytes, dataset: str, dest: str, res: PassResult
+        self, src: Location, dst: Location, manifest: Manifest, table: bytes, header: bytes, res: PassResult
     ) -> None:
-        # versions/<id>.json, then manifest.json, last: a reader never sees a partial version
-        if not dst.exists(manifest.table_path):
-            dst.write_bytes(manifest.table_path, table)
-        dst.write_bytes(version_path(manifest.version_id), header)
-        dst.write_bytes(MANIFEST_FILE, header)
+        """versions/<id>.json, then manifest.json by compare-and-swap: only over an ancestor (or
+        nothing), so a slower writer of an older version can never roll the destination back."""
+        store_version(dst, manifest, table, header)
+        version = manifest.version_id
+
+        def choose(doc: dict[str, Any] | None) -> bytes | None:
+            now = None if doc is None else str(doc["version_id"])
+            if now == version:
+                return None  # another writer published the same version meanwhile
+            self._check_descends(src, dst, version, now)
+            return header
+
+        swap_manifest(dst, choose)
         res.published = True
-        self.state.completed_version(dataset, dest, manifest.version_id)
-        self.stats.set_lag(dataset, dest, None)
-        self._event("version_published", dataset=dataset, version=manifest.version_id, cluster=dest)
+        self.state.completed_version(res.dataset, res.destination, version)
+        self.stats.set_lag(res.dataset, res.destination, None)
+        self._event("version_published", dataset=res.dataset, version=version, cluster=res.destination)
 
     def _retain(
         self,
@@ -264,7 +331,7 @@ class Engine:
         current: Manifest,
         dataset: str,
         dest: str,
-        held: Mapping[str, int],
+        held: Mapping[str, tuple[int, float | None]],
         res: PassResult,
     ) -> None:
         assert self.keep_versions
@@ -283,7 +350,16 @@ class Engine:
                     continue  # an unreadable old version is left alone
             records.append(VersionRecord(vid, m.created_at, frozenset(m.shards.paths), m.table_path))
         named = set().union(*(r.paths for r in records)) if records else set()
-        orphans = {p for p in held if p.startswith(f"{SHARDS_DIR}/") and TEMP_MARKER not in p} - named
+        # a shard no version names may be a concurrent `ferry pack --append`'s, stored but not yet
+        # published: an orphan is one this service put there, or one unchanged for STALE_TEMP_SECONDS
+        ours = set(self.state.verified(dataset, dest))
+        orphans = {
+            p
+            for p, (_, age) in held.items()
+            if p.startswith(f"{SHARDS_DIR}/")
+            and TEMP_MARKER not in p
+            and (p in ours or age is None or age >= STALE_TEMP_SECONDS)
+        } - named
         if len(records) <= self.keep_versions and not orphans:
             return
         src_paths = set(current.shards.paths)

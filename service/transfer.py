@@ -28,11 +28,11 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from shard_tools.digest import Hasher
 from shard_tools.errors import ShardDigestError, ShardFormatError, StorageError
-from shard_tools.store import Location, temp_name
+from shard_tools.store import STALE_TEMP_SECONDS, Location, temp_name
 
 __all__ = [
     "CHUNK_SIZE",
@@ -576,16 +576,26 @@ def abort_stale_uploads(loc: Location) -> int:
     """Abort unfinished multipart uploads under ``loc`` (left by a killed writer); returns how many.
 
     They are invisible to readers but hold storage. Only S3-like stores have them; elsewhere 0.
-    Call it only while no transfer to ``loc`` is in flight.
+    Only uploads started more than ``STALE_TEMP_SECONDS`` ago count as left behind: a younger
+    one may belong to a live writer on another host (a ``ferry pack --append`` into the same
+    dataset copy does not hold the writer lease).
     """
     call = getattr(loc.fs, "call_s3", None)
     if call is None:
         return 0
     bucket, _, key = loc.root.partition("/")
     try:
-        uploads = call("list_multipart_uploads", Bucket=bucket, Prefix=f"{key}/" if key else "").get("Uploads", [])
+        listed = call("list_multipart_uploads", Bucket=bucket, Prefix=f"{key}/" if key else "").get("Uploads", [])
+        cutoff = time.time() - STALE_TEMP_SECONDS
+        uploads = [up for up in listed if _started(up) < cutoff]
         for up in uploads:
             call("abort_multipart_upload", Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
     except Exception as exc:  # noqa: BLE001
         raise StorageError(f"cannot clean unfinished uploads at {loc.url}: {exc}") from exc
     return len(uploads)
+
+
+def _started(upload: dict[str, Any]) -> float:
+    """When a listed multipart upload began (0: unknown, so it counts as old)."""
+    initiated = upload.get("Initiated")
+    return float(initiated.timestamp()) if initiated is not None and hasattr(initiated, "timestamp") else 0.0

@@ -14,9 +14,12 @@
     │       └── ShardFormatError    truncated, wrong size, wrong schema or dtype
     ├── StorageError                an fsspec backend failed (``.retryable`` says if retrying may help)
     ├── PublishError                a new version could not be published; nothing was changed
+    │   ├── WriteConflictError      another writer changed the object between our read and our write
+    │   └── RollbackError           publishing would move a destination back along the parent chain
     ├── StateError                  loader state does not match this loader (dataset, seed, seq_len)
     ├── ConfigError                 invalid ferry.toml
     ├── ReplicationError            a replication action failed (``.retryable``)
+    │   └── LeaseHeldError          another writer holds the destination's lease (``.holder``)
     └── ServiceError                the ferry service answered with an error (``.status``)
 
 Library exceptions are mapped at the boundary with ``raise XError(...) from exc``.
@@ -41,9 +44,12 @@ __all__ = [
     "ShardFormatError",
     "StorageError",
     "PublishError",
+    "WriteConflictError",
+    "RollbackError",
     "StateError",
     "ConfigError",
     "ReplicationError",
+    "LeaseHeldError",
     "ServiceError",
 ]
 
@@ -124,6 +130,14 @@ class PublishError(FerryError):
     """A new dataset version could not be published; the dataset is unchanged."""
 
 
+class WriteConflictError(PublishError):
+    """Another writer changed the object between our read and our conditional write."""
+
+
+class RollbackError(PublishError):
+    """Publishing would replace a destination's version with one that does not descend from it."""
+
+
 class StateError(FerryError):
     """A loader state dict does not match the loader it is loaded into."""
 
@@ -143,6 +157,17 @@ class ReplicationError(FerryError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (type(self), str(self), {"retryable": self.retryable}))
+
+
+class LeaseHeldError(ReplicationError):
+    """Another writer holds the destination's lease. ``holder`` names it (kind:host:pid:id)."""
+
+    def __init__(self, message: str, *, holder: str = "", retryable: bool = False) -> None:
+        super().__init__(message, retryable=retryable)
+        self.holder = holder
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), str(self), {"holder": self.holder, "retryable": self.retryable}))
 
 
 class ServiceError(FerryError):

@@ -293,27 +293,42 @@ def _check_compatible(prev: Manifest, header: DatasetHeader, explicit_name: bool
 
 
 def _publish(
-    out: Location, previous: Manifest | None, header: DatasetHeader, rows: list[ShardInfo], started: float
+    out: Location,
+    previous: Manifest | None,
+    header: DatasetHeader,
+    rows: list[ShardInfo],
+    started: float,
+    *,
+    explicit_name: bool = False,
 ) -> PackResult:
-    name = previous.name if previous is not None else header.name
     new_table = ShardTable.from_rows(rows)
-    table = previous.shards.concat(new_table) if previous is not None else new_table
-    manifest, table_data = Manifest.build(
-        name=name,
-        token_dtype=header.token_dtype,
-        tokenizer=header.tokenizer,
-        eos_appended=header.eos_appended,
-        shards=table,
-        parent=previous.version_id if previous else None,
-        created_at=_now(),
-        tool_version=__version__,
-    )
-    publish_version(
+
+    def build(base: Manifest | None) -> tuple[Manifest, bytes]:
+        return Manifest.build(
+            name=base.name if base is not None else header.name,
+            token_dtype=header.token_dtype,
+            tokenizer=header.tokenizer,
+            eos_appended=header.eos_appended,
+            shards=base.shards.concat(new_table) if base is not None else new_table,
+            parent=base.version_id if base else None,
+            created_at=_now(),
+            tool_version=__version__,
+        )
+
+    def rebase(current: str) -> tuple[Manifest, bytes]:
+        # another --append won the race: add our shards on top of its version instead
+        base = load_manifest(out, current)
+        _check_compatible(base, header, explicit_name)
+        return build(base)
+
+    manifest, table_data = build(previous)
+    manifest = publish_version(
         out,
         manifest,
         table_data,
         expect_current=previous.version_id if previous else None,
         new_shards=[r.path for r in rows],
+        rebase=rebase if previous is not None else None,
     )
     totals = manifest.totals
     return PackResult(
@@ -357,7 +372,7 @@ def pack(inputs: Sequence[str], out: str, options: PackOptions | None = None) ->
         opts.progress,
     )
     rows = [row for r in results for row in r.shards]
-    return _publish(loc, previous, prep.header, rows, started)
+    return _publish(loc, previous, prep.header, rows, started, explicit_name=opts.name is not None)
 
 
 def pack_part(
@@ -470,4 +485,4 @@ def pack_documents(
             yield batch_from_lists(chunk)
 
     result = pack_batches(job, batches(), "documents")
-    return _publish(loc, previous, header, result.shards, started)
+    return _publish(loc, previous, header, result.shards, started, explicit_name=opts.name is not None)

@@ -9,8 +9,10 @@ Temp files carry ``TEMP_MARKER`` in their name so a planner can find stale ones.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import posixpath
+import socket
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -20,9 +22,24 @@ from fsspec.implementations.local import LocalFileSystem
 
 from .errors import StorageError
 
-__all__ = ["Location", "TEMP_MARKER", "resolve", "with_store_defaults", "is_local", "temp_name"]
+__all__ = [
+    "Location",
+    "TEMP_MARKER",
+    "resolve",
+    "with_store_defaults",
+    "is_local",
+    "temp_name",
+    "temp_writer",
+    "temp_is_stale",
+    "atomic_local_write",
+    "STALE_TEMP_SECONDS",
+]
 
 TEMP_MARKER = ".ferry-tmp-"
+#: A temp file whose writer cannot be checked (another host) is stale only after this long
+#: without a change: a writer streaming into it touches it far more often.
+STALE_TEMP_SECONDS = 15 * 60
+_HOST = hashlib.blake2s(socket.gethostname().encode(), digest_size=4).hexdigest()
 
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
@@ -31,9 +48,42 @@ def is_local(fs: fsspec.AbstractFileSystem) -> bool:
 
 
 def temp_name(path: str) -> str:
-    """A unique temp path beside ``path`` (same directory, so a rename is atomic)."""
+    """A unique temp path beside ``path`` (same directory, so a rename is atomic).
+
+    The name carries its writer (a hash of the host name and the process id), so a
+    cleaner never deletes a temp file that a live writer on this host is still filling."""
     head, tail = posixpath.split(path)
-    return posixpath.join(head, f"{TEMP_MARKER}{uuid.uuid4().hex[:12]}-{tail}")
+    return posixpath.join(head, f"{TEMP_MARKER}{_HOST}.{os.getpid()}.{uuid.uuid4().hex[:12]}-{tail}")
+
+
+def temp_writer(name: str) -> tuple[str, int] | None:
+    """(host hash, pid) of the process that made temp file ``name``; None for older names."""
+    base = posixpath.basename(name)
+    if not base.startswith(TEMP_MARKER):
+        return None
+    parts = base[len(TEMP_MARKER) :].split("-", 1)[0].split(".")
+    if len(parts) != 3 or not parts[1].isdigit():
+        return None
+    return parts[0], int(parts[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def temp_is_stale(name: str, age_seconds: float | None) -> bool:
+    """Whether temp file ``name`` may be deleted: its writer on this host is gone, or (writer
+    elsewhere or unknown) it has not changed for ``STALE_TEMP_SECONDS``."""
+    writer = temp_writer(name)
+    if writer is not None and writer[0] == _HOST:
+        return writer[1] != os.getpid() and not _alive(writer[1])
+    return age_seconds is None or age_seconds >= STALE_TEMP_SECONDS
 
 
 class Location:
@@ -85,7 +135,7 @@ class Location:
         path = self.full(rel)
         try:
             if self.local:
-                _atomic_local_write(path, data)
+                atomic_local_write(path, data)
             else:
                 self.fs.pipe_file(path, bytes(data))
         except Exception as exc:  # noqa: BLE001
@@ -111,8 +161,11 @@ class Location:
             raise StorageError(f"cannot delete {self.url}/{rel}: {exc}") from exc
 
 
-def _atomic_local_write(path: str, data: bytes | memoryview) -> None:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+def atomic_local_write(path: str, data: bytes | memoryview, *, sync_dir: bool = False) -> None:
+    """Temp file beside ``path``, fsync'ed, renamed over it; ``sync_dir`` also makes the rename
+    itself durable (for the objects whose name is the commit: manifest.json, the lease)."""
+    parent = os.path.dirname(path) or "."
+    os.makedirs(parent, exist_ok=True)
     tmp = temp_name(path)
     try:
         with open(tmp, "wb") as f:
@@ -124,6 +177,12 @@ def _atomic_local_write(path: str, data: bytes | memoryview) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    if sync_dir:
+        fd = os.open(parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 _S3_PROTOCOLS = ("s3://", "s3a://")

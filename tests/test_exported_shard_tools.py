@@ -21,8 +21,8 @@ EXPECTED_EXPORTS = {
     # errors
     "FerryError", "UsageError", "InputFormatError", "MegatronIndexError", "TokenRangeError", "DatasetError",
     "DatasetNotFoundError", "ManifestError", "ShardError", "ShardMissingError", "ShardDigestError",
-    "ShardFormatError", "StorageError", "PublishError", "StateError", "ConfigError", "ReplicationError",
-    "ServiceError",
+    "ShardFormatError", "StorageError", "PublishError", "WriteConflictError", "RollbackError", "StateError",
+    "ConfigError", "ReplicationError", "LeaseHeldError", "ServiceError",
 }  # fmt: skip
 
 EXPECTED_FLAGS = {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -36,6 +38,12 @@ def pack(url: str, docs: list[np.ndarray], options: Mapping[str, Any], *, append
 def documents(url: str, options: Mapping[str, Any]) -> list[list[int]]:
     """Every document, each shard verified against the manifest on the way."""
     return [d.tolist() for d in open_dataset(url, storage_options=options).documents()]
+
+
+def dead_writers_temp(path: str) -> str:
+    """A temp name for ``path`` made by a process on this host that has exited since."""
+    code = f"from shard_tools.store import temp_name; print(temp_name({path!r}))"
+    return subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip()
 
 
 def engine(**kw: Any) -> Engine:
@@ -91,7 +99,7 @@ def test_repairs_wrong_size_cleans_temps_and_resumes_without_state(pair: tuple[A
     manifest = open_dataset(dst_url, storage_options=dst_b.storage_options).manifest
     victim = manifest.shards[1]
     dst.write_bytes(victim.path, b"truncated")  # wrong size
-    stale = f"shards/{TEMP_MARKER}deadbeef0000-{victim.path.split('/')[-1]}"
+    stale = dead_writers_temp(victim.path)  # as left by a writer that was killed
     dst.write_bytes(stale, b"half a shard")
     more = make_docs(100, 4)
     pack(src_url, more, src_b.storage_options, append=True)

@@ -105,7 +105,8 @@ def test_cli_surface_and_exports() -> None:
     register(sub)
     options = {name: sorted(o for a in p._actions for o in a.option_strings) for name, p in sub.choices.items()}
     expected = ["-h", "--help", "--transfers", "--bwlimit", "--retries", "--verify-only", "--json", "--progress",
-                "--no-progress", "--storage-option", "-S", "--src-option", "--dst-option"]  # fmt: skip
+                "--no-progress", "--allow-rollback", "--storage-option", "-S", "--src-option",
+                "--dst-option"]  # fmt: skip
     assert options["sync"] == sorted(expected)
     assert set(options["serve"]) >= {"--config", "-c", "--log-level", "--drain-timeout"}
     assert sorted(service.__all__) == ["Config", "Daemon", "UNCHANGED", "load_config", "parse_config"]

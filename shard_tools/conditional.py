@@ -1,0 +1,228 @@
+"""Compare-and-swap of small objects (``manifest.json``, the writer lease), per backend.
+
+``read_versioned`` returns an object's bytes with a *token* that names exactly those bytes;
+``write_if`` replaces the object only if it still carries that token (``None``: only if it
+does not exist), atomically, and raises :class:`WriteConflictError` otherwise — never
+check-then-write. What makes it atomic depends on the store:
+
+- **local filesystems** (``file://``, plain paths, NFS): a POSIX advisory lock
+  (``fcntl.lockf``) on ``<dataset>/.ferry-lock``, held across the check and the
+  ``os.replace``; the token is the xxh128 of the bytes. POSIX locks are honoured by every
+  process on a host and, on NFS, across hosts (NFSv4, or NFSv3 with lockd); a filesystem
+  that keeps locks local to one client (some FUSE mounts, Lustre ``localflock``) gives no
+  cross-host guarantee. Threads of one process are serialised by an in-process lock too
+  (POSIX locks belong to the process, not the thread).
+- **S3** (s3fs): conditional PUTs, ``If-Match: <ETag>`` to replace and ``If-None-Match: *``
+  to create; the token is the ETag, read in the same GET as the bytes. A store that
+  ignores these headers (older S3-compatible servers) silently degrades to last writer
+  wins: check yours (AWS S3 and moto enforce them).
+- **memory://**: one in-process lock (the store exists in this process only).
+- **any other store**: no atomic primitive is known to ferry; the write is
+  check-then-write (a race between two writers can lose one), said once per process in a
+  warning. The README's "Guarantees" section lists this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+from .errors import StorageError, WriteConflictError
+from .store import Location, atomic_local_write
+
+__all__ = ["LOCK_FILE", "Versioned", "read_versioned", "write_if", "cas_kind"]
+
+LOCK_FILE = ".ferry-lock"
+_LOCK_TIMEOUT = 60.0  # the lock is held for one small write; this long means a stuck holder
+_thread_locks: dict[str, threading.Lock] = {}
+_thread_locks_guard = threading.Lock()
+_memory_lock = threading.Lock()
+_warned: set[str] = set()
+
+
+@dataclass(frozen=True)
+class Versioned:
+    """An object's bytes (None: absent) and the token that names exactly those bytes."""
+
+    data: bytes | None
+    token: str | None
+
+
+def cas_kind(loc: Location) -> str:
+    """How ``loc`` swaps atomically: ``lock`` (local), ``conditional`` (S3), ``memory`` or ``none``."""
+    if loc.local:
+        return "lock"
+    protocols = loc.fs.protocol if isinstance(loc.fs.protocol, tuple) else (loc.fs.protocol,)
+    if "memory" in protocols:
+        return "memory"
+    if type(loc.fs).__name__ == "S3FileSystem":
+        return "conditional"
+    return "none"
+
+
+def _digest(data: bytes) -> str:
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+def read_versioned(loc: Location, rel: str) -> Versioned:
+    """The object at ``rel`` with its token (``Versioned(None, None)`` where it does not exist)."""
+    if cas_kind(loc) == "conditional":
+        return _s3_get(loc, rel)
+    try:
+        data = loc.read_bytes(rel)
+    except FileNotFoundError:
+        return Versioned(None, None)
+    return Versioned(data, _digest(data))
+
+
+def write_if(loc: Location, rel: str, data: bytes, token: str | None) -> str:
+    """Write ``data`` at ``rel`` only if the object still has ``token`` (None: is absent);
+    returns the new token.
+
+    Raises WriteConflictError (nothing written) when another writer changed it first."""
+    kind = cas_kind(loc)
+    if kind == "conditional":
+        return _s3_put_if(loc, rel, data, token)
+    if kind == "lock":
+        with _local_lock(loc):
+            return _check_then_write(loc, rel, data, token)
+    if kind == "memory":
+        with _memory_lock:
+            return _check_then_write(loc, rel, data, token)
+    protocol = str(loc.fs.protocol)
+    if protocol not in _warned:
+        _warned.add(protocol)
+        warnings.warn(
+            f"{loc.url}: this store offers ferry no atomic compare-and-swap; concurrent writers "
+            "of one dataset can lose a version here (see the README's Guarantees)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return _check_then_write(loc, rel, data, token)
+
+
+def _check_then_write(loc: Location, rel: str, data: bytes, token: str | None) -> str:
+    try:
+        now = loc.read_bytes(rel)
+    except FileNotFoundError:
+        now = None
+    if (None if now is None else _digest(now)) != token:
+        raise WriteConflictError(f"{loc.url}/{rel} was changed by another writer")
+    if loc.local:
+        try:
+            atomic_local_write(loc.full(rel), data, sync_dir=True)
+        except OSError as exc:
+            raise StorageError(f"cannot write {loc.url}/{rel}: {exc}", retryable=_retryable(exc)) from exc
+    else:
+        loc.write_bytes(rel, data)
+    return _digest(data)
+
+
+def _retryable(exc: OSError) -> bool:
+    return exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
+
+
+@contextlib.contextmanager
+def _local_lock(loc: Location) -> Iterator[None]:
+    """Hold ``<root>/.ferry-lock`` exclusively: in this process (threads) and across processes."""
+    path = loc.full(LOCK_FILE)
+    with _thread_locks_guard:
+        tlock = _thread_locks.setdefault(path, threading.Lock())
+    import fcntl
+
+    with tlock:
+        try:
+            os.makedirs(loc.root, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StorageError(f"cannot open the lock {path}: {exc}", retryable=_retryable(exc)) from exc
+        try:
+            deadline = time.monotonic() + _LOCK_TIMEOUT
+            pause = 0.002
+            while True:
+                try:
+                    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                        raise StorageError(f"cannot lock {path}: {exc}", retryable=False) from exc
+                    if time.monotonic() > deadline:
+                        raise StorageError(
+                            f"{path} stayed locked for {_LOCK_TIMEOUT:.0f} s; is a writer stuck?"
+                        ) from exc
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.05)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+
+def _s3_split(loc: Location, rel: str) -> tuple[str, str]:
+    bucket, key, _ = loc.fs.split_path(loc.full(rel))
+    return bucket, key
+
+
+def _s3_code(exc: BaseException) -> str:
+    """The S3 error code behind an s3fs-translated exception ('' if none)."""
+    for e in (exc, exc.__cause__, exc.__context__):
+        response: Any = getattr(e, "response", None)
+        if isinstance(response, dict):
+            code = response.get("Error", {}).get("Code")
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            return str(code or status or "")
+    return ""
+
+
+def _s3_get(loc: Location, rel: str) -> Versioned:
+    from fsspec.asyn import sync
+
+    fs: Any = loc.fs
+    bucket, key = _s3_split(loc, rel)
+
+    async def get() -> tuple[bytes, str]:
+        resp = await fs._call_s3("get_object", Bucket=bucket, Key=key)
+        body = resp["Body"]
+        try:
+            data = await body.read()
+        finally:
+            body.close()
+        return bytes(data), str(resp["ETag"])
+
+    try:
+        data, etag = sync(fs.loop, get)
+    except FileNotFoundError:
+        return Versioned(None, None)
+    except Exception as exc:  # noqa: BLE001 - any backend failure is a storage error
+        raise StorageError(f"cannot read {loc.url}/{rel}: {exc}") from exc
+    return Versioned(data, etag)
+
+
+def _s3_put_if(loc: Location, rel: str, data: bytes, token: str | None) -> str:
+    fs: Any = loc.fs
+    bucket, key = _s3_split(loc, rel)
+    condition = {"IfNoneMatch": "*"} if token is None else {"IfMatch": token}
+    try:
+        resp = fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **condition)
+    except Exception as exc:  # noqa: BLE001
+        code = _s3_code(exc)
+        if code in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409") or isinstance(
+            exc, FileExistsError
+        ):
+            raise WriteConflictError(f"{loc.url}/{rel} was changed by another writer") from exc
+        if code in ("NoSuchKey", "404") and token is not None:
+            raise WriteConflictError(f"{loc.url}/{rel} was removed by another writer") from exc
+        raise StorageError(
+            f"cannot write {loc.url}/{rel}: {exc}", retryable=code not in ("AccessDenied", "403")
+        ) from exc
+    finally:
+        fs.invalidate_cache(loc.full(rel))
+    return str(resp["ETag"])
