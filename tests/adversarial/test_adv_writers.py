@@ -1,0 +1,237 @@
+"""Many writers: compare-and-swap publishing, monotone destinations, the writer lease.
+
+Each test reproduces one way two writers broke a dataset before (issue 13, items 1–2 and the
+one-writer rule) with a deterministic interleaving; test_adv_concurrent_writers.py runs the
+same guarantees as a property over random real processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.engine import Engine
+from service.executor import Executor
+from service.lease import LEASE_FILE, Lease, read_lease
+from service.state import State
+from shard_tools.conditional import read_versioned, write_if
+from shard_tools.dataset import load_manifest, open_dataset
+from shard_tools.errors import LeaseHeldError, RollbackError, WriteConflictError
+from shard_tools.packing import PackOptions, pack_documents
+from shard_tools.publish import descends_from, store_version, swap_manifest
+from shard_tools.store import Location, resolve, temp_name
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def docs(n: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(1, 4000, size=int(rng.integers(20, 300))) for _ in range(n)]
+
+
+def pack(url: str, documents: list[np.ndarray], options: Mapping[str, Any], *, append: bool = False) -> Any:
+    opts = PackOptions(vocab_size=4096, eos_id=0, shard_size=8192, storage_options=dict(options), append=append,
+                       progress=False)  # fmt: skip
+    return pack_documents(documents, url, opts)
+
+
+def tokens(url: str, options: Mapping[str, Any]) -> list[list[int]]:
+    return [d.tolist() for d in open_dataset(url, storage_options=options).documents(strip_eos=True)]
+
+
+def ferry(*args: str, env: Mapping[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, **(env or {})}
+    cmd = [sys.executable, "-c", "import sys; from shard_tools.cli import main; sys.exit(main())", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT)
+
+
+def engine() -> Engine:
+    return Engine(Executor(transfers=2, backoff=(0.001, 0.01)), State(None), writer="sync")
+
+
+@pytest.fixture(params=["file", "memory"])
+def local_backend(request: pytest.FixtureRequest) -> Any:
+    return request.getfixturevalue(f"{request.param}_backend")
+
+
+def test_append_that_loses_the_race_is_rebased(local_backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writer A reads the current version; B publishes an append before A writes: A must not
+    overwrite B's version (it did, and both reported success), but re-base on it."""
+    url, opts = local_backend.url("race"), local_backend.storage_options
+    first, a_docs, b_docs = docs(50, 1), docs(40, 2), docs(30, 3)
+    pack(url, first, opts)
+    real_read = Location.read_bytes
+    state = {"armed": True}
+
+    def read_then_let_b_in(self: Location, rel: str) -> bytes:
+        data = real_read(self, rel)
+        if rel == "manifest.json" and state["armed"] and state.get("a_stored"):
+            state["armed"] = False
+            pack(url, b_docs, opts, append=True)  # B: a whole append between A's read and A's write
+        return data
+
+    real_write = Location.write_bytes
+
+    def note_a_stored(self: Location, rel: str, data: bytes | memoryview) -> None:
+        real_write(self, rel, data)
+        if rel.startswith("versions/") and state["armed"]:
+            state["a_stored"] = True  # A's version is stored: its next manifest read is the check
+
+    monkeypatch.setattr(Location, "read_bytes", read_then_let_b_in)
+    monkeypatch.setattr(Location, "write_bytes", note_a_stored)
+    result_a = pack(url, a_docs, opts, append=True)
+    monkeypatch.undo()
+    assert not state["armed"], "the interleaving did not happen"
+    got = tokens(url, opts)
+    expected = [d.tolist() for d in first + b_docs + a_docs]
+    assert got == expected  # B's documents are kept, A's come after them
+    current = load_manifest(resolve(url, opts))
+    assert current.version_id == result_a.version_id and current.parent is not None
+    assert load_manifest(resolve(url, opts), current.parent).shards.paths == current.shards.paths[: -result_a.new_shards]
+
+
+def test_write_if_refuses_a_stale_token(backend: Any) -> None:
+    loc = resolve(backend.url("cas"), backend.storage_options)
+    assert read_versioned(loc, "obj").token is None
+    t1 = write_if(loc, "obj", b"one", None)
+    with pytest.raises(WriteConflictError):
+        write_if(loc, "obj", b"two", None)  # create-only over an existing object
+    stale = read_versioned(loc, "obj")
+    assert stale.data == b"one" and stale.token == t1
+    t2 = write_if(loc, "obj", b"two", stale.token)
+    with pytest.raises(WriteConflictError):
+        write_if(loc, "obj", b"three", stale.token)  # another writer's token is gone
+    now = read_versioned(loc, "obj")
+    assert now.data == b"two" and now.token == t2
+
+
+def _grown(backend: Any) -> tuple[str, str, str]:
+    """A source at v2 (child of v1) and a frozen copy of it at v1."""
+    src, old = backend.url("grow"), backend.url("grow-v1")
+    pack(src, docs(60, 4), backend.storage_options)
+    res = engine().sync_pass("d", "a", "b", {"a": resolve(src, backend.storage_options),
+                                             "b": resolve(old, backend.storage_options)})  # fmt: skip
+    assert res.published
+    pack(src, docs(20, 5), backend.storage_options, append=True)
+    return src, old, backend.url("dest")
+
+
+def test_sync_of_an_older_version_is_refused(backend: Any, s3_env: Mapping[str, str]) -> None:
+    """A fast sync of v2 then a sync of v1 left the destination at v1 with exit 0."""
+    if backend.name == "memory":
+        pytest.skip("memory:// lives in one process; the CLI runs in another")
+    src, old, dst = _grown(backend)
+    opts = backend.storage_options
+    env = dict(s3_env) if backend.name == "s3" else {}
+    assert ferry("sync", src, dst, "--json", env=env).returncode == 0
+    v2 = load_manifest(resolve(dst, opts)).version_id
+    proc = ferry("sync", old, dst, "--json", env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "refusing to publish" in proc.stderr and "--allow-rollback" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert load_manifest(resolve(dst, opts)).version_id == v2
+    forced = ferry("sync", old, dst, "--json", "--allow-rollback", env=env)
+    assert forced.returncode == 0, forced.stderr
+    assert load_manifest(resolve(dst, opts)).version_id == load_manifest(resolve(old, opts)).version_id
+
+
+def test_slow_sync_does_not_overwrite_a_newer_version(backend: Any) -> None:
+    """A sync of v1 is still copying when v2 is published at the destination by another writer:
+    its publish must be refused, not roll the destination back."""
+    src, old, dst = _grown(backend)
+    opts = backend.storage_options
+    locs = {n: resolve(u, opts) for n, u in (("src", src), ("old", old), ("dst", dst))}
+    newer = load_manifest(locs["src"])
+    table = locs["src"].read_bytes(newer.table_path)
+
+    def another_writer_publishes_v2(_: Any) -> None:
+        body = store_version(locs["dst"], newer, table)
+        for path in newer.shards.paths:
+            locs["dst"].write_bytes(path, locs["src"].read_bytes(path))
+        assert swap_manifest(locs["dst"], lambda _doc: body) == body
+
+    with pytest.raises(RollbackError, match="refusing to publish"):
+        engine().sync_pass("d", "old", "dst", locs, on_plan=another_writer_publishes_v2)
+    assert load_manifest(locs["dst"]).version_id == newer.version_id
+    ok, _ = descends_from([locs["src"]], newer.version_id, load_manifest(locs["old"]).version_id)
+    assert ok
+
+
+@pytest.fixture
+def holder(file_backend: Any) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """Another live process (this host) holding the lease of a destination dataset."""
+    dst = file_backend.url("held")
+    code = (
+        "import sys, time; from service.lease import Lease; from shard_tools.store import resolve; "
+        f"lease = Lease(resolve({dst!r}), 'daemon'); lease.acquire(); print('held', flush=True); time.sleep(120)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        yield dst, proc
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_second_writer_stays_out_while_the_lease_is_held(
+    file_backend: Any, holder: tuple[str, subprocess.Popen[str]]
+) -> None:
+    dst, proc = holder
+    src = file_backend.url("src")
+    pack(src, docs(40, 6), {})
+    held = read_lease(resolve(dst))
+    assert held is not None and held.pid == proc.pid and held.kind == "daemon"
+    run = ferry("sync", src, dst)
+    assert run.returncode == 1 and "is being written by daemon" in run.stderr and str(proc.pid) in run.stderr
+    assert not resolve(dst).exists("manifest.json")
+    with pytest.raises(LeaseHeldError) as info:
+        with Lease(resolve(dst), "sync"):
+            pass
+    assert info.value.holder == held.holder
+    proc.send_signal(signal.SIGKILL)  # the holder dies: its lease ends at once, not after the ttl
+    proc.wait(10)
+    run = ferry("sync", src, dst, "--json")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["published"]
+    assert read_lease(resolve(dst)) is None  # released at the end of the sync
+
+
+def test_a_live_writers_temp_file_is_not_deleted(file_backend: Any) -> None:
+    """A sync deleted every temp file it found, also one a live writer was still filling."""
+    src, dst = file_backend.url("src"), file_backend.url("dst")
+    pack(src, docs(40, 7), {})
+    assert ferry("sync", src, dst).returncode == 0
+    pack(src, docs(10, 8), {}, append=True)
+    live = Path(resolve(dst).full(temp_name("shards/being-written.arrow.zst")))  # this live process' name
+    live.write_bytes(b"half")
+    run = ferry("sync", src, dst, "--json")
+    assert run.returncode == 0, run.stderr
+    assert live.exists() and live.read_bytes() == b"half"
+
+
+def test_lease_is_renewed_while_held_and_released(file_backend: Any) -> None:
+    loc = resolve(file_backend.url("renew"))
+    lease = Lease(loc, "daemon", ttl=0.3)
+    with lease:
+        first = read_lease(loc)
+        assert first is not None and first.holder == lease.holder
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            now = read_lease(loc)
+            if now is not None and now.expires_at > first.expires_at:
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail("the lease was not renewed")
+    assert read_lease(loc) is None and loc.exists(LEASE_FILE)
