@@ -12,6 +12,7 @@ digests. A decompressed shard in a local file is memory-mapped and read zero-cop
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ __all__ = [
     "encode_shard_buffer",
     "compress",
     "decompress",
+    "MAX_EXPANSION",
     "parse_shard",
     "open_shard_file",
 ]
@@ -123,18 +125,202 @@ def compress(raw: bytes | memoryview | pa.Buffer, level: int) -> bytes:
     return zstandard.ZstdCompressor(level=level, write_content_size=True).compress(raw)
 
 
+# Decoding trusts nothing it has not bounded (DESIGN §1). A zstd block yields at most BLOCKSIZE_MAX (128 KiB)
+# and costs at least 4 stored bytes (a 3-byte header and one byte of RLE), so no frame expands more than
+# 32768:1: a raw size above that is impossible, refused before anything is decoded.
+MAX_EXPANSION = zstandard.BLOCKSIZE_MAX // 4
+# Up to this ratio (or this size) the output is allocated at once at its declared size: at most 64 times
+# the stored bytes already in memory. Beyond it the frame is decoded in steps (see decompress).
+_PREALLOC_EXPANSION = 64
+_PREALLOC_BYTES = 8 << 20
+_STREAM_STEP = 1024  # stored bytes per step: at most 32 MiB of output each
+_TRAILING = "bytes after the end of its zstd frame (a shard is one frame); the shard is corrupt or was tampered with"
+
+
 def decompress(stored: bytes | memoryview, raw_bytes: int, shard: str) -> bytes:
-    """Decompress a stored shard, checking it is one frame of exactly ``raw_bytes`` bytes."""
+    """Decompress a stored shard, checking it is one zstd frame of exactly ``raw_bytes`` bytes.
+
+    Nothing is allocated on the word of the manifest or the frame header alone:
+
+    - the frame header must record a content size, and it must equal ``raw_bytes``;
+    - ``raw_bytes`` may be at most :data:`MAX_EXPANSION` (32768) times the stored size, more than any
+      zstd frame can expand: a 17-byte frame claiming 1 TiB is refused at once. No lower ratio is
+      refused, because real shards reach it: an all-zero shard compresses to about 32600:1, and ferry
+      packs whatever tokens it is given;
+    - within that bound, a claim above 64:1 (and above 8 MiB) is not allocated up front: the frame is
+      decoded in small steps and memory grows only with the output it really yields (peak about twice
+      that output), so a lying size costs what the frame produces, not what it claims. Ordinary shards
+      (a few to one) take the fast path, one allocation of the declared size.
+
+    More output than declared, a frame that ends early, bytes or a second frame after the first, and
+    an allocation this machine cannot make are all :class:`ShardFormatError` naming the shard.
+    """
+    view = memoryview(stored).cast("B")
+    if raw_bytes < 0 or raw_bytes > MAX_EXPANSION * len(view):
+        raise ShardFormatError(
+            shard,
+            f"manifest says {raw_bytes} raw bytes from {len(view)} stored bytes, more than any zstd frame "
+            f"expands (at most {MAX_EXPANSION}:1): a decompression bomb or a corrupt manifest",
+        )
+    _check_frame_header(view, raw_bytes, shard)
     try:
-        params = zstandard.get_frame_parameters(stored)
-        if params.content_size != raw_bytes:
-            raise ShardFormatError(shard, f"frame says {params.content_size} raw bytes, manifest says {raw_bytes}")
-        raw = zstandard.ZstdDecompressor().decompress(stored, max_output_size=raw_bytes)
+        if raw_bytes and raw_bytes <= max(_PREALLOC_EXPANSION * len(view), _PREALLOC_BYTES):
+            raw = zstandard.ZstdDecompressor().decompress(view, allow_extra_data=False)
+        else:
+            raw = _decompress_stepwise(view, raw_bytes, shard)
     except zstandard.ZstdError as exc:
+        if "unused data" in str(exc):  # allow_extra_data=False found bytes after the frame
+            raise ShardFormatError(shard, f"{_TRAILING} ({exc})") from exc
         raise ShardFormatError(shard, f"not a valid zstd frame ({exc}); the shard is truncated or corrupt") from exc
+    except MemoryError as exc:
+        raise ShardFormatError(shard, f"cannot allocate {raw_bytes} bytes to decode it on this machine") from exc
     if len(raw) != raw_bytes:
         raise ShardFormatError(shard, f"decompressed to {len(raw)} bytes, manifest says {raw_bytes}")
     return raw
+
+
+def _check_frame_header(view: memoryview, raw_bytes: int, shard: str) -> None:
+    """One zstd frame (not a skippable one) whose header records exactly ``raw_bytes`` of content."""
+    if bytes(view[:4]) != zstandard.FRAME_HEADER:
+        raise ShardFormatError(shard, "does not start with a zstd frame; the shard is corrupt or not a ferry shard")
+    try:
+        size = zstandard.get_frame_parameters(view).content_size
+    except zstandard.ZstdError as exc:
+        raise ShardFormatError(
+            shard, f"unreadable zstd frame header ({exc}); the shard is truncated or corrupt"
+        ) from exc
+    if size == zstandard.CONTENTSIZE_UNKNOWN:
+        raise ShardFormatError(shard, "zstd frame header records no content size (ferry always writes one)")
+    if size != raw_bytes:
+        raise ShardFormatError(shard, f"frame says {size} raw bytes, manifest says {raw_bytes}")
+
+
+def _decompress_stepwise(view: memoryview, raw_bytes: int, shard: str) -> bytes:
+    """Decode in small input steps, stopping as soon as the output passes ``raw_bytes``."""
+    dobj = zstandard.ZstdDecompressor().decompressobj()
+    chunks: list[bytes] = []
+    total = 0
+    for start in range(0, len(view), _STREAM_STEP):
+        chunk = dobj.decompress(view[start : start + _STREAM_STEP])
+        total += len(chunk)
+        if total > raw_bytes:
+            raise ShardFormatError(shard, f"frame yields more than the {raw_bytes} raw bytes it declares")
+        chunks.append(chunk)
+        if dobj.eof:
+            if dobj.unused_data or start + _STREAM_STEP < len(view):
+                raise ShardFormatError(shard, _TRAILING)
+            return b"".join(chunks)
+    raise ShardFormatError(shard, "zstd frame ends early; the shard is truncated")
+
+
+class _FlatBuffer:
+    """Bounds-checked reads of a flatbuffer (just what finding a record batch's compression field needs)."""
+
+    def __init__(self, data: memoryview, shard: str) -> None:
+        self.data, self.shard = data, shard
+
+    def read(self, fmt: str, pos: int) -> int:
+        if not 0 <= pos <= len(self.data) - struct.calcsize(fmt):
+            raise ShardFormatError(self.shard, "Arrow IPC metadata points outside the file; the shard is corrupt")
+        value: int = struct.unpack_from(fmt, self.data, pos)[0]
+        return value
+
+    def deref(self, pos: int) -> int:
+        """The table or vector a uoffset at ``pos`` points to."""
+        return pos + self.read("<I", pos)
+
+    def field(self, table: int, index: int) -> int | None:
+        """Where field ``index`` of the table at ``table`` is stored, None when absent."""
+        vtable = table - self.read("<i", table)
+        slot = 4 + 2 * index
+        if slot >= self.read("<H", vtable):
+            return None
+        offset = self.read("<H", vtable + slot)
+        return table + offset if offset else None
+
+    def vector(self, pos: int) -> tuple[int, int]:
+        start = self.deref(pos)
+        return start + 4, self.read("<I", start)
+
+
+# Field numbers in Arrow's File.fbs / Message.fbs / Schema.fbs.
+_FOOTER_DICTIONARIES, _FOOTER_RECORD_BATCHES = 2, 3
+_MESSAGE_HEADER_TYPE, _MESSAGE_HEADER = 1, 2
+_HEADER_DICTIONARY_BATCH, _HEADER_RECORD_BATCH = 2, 3
+_DICTIONARY_DATA, _RECORD_BATCH_COMPRESSION = 1, 3
+_BLOCK_SIZE = 24  # struct Block {offset: long; metaDataLength: int; bodyLength: long}
+
+
+def _check_uncompressed_body(buf: pa.Buffer, shard: str) -> None:
+    """Refuse an Arrow file whose batches use IPC body compression, before Arrow decompresses them.
+
+    A shard is stored compressed once (zstd) and read zero-copy raw; compressed IPC buffers would
+    be a second, unbounded expansion (each declares its own uncompressed length), so the footer's
+    blocks are followed to every message and its ``compression`` field must be absent.
+    """
+    data = memoryview(buf).cast("B")
+    footer_len = _FlatBuffer(data, shard).read("<i", len(data) - 10)
+    footer = _FlatBuffer(data[max(0, len(data) - 10 - footer_len) : len(data) - 10], shard)
+    root = footer.deref(0)
+    for index in (_FOOTER_DICTIONARIES, _FOOTER_RECORD_BATCHES):
+        pos = footer.field(root, index)
+        if pos is None:
+            continue
+        start, count = footer.vector(pos)
+        for i in range(count):
+            offset = footer.read("<q", start + i * _BLOCK_SIZE)
+            if _message_compressed(data, offset, shard):
+                raise ShardFormatError(shard, "Arrow IPC body compression is not allowed in a shard (format 1)")
+
+
+def _message_compressed(data: memoryview, offset: int, shard: str) -> bool:
+    """Whether the IPC message at ``offset`` (a record or dictionary batch) declares body compression."""
+    whole = _FlatBuffer(data, shard)
+    start = offset + 8 if whole.read("<I", offset) == 0xFFFFFFFF else offset + 4
+    length = whole.read("<i", start - 4)
+    if length < 0 or start + length > len(data):
+        raise ShardFormatError(shard, "Arrow IPC message runs past the end of the file; the shard is corrupt")
+    fb = _FlatBuffer(data[start : start + length], shard)
+    message = fb.deref(0)
+    kind_pos, header_pos = fb.field(message, _MESSAGE_HEADER_TYPE), fb.field(message, _MESSAGE_HEADER)
+    if kind_pos is None or header_pos is None:
+        return False  # not a batch: Arrow rejects it
+    kind, batch = fb.read("<B", kind_pos), fb.deref(header_pos)
+    if kind == _HEADER_DICTIONARY_BATCH:
+        data_pos = fb.field(batch, _DICTIONARY_DATA)
+        if data_pos is None:
+            return False
+        batch = fb.deref(data_pos)
+    elif kind != _HEADER_RECORD_BATCH:
+        return False
+    return fb.field(batch, _RECORD_BATCH_COMPRESSION) is not None
+
+
+def _read_one_batch(
+    source: pa.Buffer | pa.NativeFile | bytes, shard: str
+) -> tuple[pa.ipc.RecordBatchFileReader, pa.RecordBatch]:
+    """The one record batch of an Arrow IPC file, fully validated before any of its values is read.
+
+    The footer, message lengths and buffer sizes of a hostile file can lie; Arrow checks them
+    against the file when reading, and full validation then checks every offset against the
+    buffers it points into (without it, a list whose length outruns its values buffer is read
+    out of bounds). Full validation is cheap here: it touches offsets and bitmaps, not tokens.
+    """
+    try:
+        if isinstance(source, pa.NativeFile):  # a memory map: the whole file as one zero-copy buffer
+            source.seek(0)
+            buf = source.read_buffer()
+        else:
+            buf = pa.py_buffer(source) if isinstance(source, bytes) else source
+        reader = pa.ipc.open_file(buf)
+        if reader.num_record_batches != 1:
+            raise ShardFormatError(shard, f"expected 1 record batch, found {reader.num_record_batches}")
+        _check_uncompressed_body(buf, shard)
+        batch = reader.get_batch(0)
+        batch.validate(full=True)
+    except (pa.ArrowException, OSError) as exc:  # a flatbuffer that fails verification is an OSError
+        raise ShardFormatError(shard, f"not a readable Arrow IPC file ({exc})") from exc
+    return reader, batch
 
 
 def parse_shard(
@@ -146,14 +332,7 @@ def parse_shard(
     tokens: int | None = None,
 ) -> ShardView:
     """Open raw shard bytes (or a memory-mapped file) zero-copy and validate its structure."""
-    try:
-        src = pa.py_buffer(source) if isinstance(source, bytes) else source
-        reader = pa.ipc.open_file(src)
-        if reader.num_record_batches != 1:
-            raise ShardFormatError(shard, f"expected 1 record batch, found {reader.num_record_batches}")
-        batch = reader.get_batch(0)
-    except pa.ArrowException as exc:
-        raise ShardFormatError(shard, f"not a readable Arrow IPC file ({exc})") from exc
+    reader, batch = _read_one_batch(source, shard)
     meta = reader.schema.metadata or {}
     if meta.get(_META_KEY) != str(FORMAT_VERSION).encode():
         raise ShardFormatError(shard, f"missing or unsupported ferry.format metadata {meta.get(_META_KEY)!r}")

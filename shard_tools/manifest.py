@@ -96,7 +96,12 @@ class ShardTable:
             raise ManifestError(f"shard table column {name!r} has nulls")
         values: np.ndarray = arr.to_numpy()
         if len(values) and int(values.min()) < 0:
-            raise ManifestError(f"shard table column {name!r} has negative values")
+            row = int(np.argmax(values < 0))  # name the first bad row: the table may hold a million
+            path = self._table.column("path")[row].as_py()
+            raise ManifestError(
+                f"shard table column {name!r} has negative values (shard {path}: {int(values[row])}); "
+                "the manifest is corrupt or was tampered with"
+            )
         return values
 
     @classmethod
