@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import re
 import shutil
 import signal
@@ -110,6 +111,24 @@ def test_values_in_log_lines_cannot_forge_lines(tmp_path: Path) -> None:
     assert all(stamp.match(line) or line.startswith(printed) for line in log.splitlines()), log
 
 
+def test_log_formatter_escapes_every_control_character() -> None:
+    from service.cli import SafeFormatter
+
+    fmt = SafeFormatter("%(levelname)s %(name)s: %(message)s")
+    args = ("a\r\nb\x00\t", "c\x1b[31m\x85\u2028\x7f")
+    record = logging.LogRecord("ferry.daemon", logging.WARNING, __file__, 1, "dataset %s: %s", args, None)
+    assert fmt.format(record) == "WARNING ferry.daemon: dataset a\\r\\nb\\x00\\t: c\\x1b[31m\\x85\\u2028\\x7f"
+    try:
+        raise ValueError(f"bad\n{FORGED}\x1b[2J")
+    except ValueError:
+        record = logging.LogRecord("ferry.daemon", logging.ERROR, __file__, 1, "pass %s crashed", ("x\ny",),
+                                   sys.exc_info())  # fmt: skip
+    first, *rest = fmt.format(record).splitlines()
+    assert first == "ERROR ferry.daemon: pass x\\ny crashed"
+    assert rest[0] == "    Traceback (most recent call last):" and rest[-1] == f"    {FORGED}\\x1b[2J"
+    assert all(line.startswith("    ") for line in rest)
+
+
 @contextlib.contextmanager
 def _service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Service, httpx.Client]]:
     with running_service(tmp_path, monkeypatch) as svc, httpx.Client(base_url=svc.url) as http:
@@ -146,6 +165,8 @@ def test_unreadable_source_manifest_is_an_open_error_until_fixed(
             assert e["cluster"] == "east" and e["shard"] == "manifest.json" and not e["retryable"]
             assert f"dataset '{e['dataset']}' at east: cannot read its manifest.json" in e["reason"]
             assert "not valid JSON" in e["reason"]
+        listed = {d["name"]: d["version"] for d in http.get("/api/v1/datasets").json()}
+        assert listed == {"garbage": None, "truncated": None}  # seen, with no readable version
         metrics = http.get("/metrics").text
         assert 'ferry_errors{cluster="east",dataset="truncated",retryable="false"} 1.0' in metrics
         assert 'ferry_errors{cluster="east",dataset="garbage",retryable="false"} 1.0' in metrics
@@ -196,32 +217,35 @@ def test_the_name_rule_lives_in_the_core() -> None:
     assert out.stdout.strip() == "[]"
 
 
-@pytest.fixture
-def read_only_dir(tmp_path: Path) -> Iterator[Path]:
-    """A real read-only filesystem (tmpfs mounted ``-o ro``): chmod does not stop root, this does."""
-    target = tmp_path / "ro"
-    target.mkdir()
+@contextlib.contextmanager
+def _read_only_mount(target: Path) -> Iterator[Path]:
+    """A real read-only filesystem (tmpfs mounted ``-o ro``) at ``target``: chmod does not stop root, this does."""
+    target.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(target)],
                           capture_output=True, text=True, timeout=30)  # fmt: skip
     if done.returncode != 0:
         pytest.skip(f"cannot mount a read-only tmpfs here: {done.stderr.strip()}")
     try:
+        with pytest.raises(OSError) as info:
+            (target / "probe").write_bytes(b"x")
+        assert info.value.errno == errno.EROFS
         yield target
     finally:
         subprocess.run(["umount", str(target)], check=True, timeout=30)
 
 
+@pytest.fixture
+def read_only_dir(tmp_path: Path) -> Iterator[Path]:
+    with _read_only_mount(tmp_path / "ro") as target:
+        yield target
+
+
 def test_read_only_destination_is_fatal_not_retried(tmp_path: Path, read_only_dir: Path) -> None:
     res = pack(str(tmp_path / "src"), 60, seed=7)
-    with pytest.raises(OSError) as info:
-        (read_only_dir / "probe").write_bytes(b"x")
-    assert info.value.errno == errno.EROFS
     state = State(None)
     engine = Engine(Executor(retries=5, backoff=(0.5, 10.0)), state)
     locations = {"src": resolve(str(tmp_path / "src")), "dst": resolve(str(read_only_dir / "ds"))}
-    t0 = time.monotonic()
-    out = engine.sync_pass("ds", "src", "dst", locations)
-    assert time.monotonic() - t0 < 0.5 * res.shards  # no backoff rounds (the first alone sleeps ≥ 0.25 s)
+    out = engine.sync_pass("ds", "src", "dst", locations)  # with a retry, a backoff of ≥ 0.25 s first
     assert len(out.failed) == res.shards and not out.published
     for r in out.failed:
         assert (r.attempts, r.retryable) == (1, False)
@@ -230,6 +254,17 @@ def test_read_only_destination_is_fatal_not_retried(tmp_path: Path, read_only_di
     assert state.fatal("ds", "dst") == {r.job.shard.path for r in out.failed}
     again = engine.sync_pass("ds", "src", "dst", locations)  # the next pass does not try them again
     assert again.skipped_failed == res.shards and len(state.history(limit=1000)) == res.shards
+
+
+def test_daemon_reports_a_read_only_destination_once_per_shard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    res = pack(str(tmp_path / "east" / "corpus"), 60, seed=8)
+    with _read_only_mount(tmp_path / "west"), _service(tmp_path, monkeypatch) as (svc, http):
+        errors = _wait_errors(http, res.shards)
+        assert all((e["cluster"], e["retryable"], e["attempts"]) == ("west", False, 1) for e in errors), errors
+        n_polls = svc.daemon.passes
+        wait_until(lambda: svc.daemon.passes >= n_polls + 3, what="three more polls")
+        assert len(svc.daemon.history(limit=1000)) == res.shards  # never tried again
+        assert [(e["id"], e["attempts"]) for e in _errors(http)] == [(e["id"], 1) for e in errors]
 
 
 def test_access_refusals_are_classified_fatal() -> None:
