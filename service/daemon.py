@@ -265,11 +265,11 @@ class Daemon:
         try:
             header = read_header(self._location(rule.source, name))
         except (ManifestError, StorageError) as exc:
-            hint = "; restore it from versions/ or re-pack the dataset" if isinstance(exc, ManifestError) else ""
             message = f"dataset {name!r} at {rule.source}: cannot read its {MANIFEST_FILE}: {exc}"
-            retryable = isinstance(exc, StorageError) and exc.retryable
-            self._open_problem(name, rule.source, MANIFEST_FILE, message + ("" if "restore" in message else hint),
-                               retryable=retryable)  # fmt: skip
+            if isinstance(exc, ManifestError) and "restore" not in message:  # some messages say what to do
+                message += "; restore it from versions/ or re-pack the dataset"
+            retryable = isinstance(exc, StorageError) and exc.retryable  # a broken file stays broken
+            self._open_problem(name, rule.source, MANIFEST_FILE, message, retryable=retryable)
             self._note_source(name, rule, None)
             return None
         self._clear_problem(name, rule.source, MANIFEST_FILE)
