@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import signal
 import sys
 import threading
@@ -90,14 +91,57 @@ def serve_main(config: Config, args: argparse.Namespace | None = None) -> int:
     return 0
 
 
+# C0 controls, DEL, C1 controls and the Unicode line/paragraph separators: anything a terminal or a
+# log collector may take for a line break or an escape sequence.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape_control(text: str) -> str:
+    r"""``text`` with every control character written as an escape (``\n``, ``\x1b``, ``\u2028``)."""
+
+    def one(m: re.Match[str]) -> str:
+        ch = m.group()
+        return _SHORT.get(ch) or (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+
+    return _CONTROL.sub(one, text)
+
+
+class SafeFormatter(logging.Formatter):
+    """One record, one line: control characters in the values a message interpolates (dataset names
+    from storage, error texts from backends) are escaped, so no value can forge a log line or send a
+    terminal escape. A traceback keeps its lines, each indented and escaped the same way."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's API
+        return _escape_control(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802
+        return _indent_lines(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:  # noqa: N802
+        return _indent_lines(super().formatStack(stack_info))
+
+
+def _indent_lines(text: str) -> str:
+    return "\n".join("    " + _escape_control(line) for line in text.splitlines())
+
+
+def configure_logging(level: int, library_level: int | None = None) -> None:
+    """Log to stderr through :class:`SafeFormatter`: ferry's loggers at ``level``, every other logger
+    at ``library_level`` (default: ``level``). A process whose logging is set up already keeps it."""
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(level if library_level is None else library_level)
+    logging.getLogger("ferry").setLevel(level)
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     level = getattr(logging, args.log_level.upper())
-    logging.basicConfig(
-        level=max(level, logging.INFO),  # libraries never below INFO: botocore's DEBUG log prints access keys
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    logging.getLogger("ferry").setLevel(level)
+    configure_logging(level, max(level, logging.INFO))  # libraries never below INFO: botocore's DEBUG prints keys
     return serve_main(load_config(args.config), args)
 
 
@@ -174,6 +218,7 @@ def _progress_thread(stats: Stats, enabled: bool) -> tuple[threading.Event, thre
 
 
 def _cmd_sync(args: argparse.Namespace) -> int:
+    configure_logging(logging.WARNING)
     if args.transfers < 1:
         raise UsageError("--transfers must be at least 1")
     bwlimit = parse_rate(args.bwlimit, "--bwlimit")

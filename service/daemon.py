@@ -15,7 +15,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shard_tools.errors import ConfigError, FerryError, UsageError
+from shard_tools.errors import ConfigError, FerryError, ManifestError, StorageError, UsageError
+from shard_tools.header import MANIFEST_FILE
 from shard_tools.store import Location, resolve
 from shard_tools.threadname import start_named_thread
 
@@ -24,6 +25,7 @@ from .config import Config, Rule, link_name, parse_rate
 from .engine import Engine, PassResult, read_header
 from .events import EventBus
 from .executor import Executor
+from .names import name_problem
 from .state import State
 from .stats import Stats
 from .transfer import CHUNK_SIZE
@@ -97,6 +99,7 @@ class Daemon:
         self._scrubs: queue.SimpleQueue[tuple[str | None, str | None]] = queue.SimpleQueue()
         self._last_scrub = time.monotonic()
         self._thread: threading.Thread | None = None
+        self._problems = self.state.problems()  # (dataset, cluster, subject) of open dataset-level errors
         self.passes = 0  # completed polls (tests wait on it)
 
     # life cycle
@@ -174,14 +177,25 @@ class Daemon:
         root = self._location(rule.source)
         return [n for n in root.listdir("") if rule.matches(n)]
 
-    def _pairs(self, targets: list[tuple[str | None, tuple[str, str] | None]]) -> Iterator[tuple[Rule, str, str]]:
+    def _pairs(
+        self, targets: list[tuple[str | None, tuple[str, str] | None]], listed: dict[str, set[str]]
+    ) -> Iterator[tuple[Rule, str, str]]:
+        """(rule, dataset, destination) to pass over; ``listed`` collects the datasets each source
+        cluster holds (only clusters whose every listing succeeded)."""
+        unlisted: set[str] = set()
         for rule in self._config.rules:
             try:
                 names = self._datasets_at(rule)
             except FerryError as exc:
+                unlisted.add(rule.source)
+                listed.pop(rule.source, None)
                 self._report_failure(None, rule.source, f"cannot list datasets at {rule.source}: {exc}")
                 continue
+            if rule.source not in unlisted:
+                listed.setdefault(rule.source, set()).update(names)
             for name in names:
+                if not self._name_allowed(rule, name):
+                    continue
                 dests = [
                     d
                     for d in rule.destinations
@@ -192,14 +206,14 @@ class Daemon:
 
     def _poll(self, targets: list[tuple[str | None, tuple[str, str] | None]]) -> None:
         headers: dict[tuple[str, str], Any] = {}
-        for rule, name, dest in self._pairs(targets):
+        listed: dict[str, set[str]] = {}
+        for rule, name, dest in self._pairs(targets, listed):
             if self._stopping.is_set():
                 return
             key = (rule.source, name)
             try:
                 if key not in headers:  # one read of the source manifest per dataset per poll
-                    headers[key] = read_header(self._location(rule.source, name))
-                    self._note_source(name, rule, headers[key])
+                    headers[key] = self._source_header(rule, name)
                 header = headers[key]
                 if header is None:
                     continue
@@ -226,6 +240,67 @@ class Daemon:
             except Exception as exc:  # noqa: BLE001 - the loop must survive any single pass
                 log.exception("pass %s %s->%s crashed", name, rule.source, dest)
                 self._report_failure(name, dest, f"{type(exc).__name__}: {exc}")
+        self._forget_problems(listed)
+
+    def _name_allowed(self, rule: Rule, name: str) -> bool:
+        """Whether ``name`` passes the API's name rule. A dataset the API could not address (sync, scrub,
+        inspect) is not replicated but reported, until it is renamed."""
+        problem = name_problem(name)
+        if problem is None:
+            return True
+        try:
+            is_dataset = self._location(rule.source).exists(f"{name}/{MANIFEST_FILE}")
+        except FerryError:
+            is_dataset = True  # cannot tell: report it rather than hide it
+        if is_dataset:
+            message = f"dataset name {name!r} at {rule.source} is not allowed: {problem}; rename it"
+            self._open_problem(name, rule.source, "", message, retryable=False)
+        else:  # some other file or folder beside the datasets
+            self._clear_problem(name, rule.source, "")
+        return False
+
+    def _source_header(self, rule: Rule, name: str) -> tuple[bytes, dict[str, Any]] | None:
+        """The source's manifest header, noted; None where there is none, or where it cannot be read:
+        that is an open error of the dataset at its source until a read succeeds again."""
+        try:
+            header = read_header(self._location(rule.source, name))
+        except (ManifestError, StorageError) as exc:
+            message = f"dataset {name!r} at {rule.source}: cannot read its {MANIFEST_FILE}: {exc}"
+            if isinstance(exc, ManifestError) and "restore" not in message:  # some messages say what to do
+                message += "; restore it from versions/ or re-pack the dataset"
+            retryable = isinstance(exc, StorageError) and exc.retryable  # a broken file stays broken
+            self._open_problem(name, rule.source, MANIFEST_FILE, message, retryable=retryable)
+            self._note_source(name, rule, None)
+            return None
+        self._clear_problem(name, rule.source, MANIFEST_FILE)
+        self._note_source(name, rule, header)
+        return header
+
+    def _open_problem(self, dataset: str, cluster: str, subject: str, message: str, *, retryable: bool) -> None:
+        """Keep ``message`` as an open error of ``dataset`` at ``cluster``; logged and published when new."""
+        self._problems.add((dataset, cluster, subject))
+        error_id = self.state.open_problem(dataset, cluster, subject, message, retryable=retryable)
+        if error_id is None:
+            return
+        log.warning("%s", message)
+        self.accounting.error(dataset, cluster, retryable=retryable)
+        self.state.add_event(self.events.publish(
+            "error", id=error_id, dataset=dataset, version=None, shard=subject or None, src=None, dst=cluster,
+            message=message, retryable=retryable, attempts=1,
+        ))  # fmt: skip
+
+    def _clear_problem(self, dataset: str, cluster: str, subject: str) -> None:
+        key = (dataset, cluster, subject)
+        if key in self._problems:
+            self._problems.discard(key)
+            self.state.clear_problem(*key)
+            log.info("dataset %r at %s: %s is fine again", dataset, cluster, subject or "its name")
+
+    def _forget_problems(self, listed: Mapping[str, set[str]]) -> None:
+        """Clear the problems of datasets no longer at their (fully listed) source: deleted or renamed."""
+        for dataset, cluster, subject in list(self._problems):
+            if cluster in listed and dataset not in listed[cluster]:
+                self._clear_problem(dataset, cluster, subject)
 
     def _note_peer(self, name: str, source: str, dest: str, src_header: tuple[bytes, dict[str, Any]]) -> None:
         """A destination another daemon serves: read its manifest.json (one small read) for the matrix."""

@@ -24,7 +24,7 @@ from .config import link_name
 from .events import EventBus
 from .planner import ShardRef
 from .stats import Stats
-from .transfer import CHUNK_SIZE, Cancelled, SourceMissing, copy_shard, verify_shard
+from .transfer import CHUNK_SIZE, Cancelled, SourceMissing, copy_shard, not_permitted, verify_shard
 
 __all__ = ["Job", "JobResult", "Executor"]
 
@@ -334,11 +334,12 @@ class Executor:
             self._record(job, src_name, int(last[1]), started, t_start, result.error)
             return "fatal"
         except StorageError as exc:
+            retryable = exc.retryable and not not_permitted(exc)  # e.g. a store's own mapping of a 403
             self.stats.finish(tid, ok=False)
-            self.stats.error(job.dataset, job.dest, retryable=exc.retryable)
-            result.error, result.retryable = str(exc), exc.retryable
+            self.stats.error(job.dataset, job.dest, retryable=retryable)
+            result.error, result.retryable = str(exc), retryable
             self._record(job, src_name, int(last[1]), started, t_start, str(exc))
-            return "retry" if exc.retryable else "fatal"
+            return "retry" if retryable else "fatal"
         self.stats.finish(tid, ok=True, nbytes=shard.size)
         result.bytes = shard.size
         self._record(job, src_name, shard.size, started, t_start, None)

@@ -4,6 +4,7 @@ Tables::
 
     shard_status  (dataset, version, dest, path) → status pending|verified|failed,
                   attempts, last_error, retryable, size, updated
+                  (version '': a problem of the whole dataset, see ``open_problem``)
     replicas      (dataset, cluster, path) → verified_at   (a verified copy is known there)
     bad           (dataset, cluster, path) → found_at, reason (corrupt copy found by verify/scrub)
     transfers     history: dataset, version, path, src, dst, bytes, started, duration, ok, error
@@ -83,6 +84,14 @@ _MARK_SQL = (
     "RETURNING id"
 )
 _MARK_SQL_NO_ID = _MARK_SQL.removesuffix(" RETURNING id")  # executemany takes no RETURNING
+_PROBLEM_SQL = (
+    "INSERT INTO shard_status (dataset, version, dest, path, size, status, attempts, last_error, retryable, "
+    "updated) VALUES (?, '', ?, ?, 0, 'failed', 1, ?, ?, ?) ON CONFLICT (dataset, version, dest, path) DO UPDATE "
+    "SET status = 'failed', attempts = shard_status.attempts + 1, last_error = excluded.last_error, "
+    "retryable = excluded.retryable, updated = excluded.updated WHERE shard_status.status != 'failed' "
+    "OR shard_status.last_error IS NOT excluded.last_error OR shard_status.retryable IS NOT excluded.retryable "
+    "RETURNING id"
+)
 
 
 class State:
@@ -258,6 +267,24 @@ class State:
             (limit,),
         )
         return [ErrorInfo(r[0], r[1], r[2], r[3], r[4], r[5] or "", bool(r[6]), r[7], r[8]) for r in rows]
+
+    # dataset-level problems (a source manifest that cannot be read, a refused dataset name): rows of
+    # shard_status with version '' and ``path`` naming what is wrong, so that they share error ids,
+    # errors(), the metrics and reset_failed() with failed shards. No real version id is empty.
+    def open_problem(self, dataset: str, cluster: str, subject: str, message: str, *, retryable: bool) -> int | None:
+        """Record an open problem of ``dataset`` at ``cluster``; returns its error id when it is new (or
+        reopened, or its message changed), None when that very problem was open already (no write)."""
+        rows = self._x(_PROBLEM_SQL, (dataset, cluster, subject, message, retryable, time.time()))
+        return int(rows[0][0]) if rows else None
+
+    def clear_problem(self, dataset: str, cluster: str, subject: str) -> None:
+        self._x("DELETE FROM shard_status WHERE dataset=? AND version='' AND dest=? AND path=?",
+                (dataset, cluster, subject))  # fmt: skip
+
+    def problems(self) -> set[tuple[str, str, str]]:
+        """(dataset, cluster, subject) of every recorded problem, open or reset by reset_failed()."""
+        rows = self._x("SELECT dataset, dest, path FROM shard_status WHERE version=''")
+        return {(r[0], r[1], r[2]) for r in rows}
 
     def reset_failed(self, error_id: int | None = None) -> int:
         """Make failed shards pending again (one by id, or all); returns how many."""
