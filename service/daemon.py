@@ -15,7 +15,15 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shard_tools.errors import ConfigError, FerryError, ManifestError, StorageError, UsageError
+from shard_tools.errors import (
+    ConfigError,
+    FerryError,
+    LeaseHeldError,
+    ManifestError,
+    RollbackError,
+    StorageError,
+    UsageError,
+)
 from shard_tools.header import MANIFEST_FILE
 from shard_tools.store import Location, resolve
 from shard_tools.threadname import start_named_thread
@@ -44,6 +52,9 @@ from .views import (
 __all__ = ["Daemon", "UNCHANGED"]
 
 log = logging.getLogger("ferry.daemon")
+# subjects of a destination's dataset-level open errors (beside shard paths)
+_PUBLISH = "manifest.json"
+_LEASE = ".ferry-lease.json"
 
 
 class _Unchanged:
@@ -100,6 +111,7 @@ class Daemon:
         self._last_scrub = time.monotonic()
         self._thread: threading.Thread | None = None
         self._problems = self.state.problems()  # (dataset, cluster, subject) of open dataset-level errors
+        self._refused: dict[tuple[str, str], str] = {}  # (dataset, dest) → source version refused there
         self.passes = 0  # completed polls (tests wait on it)
 
     # life cycle
@@ -220,6 +232,8 @@ class Daemon:
                 if self._config.cluster not in (None, dest):  # that cluster's own daemon copies: just look
                     self._note_peer(name, rule.source, dest, header)
                     continue
+                if self._refused.get((name, dest)) == header[1]["version_id"]:
+                    continue  # refused as a rollback: not retried until the source changes or retry() is called
                 clusters = dict.fromkeys([rule.source, *rule.destinations])
                 locations = {c: self._location(c, name) for c in clusters}
                 known = self._known[name]
@@ -228,7 +242,9 @@ class Daemon:
                     with self._lock:
                         known.cells[dest] = res
 
-                res = self.engine.sync_pass(name, rule.source, dest, locations, src_header=header, on_plan=on_plan)
+                res = self._sync(name, rule.source, dest, locations, header, on_plan)
+                if res is None:
+                    continue
                 if not res.up_to_date:
                     log.info(
                         "%s %s->%s: version %s, copied %d (%d bytes), verified in place %d, failed %d%s",
@@ -241,6 +257,34 @@ class Daemon:
                 log.exception("pass %s %s->%s crashed", name, rule.source, dest)
                 self._report_failure(name, dest, f"{type(exc).__name__}: {exc}")
         self._forget_problems(listed)
+
+    def _sync(
+        self,
+        name: str,
+        source: str,
+        dest: str,
+        locations: Mapping[str, Location],
+        header: tuple[bytes, dict[str, Any]],
+        on_plan: Any,
+    ) -> PassResult | None:
+        """One pass; a refused rollback or another writer's lease is an open error of the destination
+        (None returned), cleared by the next pass that gets through."""
+        version = str(header[1]["version_id"])
+        try:
+            res = self.engine.sync_pass(name, source, dest, locations, src_header=header, on_plan=on_plan)
+        except RollbackError as exc:
+            self._refused[(name, dest)] = version
+            self._open_problem(name, dest, _PUBLISH, str(exc), retryable=False)
+            return None
+        except LeaseHeldError as exc:
+            self.accounting.set_writer(name, dest, exc.holder)
+            self._open_problem(name, dest, _LEASE, str(exc), retryable=True)
+            return None
+        self._refused.pop((name, dest), None)
+        self.accounting.set_writer(name, dest, None)
+        self._clear_problem(name, dest, _PUBLISH)
+        self._clear_problem(name, dest, _LEASE)
+        return res
 
     def _name_allowed(self, rule: Rule, name: str) -> bool:
         """Whether ``name`` passes the API's name rule. A dataset the API could not address (sync, scrub,
@@ -552,6 +596,7 @@ class Daemon:
             raise KeyError(error_id)
         n = self.state.reset_failed(None if error_id is None else int(error_id))
         with self._lock:
+            self._refused.clear()  # an operator asked: refused publishes are tried again too
             self._targets.append((None, None))
         self._wake.set()
         return n

@@ -50,9 +50,23 @@ class Stats:
         self._pending: dict[tuple[str, str], tuple[int, int]] = {}
         self._lag_since: dict[tuple[str, str], float | None] = {}
         self._errors: Counter[tuple[str, str, str]] = Counter()
+        self._writers: dict[tuple[str, str], str] = {}  # (dataset, dest) → another writer holding its lease
         self.paused = False
 
     # writers
+    def set_writer(self, dataset: str, dest: str, holder: str | None) -> None:
+        """Note the other writer holding ``dest``'s lease of ``dataset`` (None: none seen any more)."""
+        with self._lock:
+            if holder is None:
+                self._writers.pop((dataset, dest), None)
+            else:
+                self._writers[(dataset, dest)] = holder
+
+    def other_writers(self) -> dict[tuple[str, str], str]:
+        """(dataset, destination) → the other writer whose lease kept this service out, last pass."""
+        with self._lock:
+            return dict(self._writers)
+
     def start(self, dataset: str, version: str, shard: str, src: str, dst: str, total: int) -> int:
         with self._lock:
             self._next_id += 1
