@@ -193,7 +193,7 @@ class StatusOut(_Out):
     version: str
     uptime_seconds: float
     transfers_in_flight: int
-    open_errors: int
+    open_errors: int = Field(description="open errors, as /errors lists them (counted up to 10000)")
     copied_bytes_total: int
     rate_bps: float
     pending_bytes: int
@@ -226,7 +226,9 @@ class EventOut(_Out):
     data: dict[str, object]
 
 
-Rate = Annotated[float, Field(ge=0, le=1e13)]
+# Request numbers are strict: ``true`` or ``"3"`` is refused (422), not read as 1 or 3. A strict float
+# still takes a JSON integer.
+Rate = Annotated[float, Field(ge=0, le=1e13, strict=True)]
 
 
 class _In(BaseModel):
@@ -244,8 +246,8 @@ class SyncIn(_In):
 class LimitsIn(_In):
     """New limits (bandwidth in bytes/s). Omitted fields are unchanged; a bandwidth of ``0`` means unlimited."""
 
-    transfers: int | None = Field(default=None, ge=1, le=1024)
-    global_bps: float | None = Field(default=None, ge=0, le=1e13)
+    transfers: int | None = Field(default=None, ge=1, le=1024, strict=True)
+    global_bps: Rate | None = None
     links: dict[str, Rate] | None = Field(
         default=None, description='per link, keyed "source->destination"; 0 = unlimited', max_length=256
     )
@@ -261,4 +263,5 @@ class ScrubIn(_In):
 class RetryIn(_In):
     """Retry failed work: one error by id, or every open error when ``id`` is omitted."""
 
-    id: int | None = Field(default=None, ge=0, le=2**53 - 1)  # the largest integer a JSON number carries exactly
+    # le: the largest integer a JSON number carries exactly
+    id: int | None = Field(default=None, ge=0, le=2**53 - 1, strict=True)
