@@ -8,12 +8,41 @@ import json
 import os
 import sys
 import time
-from typing import Any, TextIO
+import unicodedata
+from typing import Any, TextIO, TypeVar
+
+from shard_tools.errors import ServiceError
 
 from .service_client import DEFAULT_SERVER, ServiceClient
 from .service_types import ErrorEntry, ReplicaMatrix, Status, Transfer
 
-__all__ = ["register", "render_status"]
+__all__ = ["printable", "register", "render_status"]
+
+T = TypeVar("T")
+# Controls (C0, DEL, C1: ESC starts terminal sequences), format characters (bidi overrides) and line or
+# paragraph separators: a server's string must not move the cursor, recolour or rewrite the terminal.
+_UNPRINTABLE = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
+def printable(text: str) -> str:
+    """``text`` with every control or format character shown as a Python escape (``\\x1b``, ``\\u202e``)."""
+    if text.isprintable():
+        return text
+    return "".join(repr(ch)[1:-1] if unicodedata.category(ch) in _UNPRINTABLE else ch for ch in text)
+
+
+def _printable_fields(obj: T) -> T:
+    """A copy of a record from the server with every string made ``printable`` (nested records, lists)."""
+    if isinstance(obj, str):
+        return printable(obj)  # type: ignore[return-value]
+    if isinstance(obj, list):
+        return [_printable_fields(v) for v in obj]  # type: ignore[return-value]
+    if isinstance(obj, dict):
+        return {printable(str(k)): _printable_fields(v) for k, v in obj.items()}  # type: ignore[return-value]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        changes = {f.name: _printable_fields(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return dataclasses.replace(obj, **changes)
+    return obj
 
 
 def _bytes(n: float | None) -> str:
@@ -68,7 +97,10 @@ def _cell_text(matrix: ReplicaMatrix, dataset: str, cluster: str) -> str:
 def render_status(
     server: str, status: Status, matrix: ReplicaMatrix, transfers: list[Transfer], errors: list[ErrorEntry]
 ) -> str:
-    """The whole ``ferry status`` screen as text."""
+    """The whole ``ferry status`` screen as text; strings from the server are shown ``printable``."""
+    server = printable(server)
+    status, matrix = _printable_fields(status), _printable_fields(matrix)
+    transfers, errors = _printable_fields(transfers), _printable_fields(errors)
     state = "paused" if status.paused else ("syncing" if status.transfers_in_flight else "idle")
     lines = [
         f"ferry status — {server}",
@@ -126,6 +158,13 @@ def _show(client: ServiceClient, as_json: bool, out: TextIO) -> None:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
+    try:
+        return _status(args)
+    except ServiceError as exc:  # its message quotes the server's answer: printed on the terminal as well
+        raise ServiceError(printable(str(exc)), status=exc.status) from exc
+
+
+def _status(args: argparse.Namespace) -> int:
     token = args.token or (os.environ.get(args.token_env) if args.token_env else None)
     with ServiceClient(args.server, token=token, timeout=args.timeout) as client:
         if not args.watch:

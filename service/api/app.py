@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,6 +18,7 @@ from .auth import NAME_PATTERN, check_token, valid_name
 from .backend import ApiBackend, Invalid, NotFound
 from .cache import ResponseCache
 from .fastpath import CachedReads, FastReadsApp
+from .guard import MAX_BODY_BYTES, RequestGuard
 from .metrics import CONTENT_TYPE, render_metrics
 from .models import (
     ActionResult,
@@ -49,6 +51,10 @@ _NO_STORE = {"Cache-Control": "no-store"}
 # leave cached reads alone, which then trail them by at most the cache's TTL. Any other event
 # (an error, a publish, the end of a pass, a control call) drops the cache at once.
 _COUNTING_EVENTS = frozenset({"progress", "shard_verified"})
+# A validation error's location is echoed only where it names a field or a short plain key; anything
+# else a client chose (a 60 KiB key, control characters) is shown as this placeholder.
+_PLAIN_LOC = re.compile(r"[A-Za-z0-9_.>-]{1,64}")
+_HIDDEN_LOC = "<key>"
 _FAVICON = (
     b'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><rect width="16" height="16" rx="3" fill="#1f6feb"/>'
     b'<path d="M3 10h10l-2 3H5z M7 3v6h1V5l3 4H7" fill="#fff"/></svg>'
@@ -100,7 +106,11 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
     read = APIRouter(
         prefix="/api/v1", dependencies=[Depends(read_access)], responses=_401_403 if settings.read_protected else None
     )
-    write = APIRouter(prefix="/api/v1", dependencies=[Depends(write_access)], responses=_401_403)
+    write = APIRouter(
+        prefix="/api/v1",
+        dependencies=[Depends(write_access)],
+        responses={**_401_403, 413: {"description": f"request body over {MAX_BODY_BYTES} bytes"}},
+    )
     _404: dict[int | str, dict[str, Any]] = {404: {"description": "unknown dataset, cluster, link or error id"}}
 
     @read.get("/status", response_model=StatusOut, summary="Daemon state: paused, limits, counters")
@@ -231,6 +241,8 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
 
     app.include_router(read)
     app.include_router(write)
+    # token and body size are checked from the headers, before FastAPI reads (and parses) any body
+    app.add_middleware(RequestGuard, token=settings.token, read_protected=settings.read_protected)
     app.fast_reads = CachedReads(
         cache,
         routes={
@@ -248,6 +260,10 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
     @app.exception_handler(NotFound)
     async def not_found(request: Request, exc: NotFound) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_failed(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": _validation_detail(exc.errors())}, status_code=422)
 
     @app.exception_handler(Invalid)
     async def invalid(request: Request, exc: Invalid) -> JSONResponse:
@@ -286,6 +302,15 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
 
     app.state.started = time.time()
     return app
+
+
+def _validation_detail(errors: Any) -> list[dict[str, Any]]:
+    """FastAPI's 422 items cut to ``loc``, ``msg`` and ``type``: never the input, its context or the body."""
+    out = []
+    for err in errors:
+        loc = [p if isinstance(p, int) or _PLAIN_LOC.fullmatch(str(p)) else _HIDDEN_LOC for p in err.get("loc", ())]
+        out.append({"loc": loc, "msg": str(err.get("msg", "invalid value"))[:200], "type": str(err.get("type", ""))})
+    return out
 
 
 def _json(body: bytes) -> Response:

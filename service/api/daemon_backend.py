@@ -48,6 +48,7 @@ __all__ = ["DaemonBackend", "secret_values"]
 
 _PUMP_INTERVAL = 0.05  # seconds between collections of events while they keep coming
 _KNOWN_STATES = {"source", "complete", "syncing", "failed", "paused", "unknown"}
+_OPEN_ERRORS_CAP = 10_000  # open errors counted for /status (and /metrics), read from the State like /errors
 
 
 def secret_values(config: Any, token: str | None) -> list[str]:
@@ -390,7 +391,8 @@ class DaemonBackend:
             version=_ferry_version(),
             uptime_seconds=st.uptime_seconds,
             transfers_in_flight=st.in_flight,
-            open_errors=sum(e.count for e in st.errors),
+            # the failed shards /errors lists, not the Stats counter of every failed attempt since start
+            open_errors=len(self._d.errors(limit=_OPEN_ERRORS_CAP)),
             copied_bytes_total=st.bytes_copied,
             rate_bps=st.rate_instant,
             pending_bytes=st.pending_bytes,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from .auth import NAME_MAX_LENGTH, NAME_PATTERN
 
@@ -193,7 +193,7 @@ class StatusOut(_Out):
     version: str
     uptime_seconds: float
     transfers_in_flight: int
-    open_errors: int
+    open_errors: int = Field(description="open errors, as /errors lists them (counted up to 10000)")
     copied_bytes_total: int
     rate_bps: float
     pending_bytes: int
@@ -226,7 +226,18 @@ class EventOut(_Out):
     data: dict[str, object]
 
 
-Rate = Annotated[float, Field(ge=0, le=1e13)]
+def _whole_number(value: object) -> object:
+    """``3.0`` is the integer 3: JSON has one number type (JSON Schema's ``integer`` says the same)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# Request numbers are strict: ``true`` or ``"3"`` is refused (422), not read as 1 or 3. A strict float
+# still takes a JSON integer, an integer field a whole float (bounds go before the validator, so the
+# OpenAPI schema states them).
+WholeNumber = BeforeValidator(_whole_number)
+Rate = Annotated[float, Field(ge=0, le=1e13, strict=True)]
 
 
 class _In(BaseModel):
@@ -244,8 +255,8 @@ class SyncIn(_In):
 class LimitsIn(_In):
     """New limits (bandwidth in bytes/s). Omitted fields are unchanged; a bandwidth of ``0`` means unlimited."""
 
-    transfers: int | None = Field(default=None, ge=1, le=1024)
-    global_bps: float | None = Field(default=None, ge=0, le=1e13)
+    transfers: Annotated[int, Field(ge=1, le=1024, strict=True), WholeNumber] | None = None
+    global_bps: Rate | None = None
     links: dict[str, Rate] | None = Field(
         default=None, description='per link, keyed "source->destination"; 0 = unlimited', max_length=256
     )
@@ -261,4 +272,5 @@ class ScrubIn(_In):
 class RetryIn(_In):
     """Retry failed work: one error by id, or every open error when ``id`` is omitted."""
 
-    id: int | None = Field(default=None, ge=0, le=2**53 - 1)  # the largest integer a JSON number carries exactly
+    # le: the largest integer a JSON number carries exactly
+    id: Annotated[int, Field(ge=0, le=2**53 - 1, strict=True), WholeNumber] | None = None

@@ -10,12 +10,14 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import re
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote_plus
 
 import uvicorn
 
@@ -25,9 +27,40 @@ from shard_tools.threadname import start_named_thread
 from .app import create_app
 from .settings import ApiSettings
 
-__all__ = ["RunningServer", "install_serve_hooks", "run_server", "start_server"]
+__all__ = ["RunningServer", "install_serve_hooks", "redact_query", "run_server", "start_server"]
 
 log = logging.getLogger("ferry.api")
+# Query parameters whose value the access log never shows: ?token=, ?access_token=, ?api_key=,
+# ?X-Amz-Signature=, ?password=... (ferry takes its token in a header; a client may still send one here)
+_SECRET_PARAM = re.compile(r"token|key|secret|sig|pass|auth|cred|session", re.IGNORECASE)
+
+
+def redact_query(target: str) -> str:
+    """``path?query`` with the value of every secret-looking query parameter replaced by ``***``."""
+    path, sep, query = target.partition("?")
+    if not sep:
+        return target
+    pairs = []
+    for pair in query.split("&"):
+        name, eq, _ = pair.partition("=")
+        pairs.append(f"{name}=***" if eq and _SECRET_PARAM.search(unquote_plus(name)) else pair)
+    return f"{path}?{'&'.join(pairs)}"
+
+
+class _RedactAccessLog(logging.Filter):
+    """Rewrites uvicorn's access-log record (args: client, method, path?query, version, status)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
+            record.args = (*args[:2], redact_query(args[2]), *args[3:])
+        return True
+
+
+def _redact_access_log() -> None:
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, _RedactAccessLog) for f in access.filters):
+        access.addFilter(_RedactAccessLog())
 
 
 @dataclass
@@ -86,6 +119,7 @@ def start_server(
         timeout_graceful_shutdown=2,
         lifespan="on",
     )
+    _redact_access_log()  # after uvicorn.Config, which (re)configures the uvicorn loggers
     server = uvicorn.Server(uv_config)
 
     def run() -> None:
