@@ -22,6 +22,7 @@ __all__ = [
     "HistoryEntry",
     "Limits",
     "Link",
+    "OtherWriter",
     "ReplicaCell",
     "ReplicaMatrix",
     "Status",
@@ -175,6 +176,15 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class OtherWriter:
+    """Another writer holding a destination's lease (the daemon stays out of it meanwhile)."""
+
+    dataset: str
+    cluster: str
+    holder: str
+
+
+@dataclass(frozen=True)
 class Status:
     paused: bool
     ready: bool
@@ -190,6 +200,7 @@ class Status:
     limits: Limits
     sla_minutes: float
     read_protected: bool
+    other_writers: list[OtherWriter] = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -495,6 +495,10 @@ class Daemon:
     def stats(self) -> StatsSnapshot:
         return self.accounting.snapshot()
 
+    def other_writers(self) -> dict[tuple[str, str], str]:
+        """(dataset, destination) → the other writer whose lease kept this daemon out, last pass."""
+        return self.accounting.other_writers()
+
     def limits(self) -> LimitsInfo:
         return LimitsInfo(self.executor.transfers, self.bandwidth.global_bucket.rate, self.bandwidth.link_rates())
 

@@ -30,6 +30,7 @@ from .models import (
     HistoryEntry,
     LimitsIn,
     LimitsOut,
+    OtherWriterOut,
     LinkOut,
     ReplicaCell,
     ReplicaMatrix,
@@ -401,6 +402,9 @@ class DaemonBackend:
             limits=self.limits(),
             sla_minutes=self._settings.sla_minutes,
             read_protected=self._settings.read_protected,
+            other_writers=[
+                OtherWriterOut(dataset=d, cluster=c, holder=h) for (d, c), h in sorted(self._d.other_writers().items())
+            ],
         )
 
     def ready(self) -> bool:

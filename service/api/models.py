@@ -185,6 +185,14 @@ class LimitsOut(_Out):
     links: dict[str, float | None] = Field(description='per link, keyed "source->destination"')
 
 
+class OtherWriterOut(_Out):
+    """Another writer (a daemon, a ``ferry sync``) holding a destination's lease, seen by the last pass."""
+
+    dataset: str
+    cluster: str = Field(description="the destination whose lease the other writer holds")
+    holder: str = Field(description="kind:host:pid:id of the lease holder")
+
+
 class StatusOut(_Out):
     """Daemon state in one call: paused, limits, counters."""
 
@@ -202,6 +210,9 @@ class StatusOut(_Out):
     limits: LimitsOut
     sla_minutes: float
     read_protected: bool
+    other_writers: list[OtherWriterOut] = Field(
+        default_factory=list, description="destinations another writer's lease kept this daemon out of"
+    )
 
 
 class HealthOut(_Out):

@@ -130,6 +130,17 @@ function renderStatus(st) {
   $("sum-eta").textContent = st.eta_seconds == null ? "—" : fmtDur(st.eta_seconds);
   $("sum-limit").textContent = st.limits.global_bps ? fmtRate(st.limits.global_bps) : "unlimited";
   $("foot").textContent = `ferry ${st.version} · up ${fmtDur(st.uptime_seconds)} · SLA ${st.sla_minutes} min`;
+  renderWriters(st.other_writers || []);
+}
+
+function renderWriters(writers) {
+  const list = $("writers-list");
+  list.replaceChildren(...writers.map((w) => {
+    const li = document.createElement("li");
+    li.textContent = `${w.dataset} at ${w.cluster}: held by ${w.holder}`;
+    return li;
+  }));
+  $("writers").hidden = writers.length === 0;
 }
 
 function renderMatrix(m) {
