@@ -15,6 +15,7 @@
     ├── StorageError                an fsspec backend failed (``.retryable`` says if retrying may help)
     ├── PublishError                a new version could not be published; nothing was changed
     ├── StateError                  loader state does not match this loader (dataset, seed, seq_len)
+    ├── CacheError                  the node-local shard cache cannot be written or read; ``.path`` names it
     ├── ConfigError                 invalid ferry.toml
     ├── ReplicationError            a replication action failed (``.retryable``)
     └── ServiceError                the ferry service answered with an error (``.status``)
@@ -42,6 +43,7 @@ __all__ = [
     "StorageError",
     "PublishError",
     "StateError",
+    "CacheError",
     "ConfigError",
     "ReplicationError",
     "ServiceError",
@@ -126,6 +128,20 @@ class PublishError(FerryError):
 
 class StateError(FerryError):
     """A loader state dict does not match the loader it is loaded into."""
+
+
+class CacheError(FerryError):
+    """The node-local shard cache failed (full disk, read-only or missing directory). ``path`` names the file.
+
+    Not a DatasetError: the dataset is fine, this node's cache directory is not.
+    """
+
+    def __init__(self, message: str, *, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), str(self), {"path": self.path}))
 
 
 class ConfigError(FerryError):

@@ -21,7 +21,7 @@ EXPECTED_EXPORTS = {
     # errors
     "FerryError", "UsageError", "InputFormatError", "MegatronIndexError", "TokenRangeError", "DatasetError",
     "DatasetNotFoundError", "ManifestError", "ShardError", "ShardMissingError", "ShardDigestError",
-    "ShardFormatError", "StorageError", "PublishError", "StateError", "ConfigError", "ReplicationError",
+    "ShardFormatError", "StorageError", "PublishError", "StateError", "CacheError", "ConfigError", "ReplicationError",
     "ServiceError",
 }  # fmt: skip
 
