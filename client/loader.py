@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from shard_tools.errors import UsageError
 
+from . import checks
 from .partition import batches_until, global_batch_size, rank_positions, worker_batches
 from .source import SampleSource, to_batch
 from .state import make_state, restore_position
@@ -27,13 +28,24 @@ __all__ = ["TokenLoader", "default_rank_world"]
 
 Batch = dict[str, torch.Tensor]
 _GROUP = 4  # batches per DataLoader item from a worker
+SHAPE_LIMIT = 2**24  # batch_size and world_size: stream positions then stay far inside int64
 
 
 def default_rank_world() -> tuple[int, int]:
     """``torch.distributed`` rank/world size if initialised, else ``RANK``/``WORLD_SIZE``, else 0/1."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    return _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+
+
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"${name} must be an integer, got {checks.show(text)}; fix the environment") from None
 
 
 class _Plan:
@@ -112,22 +124,17 @@ class TokenLoader:
         *,
         prefetch_factor: int = 2,
     ) -> None:
-        dr, dw = default_rank_world()
-        self.rank = dr if rank is None else rank
-        self.world_size = dw if world_size is None else world_size
-        if batch_size < 1 or num_workers < 0 or self.world_size < 1 or not 0 <= self.rank < self.world_size:
-            raise UsageError(
-                f"invalid loader shape: batch_size={batch_size}, num_workers={num_workers}, "
-                f"rank={self.rank}, world_size={self.world_size}"
-            )
-        if return_doc_boundaries and dataset.mode != "tokens":
-            raise UsageError("return_doc_boundaries needs mode='tokens' (document mode gives attention_mask)")
+        if not isinstance(dataset, SampleSource):
+            raise UsageError(f"dataset must be a TokenDataset or MixedDataset, got {checks.show(dataset)}")
         self.dataset = dataset
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
-        self.return_doc_boundaries = return_doc_boundaries
-        self.prefetch_factor = prefetch_factor
+        self.batch_size = checks.integer("batch_size", batch_size, 1, SHAPE_LIMIT)
+        self.num_workers = checks.integer("num_workers", num_workers, 0)
+        self.prefetch_factor = checks.integer("prefetch_factor", prefetch_factor, 1)
+        self.pin_memory = checks.flag("pin_memory", pin_memory) and torch.cuda.is_available()
+        self.return_doc_boundaries = checks.flag("return_doc_boundaries", return_doc_boundaries)
+        self.rank, self.world_size = _rank_world(rank, world_size)
+        if self.return_doc_boundaries and dataset.mode != "tokens":
+            raise UsageError("return_doc_boundaries needs mode='tokens' (document mode gives attention_mask)")
         self._position = 0  # stream position of the next global batch not yet delivered
 
     @property
@@ -206,6 +213,18 @@ class TokenLoader:
         order configuration, unless ``strict=False``.
         """
         self._position = restore_position(state_dict, self.dataset.identity(), self.dataset.num_samples, strict=strict)
+
+
+def _rank_world(rank: Any, world_size: Any) -> tuple[int, int]:
+    """The given rank and world size, else the defaults of :func:`default_rank_world`, checked."""
+    if rank is None or world_size is None:
+        dr, dw = default_rank_world()
+        rank, world_size = (dr if rank is None else rank), (dw if world_size is None else world_size)
+    world = checks.integer("world_size", world_size, 1, SHAPE_LIMIT)
+    r = checks.integer("rank", rank, 0, SHAPE_LIMIT)
+    if r >= world:
+        raise UsageError(f"invalid loader shape: rank={r} is not below world_size={world}")
+    return r, world
 
 
 def _stop_workers(items: Iterator[Any]) -> None:
