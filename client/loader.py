@@ -10,14 +10,16 @@ puts them back in order of ``k``. The state counts batches *delivered* to the ca
 from __future__ import annotations
 
 import os
+import pickle
+import traceback
 from collections.abc import Generator, Iterator, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from shard_tools.errors import UsageError
+from shard_tools.errors import FerryError, UsageError
 
 from . import checks
 from .partition import batches_until, global_batch_size, rank_positions, worker_batches
@@ -75,25 +77,66 @@ class _Plan:
         return mine[i + 1 : i + 1 + depth] if i == 0 else mine[i + depth : i + depth + 1]
 
 
-class _WorkerStream(IterableDataset[list[tuple[int, dict[str, Any]]]]):
+class _WorkerTraceback(Exception):
+    """The traceback of an error in a DataLoader worker, chained as the ``__cause__`` of the re-raised error."""
+
+
+class _Failure:
+    """A ferry error raised while a worker built batch ``k``, sent to the main process as data.
+
+    DataLoader re-raises a worker's exception as ``type(traceback_text)``: a different message,
+    and a RuntimeError for classes whose constructor takes more (``ShardError(shard, message)``).
+    Sent as an item, the error is unpickled whole (type, message, ``.shard``) and raised by the
+    main process when it reaches batch ``k``, after every earlier batch, as without workers.
+    """
+
+    def __init__(self, error: FerryError, worker: int) -> None:
+        self.error = error
+        self.where = f"in DataLoader worker {worker}:\n" + "".join(traceback.format_exception(error))
+
+    @staticmethod
+    def of(error: FerryError, worker: int) -> _Failure | None:
+        """The failure to send, or None when the error does not survive pickling (then DataLoader reports it)."""
+        try:
+            pickle.loads(pickle.dumps(error))
+        except Exception:  # noqa: BLE001 — any pickling failure means: let DataLoader report it
+            return None
+        return _Failure(error, worker)
+
+    def reraise(self) -> NoReturn:
+        raise self.error from _WorkerTraceback(self.where)
+
+
+_Item = list[tuple[int, dict[str, Any] | _Failure]]
+
+
+class _WorkerStream(IterableDataset[_Item]):
     """Runs in a DataLoader worker: yields lists of ``(k, payload)`` for this worker's share of the plan.
 
     Payloads are numpy arrays in the token dtype (4x smaller than int64 for uint16 ids); they
     travel pickled through the worker's pipe, which beats a new shared-memory segment per tensor.
-    ``group`` batches travel together, which spreads DataLoader's fixed cost per item.
+    ``group`` batches travel together, which spreads DataLoader's fixed cost per item. A ferry
+    error ends the worker's share with a :class:`_Failure` in place of batch ``k``.
     """
 
     def __init__(self, ds: SampleSource, plan: _Plan, num_workers: int, group: int) -> None:
         self.ds, self.plan, self.num_workers, self.group = ds, plan, num_workers, group
 
-    def __iter__(self) -> Iterator[list[tuple[int, dict[str, Any]]]]:
+    def __iter__(self) -> Iterator[_Item]:
         info = get_worker_info()
         worker = info.id if info is not None else 0
         mine = worker_batches(self.plan.count, self.num_workers, worker)
         depth = self.ds.prefetch_depth
-        item: list[tuple[int, dict[str, Any]]] = []
+        item: _Item = []
         for i, k in enumerate(mine):
-            item.append((k, self.plan.build(self.ds, k, _Plan.ahead(mine, i, depth))))
+            try:
+                item.append((k, self.plan.build(self.ds, k, _Plan.ahead(mine, i, depth))))
+            except FerryError as exc:
+                failure = _Failure.of(exc, worker)
+                if failure is None:
+                    raise
+                yield [*item, (k, failure)]
+                return
             if len(item) == self.group or i == len(mine) - 1:
                 yield item
                 item = []
@@ -189,14 +232,17 @@ class TokenLoader:
             num_workers=self.num_workers,
             prefetch_factor=self.prefetch_factor,
         )
-        pending: dict[int, dict[str, Any]] = {}
+        pending: dict[int, dict[str, Any] | _Failure] = {}
         want = 0
         items = iter(loader)
         try:
             for item in items:
                 pending.update(item)
                 while want in pending:  # workers may finish out of turn; deliver in order of k
-                    batch = to_batch(pending.pop(want))
+                    payload = pending.pop(want)
+                    if isinstance(payload, _Failure):
+                        payload.reraise()
+                    batch = to_batch(payload)
                     yield _pin(batch) if self.pin_memory else batch
                     want += 1
         finally:
