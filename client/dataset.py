@@ -45,16 +45,19 @@ class TokenDataset(SampleSource):
         shuffle: ``"global"`` | ``"window"`` | ``"none"``.
         cache_dir: node-local cache of decompressed shards (default ``$FERRY_CACHE_DIR`` or
             ``~/.cache/ferry/shards``).
-        cache_limit: bytes or a size string (``"50GiB"``, the default, or ``$FERRY_CACHE_LIMIT``); least
-            recently used shards beyond it are evicted.
+        cache_limit: positive bytes or a size string (``"50GiB"``, the default, or ``$FERRY_CACHE_LIMIT``);
+            least recently used shards beyond it are evicted.
         window: shards per shuffle window (``shuffle="window"``).
         mode: ``"tokens"`` (fixed windows of the token stream) or ``"document"`` (one document per sample,
             truncated/padded, with ``attention_mask``).
-        pad_id: padding id in document mode (default: the tokenizer's EOS id, else 0).
+        pad_id: padding id in document mode, below the vocabulary size (default: the tokenizer's EOS id, else 0).
         storage_options: fsspec options, one mapping for all URLs or one per URL.
         version: read this published version instead of the current one.
         prefetch: shard prefetch depth, in batches ahead of the read position.
         verify_cache: check each cached shard's raw digest when a process first maps it.
+
+    Every argument is checked before the manifest is read: a wrong type or range is a one-line
+    ``UsageError`` naming it (``pad_id`` once the manifest gives the vocabulary size).
     """
 
     def __init__(

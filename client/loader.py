@@ -4,7 +4,8 @@ The loader walks the dataset's endless stream of positions (see :mod:`client.par
 One ``iter()`` runs to the end of the current epoch (its last global batch may reach
 into the next epoch so that nothing is dropped); the next ``iter()`` continues there.
 With workers, each builds the batches ``k ≡ worker (mod num_workers)`` and the loader
-puts them back in order of ``k``. The state counts batches *delivered* to the caller.
+puts them back in order of ``k``; a ferry error in a worker reaches the caller unchanged,
+after the batches before it. The state counts batches *delivered* to the caller.
 """
 
 from __future__ import annotations
@@ -255,8 +256,9 @@ class TokenLoader:
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
         """Continue after the state's last delivered batch (any world size, workers or batch size).
 
-        Raises StateError if the state was made for another dataset version, seed, seq_len or
-        order configuration, unless ``strict=False``.
+        Raises StateError (one line naming the field) on a malformed state, strict or not, and on
+        a state made for another dataset version, seed, seq_len or order configuration unless
+        ``strict=False``.
         """
         self._position = restore_position(state_dict, self.dataset.identity(), self.dataset.num_samples, strict=strict)
 
