@@ -14,11 +14,14 @@ replicas of a dataset share files) and ``<cache_dir>/.locks/<hex>.{fetch,use}``.
   open) are evicted.
 - A file of the wrong size, or whose raw digest fails (checked once per process, by
   the prefetch thread or on first open, when ``verify`` is on), is fetched again.
+- An ``OSError`` on the cache's own files (full disk, read-only or vanished directory)
+  becomes a ``CacheError`` that names the file: the dataset is fine, this node's disk is not.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import mmap
 import os
@@ -28,7 +31,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 from shard_tools.digest import Hasher
-from shard_tools.errors import ShardError
+from shard_tools.errors import CacheError, ShardError
 from shard_tools.format import ShardView, parse_shard
 from shard_tools.manifest import ShardInfo
 from shard_tools.store import TEMP_MARKER, temp_name
@@ -50,9 +53,36 @@ def default_cache_dir() -> str:
     return os.path.join(base, "ferry", "shards")
 
 
+def _cache_error(exc: OSError, path: str, doing: str) -> CacheError:
+    """A one-line CacheError naming ``path`` for an OSError of a cache file."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        todo = "free space there or lower cache_limit"
+    else:
+        todo = "set cache_dir ($FERRY_CACHE_DIR) to a writable local directory"
+    return CacheError(f"shard cache: cannot {doing} {path}: {exc.strerror or exc}; {todo}", path=path)
+
+
+@contextlib.contextmanager
+def _guard(path: str, doing: str, *, missing_ok: bool = False) -> Iterator[None]:
+    """OSError → CacheError; with ``missing_ok`` a FileNotFoundError passes (the shard vanished: fetch again)."""
+    try:
+        yield
+    except FileNotFoundError as exc:
+        if missing_ok:
+            raise
+        raise _cache_error(exc, path, doing) from exc
+    except OSError as exc:
+        raise _cache_error(exc, path, doing) from exc
+
+
+def _open_lock(path: str) -> int:
+    with _guard(path, "open the lock file"):
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+
+
 @contextlib.contextmanager
 def _flock(path: str, mode: int) -> Iterator[int]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open_lock(path)
     try:
         fcntl.flock(fd, mode)
         yield fd
@@ -65,7 +95,9 @@ def _map_shard(path: str, info: ShardInfo, dtype: str, populate: bool) -> ShardV
     has it): worth it when most of the shard will be read, as random sample reads then cost a memory copy
     and not a page fault each; wasteful when one sample is read from a shard among thousands."""
     flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
-    with open(path, "rb") as f:
+    with _guard(path, "read", missing_ok=True):
+        f = open(path, "rb")  # noqa: SIM115 — closed by the with below
+    with f:
         try:
             mm = mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
         except (OSError, ValueError) as exc:
@@ -75,7 +107,7 @@ def _map_shard(path: str, info: ShardInfo, dtype: str, populate: bool) -> ShardV
 
 def _file_digest(path: str) -> str:
     hasher = Hasher()
-    with open(path, "rb") as f:
+    with _guard(path, "read", missing_ok=True), open(path, "rb") as f:
         while chunk := f.read(8 << 20):
             hasher.update(chunk)
     return hasher.hexdigest()
@@ -106,7 +138,9 @@ class ShardCache:
         self.verify = verify
         self.fetches = 0  # shards this process downloaded (for tests and stats)
         self._verified: set[str] = set()  # raw digests this process wrote or checked
-        os.makedirs(os.path.join(self.directory, ".locks"), exist_ok=True)
+        locks = os.path.join(self.directory, ".locks")
+        with _guard(locks, "create the cache directory"):
+            os.makedirs(locks, exist_ok=True)
 
     def path(self, info: ShardInfo) -> str:
         return os.path.join(self.directory, info.raw_digest.split(":", 1)[1] + _SUFFIX)
@@ -143,31 +177,38 @@ class ShardCache:
             if not bad and self._good(info):
                 return  # another process fetched it while we waited
             self._verified.discard(info.raw_digest)
-            with contextlib.suppress(FileNotFoundError):
+            with _guard(path, "remove the stale copy"), contextlib.suppress(FileNotFoundError):
                 os.unlink(path)  # wrong size or digest; processes that mapped it keep their (checked) copy
             raw = self.replicas.fetch(info)  # checked against both manifest digests
-            tmp = temp_name(path)
-            try:
-                with open(tmp, "wb") as f:
-                    f.write(raw)
-                os.replace(tmp, path)
-            except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-                raise
+            self._write(path, raw)
             self._verified.add(info.raw_digest)
             self.fetches += 1
         self.evict(keep=path)
 
+    @staticmethod
+    def _write(path: str, raw: bytes) -> None:
+        """Write ``raw`` to ``path`` atomically (a temp name, then a rename)."""
+        tmp = temp_name(path)
+        try:
+            with _guard(path, "write"):
+                with open(tmp, "wb") as f:
+                    f.write(raw)
+                os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
     def open(self, info: ShardInfo, *, populate: bool = False) -> Lease:
         """Map a shard for reading (fetching it first if needed); release the lease when done."""
         for attempt in range(2):
-            fd = os.open(self._lock(info, "use"), os.O_RDWR | os.O_CREAT, 0o644)
+            fd = _open_lock(self._lock(info, "use"))
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH)  # from here on no process evicts it
                 self.ensure(info, bad=attempt > 0)
                 path = self.path(info)
-                os.utime(path)  # recency for LRU eviction across processes
+                with _guard(path, "touch", missing_ok=True):
+                    os.utime(path)  # recency for LRU eviction across processes
                 return Lease(_map_shard(path, info, self.dtype, populate), fd, info.raw_bytes)
             except (ShardError, FileNotFoundError):
                 os.close(fd)
@@ -182,7 +223,7 @@ class ShardCache:
         """(mtime, size, path) of every cached shard file; removes temp files left by crashed processes."""
         out = []
         stale = time.time() - _STALE_TEMP_S
-        with os.scandir(self.directory) as it:
+        with _guard(self.directory, "list"), os.scandir(self.directory) as it:
             for e in it:
                 with contextlib.suppress(FileNotFoundError):
                     if TEMP_MARKER in e.name:
@@ -204,7 +245,7 @@ class ShardCache:
             if path == keep:
                 continue
             name = os.path.basename(path)[: -len(_SUFFIX)]
-            fd = os.open(os.path.join(self.directory, ".locks", f"{name}.use"), os.O_RDWR | os.O_CREAT, 0o644)
+            fd = _open_lock(os.path.join(self.directory, ".locks", f"{name}.use"))
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -215,5 +256,7 @@ class ShardCache:
                 total -= size
             except FileNotFoundError:
                 pass
+            except OSError as exc:
+                raise _cache_error(exc, path, "evict") from exc
             finally:
                 os.close(fd)

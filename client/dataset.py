@@ -19,9 +19,9 @@ from torch.utils.data import get_worker_info
 
 from shard_tools.errors import DatasetError, UsageError
 from shard_tools.manifest import Manifest
-from shard_tools.packing import parse_size
 from shard_tools.threadname import name_os_thread
 
+from . import checks
 from .cache import ShardCache, default_cache_dir
 from .mixed import MixedDataset
 from .order import SHUFFLE_MODES, SampleOrder, make_order
@@ -45,16 +45,19 @@ class TokenDataset(SampleSource):
         shuffle: ``"global"`` | ``"window"`` | ``"none"``.
         cache_dir: node-local cache of decompressed shards (default ``$FERRY_CACHE_DIR`` or
             ``~/.cache/ferry/shards``).
-        cache_limit: bytes or a size string (``"50GiB"``, the default, or ``$FERRY_CACHE_LIMIT``); least
-            recently used shards beyond it are evicted.
+        cache_limit: positive bytes or a size string (``"50GiB"``, the default, or ``$FERRY_CACHE_LIMIT``);
+            least recently used shards beyond it are evicted.
         window: shards per shuffle window (``shuffle="window"``).
         mode: ``"tokens"`` (fixed windows of the token stream) or ``"document"`` (one document per sample,
             truncated/padded, with ``attention_mask``).
-        pad_id: padding id in document mode (default: the tokenizer's EOS id, else 0).
+        pad_id: padding id in document mode, below the vocabulary size (default: the tokenizer's EOS id, else 0).
         storage_options: fsspec options, one mapping for all URLs or one per URL.
         version: read this published version instead of the current one.
         prefetch: shard prefetch depth, in batches ahead of the read position.
         verify_cache: check each cached shard's raw digest when a process first maps it.
+
+    Every argument is checked before the manifest is read: a wrong type or range is a one-line
+    ``UsageError`` naming it (``pad_id`` once the manifest gives the vocabulary size).
     """
 
     def __init__(
@@ -76,43 +79,35 @@ class TokenDataset(SampleSource):
     ) -> None:
         from .replicas import Replicas
 
-        if seq_len < 1:
-            raise UsageError(f"seq_len must be positive, got {seq_len}")
-        if shuffle not in SHUFFLE_MODES:
-            raise UsageError(f"shuffle must be one of {SHUFFLE_MODES}, got {shuffle!r}")
-        if mode not in MODES:
-            raise UsageError(f"mode must be one of {MODES}, got {mode!r}")
-        if window < 1 or prefetch < 0:
-            raise UsageError("window must be ≥ 1 and prefetch ≥ 0")
-        self.seq_len = seq_len
-        self.seed = int(seed)
-        self.shuffle = shuffle
-        self.window = window
-        self.mode = mode
-        self.prefetch_depth = prefetch
+        # every argument is checked before the first network round trip
+        self.seq_len = checks.integer("seq_len", seq_len, 1)
+        self.seed = checks.integer("seed", seed, 0, checks.SEED_LIMIT)
+        self.shuffle = checks.choice("shuffle", shuffle, SHUFFLE_MODES)
+        self.window = checks.integer("window", window, 1)
+        self.mode = checks.choice("mode", mode, MODES)
+        self.prefetch_depth = checks.integer("prefetch", prefetch, 0)
+        verify = checks.flag("verify_cache", verify_cache)
+        pad = None if pad_id is None else checks.integer("pad_id", pad_id, 0, 2**63)
+        directory = _cache_dir(cache_dir)
+        limit = _cache_limit(cache_limit)
+        if version is not None:
+            checks.text("version", version)
         self.replicas = Replicas(url, storage_options)
         self.manifest: Manifest = self.replicas.load_manifest(version)
         self.token_dtype = np.dtype(self.manifest.token_dtype)
-        eos = self.manifest.tokenizer.eos_id
-        self.pad_id = pad_id if pad_id is not None else (eos if eos is not None else 0)
-        if cache_limit is None:
-            cache_limit = os.environ.get("FERRY_CACHE_LIMIT", DEFAULT_CACHE_LIMIT)
-        limit = parse_size(cache_limit)
-        self.cache = ShardCache(
-            cache_dir or default_cache_dir(), limit, self.replicas, dtype=self.manifest.token_dtype, verify=verify_cache
-        )
+        self.pad_id = self._pad_id(pad)
+        self.cache = ShardCache(directory, limit, self.replicas, dtype=self.manifest.token_dtype, verify=verify)
         shards = self.manifest.shards
         self._fits_cache = int(shards.raw_bytes.sum()) <= limit and len(shards) <= _RECENT
         total_tokens = int(shards.token_offsets[-1])
-        if mode == "tokens":
-            self.num_samples = max(0, (total_tokens - 1) // seq_len)
+        if self.mode == "tokens":
+            self.num_samples = max(0, (total_tokens - 1) // self.seq_len)
         else:
             self.num_samples = int(shards.documents.sum())
         if self.num_samples == 0:
-            raise DatasetError(
-                f"dataset {self.replicas.urls[0]} has {total_tokens} tokens: not one sample of seq_len {seq_len} + 1"
-            )
-        self.order: SampleOrder = make_order(shuffle, self._first_samples(), self.seed, window)
+            url, length = self.replicas.urls[0], self.seq_len
+            raise DatasetError(f"dataset {url} has {total_tokens} tokens: not one sample of seq_len {length} + 1")
+        self.order: SampleOrder = make_order(self.shuffle, self._first_samples(), self.seed, self.window)
         self._reader: ShardReader | None = None
         self._pid = -1
         self._pool: ThreadPoolExecutor | None = None
@@ -128,6 +123,18 @@ class TokenDataset(SampleSource):
         state = self.__dict__.copy()
         state.update(_reader=None, _pid=-1, _pool=None, _submitted=set())
         return state
+
+    def _pad_id(self, pad_id: int | None) -> int:
+        """The padding id: ``pad_id`` if it is an id of the vocabulary, else the tokenizer's EOS id, else 0."""
+        tokenizer = self.manifest.tokenizer
+        if pad_id is None:
+            return tokenizer.eos_id if tokenizer.eos_id is not None else 0
+        if pad_id >= tokenizer.vocab_size:
+            raise UsageError(
+                f"pad_id {pad_id} is not below the vocab_size {tokenizer.vocab_size} of {self.replicas.urls[0]}; "
+                "pass an id of the vocabulary (or none for the EOS id)"
+            )
+        return pad_id
 
     @staticmethod
     def mix(datasets: Sequence[SampleSource], weights: Sequence[float]) -> MixedDataset:
@@ -262,6 +269,19 @@ class _ForkCounter:
 
 _FORKS = _ForkCounter
 os.register_at_fork(after_in_child=_ForkCounter.bump)
+
+
+def _cache_dir(cache_dir: Any) -> str:
+    if cache_dir is not None:
+        return checks.path("cache_dir", cache_dir)
+    return checks.path("$FERRY_CACHE_DIR", default_cache_dir())
+
+
+def _cache_limit(cache_limit: Any) -> int:
+    if cache_limit is not None:
+        return checks.size("cache_limit", cache_limit)
+    env = os.environ.get("FERRY_CACHE_LIMIT")
+    return checks.size("$FERRY_CACHE_LIMIT", env) if env else checks.size("cache_limit", DEFAULT_CACHE_LIMIT)
 
 
 def _quiet_ensure(cache: ShardCache, info: Any) -> None:

@@ -4,21 +4,25 @@ The loader walks the dataset's endless stream of positions (see :mod:`client.par
 One ``iter()`` runs to the end of the current epoch (its last global batch may reach
 into the next epoch so that nothing is dropped); the next ``iter()`` continues there.
 With workers, each builds the batches ``k ≡ worker (mod num_workers)`` and the loader
-puts them back in order of ``k``. The state counts batches *delivered* to the caller.
+puts them back in order of ``k``; a ferry error in a worker reaches the caller unchanged,
+after the batches before it. The state counts batches *delivered* to the caller.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
+import traceback
 from collections.abc import Generator, Iterator, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from shard_tools.errors import UsageError
+from shard_tools.errors import FerryError, UsageError
 
+from . import checks
 from .partition import batches_until, global_batch_size, rank_positions, worker_batches
 from .source import SampleSource, to_batch
 from .state import make_state, restore_position
@@ -27,13 +31,24 @@ __all__ = ["TokenLoader", "default_rank_world"]
 
 Batch = dict[str, torch.Tensor]
 _GROUP = 4  # batches per DataLoader item from a worker
+SHAPE_LIMIT = 2**24  # batch_size and world_size: stream positions then stay far inside int64
 
 
 def default_rank_world() -> tuple[int, int]:
     """``torch.distributed`` rank/world size if initialised, else ``RANK``/``WORLD_SIZE``, else 0/1."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    return _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+
+
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"${name} must be an integer, got {checks.show(text)}; fix the environment") from None
 
 
 class _Plan:
@@ -63,25 +78,66 @@ class _Plan:
         return mine[i + 1 : i + 1 + depth] if i == 0 else mine[i + depth : i + depth + 1]
 
 
-class _WorkerStream(IterableDataset[list[tuple[int, dict[str, Any]]]]):
+class _WorkerTraceback(Exception):
+    """The traceback of an error in a DataLoader worker, chained as the ``__cause__`` of the re-raised error."""
+
+
+class _Failure:
+    """A ferry error raised while a worker built batch ``k``, sent to the main process as data.
+
+    DataLoader re-raises a worker's exception as ``type(traceback_text)``: a different message,
+    and a RuntimeError for classes whose constructor takes more (``ShardError(shard, message)``).
+    Sent as an item, the error is unpickled whole (type, message, ``.shard``) and raised by the
+    main process when it reaches batch ``k``, after every earlier batch, as without workers.
+    """
+
+    def __init__(self, error: FerryError, worker: int) -> None:
+        self.error = error
+        self.where = f"in DataLoader worker {worker}:\n" + "".join(traceback.format_exception(error))
+
+    @staticmethod
+    def of(error: FerryError, worker: int) -> _Failure | None:
+        """The failure to send, or None when the error does not survive pickling (then DataLoader reports it)."""
+        try:
+            pickle.loads(pickle.dumps(error))
+        except Exception:  # noqa: BLE001 — any pickling failure means: let DataLoader report it
+            return None
+        return _Failure(error, worker)
+
+    def reraise(self) -> NoReturn:
+        raise self.error from _WorkerTraceback(self.where)
+
+
+_Item = list[tuple[int, dict[str, Any] | _Failure]]
+
+
+class _WorkerStream(IterableDataset[_Item]):
     """Runs in a DataLoader worker: yields lists of ``(k, payload)`` for this worker's share of the plan.
 
     Payloads are numpy arrays in the token dtype (4x smaller than int64 for uint16 ids); they
     travel pickled through the worker's pipe, which beats a new shared-memory segment per tensor.
-    ``group`` batches travel together, which spreads DataLoader's fixed cost per item.
+    ``group`` batches travel together, which spreads DataLoader's fixed cost per item. A ferry
+    error ends the worker's share with a :class:`_Failure` in place of batch ``k``.
     """
 
     def __init__(self, ds: SampleSource, plan: _Plan, num_workers: int, group: int) -> None:
         self.ds, self.plan, self.num_workers, self.group = ds, plan, num_workers, group
 
-    def __iter__(self) -> Iterator[list[tuple[int, dict[str, Any]]]]:
+    def __iter__(self) -> Iterator[_Item]:
         info = get_worker_info()
         worker = info.id if info is not None else 0
         mine = worker_batches(self.plan.count, self.num_workers, worker)
         depth = self.ds.prefetch_depth
-        item: list[tuple[int, dict[str, Any]]] = []
+        item: _Item = []
         for i, k in enumerate(mine):
-            item.append((k, self.plan.build(self.ds, k, _Plan.ahead(mine, i, depth))))
+            try:
+                item.append((k, self.plan.build(self.ds, k, _Plan.ahead(mine, i, depth))))
+            except FerryError as exc:
+                failure = _Failure.of(exc, worker)
+                if failure is None:
+                    raise
+                yield [*item, (k, failure)]
+                return
             if len(item) == self.group or i == len(mine) - 1:
                 yield item
                 item = []
@@ -112,22 +168,17 @@ class TokenLoader:
         *,
         prefetch_factor: int = 2,
     ) -> None:
-        dr, dw = default_rank_world()
-        self.rank = dr if rank is None else rank
-        self.world_size = dw if world_size is None else world_size
-        if batch_size < 1 or num_workers < 0 or self.world_size < 1 or not 0 <= self.rank < self.world_size:
-            raise UsageError(
-                f"invalid loader shape: batch_size={batch_size}, num_workers={num_workers}, "
-                f"rank={self.rank}, world_size={self.world_size}"
-            )
-        if return_doc_boundaries and dataset.mode != "tokens":
-            raise UsageError("return_doc_boundaries needs mode='tokens' (document mode gives attention_mask)")
+        if not isinstance(dataset, SampleSource):
+            raise UsageError(f"dataset must be a TokenDataset or MixedDataset, got {checks.show(dataset)}")
         self.dataset = dataset
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
-        self.return_doc_boundaries = return_doc_boundaries
-        self.prefetch_factor = prefetch_factor
+        self.batch_size = checks.integer("batch_size", batch_size, 1, SHAPE_LIMIT)
+        self.num_workers = checks.integer("num_workers", num_workers, 0)
+        self.prefetch_factor = checks.integer("prefetch_factor", prefetch_factor, 1)
+        self.pin_memory = checks.flag("pin_memory", pin_memory) and torch.cuda.is_available()
+        self.return_doc_boundaries = checks.flag("return_doc_boundaries", return_doc_boundaries)
+        self.rank, self.world_size = _rank_world(rank, world_size)
+        if self.return_doc_boundaries and dataset.mode != "tokens":
+            raise UsageError("return_doc_boundaries needs mode='tokens' (document mode gives attention_mask)")
         self._position = 0  # stream position of the next global batch not yet delivered
 
     @property
@@ -182,14 +233,17 @@ class TokenLoader:
             num_workers=self.num_workers,
             prefetch_factor=self.prefetch_factor,
         )
-        pending: dict[int, dict[str, Any]] = {}
+        pending: dict[int, dict[str, Any] | _Failure] = {}
         want = 0
         items = iter(loader)
         try:
             for item in items:
                 pending.update(item)
                 while want in pending:  # workers may finish out of turn; deliver in order of k
-                    batch = to_batch(pending.pop(want))
+                    payload = pending.pop(want)
+                    if isinstance(payload, _Failure):
+                        payload.reraise()
+                    batch = to_batch(payload)
                     yield _pin(batch) if self.pin_memory else batch
                     want += 1
         finally:
@@ -202,10 +256,23 @@ class TokenLoader:
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
         """Continue after the state's last delivered batch (any world size, workers or batch size).
 
-        Raises StateError if the state was made for another dataset version, seed, seq_len or
-        order configuration, unless ``strict=False``.
+        Raises StateError (one line naming the field) on a malformed state, strict or not, and on
+        a state made for another dataset version, seed, seq_len or order configuration unless
+        ``strict=False``.
         """
         self._position = restore_position(state_dict, self.dataset.identity(), self.dataset.num_samples, strict=strict)
+
+
+def _rank_world(rank: Any, world_size: Any) -> tuple[int, int]:
+    """The given rank and world size, else the defaults of :func:`default_rank_world`, checked."""
+    if rank is None or world_size is None:
+        dr, dw = default_rank_world()
+        rank, world_size = (dr if rank is None else rank), (dw if world_size is None else world_size)
+    world = checks.integer("world_size", world_size, 1, SHAPE_LIMIT)
+    r = checks.integer("rank", rank, 0, SHAPE_LIMIT)
+    if r >= world:
+        raise UsageError(f"invalid loader shape: rank={r} is not below world_size={world}")
+    return r, world
 
 
 def _stop_workers(items: Iterator[Any]) -> None:

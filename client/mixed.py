@@ -9,6 +9,7 @@ import numpy as np
 
 from shard_tools.errors import UsageError
 
+from .checks import show
 from .mixing import MixSchedule
 from .source import SampleSource
 
@@ -23,8 +24,7 @@ class MixedDataset(SampleSource):
     """
 
     def __init__(self, datasets: Sequence[SampleSource], weights: Sequence[float]) -> None:
-        if len(datasets) != len(weights) or not datasets:
-            raise UsageError(f"mix needs one weight per dataset ({len(datasets)} datasets, {len(weights)} weights)")
+        _check_args(datasets, weights)
         lengths = {d.seq_len for d in datasets}
         modes = {d.mode for d in datasets}
         if len(lengths) != 1 or len(modes) != 1:
@@ -77,3 +77,19 @@ class MixedDataset(SampleSource):
     def close(self) -> None:
         for d in self.sources:
             d.close()
+
+
+def _check_args(datasets: Any, weights: Any) -> None:
+    """A non-empty list of sample sources and as many real, finite, positive weights (bool is no weight)."""
+    for name, value in (("datasets", datasets), ("weights", weights)):
+        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+            raise UsageError(f"mix takes a list of {name}, got {show(value)}")
+    if len(datasets) != len(weights) or not datasets:
+        raise UsageError(f"mix needs one weight per dataset ({len(datasets)} datasets, {len(weights)} weights)")
+    for d in datasets:
+        if not isinstance(d, SampleSource):
+            raise UsageError(f"mix takes TokenDatasets (or MixedDatasets), got {show(d)}")
+    for w in weights:
+        real = isinstance(w, (int, float, np.integer, np.floating)) and not isinstance(w, (bool, np.bool_))
+        if not real or not np.isfinite(w) or w <= 0:
+            raise UsageError(f"mixing weights must be positive finite numbers, got {show(list(weights))}")

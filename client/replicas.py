@@ -14,9 +14,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shard_tools.dataset import decode_stored_shard, load_manifest
-from shard_tools.errors import DatasetError, DatasetNotFoundError, ShardError, ShardMissingError, StorageError
+from shard_tools.errors import (
+    DatasetError,
+    DatasetNotFoundError,
+    ShardError,
+    ShardMissingError,
+    StorageError,
+    UsageError,
+)
 from shard_tools.manifest import Manifest, ShardInfo
 from shard_tools.store import Location, resolve
+
+from .checks import show
 
 __all__ = ["Replicas"]
 
@@ -29,15 +38,19 @@ class Replicas:
         urls: str | Sequence[str],
         storage_options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
-        self.urls = [urls] if isinstance(urls, str) else [str(u) for u in urls]
-        if not self.urls:
-            raise DatasetError("no dataset URL given")
+        self.urls = _urls(urls)
         if storage_options is None or isinstance(storage_options, Mapping):
             self.options = [dict(storage_options or {}) for _ in self.urls]
         else:
+            plain = isinstance(storage_options, Sequence) and not isinstance(storage_options, (str, bytes))
+            if not plain or not all(isinstance(o, Mapping) for o in storage_options):
+                raise UsageError(f"storage_options must be a mapping or a list of them, got {show(storage_options)}")
             self.options = [dict(o) for o in storage_options]
             if len(self.options) != len(self.urls):
-                raise DatasetError(f"{len(self.urls)} URLs but {len(self.options)} storage option mappings")
+                raise UsageError(
+                    f"storage_options has {len(self.options)} mappings for {len(self.urls)} URLs: "
+                    "give one mapping for all, or one per URL"
+                )
         self._order = list(range(len(self.urls)))
         self._locations: dict[int, Location] = {}
         self._pid = os.getpid()
@@ -92,3 +105,12 @@ class Replicas:
                 errors.append(f"{self.urls[i]}: {exc}")
             self._demote(i)
         raise ShardMissingError(info.path, "no replica has a good copy: " + "; ".join(errors))
+
+
+def _urls(urls: Any) -> list[str]:
+    """One URL or a non-empty list of them (``str`` or ``os.PathLike``)."""
+    many = isinstance(urls, Sequence) and not isinstance(urls, (str, bytes))
+    out = [os.fspath(u) if isinstance(u, os.PathLike) else u for u in (urls if many else [urls])]
+    if not out or not all(isinstance(u, str) and u.strip() and "\0" not in u for u in out):
+        raise UsageError(f"url must be a dataset URL or a non-empty list of them, got {show(urls)}")
+    return out

@@ -17,6 +17,7 @@
     │   ├── WriteConflictError      another writer changed the object between our read and our write
     │   └── RollbackError           publishing would move a destination back along the parent chain
     ├── StateError                  loader state does not match this loader (dataset, seed, seq_len)
+    ├── CacheError                  the node-local shard cache cannot be written or read; ``.path`` names it
     ├── ConfigError                 invalid ferry.toml
     ├── ReplicationError            a replication action failed (``.retryable``)
     │   └── LeaseHeldError          another writer holds the destination's lease (``.holder``)
@@ -47,6 +48,7 @@ __all__ = [
     "WriteConflictError",
     "RollbackError",
     "StateError",
+    "CacheError",
     "ConfigError",
     "ReplicationError",
     "LeaseHeldError",
@@ -140,6 +142,20 @@ class RollbackError(PublishError):
 
 class StateError(FerryError):
     """A loader state dict does not match the loader it is loaded into."""
+
+
+class CacheError(FerryError):
+    """The node-local shard cache failed (full disk, read-only or missing directory). ``path`` names the file.
+
+    Not a DatasetError: the dataset is fine, this node's cache directory is not.
+    """
+
+    def __init__(self, message: str, *, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), str(self), {"path": self.path}))
 
 
 class ConfigError(FerryError):

@@ -22,7 +22,7 @@ EXPECTED_EXPORTS = {
     "FerryError", "UsageError", "InputFormatError", "MegatronIndexError", "TokenRangeError", "DatasetError",
     "DatasetNotFoundError", "ManifestError", "ShardError", "ShardMissingError", "ShardDigestError",
     "ShardFormatError", "StorageError", "PublishError", "WriteConflictError", "RollbackError", "StateError",
-    "ConfigError", "ReplicationError", "LeaseHeldError", "ServiceError",
+    "CacheError", "ConfigError", "ReplicationError", "LeaseHeldError", "ServiceError",
 }  # fmt: skip
 
 EXPECTED_FLAGS = {
