@@ -95,16 +95,21 @@ class Replicas:
     def fetch(self, info: ShardInfo) -> bytes:
         """The verified raw (decompressed) bytes of a shard, from the first replica that has a good copy."""
         errors: list[str] = []
+        kinds: set[type[ShardError]] = set()
         for i in list(self._order):
             try:
                 stored = self._location(i).read_bytes(info.path)
                 return decode_stored_shard(info, stored)
             except FileNotFoundError:
                 errors.append(f"{self.urls[i]}: missing")
+                kinds.add(ShardMissingError)
             except (ShardError, StorageError) as exc:
                 errors.append(f"{self.urls[i]}: {exc}")
+                kinds.add(type(exc) if isinstance(exc, ShardError) else ShardMissingError)
             self._demote(i)
-        raise ShardMissingError(info.path, "no replica has a good copy: " + "; ".join(errors))
+        # every replica bad the same way (e.g. ShardFormatError: the manifest row itself lies): say so
+        kind = kinds.pop() if len(kinds) == 1 else ShardMissingError
+        raise kind(info.path, "no replica has a good copy: " + "; ".join(errors))
 
 
 def _urls(urls: Any) -> list[str]:

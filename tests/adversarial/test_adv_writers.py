@@ -97,7 +97,8 @@ def test_append_that_loses_the_race_is_rebased(local_backend: Any, monkeypatch: 
     assert got == expected  # B's documents are kept, A's come after them
     current = load_manifest(resolve(url, opts))
     assert current.version_id == result_a.version_id and current.parent is not None
-    assert load_manifest(resolve(url, opts), current.parent).shards.paths == current.shards.paths[: -result_a.new_shards]
+    parent = load_manifest(resolve(url, opts), current.parent)
+    assert parent.shards.paths == current.shards.paths[: -result_a.new_shards]
 
 
 def test_write_if_refuses_a_stale_token(backend: Any) -> None:
@@ -195,9 +196,8 @@ def test_second_writer_stays_out_while_the_lease_is_held(
     run = ferry("sync", src, dst)
     assert run.returncode == 1 and "is being written by daemon" in run.stderr and str(proc.pid) in run.stderr
     assert not resolve(dst).exists("manifest.json")
-    with pytest.raises(LeaseHeldError) as info:
-        with Lease(resolve(dst), "sync"):
-            pass
+    with pytest.raises(LeaseHeldError) as info, Lease(resolve(dst), "sync"):
+        pass
     assert info.value.holder == held.holder
     proc.send_signal(signal.SIGKILL)  # the holder dies: its lease ends at once, not after the ttl
     proc.wait(10)
