@@ -180,3 +180,25 @@ def test_read_protected_service_asks_for_the_token_first(page, tmp_path: Path, m
         page.wait_for_selector('#matrix td[data-cluster="west"][data-state="complete"]', timeout=15_000)
         page.wait_for_selector("#conn.pill-ok", timeout=15_000)  # the event stream carries the token too
         assert TOKEN not in page.content()
+
+
+def test_another_writer_is_shown_until_its_lease_ends(page, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    from service.lease import Lease
+    from shard_tools.store import resolve
+
+    with running_service(tmp_path, monkeypatch) as svc:
+        page.goto(svc.url + "/")
+        page.wait_for_selector("#conn.pill-ok", timeout=15_000)
+        assert page.locator("#writers").is_hidden()
+        other = Lease(resolve(svc.west("corpus")), "sync")
+        other.acquire()
+        try:
+            pack(svc.east("corpus"))
+            page.wait_for_selector("#writers:not([hidden])", timeout=30_000)
+            text = page.locator("#writers-list").inner_text()
+            assert "corpus at west" in text and other.holder in text
+            _shot(page, "other-writer")
+        finally:
+            other.release()
+        page.wait_for_selector("#writers[hidden]", state="attached", timeout=30_000)
+        page.wait_for_selector('#matrix td[data-cluster="west"][data-state="complete"]', timeout=30_000)
