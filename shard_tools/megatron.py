@@ -114,6 +114,9 @@ def _check_sequences(
         if bin_size:
             raise MegatronIndexError(f"{where}: the index has no sequences but .bin is not empty")
         return
+    if _is_back_to_back(bin_size, itemsize, lengths, pointers):
+        return
+    # something is wrong: find the first bad sequence and say how
     if (bad := lengths < 0).any():
         i = _first(bad)
         raise MegatronIndexError(f"{where}: sequence {i} has negative length {int(lengths[i])}")
@@ -139,6 +142,19 @@ def _check_sequences(
             f"{where}: the last sequence ({len(lengths) - 1}) ends at byte {int(ends[-1])}, "
             f"leaving {bin_size - int(ends[-1])} trailing bytes"
         )
+
+
+def _is_back_to_back(bin_size: int, itemsize: int, lengths: np.ndarray, pointers: np.ndarray) -> bool:
+    """The common, honest case in few passes: pointers are the running sum of lengths · itemsize
+    and the sum is the size of ``.bin``."""
+    lo, hi = int(lengths.min()), int(lengths.max())
+    if lo < 0 or hi * len(lengths) * itemsize >= 2**63:  # the int64 running sum could wrap
+        return False
+    expected = np.empty(len(lengths), dtype=np.int64)
+    expected[0] = 0
+    np.cumsum(lengths[:-1], dtype=np.int64, out=expected[1:])
+    expected *= itemsize
+    return bool(np.array_equal(expected, pointers)) and int(expected[-1]) + int(lengths[-1]) * itemsize == bin_size
 
 
 def _check_documents(idx_path: str, nseq: int, doc_indices: np.ndarray) -> None:
