@@ -18,6 +18,13 @@ __all__ = ["read_npy"]
 _BLOCK = 1 << 24  # tokens scanned for EOS at a time: bounded memory on huge streams
 _MAGIC = b"\x93NUMPY"
 _INT64_MAX = 2**63 - 1
+# 3.0 differs from 2.0 only in encoding field names as UTF-8, which does not change whether the
+# dtype holds objects
+_HEADER_READERS = {
+    (1, 0): np.lib.format.read_array_header_1_0,
+    (2, 0): np.lib.format.read_array_header_2_0,
+    (3, 0): np.lib.format.read_array_header_2_0,
+}
 
 
 def read_npy(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
@@ -36,21 +43,26 @@ def read_npy(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
 
 
 def _load(path: str) -> np.ndarray:
-    """Map a plain array; load (unpickle) an object array. Only a file with the ``.npy`` magic is
-    loaded at all: ``np.load`` would otherwise open zip archives and unpickle arbitrary files."""
+    """Map a plain array; load (unpickle) only an array whose header says object dtype. A file
+    without the ``.npy`` magic is refused first: ``np.load`` would open zip archives and unpickle
+    arbitrary files. A plain array that cannot be mapped (truncated) is an error, never read
+    into memory whole."""
     try:
         with open(path, "rb") as f:
-            magic = f.read(len(_MAGIC))
-        if magic != _MAGIC:
-            raise InputFormatError(f"{path}: not a .npy file (no NumPy magic at its start)")
-        try:
-            arr = np.load(path, mmap_mode="r", allow_pickle=False)
-        except ValueError:  # object arrays cannot be mapped; a truncated array fails the same way
-            arr = np.load(path, allow_pickle=True)
+            if f.read(len(_MAGIC)) != _MAGIC:
+                raise InputFormatError(f"{path}: not a .npy file (no NumPy magic at its start)")
+            f.seek(0)
+            version = np.lib.format.read_magic(f)
+            if version not in _HEADER_READERS:
+                raise InputFormatError(f"{path}: .npy format version {version} is not supported")
+            has_object = _HEADER_READERS[version](f)[2].hasobject
+        arr = np.load(path, mmap_mode=None if has_object else "r", allow_pickle=has_object)
     except InputFormatError:
         raise
-    except Exception as exc:  # unpickling can raise any type; MemoryError for a lying header
-        raise InputFormatError(f"{path}: not a readable .npy file ({type(exc).__name__}: {exc})") from exc
+    except Exception as exc:  # unpickling can raise any type
+        raise InputFormatError(
+            f"{path}: not a readable .npy file ({type(exc).__name__}: {exc}); is it truncated or corrupt?"
+        ) from exc
     if not isinstance(arr, np.ndarray):
         raise InputFormatError(f"{path}: not a .npy array (found {type(arr).__name__})")
     return arr

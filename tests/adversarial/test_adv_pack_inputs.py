@@ -16,6 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shard_tools import MegatronIndexError, open_dataset
 from shard_tools.megatron import _HEADER, read_index, write_megatron
@@ -100,6 +102,24 @@ def test_lying_lengths_and_pointers(tmp_path: Path, edit: Edit, needle: str) -> 
         read_index(prefix)
     proc = ferry("pack", prefix + ".bin", "--out", str(tmp_path / "ds"), *PACK)
     assert_one_line_error(proc, "m.idx", needle)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=30), st.data())
+def test_any_single_lie_is_caught(
+    tmp_path_factory: pytest.TempPathFactory, lengths: list[int], data: st.DataObject
+) -> None:
+    """An honest index reads; changing any one length or pointer to any other value is refused."""
+    prefix = str(tmp_path_factory.mktemp("lie") / "m")
+    write_megatron(prefix, [np.ones(n, dtype=np.uint16) for n in lengths], np.dtype(np.uint16))
+    assert read_index(prefix).lengths.tolist() == lengths
+    i = data.draw(st.integers(0, len(lengths) - 1))
+    field = data.draw(st.sampled_from(["length", "pointer"]))
+    old = lengths[i] if field == "length" else 2 * sum(lengths[:i])
+    new = data.draw(st.integers(-(2**31), 2**31 - 1).filter(lambda v: v != old))
+    patch_index(prefix, set_length(i, new) if field == "length" else set_pointer(i, new))
+    with pytest.raises(MegatronIndexError, match="sequence"):
+        read_index(prefix)
 
 
 def test_odd_and_empty_bin(tmp_path: Path) -> None:
@@ -256,6 +276,18 @@ def test_npy_that_is_not_npy(tmp_path: Path) -> None:
     data = Path(path).read_bytes()
     write(tmp_path / "t.npy", data[: len(data) // 2])  # truncated pickle
     assert_one_line_error(ferry("pack", path, "--out", str(tmp_path / "ds"), *PACK), "t.npy")
+
+
+def test_npy_stream_truncated_or_lying_header(tmp_path: Path) -> None:
+    """A plain array that cannot be mapped is an error, not read into memory whole (or at all)."""
+    np.save(tmp_path / "s.npy", np.arange(1000, dtype=np.int32))
+    data = (tmp_path / "s.npy").read_bytes()
+    path = write(tmp_path / "s.npy", data[:500])
+    assert_one_line_error(ferry("pack", path, "--out", str(tmp_path / "a"), *PACK), "s.npy", "truncated")
+    with open(tmp_path / "h.npy", "wb") as f:  # a header promising 2**50 int64 tokens, then 8 bytes
+        np.lib.format.write_array_header_1_0(f, {"descr": "<i8", "fortran_order": False, "shape": (2**50,)})
+        f.write(b"\x00" * 8)
+    assert_one_line_error(ferry("pack", str(tmp_path / "h.npy"), "--out", str(tmp_path / "b"), *PACK), "h.npy")
 
 
 def parquet(path: Path, column: pa.Array, name: str = "tokens") -> str:
