@@ -94,3 +94,24 @@ def test_export_onto_a_directory_is_a_usage_error(tmp_path: Path) -> None:
     proc = ferry("export", url, "--format", "megatron", "--out", str(tmp_path / "mg"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "mg.idx" in proc.stderr and not (tmp_path / "mg.bin").exists()
+
+
+def test_export_into_an_unwritable_place_is_one_line(tmp_path: Path) -> None:
+    url, _ = dataset(tmp_path, n=10)
+    (tmp_path / "afile").write_bytes(b"")
+    proc = ferry("export", url, "--format", "megatron", "--out", str(tmp_path / "afile" / "mg"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "afile" in proc.stderr
+
+
+def test_large_vocabulary_exports_as_int32(tmp_path: Path) -> None:
+    """A uint32 dataset (vocabulary over 65536) used to fail: Megatron has no uint32 code."""
+    docs = [np.array([1, 70_000, 99_998]), np.array([5])]
+    url = str(tmp_path / "ds")
+    pack_documents(docs, url, PackOptions(vocab_size=100_000, eos_id=99_999, name="big"))
+    proc = ferry("export", url, "--format", "megatron", "--out", str(tmp_path / "mg"), "--strip-eos")
+    assert proc.returncode == 0, proc.stderr
+    index = read_index(str(tmp_path / "mg"))
+    assert index.dtype == np.int32 and index.lengths.tolist() == [3, 1]
+    tokens = np.fromfile(tmp_path / "mg.bin", dtype=np.int32)
+    assert tokens.tolist() == [1, 70_000, 99_998, 5]
