@@ -332,3 +332,20 @@ def test_text_not_utf8_or_corrupt(tmp_path: Path, lines: bool) -> None:
     path = write(tmp_path / "t.txt.zst", good[: len(good) // 2] + b"\x00" * 64)
     proc = ferry("pack", path, "--out", str(tmp_path / "b"), "--tokenizer", "bytes", *flag)
     assert_one_line_error(proc, "t.txt.zst")
+
+
+def test_a_multi_line_library_message_prints_as_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Arrow's thrift errors and NumPy's unpickling errors span lines; the CLI joins them."""
+    import shard_tools.packing
+    from shard_tools.cli import main
+    from shard_tools.errors import InputFormatError
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise InputFormatError("x.parquet: not a readable Parquet file (thrift\nDeserializing failed.\n)")
+
+    monkeypatch.setattr(shard_tools.packing, "pack", fail)
+    assert main(["pack", "x.parquet", "--out", str(tmp_path / "ds"), *PACK]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "(thrift; Deserializing failed.; )" in err
