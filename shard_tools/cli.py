@@ -341,7 +341,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except FerryError as exc:
-        print(f"ferry {args.command}: error: {exc}", file=sys.stderr)
+        # one line, even when the message quotes a library error that spans several
+        message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        print(f"ferry {args.command}: error: {message}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"ferry {args.command}: interrupted", file=sys.stderr)

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from .dataset import open_dataset
+from .errors import StorageError
 from .megatron import write_megatron
 
 __all__ = ["export_megatron"]
@@ -23,4 +24,11 @@ def export_megatron(
     """
     ds = open_dataset(url, storage_options=storage_options)
     dtype = np.dtype(ds.manifest.token_dtype)
-    return write_megatron(prefix, ds.documents(strip_eos=not keep_eos), dtype)
+    if dtype == np.uint32 and ds.manifest.tokenizer.vocab_size <= 2**31:
+        dtype = np.dtype(np.int32)  # Megatron has no uint32 code; it keeps large vocabularies as int32
+    try:
+        return write_megatron(prefix, ds.documents(strip_eos=not keep_eos), dtype)
+    except OSError as exc:  # the dataset's own read errors are FerryErrors: this is the export side
+        raise StorageError(
+            f"cannot write {prefix}.bin/.idx ({exc}); check the --out directory", retryable=False
+        ) from exc

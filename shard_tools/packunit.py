@@ -139,14 +139,16 @@ def with_eos(batch: DocBatch, eos_id: int, dtype: str) -> DocBatch:
     return assemble([batch], eos_id, dtype)
 
 
-def check_range(batch: DocBatch, vocab_size: int, where: str) -> None:
-    """Raise TokenRangeError naming the document if any id is negative or ≥ ``vocab_size``."""
+def check_range(batch: DocBatch, vocab_size: int, where: str, first_document: int = 0) -> None:
+    """Raise TokenRangeError naming the document (numbered from ``first_document``, the batch's
+    first) if any id is negative or ≥ ``vocab_size``."""
     if batch.tokens.size == 0:
         return
     lo, hi = int(batch.tokens.min()), int(batch.tokens.max())
     if lo < 0 or hi >= vocab_size:
         bad = lo if lo < 0 else hi
-        doc = int(np.searchsorted(batch.offsets, int(np.flatnonzero(batch.tokens == bad)[0]), side="right")) - 1
+        pos = int(np.flatnonzero(batch.tokens == bad)[0])
+        doc = first_document + int(np.searchsorted(batch.offsets, pos, side="right")) - 1
         raise TokenRangeError(f"{where}: token id {bad} in document {doc} is outside the vocabulary [0, {vocab_size})")
 
 
@@ -183,13 +185,16 @@ def store_shard(job: Job, batch: DocBatch) -> ShardInfo:
     )
 
 
-def pack_batches(job: Job, batches: Iterable[DocBatch], where: str) -> UnitResult:
-    """Pack a stream of document batches (without EOS) into stored shards."""
+def pack_batches(job: Job, batches: Iterable[DocBatch], where: str, first_document: int = 0) -> UnitResult:
+    """Pack a stream of document batches (without EOS) into stored shards; errors number the
+    documents from ``first_document``."""
     itemsize = np.dtype(job.dtype).itemsize
 
     def checked() -> Iterator[DocBatch]:
+        doc = first_document
         for batch in batches:
-            check_range(batch, job.vocab_size, where)  # before any narrowing cast to the shard dtype
+            check_range(batch, job.vocab_size, where, doc)  # before any narrowing cast to the shard dtype
+            doc += len(batch.offsets) - 1
             yield batch
 
     source = _prefetch(checked()) if job.prefetch else checked()
@@ -205,7 +210,7 @@ def unit_label(unit: Unit) -> str:
 
 def pack_unit(job: Job, unit: Unit) -> UnitResult:
     """Pack one unit of input into stored shards (the function every executor runs)."""
-    return pack_batches(job, read_unit(unit, job.source), unit_label(unit))
+    return pack_batches(job, read_unit(unit, job.source), unit_label(unit), unit.start)
 
 
 _DONE = object()

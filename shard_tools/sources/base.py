@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import lzma
+import zlib
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
+import zstandard
 
 from ..tokenizer import TextTokenizer
 
-__all__ = ["DocBatch", "SourceOptions", "Unit", "batch_from_lists"]
+__all__ = ["DocBatch", "SourceOptions", "Unit", "batch_from_lists", "READ_ERRORS"]
+
+# What reading a (possibly compressed) input can raise on a truncated or corrupt file; the
+# readers map these to InputFormatError naming the file.
+READ_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error, lzma.LZMAError, zstandard.ZstdError)
 
 
 class DocBatch(NamedTuple):

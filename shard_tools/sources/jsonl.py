@@ -4,41 +4,74 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import IO
 
 import fsspec
 import numpy as np
 
-from ..errors import InputFormatError
-from .base import DocBatch, SourceOptions, Unit, batch_from_lists
+from ..errors import InputFormatError, TokenRangeError
+from .base import READ_ERRORS, DocBatch, SourceOptions, Unit, batch_from_lists
 
 __all__ = ["read_jsonl"]
+
+_CHUNK = 1 << 20
 
 
 def read_jsonl(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
     field = options.text_column if options.tokenizer is not None else options.tokens_column
     pending: list = []
+    lines: list[int] = []  # the line of each pending document, for errors found when tokenizing
     try:
-        with fsspec.open(
-            unit.path, "rt", compression="infer", encoding="utf-8", **(options.storage_options or {})
-        ) as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
+        with fsspec.open(unit.path, "rb", compression="infer", **(options.storage_options or {})) as f:
+            for lineno, raw in enumerate(_lines(f), 1):
+                if not raw.strip():
                     continue
-                try:
-                    record = json.loads(line)
-                    value = record[field]
-                except (json.JSONDecodeError, TypeError, KeyError) as exc:
-                    raise InputFormatError(
-                        f"{unit.path}:{lineno}: expected a JSON object with field {field!r} ({exc})"
-                    ) from exc
-                pending.append(_check(unit.path, lineno, field, value, options))
+                pending.append(_parse(unit.path, lineno, field, raw, options))
+                lines.append(lineno)
                 if len(pending) >= options.batch_documents:
-                    yield _flush(pending, options)
-                    pending = []
-    except (OSError, UnicodeDecodeError, EOFError) as exc:
+                    yield _flush(unit.path, pending, lines, options)
+                    pending, lines = [], []
+    except READ_ERRORS as exc:
         raise InputFormatError(f"{unit.path}: cannot read as JSON Lines ({exc})") from exc
     if pending:
-        yield _flush(pending, options)
+        yield _flush(unit.path, pending, lines, options)
+
+
+def _lines(f: IO[bytes]) -> Iterator[bytes]:
+    """Split on ``\\n`` in bytes, so a bad UTF-8 sequence is reported with its line (and because
+    the zstd reader cannot iterate lines itself)."""
+    head: list[bytes] = []  # the start of a line that spans chunks
+    while block := f.read(_CHUNK):
+        parts = block.split(b"\n")
+        if len(parts) == 1:
+            head.append(block)
+            continue
+        head.append(parts[0])
+        yield b"".join(head)
+        yield from parts[1:-1]
+        head = [parts[-1]]
+    if rest := b"".join(head):
+        yield rest
+
+
+def _parse(path: str, lineno: int, field: str, raw: bytes, options: SourceOptions) -> object:
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InputFormatError(f"{path}:{lineno}: not valid UTF-8 ({exc})") from exc
+    except RecursionError as exc:
+        raise InputFormatError(f"{path}:{lineno}: JSON nested too deeply to parse") from exc
+    except ValueError as exc:  # JSONDecodeError, or an integer literal too long to convert
+        raise InputFormatError(f"{path}:{lineno}: not valid JSON ({exc})") from exc
+    if not isinstance(record, dict) or field not in record:
+        found = f"keys {', '.join(map(repr, list(record)[:8]))}" if isinstance(record, dict) else _json_type(record)
+        raise InputFormatError(f"{path}:{lineno}: expected a JSON object with field {field!r}, found {found}")
+    return _check(path, lineno, field, record[field], options)
+
+
+def _json_type(value: object) -> str:
+    names = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
 def _check(path: str, lineno: int, field: str, value: object, options: SourceOptions) -> object:
@@ -48,10 +81,24 @@ def _check(path: str, lineno: int, field: str, value: object, options: SourceOpt
         return value
     if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         raise InputFormatError(f"{path}:{lineno}: field {field!r} is not a list of integer token ids")
-    return np.asarray(value, dtype=np.int64)
+    try:
+        return np.asarray(value, dtype=np.int64)
+    except OverflowError:
+        bad = next(v for v in value if not -(2**63) <= v < 2**63)
+        raise TokenRangeError(
+            f"{path}:{lineno}: token id {bad} in field {field!r} does not fit in 64 bits, so is in no vocabulary"
+        ) from None
 
 
-def _flush(pending: list, options: SourceOptions) -> DocBatch:
-    if options.tokenizer is not None:
+def _flush(path: str, pending: list, lines: list[int], options: SourceOptions) -> DocBatch:
+    if options.tokenizer is None:
+        return batch_from_lists(pending)
+    try:
         return batch_from_lists(options.tokenizer.encode_batch(pending))
-    return batch_from_lists(pending)
+    except UnicodeError:  # a lone surrogate escape such as "\ud800" is valid JSON but not text
+        for text, lineno in zip(pending, lines, strict=True):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise InputFormatError(f"{path}:{lineno}: field is not valid Unicode text ({exc})") from exc
+        raise

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ..errors import MegatronIndexError
 from ..megatron import read_index
 from .base import DocBatch, SourceOptions, Unit
 
@@ -35,19 +36,25 @@ def plan_megatron(prefix: str, options: SourceOptions) -> list[Unit]:
 
 
 def read_megatron(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
+    """Sequences ``[start, stop)``; :func:`read_index` has checked them back to back inside ``.bin``."""
     index = read_index(unit.path)
-    stop = len(index.lengths) if unit.stop is None else unit.stop
-    data = np.memmap(unit.path + ".bin", dtype=index.dtype, mode="r")
+    n = len(index.lengths)
+    stop = n if unit.stop is None else unit.stop
+    if not 0 <= unit.start <= stop <= n:
+        raise MegatronIndexError(
+            f"{unit.path}.idx: has {n} sequences, the plan asked for [{unit.start}:{stop}]; "
+            "did it change during the pack? Rerun it"
+        )
+    total = int(index.lengths.sum(dtype=np.int64))
+    try:  # an empty .bin cannot be mapped; one shortened since read_index is refused here
+        data = np.memmap(unit.path + ".bin", dtype=index.dtype, mode="r", shape=(total,)) if total else None
+    except (OSError, ValueError) as exc:
+        raise MegatronIndexError(f"{unit.path}.bin: cannot map {total} tokens ({exc}); did it change?") from exc
     step = max(1, options.batch_documents)
     for a in range(unit.start, stop, step):
         b = min(a + step, stop)
-        lengths = index.lengths[a:b].astype(np.int64)
-        starts = index.pointers[a:b] // index.dtype.itemsize
         offsets = np.zeros(b - a + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        contiguous = bool(np.all(starts[1:] == starts[:-1] + lengths[:-1]))
-        if contiguous:
-            tokens = np.asarray(data[starts[0] : starts[0] + offsets[-1]])
-        else:
-            tokens = np.concatenate([np.asarray(data[s : s + n]) for s, n in zip(starts, lengths, strict=False)])
+        np.cumsum(index.lengths[a:b], out=offsets[1:])
+        first = int(index.pointers[a]) // index.dtype.itemsize
+        tokens = np.zeros(0, index.dtype) if data is None else np.asarray(data[first : first + int(offsets[-1])])
         yield DocBatch(tokens, offsets)

@@ -10,24 +10,25 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..errors import InputFormatError, UsageError
+from ..errors import InputFormatError, TokenRangeError, UsageError
 from .base import DocBatch, SourceOptions, Unit, batch_from_lists
 
 __all__ = ["read_npy"]
 
 _BLOCK = 1 << 24  # tokens scanned for EOS at a time: bounded memory on huge streams
+_MAGIC = b"\x93NUMPY"
+_INT64_MAX = 2**63 - 1
+# 3.0 differs from 2.0 only in encoding field names as UTF-8, which does not change whether the
+# dtype holds objects
+_HEADER_READERS = {
+    (1, 0): np.lib.format.read_array_header_1_0,
+    (2, 0): np.lib.format.read_array_header_2_0,
+    (3, 0): np.lib.format.read_array_header_2_0,
+}
 
 
 def read_npy(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
-    try:
-        arr = np.load(unit.path, mmap_mode="r", allow_pickle=False)
-    except ValueError:
-        try:
-            arr = np.load(unit.path, allow_pickle=True)
-        except (OSError, ValueError) as exc:
-            raise InputFormatError(f"{unit.path}: not a readable .npy file ({exc})") from exc
-    except OSError as exc:
-        raise InputFormatError(f"{unit.path}: not a readable .npy file ({exc})") from exc
+    arr = _load(unit.path)
     if arr.dtype == object:
         yield from _object_docs(unit.path, arr, options)
     elif arr.ndim == 1 and np.issubdtype(arr.dtype, np.integer):
@@ -41,18 +42,54 @@ def read_npy(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
         )
 
 
+def _load(path: str) -> np.ndarray:
+    """Map a plain array; load (unpickle) only an array whose header says object dtype. A file
+    without the ``.npy`` magic is refused first: ``np.load`` would open zip archives and unpickle
+    arbitrary files. A plain array that cannot be mapped (truncated) is an error, never read
+    into memory whole."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(len(_MAGIC)) != _MAGIC:
+                raise InputFormatError(f"{path}: not a .npy file (no NumPy magic at its start)")
+            f.seek(0)
+            version = np.lib.format.read_magic(f)
+            if version not in _HEADER_READERS:
+                raise InputFormatError(f"{path}: .npy format version {version} is not supported")
+            has_object = _HEADER_READERS[version](f)[2].hasobject
+        arr = np.load(path, mmap_mode=None if has_object else "r", allow_pickle=has_object)
+    except InputFormatError:
+        raise
+    except Exception as exc:  # unpickling can raise any type
+        raise InputFormatError(
+            f"{path}: not a readable .npy file ({type(exc).__name__}: {exc}); is it truncated or corrupt?"
+        ) from exc
+    if not isinstance(arr, np.ndarray):
+        raise InputFormatError(f"{path}: not a .npy array (found {type(arr).__name__})")
+    return arr
+
+
 def _object_docs(path: str, arr: np.ndarray, options: SourceOptions) -> Iterator[DocBatch]:
     docs: list[np.ndarray] = []
     for i, item in enumerate(arr.reshape(-1)):
-        doc = np.asarray(item)
-        if doc.ndim != 1 or not (np.issubdtype(doc.dtype, np.integer) or doc.size == 0):
-            raise InputFormatError(f"{path}: document {i} is not a 1-D integer array")
-        docs.append(doc.astype(np.int64, copy=False))
+        docs.append(_document(path, i, item))
         if len(docs) >= options.batch_documents:
             yield batch_from_lists(docs)
             docs = []
     if docs:
         yield batch_from_lists(docs)
+
+
+def _document(path: str, i: int, item: object) -> np.ndarray:
+    """One element of an object array as int64 token ids, or an InputFormatError naming it."""
+    try:
+        doc = np.asarray(item)
+    except (ValueError, TypeError, OverflowError) as exc:  # ragged nested lists, odd objects
+        raise InputFormatError(f"{path}: document {i} is not a 1-D integer array ({exc})") from exc
+    if doc.ndim != 1 or not (np.issubdtype(doc.dtype, np.integer) or doc.size == 0):
+        raise InputFormatError(f"{path}: document {i} is not a 1-D integer array (shape {doc.shape}, {doc.dtype})")
+    if doc.dtype == np.uint64 and doc.size and int(doc.max()) > _INT64_MAX:  # would wrap to a negative id
+        raise TokenRangeError(f"{path}: token id {int(doc.max())} in document {i} does not fit in 64 bits")
+    return doc.astype(np.int64, copy=False)
 
 
 def _split_stream(arr: np.ndarray, eos_id: int) -> Iterator[DocBatch]:

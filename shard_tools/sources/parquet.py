@@ -47,7 +47,10 @@ def _convert(path: str, column: str, arr: pa.Array, options: SourceOptions) -> D
     if options.tokenizer is not None:
         if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
             raise InputFormatError(f"{path}: text column {column!r} is {arr.type}, not a string")
-        return batch_from_lists(options.tokenizer.encode_batch(arr.to_pylist()))
+        try:  # Parquet does not promise valid UTF-8 in a string column; Arrow checks it only here
+            return batch_from_lists(options.tokenizer.encode_batch(arr.to_pylist()))
+        except UnicodeError as exc:
+            raise InputFormatError(f"{path}: text column {column!r} is not valid UTF-8 ({exc})") from exc
     if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) or not pa.types.is_integer(
         arr.type.value_type
     ):

@@ -7,9 +7,11 @@ from collections.abc import Iterator
 import fsspec
 
 from ..errors import InputFormatError, UsageError
-from .base import DocBatch, SourceOptions, Unit, batch_from_lists
+from .base import READ_ERRORS, DocBatch, SourceOptions, Unit, batch_from_lists
 
 __all__ = ["read_text"]
+
+_ERRORS: tuple[type[BaseException], ...] = (*READ_ERRORS, UnicodeDecodeError)
 
 
 def read_text(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
@@ -34,5 +36,5 @@ def read_text(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
                     pending = []
             if pending:
                 yield batch_from_lists(tokenizer.encode_batch(pending))
-    except (OSError, UnicodeDecodeError) as exc:
+    except _ERRORS as exc:
         raise InputFormatError(f"{unit.path}: cannot read as UTF-8 text ({exc})") from exc
