@@ -55,6 +55,7 @@ log = logging.getLogger("ferry.daemon")
 # subjects of a destination's dataset-level open errors (beside shard paths)
 _PUBLISH = "manifest.json"
 _LEASE = ".ferry-lease.json"
+_ACCESS = "(destination)"  # the dataset copy cannot be written at all (read-only, access refused)
 
 
 class _Unchanged:
@@ -280,10 +281,15 @@ class Daemon:
             self.accounting.set_writer(name, dest, exc.holder)
             self._open_problem(name, dest, _LEASE, str(exc), retryable=True)
             return None
+        except StorageError as exc:
+            if exc.retryable:
+                raise
+            self._open_problem(name, dest, _ACCESS, str(exc), retryable=False)  # looked at again next poll
+            return None
         self._refused.pop((name, dest), None)
         self.accounting.set_writer(name, dest, None)
-        self._clear_problem(name, dest, _PUBLISH)
-        self._clear_problem(name, dest, _LEASE)
+        for subject in (_PUBLISH, _LEASE, _ACCESS):
+            self._clear_problem(name, dest, subject)
         return res
 
     def _name_allowed(self, rule: Rule, name: str) -> bool:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from shard_tools.errors import ShardDigestError, ShardFormatError, StorageError
-from shard_tools.store import Location
+from shard_tools.store import Location, not_permitted
 from shard_tools.threadname import start_named_thread
 
 from .bandwidth import Bandwidth
@@ -24,7 +24,7 @@ from .config import link_name
 from .events import EventBus
 from .planner import ShardRef
 from .stats import Stats
-from .transfer import CHUNK_SIZE, Cancelled, SourceMissing, copy_shard, not_permitted, verify_shard
+from .transfer import CHUNK_SIZE, Cancelled, SourceMissing, copy_shard, verify_shard
 
 __all__ = ["Job", "JobResult", "Executor"]
 

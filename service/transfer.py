@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 from shard_tools.digest import Hasher
 from shard_tools.errors import ShardDigestError, ShardFormatError, StorageError
-from shard_tools.store import STALE_TEMP_SECONDS, Location, temp_name
+from shard_tools.store import STALE_TEMP_SECONDS, Location, not_permitted, storage_error, temp_name
 
 __all__ = [
     "CHUNK_SIZE",
@@ -135,40 +135,6 @@ def copy_shard(
     except Exception as exc:  # noqa: BLE001 - map backend errors at the boundary
         raise storage_error(f"copy of {path} from {src.url} to {dst.url} failed: {exc}", exc) from exc
     return CopyOutcome(size, time.monotonic() - t0)
-
-
-# Refusals no retry can fix: permission denied, operation not permitted, read-only filesystem.
-_NOT_PERMITTED = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
-_DENIED_CODES = frozenset({"AccessDenied", "AllAccessDisabled", "Forbidden", "403"})
-
-
-def not_permitted(exc: BaseException) -> bool:
-    """Whether ``exc`` or what caused it is a refusal no retry can fix: EACCES, EPERM or EROFS, a
-    PermissionError (s3fs's mapping of AccessDenied and other 403s) or an S3 AccessDenied / HTTP 403."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, PermissionError) or (isinstance(e, OSError) and e.errno in _NOT_PERMITTED):
-            return True
-        response = getattr(e, "response", None)  # botocore's ClientError
-        if isinstance(response, dict):
-            code = (response.get("Error") or {}).get("Code")
-            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
-            if code in _DENIED_CODES or status == 403:
-                return True
-        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
-    return False
-
-
-def storage_error(message: str, exc: BaseException) -> StorageError:
-    """The StorageError for a backend failure ``exc``: fatal (not retried) when access is refused."""
-    if not_permitted(exc):
-        return StorageError(
-            f"{message} (access refused or read-only storage: not retried; fix the permissions, then retry)",
-            retryable=False,
-        )
-    return StorageError(message)
 
 
 def _copy_local(src_path: str, dst_path: str, c: _Copy) -> None:

@@ -35,9 +35,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import xxhash
+from fsspec import AbstractFileSystem
 
 from .errors import StorageError, WriteConflictError
-from .store import Location, atomic_local_write
+from .store import Location, atomic_local_write, storage_error
 
 __all__ = ["LOCK_FILE", "Versioned", "read_versioned", "write_if", "cas_kind"]
 
@@ -57,8 +58,21 @@ class Versioned:
     token: str | None
 
 
+def _unwrapped(loc: Location) -> Location:
+    """``loc`` on the filesystem that really stores its bytes: a wrapping filesystem that delegates
+    to another under the same paths (``.inner``, as fault injection does) is looked through."""
+    fs = loc.fs
+    for _ in range(8):
+        inner = getattr(fs, "inner", None)
+        if not isinstance(inner, AbstractFileSystem):
+            break
+        fs = inner
+    return loc if fs is loc.fs else Location(fs, loc.root, loc.url)
+
+
 def cas_kind(loc: Location) -> str:
     """How ``loc`` swaps atomically: ``lock`` (local), ``conditional`` (S3), ``memory`` or ``none``."""
+    loc = _unwrapped(loc)
     if loc.local:
         return "lock"
     protocols = loc.fs.protocol if isinstance(loc.fs.protocol, tuple) else (loc.fs.protocol,)
@@ -75,6 +89,7 @@ def _digest(data: bytes) -> str:
 
 def read_versioned(loc: Location, rel: str) -> Versioned:
     """The object at ``rel`` with its token (``Versioned(None, None)`` where it does not exist)."""
+    loc = _unwrapped(loc)
     if cas_kind(loc) == "conditional":
         return _s3_get(loc, rel)
     try:
@@ -89,6 +104,7 @@ def write_if(loc: Location, rel: str, data: bytes, token: str | None) -> str:
     returns the new token.
 
     Raises WriteConflictError (nothing written) when another writer changed it first."""
+    loc = _unwrapped(loc)
     kind = cas_kind(loc)
     if kind == "conditional":
         return _s3_put_if(loc, rel, data, token)
@@ -121,14 +137,10 @@ def _check_then_write(loc: Location, rel: str, data: bytes, token: str | None) -
         try:
             atomic_local_write(loc.full(rel), data, sync_dir=True)
         except OSError as exc:
-            raise StorageError(f"cannot write {loc.url}/{rel}: {exc}", retryable=_retryable(exc)) from exc
+            raise storage_error(f"cannot write {loc.url}/{rel}: {exc}", exc) from exc
     else:
         loc.write_bytes(rel, data)
     return _digest(data)
-
-
-def _retryable(exc: OSError) -> bool:
-    return exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
 
 
 @contextlib.contextmanager
@@ -144,7 +156,7 @@ def _local_lock(loc: Location) -> Iterator[None]:
             os.makedirs(loc.root, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise StorageError(f"cannot open the lock {path}: {exc}", retryable=_retryable(exc)) from exc
+            raise storage_error(f"cannot open the lock {path}: {exc}", exc) from exc
         try:
             deadline = time.monotonic() + _LOCK_TIMEOUT
             pause = 0.002
@@ -202,7 +214,7 @@ def _s3_get(loc: Location, rel: str) -> Versioned:
     except FileNotFoundError:
         return Versioned(None, None)
     except Exception as exc:  # noqa: BLE001 - any backend failure is a storage error
-        raise StorageError(f"cannot read {loc.url}/{rel}: {exc}") from exc
+        raise storage_error(f"cannot read {loc.url}/{rel}: {exc}", exc) from exc
     return Versioned(data, etag)
 
 
@@ -220,9 +232,7 @@ def _s3_put_if(loc: Location, rel: str, data: bytes, token: str | None) -> str:
             raise WriteConflictError(f"{loc.url}/{rel} was changed by another writer") from exc
         if code in ("NoSuchKey", "404") and token is not None:
             raise WriteConflictError(f"{loc.url}/{rel} was removed by another writer") from exc
-        raise StorageError(
-            f"cannot write {loc.url}/{rel}: {exc}", retryable=code not in ("AccessDenied", "403")
-        ) from exc
+        raise storage_error(f"cannot write {loc.url}/{rel}: {exc}", exc) from exc
     finally:
         fs.invalidate_cache(loc.full(rel))
     return str(resp["ETag"])

@@ -9,6 +9,7 @@ Temp files carry ``TEMP_MARKER`` in their name so a planner can find stale ones.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import posixpath
@@ -33,6 +34,8 @@ __all__ = [
     "temp_is_stale",
     "atomic_local_write",
     "STALE_TEMP_SECONDS",
+    "not_permitted",
+    "storage_error",
 ]
 
 TEMP_MARKER = ".ferry-tmp-"
@@ -40,6 +43,40 @@ TEMP_MARKER = ".ferry-tmp-"
 #: without a change: a writer streaming into it touches it far more often.
 STALE_TEMP_SECONDS = 15 * 60
 _HOST = hashlib.blake2s(socket.gethostname().encode(), digest_size=4).hexdigest()
+
+
+# Refusals no retry can fix: permission denied, operation not permitted, read-only filesystem.
+_NOT_PERMITTED = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+_DENIED_CODES = frozenset({"AccessDenied", "AllAccessDisabled", "Forbidden", "403"})
+
+
+def not_permitted(exc: BaseException) -> bool:
+    """Whether ``exc`` or what caused it is a refusal no retry can fix: EACCES, EPERM or EROFS, a
+    PermissionError (s3fs's mapping of AccessDenied and other 403s) or an S3 AccessDenied / HTTP 403."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, PermissionError) or (isinstance(e, OSError) and e.errno in _NOT_PERMITTED):
+            return True
+        response = getattr(e, "response", None)  # botocore's ClientError
+        if isinstance(response, dict):
+            code = (response.get("Error") or {}).get("Code")
+            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            if code in _DENIED_CODES or status == 403:
+                return True
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+    return False
+
+
+def storage_error(message: str, exc: BaseException) -> StorageError:
+    """The StorageError for a backend failure ``exc``: fatal (not retried) when access is refused."""
+    if not_permitted(exc):
+        return StorageError(
+            f"{message} (access refused or read-only storage: not retried; fix the permissions, then retry)",
+            retryable=False,
+        )
+    return StorageError(message)
 
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
@@ -111,7 +148,7 @@ class Location:
         try:
             return bool(self.fs.exists(self.full(rel)))
         except Exception as exc:  # noqa: BLE001 - any backend failure is a storage error
-            raise StorageError(f"cannot check {self.url}/{rel}: {exc}") from exc
+            raise storage_error(f"cannot check {self.url}/{rel}: {exc}", exc) from exc
 
     def read_bytes(self, rel: str) -> bytes:
         """Read a whole object; ``FileNotFoundError`` passes through for callers to map."""
@@ -120,7 +157,7 @@ class Location:
         except FileNotFoundError:
             raise
         except Exception as exc:  # noqa: BLE001
-            raise StorageError(f"cannot read {self.url}/{rel}: {exc}") from exc
+            raise storage_error(f"cannot read {self.url}/{rel}: {exc}", exc) from exc
 
     def size(self, rel: str) -> int:
         try:
@@ -139,7 +176,7 @@ class Location:
             else:
                 self.fs.pipe_file(path, bytes(data))
         except Exception as exc:  # noqa: BLE001
-            raise StorageError(f"cannot write {self.url}/{rel}: {exc}") from exc
+            raise storage_error(f"cannot write {self.url}/{rel}: {exc}", exc) from exc
 
     def listdir(self, rel: str) -> list[str]:
         """Names (not paths) of the entries directly under ``rel``; empty if it does not exist."""
@@ -158,7 +195,7 @@ class Location:
         except FileNotFoundError:
             pass
         except Exception as exc:  # noqa: BLE001
-            raise StorageError(f"cannot delete {self.url}/{rel}: {exc}") from exc
+            raise storage_error(f"cannot delete {self.url}/{rel}: {exc}", exc) from exc
 
 
 def atomic_local_write(path: str, data: bytes | memoryview, *, sync_dir: bool = False) -> None:

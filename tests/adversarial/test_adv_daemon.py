@@ -28,6 +28,7 @@ from test_api_helpers import Service, pack, running_service, wait_until
 from service.engine import Engine
 from service.executor import Executor
 from service.state import State
+from shard_tools.errors import StorageError
 from shard_tools.header import version_id_of
 from shard_tools.store import resolve
 
@@ -241,30 +242,49 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_read_only_destination_is_fatal_not_retried(tmp_path: Path, read_only_dir: Path) -> None:
-    res = pack(str(tmp_path / "src"), 60, seed=7)
+    """A read-only destination fails the pass at once (the writer lease cannot be written), not
+    each shard five times with backoff."""
+    pack(str(tmp_path / "src"), 60, seed=7)
     state = State(None)
     engine = Engine(Executor(retries=5, backoff=(0.5, 10.0)), state)
     locations = {"src": resolve(str(tmp_path / "src")), "dst": resolve(str(read_only_dir / "ds"))}
-    out = engine.sync_pass("ds", "src", "dst", locations)  # with a retry, a backoff of ≥ 0.25 s first
-    assert len(out.failed) == res.shards and not out.published
-    for r in out.failed:
-        assert (r.attempts, r.retryable) == (1, False)
-        assert "Read-only file system" in str(r.error) and "not retried" in str(r.error)
-    assert len(state.history(limit=1000)) == res.shards  # one attempt per shard, no more
-    assert state.fatal("ds", "dst") == {r.job.shard.path for r in out.failed}
-    again = engine.sync_pass("ds", "src", "dst", locations)  # the next pass does not try them again
-    assert again.skipped_failed == res.shards and len(state.history(limit=1000)) == res.shards
+    t0 = time.monotonic()
+    with pytest.raises(StorageError) as info:
+        engine.sync_pass("ds", "src", "dst", locations)  # with a retry, a backoff of ≥ 0.25 s first
+    assert time.monotonic() - t0 < 0.25 and not info.value.retryable
+    assert "Read-only file system" in str(info.value) and "not retried" in str(info.value)
+    assert state.history(limit=1000) == []  # no shard was even tried
 
 
-def test_daemon_reports_a_read_only_destination_once_per_shard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    res = pack(str(tmp_path / "east" / "corpus"), 60, seed=8)
+def test_read_only_shard_writes_are_fatal_not_retried(tmp_path: Path) -> None:
+    """Past the lease, a shard write refused by the store is one attempt, fatal, and not tried again."""
+    res = pack(str(tmp_path / "src"), 60, seed=7)
+    (tmp_path / "dst" / "ds").mkdir(parents=True)
+    state = State(None)
+    engine = Engine(Executor(retries=5, backoff=(0.5, 10.0)), state)
+    locations = {"src": resolve(str(tmp_path / "src")), "dst": resolve(str(tmp_path / "dst" / "ds"))}
+    with _read_only_mount(tmp_path / "dst" / "ds" / "shards"):
+        out = engine.sync_pass("ds", "src", "dst", locations)
+        assert len(out.failed) == res.shards and not out.published
+        for r in out.failed:
+            assert (r.attempts, r.retryable) == (1, False)
+            assert "Read-only file system" in str(r.error) and "not retried" in str(r.error)
+        assert len(state.history(limit=1000)) == res.shards  # one attempt per shard, no more
+        assert state.fatal("ds", "dst") == {r.job.shard.path for r in out.failed}
+        again = engine.sync_pass("ds", "src", "dst", locations)  # the next pass does not try them again
+        assert again.skipped_failed == res.shards and len(state.history(limit=1000)) == res.shards
+
+
+def test_daemon_reports_a_read_only_destination_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pack(str(tmp_path / "east" / "corpus"), 60, seed=8)
     with _read_only_mount(tmp_path / "west"), _service(tmp_path, monkeypatch) as (svc, http):
-        errors = _wait_errors(http, res.shards)
-        assert all((e["cluster"], e["retryable"], e["attempts"]) == ("west", False, 1) for e in errors), errors
+        [error] = _wait_errors(http, 1)
+        assert (error["cluster"], error["retryable"], error["attempts"]) == ("west", False, 1), error
+        assert "Read-only file system" in error["reason"]
         n_polls = svc.daemon.passes
         wait_until(lambda: svc.daemon.passes >= n_polls + 3, what="three more polls")
-        assert len(svc.daemon.history(limit=1000)) == res.shards  # never tried again
-        assert [(e["id"], e["attempts"]) for e in _errors(http)] == [(e["id"], 1) for e in errors]
+        assert svc.daemon.history(limit=1000) == []  # no shard copy was attempted
+        assert [(e["id"], e["attempts"]) for e in _errors(http)] == [(error["id"], 1)]
 
 
 def test_access_refusals_are_classified_fatal() -> None:
@@ -272,7 +292,7 @@ def test_access_refusals_are_classified_fatal() -> None:
     from botocore.exceptions import ClientError
     from s3fs.errors import translate_boto_error
 
-    from service.transfer import not_permitted, storage_error
+    from shard_tools.store import not_permitted, storage_error
 
     denied = ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"},
                           "ResponseMetadata": {"HTTPStatusCode": 403}}, "PutObject")  # fmt: skip
