@@ -29,6 +29,7 @@ from typing import Any
 from shard_tools.conditional import read_versioned, write_if
 from shard_tools.errors import LeaseHeldError, StorageError, WriteConflictError
 from shard_tools.store import Location
+from shard_tools.threadname import start_named_thread
 
 __all__ = ["LEASE_FILE", "DEFAULT_TTL", "LeaseInfo", "Lease", "read_lease"]
 
@@ -150,8 +151,7 @@ class Lease:
                 except StorageError:
                     continue  # a passing storage error: try again at the next tick, while the lease runs
 
-        self._thread = threading.Thread(target=run, name="ferry-lease", daemon=True)
-        self._thread.start()
+        self._thread = start_named_thread(run, "ferry-lease")
 
     def release(self) -> None:
         """Give the lease up (an expired lease in its place), if it is still ours."""
