@@ -1,6 +1,7 @@
 """Executors: run :func:`~.packunit.pack_unit` over units, yielding results in unit order.
 
-``local`` runs in-process (``workers=1``) or in a spawn-started process pool; ``ray`` fans
+``local`` runs in-process (``workers=1``) or in a process pool whose workers end with the
+process that started them (:mod:`.orphans`); ``ray`` fans
 units out as Ray tasks (retried on worker loss and storage errors) that write their shards
 straight to the output URL. Results always come back in unit order, so the output never
 depends on the executor or on scheduling.
@@ -16,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .errors import FerryError, StorageError, UsageError
+from .orphans import exit_with_parent
 from .packunit import Job, UnitResult, pack_unit
 from .sources import Unit
 
@@ -39,7 +41,11 @@ def run_units(
 
 
 def _pool(job: Job, units: Sequence[Unit], workers: int) -> Iterator[UnitResult]:
-    with cf.ProcessPoolExecutor(max_workers=min(workers, len(units)), mp_context=_context()) as pool:
+    # exit_with_parent: workers of a killed ferry would otherwise wait on their queue forever,
+    # and keep the fork server and the resource tracker alive with them.
+    with cf.ProcessPoolExecutor(
+        max_workers=min(workers, len(units)), mp_context=_context(), initializer=exit_with_parent
+    ) as pool:
         futures = [pool.submit(pack_unit, job, u) for u in units]
         try:
             for fut in futures:  # in unit order: the output never depends on scheduling
@@ -59,7 +65,7 @@ def _context() -> multiprocessing.context.BaseContext:
     plain spawn elsewhere."""
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["shard_tools.packunit"])
+        ctx.set_forkserver_preload(["shard_tools.orphans", "shard_tools.packunit"])
         return ctx
     return multiprocessing.get_context("spawn")
 
