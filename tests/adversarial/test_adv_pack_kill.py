@@ -25,6 +25,13 @@ import pytest
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 
 FERRY = [sys.executable, "-m", "shard_tools.cli"]
+# ferry with plain spawn-started workers, as on platforms without a fork server
+FERRY_SPAWN = [
+    sys.executable,
+    "-c",
+    "import multiprocessing, sys; import shard_tools.executors as ex; from shard_tools.cli import main; "
+    "ex._context = lambda: multiprocessing.get_context('spawn'); sys.exit(main())",
+]
 # zstd level 19 on 2,000 random ids per document: a few seconds of work per worker.
 PACK_ARGS = ["--vocab-size", "50257", "--eos-id", "50256", "--shard-size", "64KiB", "--compression", "zstd:19"]
 GONE_WITHIN = 10.0  # seconds for every recorded descendant to end
@@ -90,15 +97,17 @@ def corpus(tmp_path: Path, files: int = 6, docs: int = 1500, bad_file: bool = Fa
 
 
 @contextmanager
-def pack_with_workers(tmp_path: Path, inputs: list[str]) -> Iterator[tuple[subprocess.Popen[str], set[Proc]]]:
+def pack_with_workers(
+    tmp_path: Path, inputs: list[str], ferry: list[str] = FERRY
+) -> Iterator[tuple[subprocess.Popen[str], set[Proc]]]:
     """Start `ferry pack --workers 2` in its own session; yield it once its two workers run,
     with the set of its descendants (kept up to date by :func:`record`)."""
-    cmd = [*FERRY, "pack", *inputs, "--out", str(tmp_path / "out"), *PACK_ARGS, "--workers", "2"]
+    cmd = [*ferry, "pack", *inputs, "--out", str(tmp_path / "out"), *PACK_ARGS, "--workers", "2"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     seen: set[Proc] = set()
     try:
         deadline = time.monotonic() + START_WITHIN
-        while not _workers_started(proc.pid, seen):
+        while not _workers_started(proc.pid, seen, forkserver=ferry is FERRY):
             assert proc.poll() is None, f"pack ended (rc {proc.returncode}) before its workers were seen: {seen}"
             assert time.monotonic() < deadline, f"workers did not start within {START_WITHIN}s: {seen}"
             seen |= descendants(proc.pid)
@@ -114,8 +123,11 @@ def pack_with_workers(tmp_path: Path, inputs: list[str]) -> Iterator[tuple[subpr
         proc.communicate(timeout=30)
 
 
-def _workers_started(root: int, seen: set[Proc]) -> bool:
-    """The resource tracker and the fork server are children of ferry, its workers grandchildren."""
+def _workers_started(root: int, seen: set[Proc], forkserver: bool) -> bool:
+    """The resource tracker and the fork server are children of ferry, fork server workers its
+    grandchildren; spawned workers are children."""
+    if not forkserver:
+        return len(seen) >= 3
     grandchildren = [p for p in seen if (st := _stat(p[0])) is not None and st[1] != root]
     return len(seen) >= 4 and len(grandchildren) >= 2
 
@@ -125,10 +137,14 @@ def record(proc: subprocess.Popen[str], seen: set[Proc]) -> None:
     seen |= descendants(proc.pid)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
-def test_killed_pack_leaves_no_process(tmp_path: Path, sig: signal.Signals) -> None:
+@pytest.mark.parametrize(
+    ("sig", "ferry"),
+    [(signal.SIGKILL, FERRY), (signal.SIGTERM, FERRY), (signal.SIGKILL, FERRY_SPAWN)],
+    ids=["sigkill", "sigterm", "sigkill-spawn"],
+)
+def test_killed_pack_leaves_no_process(tmp_path: Path, sig: signal.Signals, ferry: list[str]) -> None:
     """SIGTERM too: Python's default action ends the process without running any cleanup."""
-    with pack_with_workers(tmp_path, corpus(tmp_path)) as (proc, seen):
+    with pack_with_workers(tmp_path, corpus(tmp_path), ferry) as (proc, seen):
         record(proc, seen)
         assert proc.poll() is None, "pack finished before the kill: the corpus is too small to test anything"
         os.kill(proc.pid, sig)  # only the main process: its helpers get no signal
