@@ -1,6 +1,7 @@
 """Executors: run :func:`~.packunit.pack_unit` over units, yielding results in unit order.
 
-``local`` runs in-process (``workers=1``) or in a spawn-started process pool; ``ray`` fans
+``local`` runs in-process (``workers=1``) or in a process pool whose workers end with the
+process that started them (:mod:`.orphans`); ``ray`` fans
 units out as Ray tasks (retried on worker loss and storage errors) that write their shards
 straight to the output URL. Results always come back in unit order, so the output never
 depends on the executor or on scheduling.
@@ -12,10 +13,13 @@ import collections
 import concurrent.futures as cf
 import itertools
 import multiprocessing
+import signal
 from collections.abc import Iterator, Sequence
+from types import FrameType
 from typing import Any
 
 from .errors import FerryError, StorageError, UsageError
+from .orphans import exit_with_parent
 from .packunit import Job, UnitResult, pack_unit
 from .sources import Unit
 
@@ -39,8 +43,10 @@ def run_units(
 
 
 def _pool(job: Job, units: Sequence[Unit], workers: int) -> Iterator[UnitResult]:
-    with cf.ProcessPoolExecutor(max_workers=min(workers, len(units)), mp_context=_context()) as pool:
-        futures = [pool.submit(pack_unit, job, u) for u in units]
+    with cf.ProcessPoolExecutor(
+        max_workers=min(workers, len(units)), mp_context=_context(), initializer=_init_worker
+    ) as pool:
+        futures = [pool.submit(_pack_unit_in_worker, job, u) for u in units]
         try:
             for fut in futures:  # in unit order: the output never depends on scheduling
                 yield fut.result()
@@ -49,8 +55,35 @@ def _pool(job: Job, units: Sequence[Unit], workers: int) -> Iterator[UnitResult]
                 f"a pack worker process died ({exc}); out of memory? try fewer --workers. Nothing was published"
             ) from exc
         finally:
-            for fut in futures:
-                fut.cancel()
+            # Cancelled by the pool's own manager thread: a future cancelled from here while a
+            # worker dies (Ctrl-C) makes Python < 3.12 print an InvalidStateError traceback.
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+_packing = False  # in a pool worker: whether it is inside a unit, where Ctrl-C may interrupt it
+
+
+def _init_worker() -> None:
+    """Pool initializer. A worker of a killed ferry would wait on its queue forever, keeping the
+    fork server and the resource tracker alive too: it ends with ferry instead. Ctrl-C (SIGINT
+    to the whole process group) interrupts a unit being packed, so ferry stops promptly, but not
+    an idle worker: one dying in its queue wait prints a traceback and breaks the pool."""
+    exit_with_parent()
+    signal.signal(signal.SIGINT, _on_sigint)
+
+
+def _on_sigint(signum: int, frame: FrameType | None) -> None:
+    if _packing:
+        raise KeyboardInterrupt
+
+
+def _pack_unit_in_worker(job: Job, unit: Unit) -> UnitResult:
+    global _packing
+    _packing = True
+    try:
+        return pack_unit(job, unit)
+    finally:
+        _packing = False
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -59,7 +92,7 @@ def _context() -> multiprocessing.context.BaseContext:
     plain spawn elsewhere."""
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["shard_tools.packunit"])
+        ctx.set_forkserver_preload(["shard_tools.forkserver_preload"])
         return ctx
     return multiprocessing.get_context("spawn")
 
