@@ -28,7 +28,7 @@ from typing import Any
 
 from shard_tools.conditional import read_versioned, write_if
 from shard_tools.errors import LeaseHeldError, StorageError, WriteConflictError
-from shard_tools.store import Location
+from shard_tools.store import Location, process_alive
 from shard_tools.threadname import start_named_thread
 
 __all__ = ["LEASE_FILE", "DEFAULT_TTL", "LeaseInfo", "Lease", "read_lease"]
@@ -50,7 +50,8 @@ class LeaseInfo:
     expires_at: float
 
     def expired(self, now: float) -> bool:
-        return now >= self.expires_at or (self.host == _HOST and self.pid != os.getpid() and not _alive(self.pid))
+        gone = self.host == _HOST and self.pid != os.getpid() and not process_alive(self.pid)
+        return now >= self.expires_at or gone
 
     def describe(self) -> str:
         left = max(0.0, self.expires_at - time.time())
@@ -67,16 +68,6 @@ class LeaseInfo:
             )  # fmt: skip
         except (ValueError, KeyError, TypeError):
             return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def read_lease(loc: Location) -> LeaseInfo | None:

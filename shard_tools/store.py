@@ -34,6 +34,7 @@ __all__ = [
     "temp_is_stale",
     "atomic_local_write",
     "STALE_TEMP_SECONDS",
+    "process_alive",
     "not_permitted",
     "storage_error",
 ]
@@ -104,7 +105,8 @@ def temp_writer(name: str) -> tuple[str, int] | None:
     return parts[0], int(parts[1])
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (one we may not signal counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -119,7 +121,7 @@ def temp_is_stale(name: str, age_seconds: float | None) -> bool:
     elsewhere or unknown) it has not changed for ``STALE_TEMP_SECONDS``."""
     writer = temp_writer(name)
     if writer is not None and writer[0] == _HOST:
-        return writer[1] != os.getpid() and not _alive(writer[1])
+        return writer[1] != os.getpid() and not process_alive(writer[1])
     return age_seconds is None or age_seconds >= STALE_TEMP_SECONDS
 
 
