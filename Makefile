@@ -5,15 +5,26 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench venv clean browser
+LOCK   := requirements-dev.lock
+
+.PHONY: demo test test-fast lint bench venv clean browser lock
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml constraints-dev.txt
+# Everything from the lock (exact versions, checked against their sha256), then ferry itself.
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c constraints-dev.txt -e '.[all]'
+	$(PIP) install -q --require-hashes --no-deps -r $(LOCK)
+	$(PIP) install -q --no-deps -e .
 	touch $(STAMP)
+
+# Re-resolve .[all] under constraints-dev.txt and pin every package with its hash (after a change
+# to pyproject.toml's requirements; tests/test_lockfile.py fails until the lock matches them).
+lock:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PY) tools/lockfile.py write
 
 # Debian's Chromium for the dashboard's browser tests (installed when missing and we are root).
 browser:
@@ -33,7 +44,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check shard_tools client service tests bench
+	$(VENV)/bin/ruff check shard_tools client service tests bench tools
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)
