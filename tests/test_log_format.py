@@ -1,7 +1,8 @@
-"""`--log-format json` of `ferry serve` and `ferry sync` (one JSON object per stderr line)."""
+"""`--log-format json` of `ferry serve` and `ferry sync` (one JSON object per stderr line), and `ferry --version`."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ import httpx
 from conftest import free_port
 from test_api_helpers import pack
 
+import shard_tools
 from shard_tools.dataset import open_dataset
 
 FERRY = Path(sys.executable).with_name("ferry")
@@ -175,3 +177,15 @@ def test_json_formatter_escapes_every_control_character_losslessly() -> None:
     line = fmt.format(record)
     assert "\n" not in line and not _RAW_CONTROL.search(line)
     assert json.loads(line)["exc"].endswith("ValueError: bad\n\x1b[2J")
+
+
+def test_version_prints_the_package_version_without_loading_commands() -> None:
+    probe = (
+        "import sys; from shard_tools.cli import main; rc = main(['--version']); "
+        "print(rc, sorted(m for m in ('fastapi', 'service.cli', 'torch') if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.splitlines() == [f"ferry {shard_tools.__version__}", "0 []"], proc.stderr
+    assert shard_tools.__version__ == importlib.metadata.version("ferry")
+    cli = subprocess.run([str(FERRY), "--version"], capture_output=True, text=True, timeout=60)
+    assert (cli.returncode, cli.stdout) == (0, f"ferry {shard_tools.__version__}\n")
