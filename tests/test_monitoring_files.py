@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,6 +32,7 @@ else:  # pragma: no cover
 DOCKER = Path(__file__).resolve().parents[1] / "docker"
 DASHBOARD = DOCKER / "grafana" / "dashboards" / "ferry.json"
 RULES = DOCKER / "prometheus" / "alerts.yml"
+RULE_TESTS = DOCKER / "prometheus" / "alerts_test.yml"
 PROMETHEUS = DOCKER / "prometheus" / "prometheus.yml"
 DATASOURCES = DOCKER / "grafana" / "provisioning" / "datasources" / "prometheus.yaml"
 PROVIDERS = DOCKER / "grafana" / "provisioning" / "dashboards" / "ferry.yaml"
@@ -385,3 +388,15 @@ def test_compose_wires_prometheus_and_grafana_to_files_in_docker() -> None:
     provider = _load_yaml(PROVIDERS)["providers"][0]
     assert graf[provider["options"]["path"]] == DASHBOARD.parent.resolve()
     assert not any("GF_INSTALL_PLUGINS" in str(k) for k in services["grafana"].get("environment", {}))
+
+
+def test_promtool_accepts_the_config_and_the_rules_pass_their_unit_tests(tmp_path: Path) -> None:
+    """Where promtool is installed: the real PromQL parser, and each alert firing (and not) on made-up series."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (Debian: apt-get install prometheus); the PromQL lexer above still ran")
+    config = tmp_path / "prometheus.yml"  # the rule file where compose mounts it -> where it is here
+    config.write_text(PROMETHEUS.read_text().replace("/etc/prometheus/alerts.yml", str(RULES)))
+    for cmd in (["check", "config", str(config)], ["check", "rules", str(RULES)], ["test", "rules", str(RULE_TESTS)]):
+        proc = subprocess.run([promtool, *cmd], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
