@@ -8,6 +8,7 @@ PromQL lexer finds every selector, its label matchers and the grouping labels.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -21,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from conftest import free_port
 from prometheus_client.parser import text_string_to_metric_families
 from test_api_helpers import pack, running_service, wait_until
 
@@ -216,9 +218,15 @@ def exported_metrics(text: str) -> dict[str, set[str]]:
     return out
 
 
+@dataclass
+class Live:
+    url: str  # the API's base URL
+    exported: dict[str, set[str]]
+
+
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, set[str]]]:
-    """/metrics of a real daemon + API: one dataset replicated east → west, one open error."""
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    """A real daemon + API: one dataset replicated east → west, one open error; its /metrics parsed."""
     root = tmp_path_factory.mktemp("monitoring")
     with pytest.MonkeyPatch.context() as mp, running_service(root, mp) as svc:
         version = pack(svc.east("corpus"), n_docs=40).version_id
@@ -230,7 +238,12 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, set
                 lambda: (t := http.get("/metrics").text) and "ferry_errors{" in t and t,
                 what="an open error in /metrics",
             )
-        yield {**exported_metrics(text), **SYNTHETIC}
+        yield Live(svc.url, {**exported_metrics(text), **SYNTHETIC})
+
+
+@pytest.fixture(scope="module")
+def exported(live: Live) -> dict[str, set[str]]:
+    return live.exported
 
 
 def test_the_scrape_has_every_family_with_samples(exported: dict[str, set[str]]) -> None:
@@ -400,3 +413,73 @@ def test_promtool_accepts_the_config_and_the_rules_pass_their_unit_tests(tmp_pat
     for cmd in (["check", "config", str(config)], ["check", "rules", str(RULES)], ["test", "rules", str(RULE_TESTS)]):
         proc = subprocess.run([promtool, *cmd], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# Grafana's variables, as Grafana would expand them for "All" on a 1 s scrape interval
+_GRAFANA_VARS = {'"$dataset"': '".*"', '"$cluster"': '".*"', "$__rate_interval": "30s"}
+
+
+def _expand(expr: str) -> str:
+    for var, value in _GRAFANA_VARS.items():
+        expr = expr.replace(var, value)
+    return expr
+
+
+@contextlib.contextmanager
+def _prometheus(tmp_path: Path, target: str) -> Iterator[httpx.Client]:
+    """A real Prometheus scraping ``target`` every second and evaluating alerts.yml, on a free port."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("prometheus is not installed (Debian: apt-get install prometheus)")
+    config = yaml.safe_load(PROMETHEUS.read_text())
+    config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+    config["rule_files"] = [str(RULES)]
+    config["scrape_configs"][0]["static_configs"] = [{"targets": [target]}]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    cmd = [binary, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
+           f"--web.listen-address=127.0.0.1:{port}"]  # fmt: skip
+    with (tmp_path / "prometheus.log").open("w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+            yield http
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _query(http: httpx.Client, expr: str) -> list[Any]:
+    try:
+        r = http.get("/api/v1/query", params={"query": expr})
+    except httpx.TransportError:
+        return []  # not listening yet
+    assert r.status_code == 200 and r.json()["status"] == "success", f"{expr!r}: {r.text}"
+    return list(r.json()["data"]["result"])
+
+
+def test_a_real_prometheus_runs_every_query_and_rule(live: Live, tmp_path: Path) -> None:
+    """Where Prometheus is installed: it scrapes a live ferry, each dashboard query parses and returns
+    series, each variable lists values, and each alert rule evaluates without error."""
+    with _prometheus(tmp_path, live.url.removeprefix("http://")) as prom:
+        wait_until(lambda: _query(prom, 'rate(ferry_uptime_seconds{job="ferry"}[30s])'), what="two scrapes")
+        doc = json.loads(DASHBOARD.read_text())
+        for where, expr, labels in dashboard_queries(doc):
+            if where.startswith("variable"):
+                r = prom.get(f"/api/v1/label/{labels.pop()}/values", params={"match[]": expr}).json()
+                assert r["status"] == "success" and r["data"], f"{where}: {r}"
+            else:
+                assert _query(prom, _expand(expr)), f"{where}: no series for {expr!r}"
+
+        def evaluated() -> list[dict[str, Any]]:
+            groups = prom.get("/api/v1/rules").json()["data"]["groups"]
+            rules = [r for g in groups for r in g["rules"]]
+            return rules if rules and all(r["lastEvaluation"] > "2000" for r in rules) else []
+
+        rules = wait_until(evaluated, what="every rule evaluated")
+        assert [(r["name"], r["health"], r.get("lastError", "")) for r in rules if r["health"] != "ok"] == []
+        assert {r["name"] for r in rules} == {r["alert"] for g in _load_yaml(RULES)["groups"] for r in g["rules"]}
