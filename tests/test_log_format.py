@@ -100,7 +100,8 @@ def test_serve_json_logs_one_object_per_line_with_dataset_fields(tmp_path: Path)
         )
         try:
             assert _wait_for(log_path, seen, proc), log_path.read_text()
-            assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 200
+            metrics = httpx.get(f"http://127.0.0.1:{port}/metrics?token=sekrit-42", timeout=10)
+            assert metrics.status_code == 200
             _wait_for(log_path, lambda recs: any("GET /metrics" in r["message"] for r in recs), proc)
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
@@ -122,7 +123,8 @@ def test_serve_json_logs_one_object_per_line_with_dataset_fields(tmp_path: Path)
     hostile = next(r for r in recs if r.get("dataset") == HOSTILE)  # escaped on the line, exact once parsed
     assert hostile["cluster"] == "src" and "not allowed" in hostile["message"]
     assert any(r["logger"] == "ferry.api" and "dashboard at" in r["message"] for r in recs)
-    assert any(r["logger"] == "uvicorn.access" and "GET /metrics" in r["message"] for r in recs)
+    assert any(r["logger"] == "uvicorn.access" and "GET /metrics?token=***" in r["message"] for r in recs)
+    assert "sekrit-42" not in raw  # the access log's redaction holds in JSON too
     assert recs[-1]["message"] == "daemon stopped"
 
 
