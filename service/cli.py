@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import re
 import signal
@@ -126,23 +127,90 @@ def _indent_lines(text: str) -> str:
     return "\n".join("    " + _escape_control(line) for line in text.splitlines())
 
 
-def configure_logging(level: int, library_level: int | None = None) -> None:
-    """Log to stderr through :class:`SafeFormatter`: ferry's loggers at ``level``, every other logger
-    at ``library_level`` (default: ``level``). A process whose logging is set up already keeps it."""
+#: Record attributes (passed with ``extra=``) that a JSON line carries when a log call sets them.
+LOG_FIELDS = ("dataset", "cluster", "source", "destination", "shard", "failed_shards")
+LOG_FORMATS = ("human", "json")
+
+
+class JsonFormatter(logging.Formatter):
+    """One record, one JSON object on one line: ``ts`` (UTC, ISO 8601), ``level``, ``logger``,
+    ``message``, the :data:`LOG_FIELDS` the call passed, and ``exc`` (the traceback) if any. JSON
+    escaping covers the C0 controls; ``ensure_ascii`` the C1 controls and U+2028/9; DEL is escaped
+    by hand, so no value can break the line or reach a terminal raw."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        doc: dict[str, Any] = {
+            "ts": f"{ts}.{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name in LOG_FIELDS:
+            value = getattr(record, name, None)
+            if value is not None:
+                doc[name] = value if isinstance(value, (list, int, float)) else str(value)
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            doc["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(doc, ensure_ascii=True, default=str).replace("\x7f", "\\u007f")
+
+
+def configure_logging(level: int, library_level: int | None = None, log_format: str = "human") -> None:
+    """Log to stderr through :class:`SafeFormatter` (``log_format="json"``: :class:`JsonFormatter`):
+    ferry's loggers at ``level``, every other logger at ``library_level`` (default: ``level``).
+    A process whose logging is set up already keeps it."""
     root = logging.getLogger()
     if root.handlers:
         return
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+        _log_uncaught()
+    else:
+        handler.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root.addHandler(handler)
     root.setLevel(level if library_level is None else library_level)
     logging.getLogger("ferry").setLevel(level)
 
 
+def _log_uncaught() -> None:
+    """With JSON logs every stderr line is JSON: warnings and uncaught exceptions become records too."""
+    logging.captureWarnings(True)
+    crash = logging.getLogger("ferry.crash")
+
+    def on_thread(args: threading.ExceptHookArgs) -> None:
+        if args.exc_value is not None and not isinstance(args.exc_value, SystemExit):
+            name = args.thread.name if args.thread is not None else "?"
+            crash.critical("uncaught exception in thread %s", name, exc_info=args.exc_value)
+
+    def on_main(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        crash.critical("uncaught exception", exc_info=(exc_type, exc, tb))
+
+    threading.excepthook = on_thread
+    sys.excepthook = on_main
+
+
+def _logged_errors(args: argparse.Namespace, run: Callable[[], int]) -> int:
+    """``run()``; with JSON logs a FerryError ends as one error record (same exit code), not a plain line."""
+    from shard_tools.errors import FerryError
+
+    if getattr(args, "log_format", "human") != "json":
+        return run()
+    try:
+        return run()
+    except FerryError as exc:
+        message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        logging.getLogger(f"ferry.{args.command}").error("ferry %s: error: %s", args.command, message)
+        return exc.exit_code
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     level = getattr(logging, args.log_level.upper())
-    configure_logging(level, max(level, logging.INFO))  # libraries never below INFO: botocore's DEBUG prints keys
-    return serve_main(load_config(args.config), args)
+    # libraries never below INFO: botocore's DEBUG prints keys
+    configure_logging(level, max(level, logging.INFO), args.log_format)
+    return _logged_errors(args, lambda: serve_main(load_config(args.config), args))
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -155,11 +223,22 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     )
     p.add_argument("--config", "-c", default="ferry.toml", help="path to ferry.toml (default: ./ferry.toml)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _add_log_format(p)
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to let transfers finish on stop")
     for hook in SERVE_HOOKS:
         hook(p)
     p.set_defaults(func=_cmd_serve)
     return p
+
+
+def _add_log_format(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--log-format",
+        default="human",
+        choices=LOG_FORMATS,
+        help="stderr log lines: human (default) or json (one object per line: ts, level, logger, message, "
+        "dataset, cluster, shard where known)",
+    )
 
 
 def add_sync_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -186,6 +265,7 @@ def add_sync_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="publish even if the source's version does not descend from the destination's (moves it back)",
     )
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar (TTY)")
+    _add_log_format(p)
     p.add_argument("--storage-option", "-S", action="append", metavar="KEY=VALUE", help="fsspec option for both sides")
     p.add_argument("--src-option", action="append", metavar="KEY=VALUE", help="fsspec option for the source only")
     p.add_argument("--dst-option", action="append", metavar="KEY=VALUE", help="fsspec option for the destination")
@@ -218,7 +298,11 @@ def _progress_thread(stats: Stats, enabled: bool) -> tuple[threading.Event, thre
 
 
 def _cmd_sync(args: argparse.Namespace) -> int:
-    configure_logging(logging.WARNING)
+    configure_logging(logging.WARNING, log_format=args.log_format)
+    return _logged_errors(args, lambda: _sync(args))
+
+
+def _sync(args: argparse.Namespace) -> int:
     if args.transfers < 1:
         raise UsageError("--transfers must be at least 1")
     bwlimit = parse_rate(args.bwlimit, "--bwlimit")
@@ -255,7 +339,8 @@ def _cmd_sync(args: argparse.Namespace) -> int:
         stats=stats,
         retries=max(1, args.retries),
     )
-    show = sys.stderr.isatty() if args.progress is None else args.progress
+    # a bar is not a log line: with JSON logs only an explicit --progress draws one
+    show = sys.stderr.isatty() and args.log_format != "json" if args.progress is None else args.progress
     done, thread = _progress_thread(stats, show and not args.json)
     try:
         if args.verify_only:
@@ -276,7 +361,7 @@ def _print_report(report: dict[str, Any], args: argparse.Namespace, t0: float, o
     if args.json:
         print_json(report)
     else:
-        _print_human(report)
+        _print_human(report, json_logs=args.log_format == "json")
     return 0 if ok else 1
 
 
@@ -335,7 +420,7 @@ def _verify_only(executor: Executor, names: dict[str, Any], args: argparse.Names
     return report, not bad and dst_header is not None and dst_header[1]["version_id"] == manifest.version_id
 
 
-def _print_human(report: dict[str, Any]) -> None:
+def _print_human(report: dict[str, Any], json_logs: bool = False) -> None:
     if "verified" in report:
         print(
             f"verified {report['verified']}/{report['shards']} shards of {report['version']} at {report['destination']}"
@@ -351,7 +436,11 @@ def _print_human(report: dict[str, Any]) -> None:
             + ("published " + report["version"] if report["published"] else "NOT published")
         )
     for f in report["failed"]:
-        print(f"FAILED {f['shard']}: {f['error']}", file=sys.stderr)
+        if json_logs:
+            extra = {"source": report["source"], "destination": report["destination"], "shard": f["shard"]}
+            logging.getLogger("ferry.sync").error("FAILED %s: %s", f["shard"], f["error"], extra=extra)
+        else:
+            print(f"FAILED {f['shard']}: {f['error']}", file=sys.stderr)
 
 
 def _running_sync() -> bool:

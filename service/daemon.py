@@ -58,6 +58,13 @@ _LEASE = ".ferry-lease.json"
 _ACCESS = "(destination)"  # the dataset copy cannot be written at all (read-only, access refused)
 
 
+def _fields(
+    dataset: str | None, cluster: str, source: str | None = None, failed_shards: list[str] | None = None
+) -> dict[str, Any]:
+    """``extra=`` of a log call about a dataset: the fields ``ferry serve --log-format json`` writes."""
+    return {"dataset": dataset, "cluster": cluster, "source": source, "failed_shards": failed_shards or None}
+
+
 class _Unchanged:
     def __repr__(self) -> str:
         return "UNCHANGED"
@@ -251,11 +258,12 @@ class Daemon:
                         "%s %s->%s: version %s, copied %d (%d bytes), verified in place %d, failed %d%s",
                         name, rule.source, dest, res.version_id[:12], res.copied, res.copied_bytes,
                         res.verified_in_place, len(res.failed), ", published" if res.published else "",
+                        extra=_fields(name, dest, rule.source, [r.job.shard.path for r in res.failed]),
                     )  # fmt: skip
             except FerryError as exc:
                 self._report_failure(name, dest, str(exc))
             except Exception as exc:  # noqa: BLE001 - the loop must survive any single pass
-                log.exception("pass %s %s->%s crashed", name, rule.source, dest)
+                log.exception("pass %s %s->%s crashed", name, rule.source, dest, extra=_fields(name, dest, rule.source))
                 self._report_failure(name, dest, f"{type(exc).__name__}: {exc}")
         self._forget_problems(listed)
 
@@ -332,7 +340,7 @@ class Daemon:
         error_id = self.state.open_problem(dataset, cluster, subject, message, retryable=retryable)
         if error_id is None:
             return
-        log.warning("%s", message)
+        log.warning("%s", message, extra=_fields(dataset, cluster))
         self.accounting.error(dataset, cluster, retryable=retryable)
         self.state.add_event(self.events.publish(
             "error", id=error_id, dataset=dataset, version=None, shard=subject or None, src=None, dst=cluster,
@@ -344,7 +352,8 @@ class Daemon:
         if key in self._problems:
             self._problems.discard(key)
             self.state.clear_problem(*key)
-            log.info("dataset %r at %s: %s is fine again", dataset, cluster, subject or "its name")
+            log.info("dataset %r at %s: %s is fine again", dataset, cluster, subject or "its name",
+                     extra=_fields(dataset, cluster))  # fmt: skip
 
     def _forget_problems(self, listed: Mapping[str, set[str]]) -> None:
         """Clear the problems of datasets no longer at their (fully listed) source: deleted or renamed."""
@@ -362,7 +371,7 @@ class Daemon:
             self._known[name].cells[dest] = res
 
     def _report_failure(self, dataset: str | None, cluster: str, message: str) -> None:
-        log.warning("%s", message)
+        log.warning("%s", message, extra=_fields(dataset, cluster))
         self.accounting.error(dataset or "", cluster, retryable=True)
         self.state.add_event(self.events.publish(
             "error", id=None, dataset=dataset, version=None, shard=None, src=None, dst=cluster, message=message,
@@ -413,7 +422,7 @@ class Daemon:
                         "scrub", dataset=name, cluster=c, checked=checked, bad=len(bad), repaired=len(repaired)
                     ))  # fmt: skip
                     log.info("scrub %s at %s: %d checked, %d bad, %d repaired", name, c, checked, len(bad),
-                             len(repaired))  # fmt: skip
+                             len(repaired), extra=_fields(name, c))  # fmt: skip
 
     # read side
     def clusters(self) -> list[ClusterInfo]:

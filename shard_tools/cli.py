@@ -333,6 +333,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     argv = list(sys.argv[1:] if argv is None else argv)
     first = next((a for a in argv if not a.startswith("-")), None)
+    if argv[:1] == ["--version"]:  # answered without loading every command's package (fastapi, torch)
+        print(f"ferry {__version__}")
+        return 0
     parser = build_parser(first)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -103,10 +103,12 @@ def start_server(
     port: int | None = None,
     access_log: bool = False,
     startup_timeout: float = 20.0,
+    own_log_handlers: bool = True,
 ) -> RunningServer:
     """Start the API for ``daemon`` on a thread; ``config`` is the ferry ``Config``, its ``[api]`` or ApiSettings.
 
-    ``port=0`` picks a free port (read it from ``.url``).
+    ``port=0`` picks a free port (read it from ``.url``). ``own_log_handlers=False`` leaves uvicorn's
+    loggers without handlers of their own: their records reach the process's (``--log-format json``).
     """
     settings = _settings_of(config if config is not None else getattr(daemon, "config", None))
     app = create_app(daemon, settings)
@@ -116,6 +118,7 @@ def start_server(
         port=settings.port if port is None else port,
         log_level="info" if access_log else "warning",
         access_log=access_log,
+        log_config=uvicorn.config.LOGGING_CONFIG if own_log_handlers else None,
         timeout_graceful_shutdown=2,
         lifespan="on",
     )
@@ -178,14 +181,19 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
 def _extra(daemon: Any, args: argparse.Namespace) -> Callable[[], None] | None:
     if getattr(args, "no_api", False):
         return None
+    json_logs = getattr(args, "log_format", "human") == "json"
     running = start_server(
         daemon,
         daemon.config,
         host=getattr(args, "host", None),
         port=getattr(args, "port", None),
         access_log=bool(getattr(args, "access_log", False)),
+        own_log_handlers=not json_logs,
     )
-    print(f"ferry: dashboard at {running.url}/  (API {running.url}/api/v1/)", file=sys.stderr, flush=True)
+    if json_logs:  # every stderr line is a JSON record then
+        log.info("dashboard at %s/  (API %s/api/v1/)", running.url, running.url)
+    else:
+        print(f"ferry: dashboard at {running.url}/  (API {running.url}/api/v1/)", file=sys.stderr, flush=True)
     return running.stop
 
 
