@@ -86,9 +86,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split", help="the split of a Hugging Face dataset directory (needed when it has several)")
     p.add_argument(
         "--tokenizer",
-        help="'bytes' (built-in byte-level) or a tokenizer.json path; for text inputs. Omit for token-id inputs",
+        help="'bytes' (built-in byte-level), a tokenizer.json path, a Hugging Face model directory (tokenizer.json "
+        "+ tokenizer_config.json, EOS from the config) or tiktoken:PATH (a local tiktoken BPE file); for text "
+        "inputs. Omit for token-id inputs",
     )
-    p.add_argument("--eos-token", help="EOS token string of a tokenizer.json (default: guessed)")
+    p.add_argument(
+        "--eos-token",
+        help="EOS token string of a tokenizer.json (default: a model directory's tokenizer_config.json, else guessed)",
+    )
     p.add_argument("--vocab-size", type=int, help="vocabulary size (required for token-id inputs)")
     p.add_argument("--eos-id", type=int, help="EOS token id (default: the tokenizer's)")
     p.add_argument("--no-eos", action="store_true", help="do not append EOS to each document")
