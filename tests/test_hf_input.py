@@ -247,7 +247,7 @@ def test_out_of_bounds_offsets_are_refused_not_read(tmp_path: Path) -> None:
     [
         ({"_data_files": [{"filename": "data-00001-of-00002.arrow"}]}, "data-00001-of-00002.arrow, which is missing"),
         ({"_data_files": [{"filename": "../outside.arrow"}]}, "bad entry"),
-        ({"_data_files": []}, "non-empty"),
+        ({"_data_files": {}}, '"_data_files" list'),
         ({"_data_files": [{"filename": "data-00000-of-00001.arrow"}], "_indices_data_files": [{"filename": "i"}]},
          "flatten_indices"),
         ("not json {", "not a readable JSON file"),
@@ -298,3 +298,38 @@ def test_usage_errors(
     assert code == 2 and needle in err
     assert "--split" in args or str(path) in err  # names the input
     assert err.count("\n") == 1  # one line, no traceback
+
+
+@pytest.mark.parametrize("layout", ["saved", "hub"])
+def test_dataset_directory_on_every_backend(backend: Any, tmp_path: Path, layout: str) -> None:
+    import fsspec
+
+    docs = make_docs(300, 14)
+    ds = token_dataset(docs)
+    local = tmp_path / "local"
+    if layout == "saved":
+        datasets.DatasetDict({"train": ds, "test": ds.select(range(5))}).save_to_disk(
+            str(local), num_shards={"train": 3}
+        )
+    else:
+        hub_repo(local, {"train": ds, "test": ds.select(range(5))})
+    url = backend.url("input")
+    fs, root = fsspec.core.url_to_fs(url, **backend.storage_options)
+    for path in sorted(p for p in local.rglob("*") if p.is_file()):
+        target = f"{root}/{path.relative_to(local)}"
+        fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+        fs.pipe_file(target, path.read_bytes())
+    out = str(tmp_path / "out")
+    pack([url + "/"], out, token_opts(split="train", input_storage_options=backend.storage_options))
+    assert read_back(out) == docs
+
+
+def test_a_dataset_of_no_rows(tmp_path: Path) -> None:
+    empty = datasets.Dataset.from_dict({"input_ids": [], "n": []}, features=INT32_LISTS)
+    empty.save_to_disk(str(tmp_path / "empty"))
+    with pytest.raises(UsageError, match="has no rows"):
+        pack([str(tmp_path / "empty")], str(tmp_path / "out"), token_opts())
+    docs = make_docs(30, 15)
+    token_dataset(docs).save_to_disk(str(tmp_path / "full"))
+    pack([str(tmp_path / "empty"), str(tmp_path / "full")], str(tmp_path / "out"), token_opts())  # adds nothing
+    assert read_back(str(tmp_path / "out")) == docs

@@ -89,19 +89,24 @@ def plan_units(paths: Sequence[str], options: SourceOptions, explicit_format: st
 def _formats(paths: Sequence[str], options: SourceOptions, explicit: str | None) -> Iterator[tuple[str, str]]:
     """Each input with its format; a Hugging Face dataset directory (``--input-format hf``, or a
     directory given without a known suffix) stands for its data files."""
-    datasets = 0
+    datasets, files = 0, 0
     for path in paths:
         lower = path.lower()
         guess = explicit is None and not any(lower.endswith(s) for s, _ in _SUFFIXES)
         if explicit == "hf" or (guess and is_directory(path, options)):
             datasets += 1
-            yield from dataset_files(path, options)
+            found = dataset_files(path, options)
+            files += len(found)
+            yield from found
         else:
+            files += 1
             yield path, detect_format(path, explicit)
     if options.split is not None and not datasets:
         raise UsageError(
             f"--split {options.split} selects a split of a Hugging Face dataset directory; no input is one"
         )
+    if datasets and not files:
+        raise UsageError("the Hugging Face dataset given has no rows (no data files): nothing to pack")
 
 
 def expand_globs(paths: Sequence[str], options: SourceOptions) -> list[str]:

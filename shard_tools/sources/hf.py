@@ -126,8 +126,8 @@ def _saved_files(fs: Any, root: str, path: str, names: set[str]) -> list[tuple[s
     where = _join(path, "state.json")
     state = _read_json(fs, root, path, "state.json")
     files = state.get("_data_files") if isinstance(state, dict) else None
-    if not isinstance(files, list) or not files:
-        raise InputFormatError(f'{where}: expected a non-empty "_data_files" list')
+    if not isinstance(files, list):  # empty for a dataset of no rows
+        raise InputFormatError(f'{where}: expected a "_data_files" list')
     if state.get("_indices_data_files"):  # old `datasets` kept a row selection beside the data
         raise InputFormatError(f"{where}: saved with an indices mapping; call flatten_indices() and save again")
     out = []
