@@ -110,8 +110,8 @@ class TiktokenTokenizer:
     """A local tiktoken BPE file (a base64 token and its rank per line), loaded by tiktoken's loader.
 
     The file holds neither the pre-tokenization pattern nor special tokens: the pattern is
-    cl100k_base's (also Llama 3's), and the EOS id comes from ``--eos-id`` (with
-    ``--vocab-size`` when it lies past the last rank)."""
+    cl100k_base's (Llama 3's splits differently only whitespace at the very end of a text), and
+    the EOS id comes from ``--eos-id`` (with ``--vocab-size`` when it lies past the last rank)."""
 
     def __init__(self, path: str) -> None:
         try:
