@@ -70,22 +70,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "pack",
         help="pack corpus files into a dataset of shards + manifest",
-        description="Pack Parquet, JSONL, text, .npy or Megatron .bin/.idx inputs into "
+        description="Pack Parquet, JSONL, text, .npy, Arrow, Megatron .bin/.idx or Hugging Face dataset "
+        "directory inputs into "
         "immutable zstd-compressed Arrow shards and publish a manifest at --out.",
     )
     p.add_argument(
         "inputs",
         nargs="*",
         help="input files or URLs (format by suffix, or --input-format); a Megatron dataset is given by its "
-        ".bin or .idx file. Inputs are only read, never modified",
+        ".bin or .idx file, a Hugging Face dataset (save_to_disk or the Hub's data/<split>-*.parquet) by its "
+        "directory. Inputs are only read, never modified",
     )
     p.add_argument("--out", required=True, help="dataset URL (local path, file://, s3://, gs://, memory://)")
-    p.add_argument("--input-format", choices=["parquet", "jsonl", "text", "npy", "megatron"])
+    p.add_argument("--input-format", choices=["parquet", "jsonl", "text", "npy", "megatron", "arrow", "hf"])
+    p.add_argument("--split", help="the split of a Hugging Face dataset directory (needed when it has several)")
     p.add_argument(
         "--tokenizer",
-        help="'bytes' (built-in byte-level) or a tokenizer.json path; for text inputs. Omit for token-id inputs",
+        help="'bytes' (built-in byte-level), a tokenizer.json path, a Hugging Face model directory (tokenizer.json "
+        "+ tokenizer_config.json, EOS from the config) or tiktoken:PATH (a local tiktoken BPE file); for text "
+        "inputs. Omit for token-id inputs",
     )
-    p.add_argument("--eos-token", help="EOS token string of a tokenizer.json (default: guessed)")
+    p.add_argument(
+        "--eos-token",
+        help="EOS token string of a tokenizer.json (default: a model directory's tokenizer_config.json, else guessed)",
+    )
     p.add_argument("--vocab-size", type=int, help="vocabulary size (required for token-id inputs)")
     p.add_argument("--eos-id", type=int, help="EOS token id (default: the tokenizer's)")
     p.add_argument("--no-eos", action="store_true", help="do not append EOS to each document")
@@ -178,6 +186,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         eos_id=args.eos_id,
         append_eos=not args.no_eos,
         input_format=args.input_format,
+        split=args.split,
         tokens_column=args.tokens_column,
         text_column=args.text_column,
         text_per_line=args.lines,

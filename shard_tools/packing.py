@@ -87,12 +87,13 @@ class PackOptions:
     """Everything ``ferry pack`` takes besides inputs and output."""
 
     name: str | None = None
-    tokenizer: str | None = None  # "bytes" or a tokenizer.json path; None for token-id input
+    tokenizer: str | None = None  # "bytes", tokenizer.json, model dir or "tiktoken:PATH"; None for token ids
     eos_token: str | None = None
     vocab_size: int | None = None  # required for token-id input
     eos_id: int | None = None
     append_eos: bool = True
     input_format: str | None = None
+    split: str | None = None  # the split of a Hugging Face dataset directory (--split)
     tokens_column: str = "tokens"
     text_column: str = "text"
     text_per_line: bool = False
@@ -217,6 +218,7 @@ def _prepare(inputs: Sequence[str], out_url: str, opts: PackOptions) -> _Prepare
         token_itemsize=np.dtype(header.token_dtype).itemsize,
         eos_appended=header.eos_appended,
         storage_options=dict(opts.input_storage_options) or None,
+        split=opts.split,
     )
     units = plan_units(list(inputs), source, opts.input_format)
     return _Prepared(header, units, _job(out_url, opts, header, source))

@@ -29,8 +29,8 @@ EXPECTED_FLAGS = {
     "pack": {
         "--append", "--compression", "--eos-id", "--eos-token", "--executor", "--input-format", "--json",
         "--lines", "--merge", "--name", "--no-eos", "--out", "--part", "--parts", "--ray-address", "--run-id",
-        "--shard-size", "--storage-option", "--text-column", "--tokenizer", "--tokens-column", "--vocab-size",
-        "--workers", "--input-storage-option",
+        "--shard-size", "--split", "--storage-option", "--text-column", "--tokenizer", "--tokens-column",
+        "--vocab-size", "--workers", "--input-storage-option",
     },
     "inspect": {"--json", "--shards", "--storage-option", "--version"},
     "verify": {"--json", "--storage-option", "--threads", "--version"},

@@ -3,7 +3,8 @@
 A *unit* is the smallest piece of input a pack worker takes: a whole file, or (for formats
 with an index, like Megatron) a fixed range of its documents. Units depend only on the
 inputs and the shard size, never on the number of workers, so the packed output does not
-either. Readers yield :class:`DocBatch` es of documents *without* EOS.
+either. Readers yield :class:`DocBatch` es of documents *without* EOS. A Hugging Face dataset
+directory is planned as its data files (see :mod:`.hf`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import fsspec
 
 from ..errors import UsageError
 from .base import DocBatch, SourceOptions, Unit
+from .hf import dataset_files, is_directory, read_arrow
 from .jsonl import read_jsonl
 from .megatron import plan_megatron, read_megatron
 from .npy import read_npy
@@ -29,6 +31,7 @@ FORMATS: dict[str, Reader] = {
     "text": read_text,
     "npy": read_npy,
     "megatron": read_megatron,
+    "arrow": read_arrow,
 }
 _SUFFIXES = [
     (".parquet", "parquet"),
@@ -45,6 +48,7 @@ _SUFFIXES = [
     (".npy", "npy"),
     (".idx", "megatron"),
     (".bin", "megatron"),
+    (".arrow", "arrow"),
 ]
 
 
@@ -52,21 +56,22 @@ def detect_format(path: str, explicit: str | None = None) -> str:
     """The input format of ``path``: ``explicit`` if given, else by suffix."""
     if explicit is not None:
         if explicit not in FORMATS:
-            raise UsageError(f"unknown input format {explicit!r}; choose one of {', '.join(FORMATS)}")
+            raise UsageError(f"unknown input format {explicit!r}; choose one of {', '.join(FORMATS)}, hf")
         return explicit
     lower = path.lower()
     for suffix, fmt in sorted(_SUFFIXES, key=lambda s: -len(s[0])):
         if lower.endswith(suffix):
             return fmt
-    raise UsageError(f"cannot tell the format of {path!r} from its suffix; pass --input-format ({', '.join(FORMATS)})")
+    raise UsageError(
+        f"cannot tell the format of {path!r} from its suffix; pass --input-format ({', '.join(FORMATS)}, hf)"
+    )
 
 
 def plan_units(paths: Sequence[str], options: SourceOptions, explicit_format: str | None = None) -> list[Unit]:
     """Units of work for ``paths`` in input order (Megatron prefixes given as .bin and .idx count once)."""
     units: list[Unit] = []
     seen_prefixes: set[str] = set()
-    for path in expand_globs(paths, options):
-        fmt = detect_format(path, explicit_format)
+    for path, fmt in _formats(expand_globs(paths, options), options, explicit_format):
         if fmt == "megatron":
             prefix = path[:-4] if path.endswith((".bin", ".idx")) else path
             if prefix in seen_prefixes:
@@ -79,6 +84,29 @@ def plan_units(paths: Sequence[str], options: SourceOptions, explicit_format: st
     if not units:
         raise UsageError("no input files given")
     return units
+
+
+def _formats(paths: Sequence[str], options: SourceOptions, explicit: str | None) -> Iterator[tuple[str, str]]:
+    """Each input with its format; a Hugging Face dataset directory (``--input-format hf``, or a
+    directory given without a known suffix) stands for its data files."""
+    datasets, files = 0, 0
+    for path in paths:
+        lower = path.lower()
+        guess = explicit is None and not any(lower.endswith(s) for s, _ in _SUFFIXES)
+        if explicit == "hf" or (guess and is_directory(path, options)):
+            datasets += 1
+            found = dataset_files(path, options)
+            files += len(found)
+            yield from found
+        else:
+            files += 1
+            yield path, detect_format(path, explicit)
+    if options.split is not None and not datasets:
+        raise UsageError(
+            f"--split {options.split} selects a split of a Hugging Face dataset directory; no input is one"
+        )
+    if datasets and not files:
+        raise UsageError("the Hugging Face dataset given has no rows (no data files): nothing to pack")
 
 
 def expand_globs(paths: Sequence[str], options: SourceOptions) -> list[str]:

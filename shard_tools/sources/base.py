@@ -39,7 +39,8 @@ class Unit:
 @dataclass(frozen=True, kw_only=True)
 class SourceOptions:
     """How to read inputs. With a ``tokenizer``, text is read from ``text_column``/``text_field``;
-    without one, token ids from ``tokens_column``."""
+    without one, token ids from ``tokens_column``. ``split`` picks the split of a Hugging Face
+    dataset directory."""
 
     tokenizer: TextTokenizer | None = None
     tokens_column: str = "tokens"
@@ -51,6 +52,7 @@ class SourceOptions:
     eos_appended: bool = False  # whether packing adds one EOS token per document
     storage_options: dict[str, Any] | None = None
     batch_documents: int = 4096
+    split: str | None = None
 
 
 def batch_from_lists(docs: list[np.ndarray]) -> DocBatch:
