@@ -10,7 +10,10 @@ only what CPU training needs in torchtitan 0.3.0 with torch 2.13 (each marked ``
   kernel is ``ScaledDotProductAttention`` (plain causal; torchtitan still gets ``positions``);
 * FSDP2's reduce-scatter uses ``PREMUL_SUM``, which gloo lacks: data parallelism is
   ``data_parallel_replicate_degree`` (all-reduce) with the ``partial_dtensor`` backend;
-* torchtitan calls ``torch.distributed.set_timeout``, which torch 2.13 does not have yet.
+* torchtitan calls ``torch.distributed.set_timeout``, which torch 2.13 does not have yet;
+* torchtitan imports triton at import time (kernels for MoE and fused ops, which the debug
+  model never runs); CUDA builds of torch bring triton, the CPU build does not: where it is
+  missing, those torchtitan modules (and only they) are replaced by stand-ins.
 
 Every rank appends, per batch it delivers, ``{"start", "rank", "world_size", "input"}`` to
 ``<out>/stream-<tag>-rank<r>.jsonl`` (``start``: the stream position of the global batch);
@@ -21,8 +24,12 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import json
 import os
+import re
 import signal
 import sys
 import types
@@ -34,7 +41,55 @@ from typing import Any
 
 import torch
 import torch.distributed.distributed_c10d as c10d
-import torchtitan.tools.utils as titan_utils
+
+
+class _Anything:
+    """CPU: stands for every name of a stubbed kernel module (decorators, dtypes, functions)."""
+
+    def __getattr__(self, name: str) -> _Anything:
+        return _any_name(name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _Anything()
+
+
+def _any_name(name: str) -> _Anything:
+    if name.startswith("__"):  # inspect and pickle ask modules for __file__ & co.: they have none
+        raise AttributeError(name)
+    return _Anything()
+
+
+class _TritonKernelStubs(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """CPU: torchtitan modules that import triton (GPU kernels for MoE, fused ops; the debug model
+    runs none of them) are replaced by stand-ins, so torchtitan imports without triton, which the
+    CPU build of torch lacks. torch itself still finds no triton."""
+
+    _IMPORTS_TRITON = re.compile(rb"^\s*(import|from) triton\b", re.MULTILINE)
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if not name.startswith("torchtitan."):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+            return None
+        with open(spec.origin, "rb") as f:
+            if not self._IMPORTS_TRITON.search(f.read()):
+                return None
+        return importlib.machinery.ModuleSpec(name, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = types.ModuleType(spec.name)
+        module.__getattr__ = _any_name  # type: ignore[method-assign]
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        return None
+
+
+if importlib.util.find_spec("triton") is None:
+    sys.meta_path.insert(0, _TritonKernelStubs())
+
+import torchtitan.tools.utils as titan_utils  # noqa: E402
 
 # CPU: before any torchtitan module copies device_type / device_module at its import.
 _CPU = types.SimpleNamespace(
