@@ -1,6 +1,6 @@
-"""The dev/test lock: every package of ``.[all]`` pinned with its sha256, resolved by pip itself.
+"""The dev/test lock: every package of ``.[all,torchtitan]`` pinned with its sha256, resolved by pip itself.
 
-    python tools/lockfile.py write   # resolve .[all] under constraints-dev.txt, write requirements-dev.lock
+    python tools/lockfile.py write   # resolve the dev extras under constraints-dev.txt, write requirements-dev.lock
     python tools/lockfile.py check   # the lock still satisfies every requirement of pyproject.toml
 
 ``make lock`` runs ``write``; ``make test`` and ``make demo`` install from the lock with
@@ -24,9 +24,12 @@ ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "requirements-dev.lock"
 CONSTRAINTS = ROOT / "constraints-dev.txt"
 PROJECT = "ferry"
+#: What the dev/test environment installs: everything, plus the torchtitan integration's extra
+#: (kept out of ``all``: torchtitan caps datasets and so fsspec/s3fs for every user).
+DEV_EXTRAS = ("all", "torchtitan")
 _HEADER = """\
 # The dev/test environment of ferry, fully pinned with hashes: `make lock` writes it
-# (tools/lockfile.py: pip resolves .[all] under constraints-dev.txt), `make test` / `make demo`
+# (tools/lockfile.py: pip resolves .[all,torchtitan] under constraints-dev.txt), `make test` / `make demo`
 # install it with --require-hashes. Do not edit by hand.
 """
 _LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)\s+--hash=sha256:([0-9a-f]{64})$")
@@ -37,12 +40,12 @@ def _normal(name: str) -> str:
 
 
 def resolve(python: str = sys.executable) -> list[tuple[str, str, str]]:
-    """(name, version, sha256) of everything ``pip install .[all]`` would install here, but ferry."""
+    """(name, version, sha256) of everything ``pip install .[DEV_EXTRAS]`` would install here, but ferry."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         subprocess.run(
             [python, "-m", "pip", "install", "--quiet", "--dry-run", "--ignore-installed", "--report", str(report),
-             "-c", str(CONSTRAINTS), f"{ROOT}[all]"],
+             "-c", str(CONSTRAINTS), f"{ROOT}[{','.join(DEV_EXTRAS)}]"],
             check=True,
         )  # fmt: skip
         items = json.loads(report.read_text())["install"]
@@ -78,8 +81,8 @@ def read_lock(text: str) -> dict[str, str]:
     return pins
 
 
-def requirements(pyproject: dict[str, object], extra: str = "all") -> Iterator[str]:
-    """Every requirement string of the core install plus ``extra``, with ferry's own extras expanded."""
+def requirements(pyproject: dict[str, object], extras_wanted: Iterable[str] = DEV_EXTRAS) -> Iterator[str]:
+    """Every requirement string of the core install plus ``extras_wanted``, ferry's own extras expanded."""
     project = pyproject["project"]
     assert isinstance(project, dict)
     extras: dict[str, list[str]] = project.get("optional-dependencies", {})
@@ -97,7 +100,7 @@ def requirements(pyproject: dict[str, object], extra: str = "all") -> Iterator[s
                     yield from expand(extras[name])
 
     yield from project.get("dependencies", [])
-    yield from expand([f"{PROJECT}[{extra}]"])
+    yield from expand([f"{PROJECT}[{','.join(extras_wanted)}]"])
 
 
 def mismatches(pyproject: dict[str, object], pins: dict[str, str]) -> list[str]:
