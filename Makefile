@@ -6,6 +6,12 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
 LOCK   := requirements-dev.lock
+# torchtitan's integration test runs in its own venv: torchtitan caps datasets (< 4.8) and so
+# fsspec/s3fs, while .venv keeps testing the releases `pip install ferry[all]` gets.
+TITAN_VENV  := .venv-titan
+TITAN_PY    := $(TITAN_VENV)/bin/python
+TITAN_LOCK  := requirements-titan.lock
+TITAN_STAMP := $(TITAN_VENV)/.installed
 
 .PHONY: demo test test-fast lint bench venv clean browser lock
 
@@ -19,7 +25,14 @@ $(STAMP): pyproject.toml $(LOCK)
 	$(PIP) install -q --no-deps -e .
 	touch $(STAMP)
 
-# Re-resolve .[all] under constraints-dev.txt and pin every package with its hash (after a change
+$(TITAN_STAMP): pyproject.toml $(TITAN_LOCK)
+	test -x $(TITAN_PY) || $(PYTHON) -m venv $(TITAN_VENV)
+	$(TITAN_PY) -m pip install -q --upgrade pip
+	$(TITAN_PY) -m pip install -q --require-hashes --no-deps -r $(TITAN_LOCK)
+	$(TITAN_PY) -m pip install -q --no-deps -e .
+	touch $(TITAN_STAMP)
+
+# Re-resolve both locks under constraints-dev.txt and pin every package with its hash (after a change
 # to pyproject.toml's requirements; tests/test_lockfile.py fails until the lock matches them).
 lock:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,8 +50,9 @@ browser:
 demo: $(STAMP)
 	$(PY) -m service.demo
 
-test: $(STAMP) browser
+test: $(STAMP) $(TITAN_STAMP) browser
 	$(PY) -m pytest -q -ra
+	$(TITAN_PY) -m pytest -q -ra tests/test_integration_torchtitan.py
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
@@ -51,4 +65,4 @@ bench: $(STAMP)
 	$(PY) bench/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-bench .pytest_cache .mypy_cache .ruff_cache demo-data bench/data
+	rm -rf $(VENV) $(TITAN_VENV) .venv-bench .pytest_cache .mypy_cache .ruff_cache demo-data bench/data

@@ -6,7 +6,8 @@ checkpoints after ``STOP`` steps on 2 data-parallel ranks through torchtitan's c
 and resumes on 1 rank (with a DataLoader worker). The global batch of every step must be the
 reference's, the resumed part crosses an epoch boundary, and the final weights agree.
 
-Needs the ``torchtitan`` extra: without it the tests skip and say so.
+Needs the ``torchtitan`` extra: ``make test`` runs this file a second time in ``.venv-titan``
+(``requirements-titan.lock``), where it is installed; elsewhere the tests skip and say so.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from shard_tools.errors import StateError, UsageError
 
 if importlib.util.find_spec("torchtitan") is None:
     pytest.skip(
-        "torchtitan is not installed: pip install 'ferry[torchtitan]' to run the torchtitan integration tests",
+        "torchtitan is not installed here: `make test` runs this file in .venv-titan "
+        "(requirements-titan.lock); elsewhere pip install 'ferry[torchtitan]'",
         allow_module_level=True,
     )
 

@@ -20,10 +20,18 @@ def _pyproject() -> dict[str, object]:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
-def test_lock_satisfies_every_requirement_of_pyproject() -> None:
-    pins = lockfile.read_lock(lockfile.LOCK.read_text())
-    assert lockfile.mismatches(_pyproject(), pins) == []
+@pytest.mark.parametrize("lock", sorted(lockfile.LOCKS), ids=lambda p: p.name)
+def test_lock_satisfies_every_requirement_of_pyproject(lock: Path) -> None:
+    pins = lockfile.read_lock(lock.read_text())
+    assert lockfile.mismatches(_pyproject(), pins, lock) == []
     assert "torch" in pins and pins["torch"].startswith("2.13.0")  # the CPU wheel on this machine's disk
+
+
+def test_torchtitan_has_its_own_lock() -> None:
+    """torchtitan caps datasets (and so fsspec/s3fs): the main environment must not carry it."""
+    main = lockfile.read_lock(lockfile.LOCK.read_text())
+    titan = lockfile.read_lock(lockfile.TITAN_LOCK.read_text())
+    assert "torchtitan" in titan and "torchtitan" not in main
 
 
 def test_a_requirement_added_without_a_new_lock_is_named() -> None:

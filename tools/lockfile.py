@@ -1,13 +1,17 @@
-"""The dev/test lock: every package of ``.[all,torchtitan]`` pinned with its sha256, resolved by pip itself.
+"""The dev/test locks: every package pinned with its sha256, resolved by pip itself.
 
-    python tools/lockfile.py write   # resolve the dev extras under constraints-dev.txt, write requirements-dev.lock
-    python tools/lockfile.py check   # the lock still satisfies every requirement of pyproject.toml
+    python tools/lockfile.py write   # resolve under constraints-dev.txt, write both locks
+    python tools/lockfile.py check   # the locks still satisfy every requirement of pyproject.toml
 
-``make lock`` runs ``write``; ``make test`` and ``make demo`` install from the lock with
-``pip install --require-hashes`` and then the project itself with ``--no-deps``, so a fresh
-clone gets exactly the versions (and the very files) the lock names. ``check`` runs in
-``make test`` (tests/test_lockfile.py): a requirement added to pyproject.toml without a new
-lock fails there, naming it. The package's own metadata keeps unpinned ranges.
+``requirements-dev.lock`` is ``.[all]``: the environment of ``make test`` and ``make demo``.
+``requirements-titan.lock`` is ``.[loader,torchtitan]`` plus pytest, for the torchtitan
+integration test in its own venv (``.venv-titan``): torchtitan caps ``datasets`` below 4.8 and
+so fsspec/s3fs at 2026.2, and the main environment keeps testing the releases ``all`` installs.
+``make lock`` runs ``write``; ``make test`` installs each lock with ``pip install
+--require-hashes`` and then the project itself with ``--no-deps``, so a fresh clone gets exactly
+the versions (and the very files) the locks name. ``check`` runs in ``make test``
+(tests/test_lockfile.py): a requirement added to pyproject.toml without a new lock fails there,
+naming it. The package's own metadata keeps unpinned ranges.
 """
 
 from __future__ import annotations
@@ -22,15 +26,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "requirements-dev.lock"
+TITAN_LOCK = ROOT / "requirements-titan.lock"
 CONSTRAINTS = ROOT / "constraints-dev.txt"
 PROJECT = "ferry"
-#: What the dev/test environment installs: everything, plus the torchtitan integration's extra
-#: (kept out of ``all``: torchtitan caps datasets and so fsspec/s3fs for every user).
-DEV_EXTRAS = ("all", "torchtitan")
+#: lock file → (ferry's extras, further requirements) it pins
+LOCKS: dict[Path, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    LOCK: (("all",), ()),
+    TITAN_LOCK: (("loader", "torchtitan"), ("pytest>=8", "pytest-timeout>=2.3")),
+}
 _HEADER = """\
-# The dev/test environment of ferry, fully pinned with hashes: `make lock` writes it
-# (tools/lockfile.py: pip resolves .[all,torchtitan] under constraints-dev.txt), `make test` / `make demo`
-# install it with --require-hashes. Do not edit by hand.
+# A dev/test environment of ferry, fully pinned with hashes: `make lock` writes it
+# (tools/lockfile.py: pip resolves {what} under constraints-dev.txt), `make test`
+# installs it with --require-hashes. Do not edit by hand.
 """
 _LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)\s+--hash=sha256:([0-9a-f]{64})$")
 
@@ -39,13 +46,17 @@ def _normal(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def resolve(python: str = sys.executable) -> list[tuple[str, str, str]]:
-    """(name, version, sha256) of everything ``pip install .[DEV_EXTRAS]`` would install here, but ferry."""
+def _target(extras: tuple[str, ...]) -> str:
+    return f"{ROOT}[{','.join(extras)}]"
+
+
+def resolve(extras: tuple[str, ...], more: tuple[str, ...], python: str = sys.executable) -> list[tuple[str, str, str]]:
+    """(name, version, sha256) of everything ``pip install .[extras] more…`` would install here, but ferry."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         subprocess.run(
             [python, "-m", "pip", "install", "--quiet", "--dry-run", "--ignore-installed", "--report", str(report),
-             "-c", str(CONSTRAINTS), f"{ROOT}[{','.join(DEV_EXTRAS)}]"],
+             "-c", str(CONSTRAINTS), _target(extras), *more],
             check=True,
         )  # fmt: skip
         items = json.loads(report.read_text())["install"]
@@ -62,9 +73,11 @@ def resolve(python: str = sys.executable) -> list[tuple[str, str, str]]:
 
 
 def write() -> None:
-    pins = resolve()
-    LOCK.write_text(_HEADER + "".join(f"{n}=={v} --hash=sha256:{h}\n" for n, v, h in pins))
-    print(f"wrote {LOCK.relative_to(ROOT)}: {len(pins)} packages")
+    for lock, (extras, more) in LOCKS.items():
+        pins = resolve(extras, more)
+        what = " ".join([f".[{','.join(extras)}]", *more])
+        lock.write_text(_HEADER.format(what=what) + "".join(f"{n}=={v} --hash=sha256:{h}\n" for n, v, h in pins))
+        print(f"wrote {lock.relative_to(ROOT)}: {len(pins)} packages")
 
 
 def read_lock(text: str) -> dict[str, str]:
@@ -76,12 +89,12 @@ def read_lock(text: str) -> dict[str, str]:
             continue
         m = _LINE.match(line)
         if m is None:
-            raise ValueError(f"{LOCK.name}:{n}: not 'name==version --hash=sha256:…': {line!r}")
+            raise ValueError(f"line {n}: not 'name==version --hash=sha256:…': {line!r}")
         pins[_normal(m.group(1))] = m.group(2)
     return pins
 
 
-def requirements(pyproject: dict[str, object], extras_wanted: Iterable[str] = DEV_EXTRAS) -> Iterator[str]:
+def requirements(pyproject: dict[str, object], extras_wanted: Iterable[str] = ("all",)) -> Iterator[str]:
     """Every requirement string of the core install plus ``extras_wanted``, ferry's own extras expanded."""
     project = pyproject["project"]
     assert isinstance(project, dict)
@@ -103,21 +116,22 @@ def requirements(pyproject: dict[str, object], extras_wanted: Iterable[str] = DE
     yield from expand([f"{PROJECT}[{','.join(extras_wanted)}]"])
 
 
-def mismatches(pyproject: dict[str, object], pins: dict[str, str]) -> list[str]:
-    """Requirements of pyproject.toml (for this interpreter and platform) the lock does not satisfy."""
+def mismatches(pyproject: dict[str, object], pins: dict[str, str], lock: Path = LOCK) -> list[str]:
+    """Requirements of pyproject.toml (for this interpreter and platform) ``lock``'s pins do not satisfy."""
     from packaging.requirements import Requirement
     from packaging.version import Version
 
+    extras, more = LOCKS[lock]
     out = []
-    for text in requirements(pyproject):
+    for text in [*requirements(pyproject, extras), *more]:
         req = Requirement(text)
         if req.marker is not None and not req.marker.evaluate({"extra": ""}):
             continue
         pinned = pins.get(_normal(req.name))
         if pinned is None:
-            out.append(f"{text}: not in {LOCK.name}")
+            out.append(f"{text}: not in {lock.name}")
         elif not req.specifier.contains(Version(pinned), prereleases=True):
-            out.append(f"{text}: {LOCK.name} pins {pinned}")
+            out.append(f"{text}: {lock.name} pins {pinned}")
     return out
 
 
@@ -128,9 +142,9 @@ def check() -> int:
         import tomli as tomllib
 
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    problems = mismatches(pyproject, read_lock(LOCK.read_text()))
+    problems = [p for lock in LOCKS for p in mismatches(pyproject, read_lock(lock.read_text()), lock)]
     for p in problems:
-        print(f"{LOCK.name} is out of date: {p} (run `make lock`)", file=sys.stderr)
+        print(f"out of date: {p} (run `make lock`)", file=sys.stderr)
     return 1 if problems else 0
 
 
