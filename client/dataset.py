@@ -137,8 +137,14 @@ class TokenDataset(SampleSource):
         return pad_id
 
     @staticmethod
-    def mix(datasets: Sequence[SampleSource], weights: Sequence[float]) -> MixedDataset:
-        """Mix datasets with exact proportions over every prefix (±1 sample per source)."""
+    def mix(datasets: Sequence[SampleSource], weights: Sequence[Any]) -> MixedDataset:
+        """Mix datasets with exact proportions over every prefix (±1 sample per source).
+
+        ``weights``: one per dataset, or a schedule ``[(start, weights), ...]`` of phases by global
+        sample (the first at 0; for phases by step, ``start = step * global_batch_size``): within
+        each phase every prefix holds each dataset in its proportion ±1, and at a boundary each
+        dataset continues exactly where it stopped.
+        """
         return MixedDataset(datasets, weights)
 
     @property
