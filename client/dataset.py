@@ -148,6 +148,10 @@ class TokenDataset(SampleSource):
         return MixedDataset(datasets, weights)
 
     @property
+    def url(self) -> str | None:
+        return self.replicas.urls[0]
+
+    @property
     def version_id(self) -> str:
         return self.manifest.version_id
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from shard_tools.errors import UsageError
+from shard_tools.errors import StateError, UsageError
 
 from .checks import show
+from .replan import merge_plan, source_keys
 from .schedule import Schedule
 from .source import SampleSource
 
@@ -36,6 +38,14 @@ class MixedDataset(SampleSource):
         except ValueError as exc:
             raise UsageError(str(exc)) from exc
         self.sources = list(datasets)
+        self.config = self.schedule  # what this mixture was built with; ``schedule`` also holds the run's past
+        self._slots: list[SampleSource | None] = list(self.sources)  # the dataset of each source of ``schedule``
+        self._keys = source_keys([d.identity() for d in self.sources])
+        self._plan: dict[str, Any] = {
+            "sources": [_entry(k, d) for k, d in zip(self._keys, self.sources, strict=True)],
+            "phases": [[s, list(q)] for s, q in self.schedule.phases],
+            "anchor": 0,
+        }
         self.seq_len = lengths.pop()
         self.mode = modes.pop()
         self.token_dtype = np.result_type(*[d.token_dtype for d in datasets])
@@ -56,15 +66,86 @@ class MixedDataset(SampleSource):
             "quota": self.schedule.quota.tolist(),
             "sources": idents,
         }
-        if len(self.schedule.phases) > 1:  # a single phase keeps the identity (and states) of a plain mixture
-            ident["phases"] = [[s, list(q)] for s, q in self.schedule.phases]
+        if len(self.config.phases) > 1:  # a single phase keeps the identity (and states) of a plain mixture
+            ident["phases"] = [[s, list(q)] for s, q in self.config.phases]
         return ident
+
+    def record(self) -> dict[str, Any]:
+        return {"plan": copy.deepcopy(self._plan)}
+
+    def restored(self, saved: Any) -> MixedDataset:
+        """This mixture with the phases and sources of the state's plan (which must end in this configuration)."""
+        plan = saved.plan
+        if plan is None:  # a version-1 state of this very mixture: no history
+            return self
+        union = [s["key"] for s in plan["sources"]]
+        phases = [(s, tuple(q)) for s, q in plan["phases"]]
+        expect = merge_plan(union, phases, self._keys, self.config.phases, plan["anchor"])
+        if expect != (union, phases):
+            raise StateError("loader state plan does not end in the mixture of its fingerprint: the state is corrupt")
+        return self._with(plan)
+
+    def replanned(self, saved: Any) -> tuple[MixedDataset, int]:
+        """This mixture continuing the run of ``saved`` from its position: a new phase there."""
+        plan, position = self._old_plan(saved)
+        union = [s["key"] for s in plan["sources"]]
+        phases = [(s, tuple(q)) for s, q in plan["phases"]]
+        keys, merged = merge_plan(union, phases, self._keys, self.config.phases, position)
+        added = [_entry(k, d) for k, d in zip(self._keys, self.sources, strict=True) if k not in union]
+        entries = plan["sources"] + added
+        assert [e["key"] for e in entries] == keys
+        new = {"sources": entries, "phases": [[s, list(q)] for s, q in merged], "anchor": position}
+        return self._with(new), position
+
+    def _old_plan(self, saved: Any) -> tuple[dict[str, Any], int]:
+        """The plan of the state's run and its position; a single dataset's run is a one-source plan."""
+        if saved.plan is not None:
+            return saved.plan, saved.position
+        if isinstance(saved.dataset_version, list):
+            raise StateError(
+                "loader state of a mixture written by a ferry without plans cannot be re-planned: resume it once "
+                "with the mixture it was made with, save a new state, and re-plan from that one"
+            )
+        key = f"{saved.fingerprint}#0"
+        match = [d for k, d in zip(self._keys, self.sources, strict=True) if k == key]
+        if not match:
+            raise StateError(
+                f"loader state is of one dataset (version {saved.dataset_version}, seed {saved.seed}) that is none of "
+                "this mixture's sources with the same seed, shuffle and mode; a re-plan must keep it"
+            )
+        position = saved.stream_position(match[0].num_samples, strict=True)
+        return {"sources": [_entry(key, match[0])], "phases": [[0, [1]]], "anchor": 0}, position
+
+    def _with(self, plan: dict[str, Any]) -> MixedDataset:
+        """A copy reading with ``plan`` (sources it no longer has are None: no position ahead draws them)."""
+        out = copy.copy(self)
+        by_key = dict(zip(self._keys, self.sources, strict=True))
+        out._slots = [by_key.get(s["key"]) for s in plan["sources"]]
+        out.schedule = Schedule([(s, q) for s, q in plan["phases"]])
+        out._plan = copy.deepcopy(plan)
+        return out
+
+    @property
+    def plan(self) -> dict[str, Any]:
+        """The run's plan: sources (key, identity, url), phases ``[start, quota per source]``, last re-plan."""
+        return copy.deepcopy(self._plan)
+
+    def source_at(self, slot: int) -> SampleSource:
+        """The dataset of source ``slot`` of the plan (StateError for a source this mixture no longer has)."""
+        d = self._slots[slot]
+        if d is None:
+            entry = self._plan["sources"][slot]
+            raise StateError(
+                f"source {slot} of the plan ({entry['url'] or entry['key']}) is not in this mixture any more; "
+                "add it back to read the positions it served"
+            )
+        return d
 
     def _split(self, positions: np.ndarray) -> Iterator[tuple[SampleSource, np.ndarray, np.ndarray]]:
         src, idx = self.schedule.locate(positions)
         for j in np.unique(src).tolist():
             sel = np.nonzero(src == j)[0]
-            yield self.sources[j], idx[sel], sel
+            yield self.source_at(j), idx[sel], sel
 
     def fill(self, positions: np.ndarray, rows: np.ndarray, out: Mapping[str, np.ndarray]) -> None:
         for source, idx, sel in self._split(positions):
@@ -84,6 +165,10 @@ class MixedDataset(SampleSource):
     def close(self) -> None:
         for d in self.sources:
             d.close()
+
+
+def _entry(key: str, d: SampleSource) -> dict[str, Any]:
+    return {"key": key, "identity": d.identity(), "url": d.url}
 
 
 def _phases(datasets: Any, weights: Any) -> list[tuple[int, list[float]]]:
