@@ -226,3 +226,74 @@ def test_real_datasets_continue_exactly_after_reweighting_and_a_new_source(urls:
         n = int((src == j).sum())
         np.testing.assert_array_equal(got[src == j], ds(j).batch(np.arange(n))["input_ids"].numpy())
         assert idx[src == j].tolist() == list(range(n))
+
+
+# --- continuing on a newer version (pack --append) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shuffle", ["global", "window"])
+def test_a_run_continues_on_an_appended_version_epoch_by_epoch(tmp_path: Any, shuffle: str) -> None:
+    from scripts.loader_common import make_documents, pack_test_dataset
+
+    from shard_tools.packing import PackOptions, pack_documents
+
+    url = pack_test_dataset(str(tmp_path / "d"), 60, seed=1, shard_size=2048)
+    cache = str(tmp_path / "cache")
+
+    def open_(version: str | None = None) -> TokenDataset:
+        return TokenDataset(url, seq_len=16, seed=4, cache_dir=cache, shuffle=shuffle, window=2, version=version)
+
+    old = open_()
+    n_old = old.num_samples
+    first = TokenLoader(old, 5, rank=0, world_size=1)
+    head = run_rows(first, (n_old + n_old // 2) // 5)  # into epoch 1
+    state = first.state_dict()
+    pos = state["epoch"] * n_old + state["consumed"]
+    assert state["epoch"] == 1
+
+    opts = PackOptions(vocab_size=1000, eos_id=0, shard_size=2048, progress=False, append=True)
+    pack_documents(make_documents(40, seed=9), url, opts)
+    new = open_()
+    n_new = new.num_samples
+    assert n_new > n_old
+    with pytest.raises(StateError, match="dataset_version.*replan=True"):
+        TokenLoader(new, 5, rank=0, world_size=1).load_state_dict(state)
+    cont = TokenLoader(new, 4, rank=0, world_size=1)
+    cont.load_state_dict(state, replan=True)
+    assert cont.position == pos and cont.epoch == 1
+    rest = 2 * n_old - pos
+    tail = run_rows(cont, -(-(rest + 2 * n_new) // 4))
+    # epoch 1 finishes over the old samples in the old order ...
+    expect_old = old.batch(np.arange(pos, 2 * n_old))["input_ids"].numpy()
+    np.testing.assert_array_equal(tail[:rest], expect_old)
+    # ... and epochs 2 and 3 are epochs of the new version (every sample once, the appended ones included)
+    for e in (2, 3):
+        ids = new.order.sample_ids(e, np.arange(n_new))
+        assert sorted(ids.tolist()) == list(range(n_new))
+        got = tail[rest + (e - 2) * n_new : rest + (e - 1) * n_new]
+        np.testing.assert_array_equal(got, _rows_of(new, ids))
+    state2 = cont.state_dict()
+    assert state2["eras"] == [[old.version_id, n_old, len(old.manifest.shards), 2]]
+    # a later resume (strict, other shape) reproduces the continued run
+    again = TokenLoader(open_(), 2, rank=0, world_size=1)
+    half = TokenLoader(new, 4, rank=0, world_size=1)
+    half.load_state_dict(state, replan=True)
+    mid = run_rows(half, 10)
+    again.load_state_dict(half.state_dict())
+    np.testing.assert_array_equal(np.concatenate([mid, run_rows(again, 20)]), tail[:80])
+    assert head.shape[0] == pos
+
+
+def run_rows(loader: TokenLoader, batches: int) -> np.ndarray:
+    out: list[np.ndarray] = []
+    it = _endless(loader)
+    for _ in range(batches):
+        out.extend(next(it)["input_ids"].numpy())
+    del it
+    return np.stack(out)
+
+
+def _rows_of(ds: TokenDataset, ids: np.ndarray) -> np.ndarray:
+    """Rows of sample ids (not positions) of ``ds``, read through an unshuffled twin."""
+    plain = TokenDataset(ds.url or "", seq_len=ds.seq_len, shuffle="none", cache_dir=ds.cache.directory)
+    return plain.batch(ids)["input_ids"].numpy()
