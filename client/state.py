@@ -19,7 +19,10 @@ Version 2 adds the history of a changing data plan, always with the same keys (s
   configuration, those before it history); ``null`` for a single dataset;
 - ``eras``: the earlier dataset versions of a single dataset ``[version, samples, shards, epochs]``:
   the first ``epochs`` epochs had ``samples`` samples in the first ``shards`` shards;
-- ``skips``: ``{"position", "samples"}`` for every ``ferry state skip``.
+- ``skips``: ``{"epoch", "consumed", "samples"}`` for every ``ferry state skip`` (where it was made, and
+  how many samples it skipped). Skipping a version-1 state leaves ``position`` null (the state does not
+  know an epoch's length): the loader then continues at ``epoch * n + consumed``, past the epoch's end
+  if the skip went there.
 
 A state comes from a file: every field is checked for its type and range before it is
 used (even with ``strict=False``, which only skips the comparison with this loader).
@@ -40,7 +43,7 @@ from .checks import COUNT_LIMIT, SEED_LIMIT, bound, show
 from .mixing import MAX_PERIOD
 from .schedule import MAX_PHASES
 
-__all__ = ["STATE_VERSION", "MAX_POSITION", "SavedState", "fingerprint", "make_state", "parse_state"]
+__all__ = ["STATE_VERSION", "MAX_POSITION", "SavedState", "fingerprint", "make_state", "parse_state", "skip_state"]
 
 STATE_VERSION = 2
 MAX_POSITION = 2**62  # a stream position plus an epoch's samples stays far inside int64
@@ -79,9 +82,9 @@ class SavedState:
         """Where the run stands: ``position``, or for a version-1 state ``epoch * n + consumed``."""
         if self.position is not None:
             return self.position
-        if strict and self.consumed > n:
+        if strict and self.consumed > n and not self.skips:
             raise StateError(f"loader state has consumed={self.consumed} but an epoch has only {n} samples")
-        position = self.epoch * n + min(self.consumed, n)
+        position = self.epoch * n + (self.consumed if self.skips else min(self.consumed, n))
         if position + n > MAX_POSITION:
             raise StateError(
                 f"loader state epoch={self.epoch}, consumed={self.consumed} is out of range: with {n} samples per "
@@ -151,7 +154,8 @@ def parse_state(state: Any) -> SavedState:
     fields = {k: state[k] for k in _KEYS_V1}
     if version == 1:
         return SavedState(**fields)
-    _check_int(state, "position", 0, MAX_POSITION)
+    if state["position"] is not None or not state["skips"]:
+        _check_int(state, "position", 0, MAX_POSITION)
     return SavedState(
         **fields,
         position=state["position"],
@@ -159,6 +163,28 @@ def parse_state(state: Any) -> SavedState:
         eras=_check_eras(state["eras"]),
         skips=_check_skips(state["skips"]),
     )
+
+
+def skip_state(state: Mapping[str, Any], samples: int) -> dict[str, Any]:
+    """A copy of ``state`` that continues ``samples`` global samples later, the skip recorded in ``skips``."""
+    saved = parse_state(state)
+    if not _is_int(samples) or not 0 < samples < MAX_POSITION:
+        raise StateError(f"a skip is a positive number of samples, got {show(samples)}")
+    if len(saved.skips) >= MAX_SKIPS:
+        raise StateError(f"loader state already records {MAX_SKIPS} skips; that is the most a state holds")
+    position = None if saved.position is None else saved.position + samples
+    if position is not None and position >= MAX_POSITION:
+        raise StateError(f"skipping {samples} samples takes the state past stream position 2**62")
+    out = dict(state)
+    out.update(
+        version=STATE_VERSION,
+        consumed=saved.consumed + samples,  # may pass the epoch's end; the loader normalises it
+        position=position,
+        plan=state.get("plan"),
+        eras=list(state.get("eras", [])),
+        skips=[*saved.skips, {"epoch": saved.epoch, "consumed": saved.consumed, "samples": samples}],
+    )
+    return out
 
 
 def _check_plan(plan: Any) -> dict[str, Any] | None:
@@ -209,9 +235,9 @@ def _check_skips(skips: Any) -> list[dict[str, int]]:
     if not isinstance(skips, list) or len(skips) > MAX_SKIPS:
         raise StateError(f"loader state skips must be a list of at most {MAX_SKIPS}, got {show(skips)}")
     for s in skips:
-        ok = isinstance(s, Mapping) and set(s) == {"position", "samples"}
+        ok = isinstance(s, Mapping) and set(s) == {"epoch", "consumed", "samples"}
         if not ok or not all(_is_int(v) and 0 <= v < MAX_POSITION for v in s.values()):
-            raise StateError(f"loader state skip must be {{position, samples}}, got {show(s)}")
+            raise StateError(f"loader state skip must be {{epoch, consumed, samples}}, got {show(s)}")
     return [dict(s) for s in skips]
 
 
