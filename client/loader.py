@@ -251,6 +251,16 @@ class TokenLoader:
         finally:
             _stop_workers(items)
 
+    def trace(self, positions: Any = None, *, step: int | None = None) -> list[dict[str, Any]]:
+        """Where samples came from (see :mod:`client.trace`): stream ``positions``, or this rank's batch of
+        global ``step`` (positions ``step * G + rank * batch_size ...``), or by default the next batch."""
+        from .trace import trace_positions
+
+        if positions is None:
+            start = self._position if step is None else checks.integer("step", step, 0, 2**62) * self.global_batch_size
+            positions = rank_positions(start, 0, self.batch_size, self.world_size, self.rank)
+        return trace_positions(self.dataset, positions)
+
     def state_dict(self) -> dict[str, Any]:
         """A small JSON-serialisable dict: what was delivered so far (``torch.distributed.checkpoint`` Stateful)."""
         span = self.dataset.epoch_span(self._position)

@@ -125,6 +125,13 @@ class MixedDataset(SampleSource):
         out._plan = copy.deepcopy(plan)
         return out
 
+    def with_plan(self, plan: dict[str, Any]) -> MixedDataset:
+        """A copy that reads with ``plan`` (a state's ``plan``: its sources must be this mixture's, by key)."""
+        missing = [s["url"] or s["key"] for s in plan["sources"] if s["key"] not in self._keys]
+        if missing:
+            raise StateError(f"the plan names sources this mixture does not have: {missing}")
+        return self._with(plan)
+
     @property
     def plan(self) -> dict[str, Any]:
         """The run's plan: sources (key, identity, url), phases ``[start, quota per source]``, last re-plan."""
