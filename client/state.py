@@ -8,18 +8,19 @@ of them. ``fingerprint`` digests everything else that fixes the sample order (sh
 mode, window, document mode, mixing weights or schedule, dataset versions, seeds, seq_len)
 of the loader that wrote it.
 
-Version 2 adds the history of a changing data plan, always with the same keys (so that a
-``torch.distributed.checkpoint`` of one run loads into the template of any later loader):
+Version 2 adds the history of a changing data plan, always with the same keys and no dict inside
+a list (``torch.distributed.checkpoint`` flattens those into keys, so a checkpoint would then
+only load into a loader with the same number of sources or skips):
 
 - ``position``: global samples delivered over the whole run (``epoch``/``consumed`` then only
   describe it; after a skip ``consumed`` may exceed an epoch);
-- ``plan``: a mixture's sources (key = fingerprint of the source's identity plus ``#k`` for its
-  ``k``-th occurrence, its identity and URL) and its phases ``[start, quota per source]`` over the
+- ``plan``: a mixture's sources ``[key, url, identity as canonical JSON]`` (key = fingerprint of the
+  identity plus ``#k`` for its ``k``-th occurrence) and its phases ``[start, quota per source]`` over the
   whole run; ``anchor`` is where the last re-plan happened (phases from it on are the loader's own
   configuration, those before it history); ``null`` for a single dataset;
 - ``eras``: the earlier dataset versions of a single dataset ``[version, samples, shards, epochs]``:
   the first ``epochs`` epochs had ``samples`` samples in the first ``shards`` shards;
-- ``skips``: ``{"epoch", "consumed", "samples"}`` for every ``ferry state skip`` (where it was made, and
+- ``skips``: ``[epoch, consumed, samples]`` for every ``ferry state skip`` (where it was made, and
   how many samples it skipped). Skipping a version-1 state leaves ``position`` null (the state does not
   know an epoch's length): the loader then continues at ``epoch * n + consumed``, past the epoch's end
   if the skip went there.
@@ -118,11 +119,20 @@ def make_state(
     state.update(
         version=STATE_VERSION,
         position=position,
-        plan=plan,
+        plan=_encode_plan(plan),
         eras=[list(e) for e in eras],
-        skips=[dict(s) for s in skips],
+        skips=[[s["epoch"], s["consumed"], s["samples"]] for s in skips],
     )
     return state
+
+
+def _encode_plan(plan: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if plan is None:
+        return None
+    sources = [
+        [s["key"], s["url"], json.dumps(s["identity"], sort_keys=True, separators=(",", ":"))] for s in plan["sources"]
+    ]
+    return {"sources": sources, "phases": [[p[0], list(p[1])] for p in plan["phases"]], "anchor": plan["anchor"]}
 
 
 def parse_state(state: Any) -> SavedState:
@@ -176,13 +186,14 @@ def skip_state(state: Mapping[str, Any], samples: int) -> dict[str, Any]:
     if position is not None and position >= MAX_POSITION:
         raise StateError(f"skipping {samples} samples takes the state past stream position 2**62")
     out = dict(state)
+    skips = [*saved.skips, {"epoch": saved.epoch, "consumed": saved.consumed, "samples": samples}]
     out.update(
         version=STATE_VERSION,
         consumed=saved.consumed + samples,  # may pass the epoch's end; the loader normalises it
         position=position,
-        plan=state.get("plan"),
-        eras=list(state.get("eras", [])),
-        skips=[*saved.skips, {"epoch": saved.epoch, "consumed": saved.consumed, "samples": samples}],
+        plan=_encode_plan(saved.plan),
+        eras=saved.eras,
+        skips=[[s["epoch"], s["consumed"], s["samples"]] for s in skips],
     )
     return out
 
@@ -196,13 +207,8 @@ def _check_plan(plan: Any) -> dict[str, Any] | None:
     sources, phases, anchor = plan["sources"], plan["phases"], plan["anchor"]
     if not isinstance(sources, list) or not 0 < len(sources) <= MAX_PERIOD:
         raise StateError(f"loader state plan sources must be a list of 1 to {MAX_PERIOD}, got {show(sources)}")
-    for s in sources:
-        ok = isinstance(s, Mapping) and set(s) == {"key", "identity", "url"}
-        if not ok or not isinstance(s["key"], str) or not _SOURCE_KEY.fullmatch(s["key"]):
-            raise StateError(f"loader state plan source must be {{key, identity, url}}, got {show(s)}")
-        if not isinstance(s["identity"], Mapping) or not (s["url"] is None or isinstance(s["url"], str)):
-            raise StateError(f"loader state plan source must be {{key, identity, url}}, got {show(s)}")
-    if len({s["key"] for s in sources}) != len(sources):
+    decoded = [_decode_source(s) for s in sources]
+    if len({s["key"] for s in decoded}) != len(sources):
         raise StateError("loader state plan names a source twice; the state is corrupt")
     if not isinstance(phases, list) or not 0 < len(phases) <= MAX_PHASES:
         raise StateError(f"loader state plan phases must be a list of 1 to {MAX_PHASES}, got {show(phases)}")
@@ -218,7 +224,23 @@ def _check_plan(plan: Any) -> dict[str, Any] | None:
         raise StateError(f"loader state plan phases are not a schedule ({exc}); the state is corrupt") from None
     if not _is_int(anchor) or not 0 <= anchor < MAX_POSITION:
         raise StateError(f"loader state plan anchor must be a stream position, got {show(anchor)}")
-    return {"sources": [dict(s) for s in sources], "phases": [[p[0], list(p[1])] for p in phases], "anchor": anchor}
+    return {"sources": decoded, "phases": [[p[0], list(p[1])] for p in phases], "anchor": anchor}
+
+
+def _decode_source(s: Any) -> dict[str, Any]:
+    """``[key, url, identity JSON]`` → ``{key, url, identity}``; the key must be the identity's fingerprint."""
+    bad = f"loader state plan source must be [key, url, identity JSON], got {show(s)}"
+    if not isinstance(s, list) or len(s) != 3 or not isinstance(s[0], str) or not _SOURCE_KEY.fullmatch(s[0]):
+        raise StateError(bad)
+    if not (s[1] is None or isinstance(s[1], str)) or not isinstance(s[2], str) or len(s[2]) > 1 << 20:
+        raise StateError(bad)
+    try:
+        identity = json.loads(s[2])
+    except (ValueError, RecursionError):
+        raise StateError(bad) from None
+    if not isinstance(identity, dict) or fingerprint(identity) != s[0].split("#", 1)[0]:
+        raise StateError(f"loader state plan source {s[0]} does not match its identity; the state is corrupt")
+    return {"key": s[0], "url": s[1], "identity": identity}
 
 
 def _check_eras(eras: Any) -> list[list[Any]]:
@@ -235,10 +257,10 @@ def _check_skips(skips: Any) -> list[dict[str, int]]:
     if not isinstance(skips, list) or len(skips) > MAX_SKIPS:
         raise StateError(f"loader state skips must be a list of at most {MAX_SKIPS}, got {show(skips)}")
     for s in skips:
-        ok = isinstance(s, Mapping) and set(s) == {"epoch", "consumed", "samples"}
-        if not ok or not all(_is_int(v) and 0 <= v < MAX_POSITION for v in s.values()):
-            raise StateError(f"loader state skip must be {{epoch, consumed, samples}}, got {show(s)}")
-    return [dict(s) for s in skips]
+        ok = isinstance(s, list) and len(s) == 3
+        if not ok or not all(_is_int(v) and 0 <= v < MAX_POSITION for v in s):
+            raise StateError(f"loader state skip must be [epoch, consumed, samples], got {show(s)}")
+    return [{"epoch": s[0], "consumed": s[1], "samples": s[2]} for s in skips]
 
 
 def _is_int(value: Any) -> bool:

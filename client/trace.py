@@ -102,8 +102,10 @@ def _dataset_from(args: argparse.Namespace, state: dict[str, Any] | None) -> Any
     from .dataset import TokenDataset
 
     common = {"cache_dir": args.cache_dir}
-    if state is not None and state.get("plan") is not None and not args.data:
-        plan = state["plan"]
+    from .state import parse_state
+
+    plan = parse_state(state).plan if state is not None else None
+    if plan is not None and not args.data:
         sources = []
         for src in plan["sources"]:
             ident = src["identity"]

@@ -3,6 +3,7 @@ the change is recorded, and later resumes on any topology reproduce the whole ru
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -78,7 +79,7 @@ def test_the_change_is_a_phase_in_the_state_and_a_third_plan_keeps_the_whole_his
     assert s1["version"] == 2 and s1["plan"]["phases"] == [[0, [1, 1]]] and s1["position"] == 24
     got2, s2 = run(mix([1, 2], [3, 1]), s1, 1, 4, 2, replan=True)  # source 0 removed, 2 added
     plan = s2["plan"]
-    assert [s["identity"]["dataset_version"] for s in plan["sources"]] == ["src0", "src1", "src2"]
+    assert [json.loads(s[2])["dataset_version"] for s in plan["sources"]] == ["src0", "src1", "src2"]
     assert plan["phases"] == [[0, [1, 1, 0]], [24, [0, 3, 1]]] and plan["anchor"] == 24
     assert per_source(got2) == {1: list(range(12, 18)), 2: [0, 1]}
     got3, s3 = run(mix([0, 2], [1, 1]), s2, 3, 1, 4, replan=True)  # source 0 comes back where it stopped

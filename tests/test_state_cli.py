@@ -52,7 +52,7 @@ def test_skip_skips_exactly_n_samples_of_the_uninterrupted_stream(tmp_path: Path
     head, state = run(make(), None, 2, 3, 5)  # 30 samples
     assert main(["skip", _save(tmp_path / "a.json", state), "--samples", "17", "-o", str(tmp_path / "b.json")]) == 0
     skipped = json.loads((tmp_path / "b.json").read_text())
-    assert skipped["skips"] == [{"epoch": state["epoch"], "consumed": state["consumed"], "samples": 17}]
+    assert skipped["skips"] == [[state["epoch"], state["consumed"], 17]]
     tail, after = run(make(), skipped, 1, 4, 10)
     assert head + tail == reference[:30] + reference[47:87]  # exactly the 17 after the state are gone
     assert after["skips"] == skipped["skips"] and after["position"] == 87  # and the skip stays on record
