@@ -28,6 +28,12 @@ Phases = Sequence[tuple[int, Sequence[int]]]
 
 def quota_of(weights: Sequence[float]) -> tuple[int, ...]:
     """Exact integer quotas for one phase's weights (0 = left out; the others as :class:`MixSchedule` makes them)."""
+    return _quota(tuple(float(w) for w in weights))
+
+
+@lru_cache(maxsize=1024)
+def _quota(weights: tuple[float, ...]) -> tuple[int, ...]:
+    """:func:`quota_of`, once per weight vector (schedules repeat a few vectors over many phases)."""
     active = [j for j, w in enumerate(weights) if w > 0]
     if not active:
         raise ValueError(f"a phase needs at least one positive weight, got {list(weights)}")
