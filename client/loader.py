@@ -28,7 +28,7 @@ from .replan import resume
 from .source import SampleSource, to_batch
 from .state import make_state, parse_state
 
-__all__ = ["TokenLoader", "ReplanOnLoad", "default_rank_world"]
+__all__ = ["TokenLoader", "default_rank_world"]
 
 Batch = dict[str, torch.Tensor]
 _GROUP = 4  # batches per DataLoader item from a worker
@@ -281,23 +281,6 @@ class TokenLoader:
         replan = checks.flag("replan", replan)
         dataset, position = resume(self._configured, saved, strict=strict, replan=replan)
         self.dataset, self._position, self._skips = dataset, position, saved.skips
-
-
-class ReplanOnLoad:
-    """A loader as a ``torch.distributed.checkpoint`` Stateful that re-plans when loaded.
-
-    ``dcp.load({"loader": ReplanOnLoad(loader)}, ...)`` calls ``loader.load_state_dict(state, replan=True)``:
-    for the first resume after a change of the data plan (weights, sources, a newer version).
-    """
-
-    def __init__(self, loader: TokenLoader) -> None:
-        self.loader = loader
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        self.loader.load_state_dict(state_dict, replan=True)
 
 
 def _rank_world(rank: Any, world_size: Any) -> tuple[int, int]:

@@ -148,8 +148,12 @@ def parse_state(state: Any) -> SavedState:
     keys = _KEYS_V1 if version == 1 else _KEYS_V2
     missing = [k for k in keys if k not in state]
     if missing:
-        which = "" if version == 1 else f" version {version}"
-        raise StateError(f"loader state{which} lacks {missing}; it was not made by TokenLoader.state_dict()")
+        if version == 1:
+            raise StateError(f"loader state lacks {missing}; it was not made by TokenLoader.state_dict()")
+        raise StateError(
+            f"loader state version {version} lacks {missing}: from a torch.distributed.checkpoint, load it through "
+            "client.dcp.ReplanOnLoad(loader, checkpoint_dir), whose template has the checkpoint's keys"
+        )
     extra = [k for k in state if k not in keys]
     if extra:
         raise StateError(f"loader state has unknown keys {show(extra)}; it was not made by TokenLoader.state_dict()")

@@ -43,37 +43,9 @@ def read_state(path: str, key: str | None = None) -> dict[str, Any]:
 
 
 def _from_dcp(path: str, key: str | None) -> dict[str, Any]:
-    """The loader's entry of a DCP checkpoint, read without the rest of it (no process group needed)."""
-    if not os.path.exists(os.path.join(path, ".metadata")):
-        raise UsageError(f"{path} is a directory but not a torch.distributed.checkpoint (no .metadata)")
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+    from .dcp import read_dcp_state
 
-    names = list(FileSystemReader(path).read_metadata().state_dict_metadata)
-    tops = sorted({n.split(".", 1)[0] for n in names if n.endswith(".fingerprint")})
-    if key is None:
-        if len(tops) != 1:
-            raise UsageError(f"{path} holds loader states under {tops or 'no key'}; name one with --key")
-        key = tops[0]
-    wanted = {n for n in names if n.startswith(key + ".")}
-    if not wanted:
-        raise StateError(f"{path} has no entry {key!r} (loader states under {tops})")
-    loaded = _load_state_dict_from_keys(wanted, checkpoint_id=path)
-    return _nest(loaded, key)
-
-
-def _nest(flat: Mapping[str, Any], key: str) -> dict[str, Any]:
-    """DCP's answer (nested, or flattened ``key.a.b`` names) as the loader's nested dict."""
-    if key in flat and isinstance(flat[key], Mapping):
-        return dict(flat[key])
-    out: dict[str, Any] = {}
-    for name, value in flat.items():
-        parts = name.split(".")[1:]
-        node = out
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = value
-    return out
+    return read_dcp_state(path, key)
 
 
 def describe(state: Mapping[str, Any]) -> list[str]:

@@ -127,3 +127,23 @@ def test_errors_are_one_line(tmp_path: Path, capsys: Any) -> None:
     with pytest.raises(SystemExit):
         main(["skip", str(tmp_path / "bad.json"), "-o", str(tmp_path / "x.json"), "--samples", "0"])
     assert main(["skip", str(tmp_path / "bad.json"), "-o", str(tmp_path / "x.json")]) == 2
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is")
+def test_replan_on_load_matches_the_checkpoints_shape_from_version_1_to_2(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import torch.distributed.checkpoint as dcp
+
+    from client.dcp import ReplanOnLoad
+
+    one, _ = run(Counting(0), None, 1, 5, 2)
+    plain = TokenLoader(Counting(0), 5, rank=0, world_size=1)
+    plain.load_state_dict(run(Counting(0), None, 1, 5, 2)[1])
+    dcp.save({"loader": plain}, checkpoint_id=str(tmp_path / "v1"))  # a version-1 state: 7 keys
+    grown = TokenLoader(TokenDataset.mix([Counting(0), Counting(3)], [1, 1]), 2, rank=0, world_size=1)
+    dcp.load({"loader": ReplanOnLoad(grown, tmp_path / "v1")}, checkpoint_id=str(tmp_path / "v1"))
+    assert grown.position == 10 and grown.state_dict()["plan"]["phases"] == [[0, [1, 0]], [10, [1, 1]]]
+    dcp.save({"loader": grown}, checkpoint_id=str(tmp_path / "v2"))
+    again = TokenLoader(TokenDataset.mix([Counting(0), Counting(3)], [1, 1]), 4, rank=0, world_size=1)
+    dcp.load({"loader": again}, checkpoint_id=str(tmp_path / "v2"))  # same shape: the loader itself loads
+    assert again.state_dict() == grown.state_dict() and len(one) == 10

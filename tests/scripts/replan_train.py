@@ -24,7 +24,7 @@ import torch.distributed.checkpoint as dcp
 from dcp_train import AppState, TinyLM
 
 from client import TokenDataset, TokenLoader
-from client.loader import ReplanOnLoad
+from client.dcp import ReplanOnLoad
 
 
 def main() -> int:
@@ -54,7 +54,7 @@ def main() -> int:
     app = AppState(model, optim)
     step = 0
     if args.ckpt_in is not None:
-        state: dict[str, Any] = {"app": app, "loader": ReplanOnLoad(loader) if args.replan else loader}
+        state: dict[str, Any] = {"app": app, "loader": ReplanOnLoad(loader, args.ckpt_in) if args.replan else loader}
         dcp.load(state, checkpoint_id=str(args.ckpt_in))
         step = json.loads((args.ckpt_in / "step.json").read_text())["step"]
 
