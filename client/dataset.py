@@ -225,6 +225,10 @@ class TokenDataset(SampleSource):
             )
         return n
 
+    def with_eras(self, eras: list[list[Any]]) -> TokenDataset:
+        """A copy whose first epochs follow the earlier versions' ``eras`` (a state's record of them)."""
+        return self._with_eras(eras)
+
     def _with_eras(self, eras: list[list[Any]]) -> TokenDataset:
         """A copy whose first epochs follow the earlier versions' ``eras`` (checked against this manifest)."""
         segments: list[tuple[int, int, int, SampleOrder]] = []

@@ -88,6 +88,7 @@ class MixedDataset(SampleSource):
     def replanned(self, saved: Any) -> tuple[MixedDataset, int]:
         """This mixture continuing the run of ``saved`` from its position: a new phase there."""
         plan, position = self._old_plan(saved)
+        plan = self._continue_versions(plan, position)
         union = [s["key"] for s in plan["sources"]]
         phases = [(s, tuple(q)) for s, q in plan["phases"]]
         keys, merged = merge_plan(union, phases, self._keys, self.config.phases, position)
@@ -96,6 +97,30 @@ class MixedDataset(SampleSource):
         assert [e["key"] for e in entries] == keys
         new = {"sources": entries, "phases": [[s, list(q)] for s, q in merged], "anchor": position}
         return self._with(new), position
+
+    def _continue_versions(self, plan: dict[str, Any], position: int) -> dict[str, Any]:
+        """The plan with each source that this mixture has in a newer version (same URL, seed, shuffle, mode;
+        shards appended) renamed to it: that source continues from where it stands (see ``TokenDataset``)."""
+        from .state import SavedState
+
+        keys = {s["key"] for s in plan["sources"]}
+        drawn = Schedule([(s, q) for s, q in plan["phases"]]).drawn(position).tolist()
+        entries = [dict(e) for e in plan["sources"]]
+        for k, d in zip(self._keys, self.sources, strict=True):
+            if k in keys or not hasattr(d, "with_eras"):
+                continue
+            ident = d.identity()
+            for j, e in enumerate(entries):
+                old = e["identity"]
+                same = e["url"] == d.url and {**old, "dataset_version": None} == {**ident, "dataset_version": None}
+                if not same or e["key"] in self._keys or old == ident:
+                    continue
+                own = SavedState(2, old["dataset_version"], old["seed"], old["seq_len"], 0, 0,
+                                 e["key"].split("#")[0], position=drawn[j], eras=e["eras"])  # fmt: skip
+                continued, _ = d.replanned(own)
+                entries[j] = {**_entry(k, d), "eras": continued.record().get("eras", [])}
+                break
+        return {**plan, "sources": entries}
 
     def _old_plan(self, saved: Any) -> tuple[dict[str, Any], int]:
         """The plan of the state's run and its position; a single dataset's run is a one-source plan."""
@@ -120,7 +145,11 @@ class MixedDataset(SampleSource):
         """A copy reading with ``plan`` (sources it no longer has are None: no position ahead draws them)."""
         out = copy.copy(self)
         by_key = dict(zip(self._keys, self.sources, strict=True))
-        out._slots = [by_key.get(s["key"]) for s in plan["sources"]]
+        out._slots = []
+        for s in plan["sources"]:
+            d = by_key.get(s["key"])
+            # a source continued from an older version reads its earlier epochs as that version had them
+            out._slots.append(d.with_eras(s["eras"]) if d is not None and s["eras"] else d)  # type: ignore[attr-defined]
         out.schedule = Schedule([(s, q) for s, q in plan["phases"]])
         out._plan = copy.deepcopy(plan)
         return out
@@ -175,7 +204,7 @@ class MixedDataset(SampleSource):
 
 
 def _entry(key: str, d: SampleSource) -> dict[str, Any]:
-    return {"key": key, "identity": d.identity(), "url": d.url}
+    return {"key": key, "identity": d.identity(), "url": d.url, "eras": []}
 
 
 def _phases(datasets: Any, weights: Any) -> list[tuple[int, list[float]]]:

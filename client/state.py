@@ -14,8 +14,9 @@ only load into a loader with the same number of sources or skips):
 
 - ``position``: global samples delivered over the whole run (``epoch``/``consumed`` then only
   describe it; after a skip ``consumed`` may exceed an epoch);
-- ``plan``: a mixture's sources ``[key, url, identity as canonical JSON]`` (key = fingerprint of the
-  identity plus ``#k`` for its ``k``-th occurrence) and its phases ``[start, quota per source]`` over the
+- ``plan``: a mixture's sources ``[key, url, identity as canonical JSON, eras]`` (key = fingerprint of
+  the identity plus ``#k`` for its ``k``-th occurrence; eras as below, for a source continued on a
+  newer version) and its phases ``[start, quota per source]`` over the
   whole run; ``anchor`` is where the last re-plan happened (phases from it on are the loader's own
   configuration, those before it history); ``null`` for a single dataset;
 - ``eras``: the earlier dataset versions of a single dataset ``[version, samples, shards, epochs]``:
@@ -130,7 +131,8 @@ def _encode_plan(plan: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if plan is None:
         return None
     sources = [
-        [s["key"], s["url"], json.dumps(s["identity"], sort_keys=True, separators=(",", ":"))] for s in plan["sources"]
+        [s["key"], s["url"], json.dumps(s["identity"], sort_keys=True, separators=(",", ":")), s["eras"]]
+        for s in plan["sources"]
     ]
     return {"sources": sources, "phases": [[p[0], list(p[1])] for p in plan["phases"]], "anchor": plan["anchor"]}
 
@@ -232,9 +234,9 @@ def _check_plan(plan: Any) -> dict[str, Any] | None:
 
 
 def _decode_source(s: Any) -> dict[str, Any]:
-    """``[key, url, identity JSON]`` → ``{key, url, identity}``; the key must be the identity's fingerprint."""
-    bad = f"loader state plan source must be [key, url, identity JSON], got {show(s)}"
-    if not isinstance(s, list) or len(s) != 3 or not isinstance(s[0], str) or not _SOURCE_KEY.fullmatch(s[0]):
+    """``[key, url, identity JSON, eras]`` → a dict of them; the key must be the identity's fingerprint."""
+    bad = f"loader state plan source must be [key, url, identity JSON, eras], got {show(s)}"
+    if not isinstance(s, list) or len(s) != 4 or not isinstance(s[0], str) or not _SOURCE_KEY.fullmatch(s[0]):
         raise StateError(bad)
     if not (s[1] is None or isinstance(s[1], str)) or not isinstance(s[2], str) or len(s[2]) > 1 << 20:
         raise StateError(bad)
@@ -244,7 +246,7 @@ def _decode_source(s: Any) -> dict[str, Any]:
         raise StateError(bad) from None
     if not isinstance(identity, dict) or fingerprint(identity) != s[0].split("#", 1)[0]:
         raise StateError(f"loader state plan source {s[0]} does not match its identity; the state is corrupt")
-    return {"key": s[0], "url": s[1], "identity": identity}
+    return {"key": s[0], "url": s[1], "identity": identity, "eras": _check_eras(s[3])}
 
 
 def _check_eras(eras: Any) -> list[list[Any]]:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from scripts.replan_common import Counting, endless, mix, per_source, run
 
 from client import TokenDataset, TokenLoader
+from client.mixed import MixedDataset
 from client.state import fingerprint
 from shard_tools.errors import StateError
 
@@ -240,3 +241,54 @@ def _rows_of(ds: TokenDataset, ids: np.ndarray) -> np.ndarray:
     """Rows of sample ids (not positions) of ``ds``, read through an unshuffled twin."""
     plain = TokenDataset(ds.url or "", seq_len=ds.seq_len, shuffle="none", cache_dir=ds.cache.directory)
     return plain.batch(ids)["input_ids"].numpy()
+
+
+def test_a_mixture_source_continues_on_its_appended_version(tmp_path: Any) -> None:
+    from scripts.loader_common import make_documents, pack_test_dataset
+
+    from shard_tools.packing import PackOptions, pack_documents
+
+    urls = [pack_test_dataset(str(tmp_path / n), 40, seed=i, shard_size=2048) for i, n in enumerate("ab")]
+    cache = str(tmp_path / "cache")
+
+    def mixture() -> tuple[MixedDataset, list[TokenDataset]]:
+        dss = [
+            TokenDataset(u, seq_len=16, seed=i, cache_dir=cache, shuffle="window", window=2) for i, u in enumerate(urls)
+        ]
+        return TokenDataset.mix(dss, [3, 1]), dss
+
+    old_mix, old = mixture()
+    n_a = old[0].num_samples
+    first = TokenLoader(old_mix, 4, rank=0, world_size=1)
+    rows = run_rows(first, n_a // 3)  # source a is most of the way through its epoch 0
+    state = first.state_dict()
+    drawn_a = int(old_mix.schedule.drawn(first.position)[0])
+    assert 0 < drawn_a < n_a
+
+    pack_documents(
+        make_documents(30, seed=7),
+        urls[0],
+        PackOptions(vocab_size=1000, eos_id=0, shard_size=2048, progress=False, append=True),
+    )
+    new_mix, new = mixture()
+    cont = TokenLoader(new_mix, 4, rank=0, world_size=1)
+    cont.load_state_dict(state, replan=True)
+    total = -(-(n_a - drawn_a + 2 * new[0].num_samples) * 4 // 3 // 4) + 4
+    rows = np.concatenate([rows, run_rows(cont, total)])
+    src, _ = cont.dataset.schedule.locate(np.arange(len(rows)))  # type: ignore[attr-defined]
+    got_a = rows[src == 0]
+    # source a: the old version's epoch 0 to its end, then the new version's epochs
+    np.testing.assert_array_equal(got_a[:n_a], old[0].batch(np.arange(n_a))["input_ids"].numpy())
+    e1 = got_a[n_a : n_a + new[0].num_samples]
+    ids = new[0].order.sample_ids(1, np.arange(len(e1)))
+    plain = TokenDataset(urls[0], seq_len=16, shuffle="none", cache_dir=cache)
+    np.testing.assert_array_equal(e1, plain.batch(ids)["input_ids"].numpy())
+    # source b: untouched, its own stream
+    got_b = rows[src == 1]
+    np.testing.assert_array_equal(got_b, new[1].batch(np.arange(len(got_b)))["input_ids"].numpy())
+    # and a later strict resume reproduces it
+    state2 = cont.state_dict()
+    assert state2["plan"]["sources"][0][3] == [[old[0].version_id, n_a, len(old[0].manifest.shards), 1]]
+    again = TokenLoader(mixture()[0], 2, rank=0, world_size=1)
+    again.load_state_dict(state2)
+    assert again.dataset.schedule == cont.dataset.schedule  # type: ignore[attr-defined]
