@@ -29,6 +29,19 @@ def test_the_commands_are_registered_as_ferry_entry_points() -> None:
     root = Path(__file__).resolve().parent.parent
     eps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["entry-points"]["ferry.commands"]
     assert eps["state"] == "client.state_cli:register"
+    assert eps["trace"] == "client.trace:register"
+    # what `ferry` does with them (shard_tools.cli.build_parser): load, register, parse
+    import argparse
+    import importlib
+
+    parser = argparse.ArgumentParser(prog="ferry")
+    sub = parser.add_subparsers(dest="command")
+    for name in ("state", "trace"):
+        module, func = eps[name].split(":")
+        getattr(importlib.import_module(module), func)(sub)
+    args = parser.parse_args(["state", "skip", "s.json", "--steps", "3", "--global-batch", "8", "-o", "t.json"])
+    assert (args.command, args.state_command, args.steps, args.global_batch) == ("state", "skip", 3, 8)
+    assert parser.parse_args(["trace", "--state", "s.json", "--global-batch", "8"]).func.__module__ == "client.trace"
 
 
 def test_show_names_sources_phases_and_where_each_source_stands(tmp_path: Path, capsys: Any) -> None:
