@@ -9,6 +9,7 @@ within an epoch is a :mod:`client.order`; which rank reads what is the loader's 
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import get_worker_info
 
-from shard_tools.errors import DatasetError, UsageError
+from shard_tools.errors import DatasetError, FerryError, StateError, UsageError
 from shard_tools.manifest import Manifest
 from shard_tools.threadname import name_os_thread
 
@@ -27,6 +28,7 @@ from .mixed import MixedDataset
 from .order import SHUFFLE_MODES, SampleOrder, make_order
 from .reader import ShardReader
 from .source import MODES, SampleSource
+from .state import fingerprint
 
 __all__ = ["TokenDataset"]
 DEFAULT_WINDOW = 8
@@ -108,6 +110,9 @@ class TokenDataset(SampleSource):
             url, length = self.replicas.urls[0], self.seq_len
             raise DatasetError(f"dataset {url} has {total_tokens} tokens: not one sample of seq_len {length} + 1")
         self.order: SampleOrder = make_order(self.shuffle, self._first_samples(), self.seed, self.window)
+        # earlier versions of a run continued on this one: [version, samples, shards, epochs] (see client.state)
+        self._eras: list[list[Any]] = []
+        self._segments: list[tuple[int, int, int, SampleOrder]] = [(0, 0, self.num_samples, self.order)]
         self._reader: ShardReader | None = None
         self._pid = -1
         self._pool: ThreadPoolExecutor | None = None
@@ -137,23 +142,110 @@ class TokenDataset(SampleSource):
         return pad_id
 
     @staticmethod
-    def mix(datasets: Sequence[SampleSource], weights: Sequence[float]) -> MixedDataset:
-        """Mix datasets with exact proportions over every prefix (±1 sample per source)."""
+    def mix(datasets: Sequence[SampleSource], weights: Sequence[Any]) -> MixedDataset:
+        """Mix datasets with exact proportions over every prefix (±1 sample per source).
+
+        ``weights``: one per dataset, or a schedule ``[(start, weights), ...]`` of phases by global
+        sample (the first at 0; for phases by step, ``start = step * global_batch_size``): within
+        each phase every prefix holds each dataset in its proportion ±1, and at a boundary each
+        dataset continues exactly where it stopped.
+        """
         return MixedDataset(datasets, weights)
+
+    @property
+    def url(self) -> str | None:
+        return self.replicas.urls[0]
 
     @property
     def version_id(self) -> str:
         return self.manifest.version_id
 
-    def _first_samples(self) -> np.ndarray:
-        """Shard ``s`` owns samples ``[first[s], first[s+1])`` (the samples whose first token/document it holds)."""
-        shards = self.manifest.shards
+    def _first_samples(self, shards: int | None = None) -> np.ndarray:
+        """Shard ``s`` owns samples ``[first[s], first[s+1])`` (the samples whose first token/document it holds),
+        over the first ``shards`` shards (all by default: an earlier version of an appended dataset has fewer)."""
+        table = self.manifest.shards
+        count = len(table) if shards is None else shards
         if self.mode == "document":
-            first = np.zeros(len(shards) + 1, dtype=np.int64)
-            np.cumsum(shards.documents, out=first[1:])
+            first = np.zeros(count + 1, dtype=np.int64)
+            np.cumsum(table.documents[:count], out=first[1:])
             return first
-        first = -(-shards.token_offsets // self.seq_len)
-        return np.minimum(first, self.num_samples)
+        first = -(-table.token_offsets[: count + 1] // self.seq_len)
+        return np.minimum(first, self._samples_of(count))
+
+    def _samples_of(self, shards: int) -> int:
+        """Samples per epoch of the dataset made of the first ``shards`` shards."""
+        if self.mode == "document":
+            return int(self.manifest.shards.documents[:shards].sum())
+        return max(0, (int(self.manifest.shards.token_offsets[shards]) - 1) // self.seq_len)
+
+    # --- epochs over versions: a run continued on a newer version (``replan=True``) -----------------------------
+
+    def epoch_span(self, position: int) -> tuple[int, int, int]:
+        start, first_epoch, n, _ = next(s for s in reversed(self._segments) if s[0] <= position)
+        k = (position - start) // n
+        return first_epoch + k, start + k * n, start + (k + 1) * n
+
+    def record(self) -> dict[str, Any]:
+        return {"eras": copy.deepcopy(self._eras)} if self._eras else {}
+
+    def restored(self, saved: Any) -> TokenDataset:
+        return self._with_eras(saved.eras) if saved.eras else self
+
+    def replanned(self, saved: Any) -> tuple[TokenDataset, int]:
+        """Continue a run of an older version of this dataset: its current epoch finishes over the samples it
+        started with, the appended samples join from the next epoch."""
+        if saved.fingerprint != fingerprint({**self.identity(), "dataset_version": saved.dataset_version}):
+            raise StateError(
+                f"loader state differs from {self!r} in more than the dataset version (seed {saved.seed}, "
+                "shuffle, window or mode): it cannot continue exactly on this dataset"
+            )
+        shards = self._prefix_of(saved.dataset_version)
+        old = self._with_eras([*saved.eras, [saved.dataset_version, self._samples_of(shards), shards, 1]])
+        old._segments = old._segments[:-1]  # the old version's timeline: its era never ends
+        position = saved.stream_position(old._segments[-1][2], strict=True)
+        epoch, start, end = old.epoch_span(position)
+        boundary = start if position == start else end
+        first_epoch = old._segments[-1][1]
+        done = epoch - first_epoch + (boundary == end)
+        eras = [*saved.eras, [saved.dataset_version, self._samples_of(shards), shards, done]] if done else saved.eras
+        return self._with_eras(eras), position
+
+    def _prefix_of(self, version: str) -> int:
+        """How many shards the older ``version`` had: StateError unless they are the first shards of this one."""
+        try:
+            old = self.replicas.load_manifest(version).shards
+        except FerryError as exc:
+            raise StateError(f"cannot read version {version} of {self.url} to continue its run: {exc}") from None
+        new = self.manifest.shards
+        n = len(old)
+        if n > len(new) or old.paths != new.paths[:n]:  # shards are named by their raw digest
+            raise StateError(
+                f"version {self.version_id} of {self.url} does not extend version {version} (its shards are not a "
+                "prefix): only a dataset grown by `ferry pack --append` can continue a run exactly"
+            )
+        return n
+
+    def with_eras(self, eras: list[list[Any]]) -> TokenDataset:
+        """A copy whose first epochs follow the earlier versions' ``eras`` (a state's record of them)."""
+        return self._with_eras(eras)
+
+    def _with_eras(self, eras: list[list[Any]]) -> TokenDataset:
+        """A copy whose first epochs follow the earlier versions' ``eras`` (checked against this manifest)."""
+        segments: list[tuple[int, int, int, SampleOrder]] = []
+        start = epoch = 0
+        for version, samples, shards, epochs in eras:
+            if shards > len(self.manifest.shards) or self._samples_of(shards) != samples:
+                raise StateError(
+                    f"loader state era of version {version} ({samples} samples in {shards} shards) does not match "
+                    f"the first shards of {self.url} version {self.version_id}; the state is of another dataset"
+                )
+            order = make_order(self.shuffle, self._first_samples(shards), self.seed, self.window)
+            segments.append((start, epoch, samples, order))
+            start, epoch = start + samples * epochs, epoch + epochs
+        out = copy.copy(self)
+        out._eras = [list(e) for e in eras]
+        out._segments = [*segments, (start, epoch, self.num_samples, self.order)]
+        return out
 
     def identity(self) -> dict[str, Any]:
         ident: dict[str, Any] = {
@@ -189,6 +281,8 @@ class TokenDataset(SampleSource):
         pos = np.asarray(positions, dtype=np.int64)
         if pos.size == 0:
             return pos.copy()
+        if len(self._segments) > 1:
+            return self._era_sample_ids(pos)
         n = self.num_samples
         lo, hi = int(pos.min()) // n, int(pos.max()) // n
         if lo == hi:  # the usual case: the whole batch in one epoch
@@ -198,6 +292,22 @@ class TokenDataset(SampleSource):
         for e in range(lo, hi + 1):  # a batch straddling an epoch boundary
             sel = epoch == e
             out[sel] = self.order.sample_ids(e, within[sel])
+        return out
+
+    def _era_sample_ids(self, pos: np.ndarray) -> np.ndarray:
+        """Sample ids of a run over several versions: each segment's epochs have its own length and order."""
+        starts = np.asarray([s[0] for s in self._segments], dtype=np.int64)
+        seg = np.searchsorted(starts, pos, side="right") - 1
+        out = np.empty_like(pos)
+        for k in np.unique(seg).tolist():
+            start, first_epoch, n, order = self._segments[k]
+            sel = seg == k
+            epoch, within = np.divmod(pos[sel] - start, n)
+            ids = np.empty_like(within)
+            for e in np.unique(epoch).tolist():
+                part = epoch == e
+                ids[part] = order.sample_ids(first_epoch + e, within[part])
+            out[sel] = ids
         return out
 
     def fill(self, positions: np.ndarray, rows: np.ndarray, out: Mapping[str, np.ndarray]) -> None:

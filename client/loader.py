@@ -24,8 +24,9 @@ from shard_tools.errors import FerryError, UsageError
 
 from . import checks
 from .partition import batches_until, global_batch_size, rank_positions, worker_batches
+from .replan import resume
 from .source import SampleSource, to_batch
-from .state import make_state, restore_position
+from .state import make_state, parse_state
 
 __all__ = ["TokenLoader", "default_rank_world"]
 
@@ -170,7 +171,9 @@ class TokenLoader:
     ) -> None:
         if not isinstance(dataset, SampleSource):
             raise UsageError(f"dataset must be a TokenDataset or MixedDataset, got {checks.show(dataset)}")
-        self.dataset = dataset
+        self._configured = dataset
+        self.dataset = dataset  # the configured one, with the history of a loaded state
+        self._skips: list[dict[str, int]] = []
         self.batch_size = checks.integer("batch_size", batch_size, 1, SHAPE_LIMIT)
         self.num_workers = checks.integer("num_workers", num_workers, 0)
         self.prefetch_factor = checks.integer("prefetch_factor", prefetch_factor, 1)
@@ -192,11 +195,10 @@ class TokenLoader:
 
     @property
     def epoch(self) -> int:
-        return self._position // self.dataset.num_samples
+        return self.dataset.epoch_span(self._position)[0]
 
     def _epoch_end(self) -> int:
-        n = self.dataset.num_samples
-        return (self._position // n + 1) * n
+        return self.dataset.epoch_span(self._position)[2]
 
     def __len__(self) -> int:
         """Batches the next ``iter()`` delivers (to the end of the current epoch)."""
@@ -249,18 +251,36 @@ class TokenLoader:
         finally:
             _stop_workers(items)
 
+    def trace(self, positions: Any = None, *, step: int | None = None) -> list[dict[str, Any]]:
+        """Where samples came from (see :mod:`client.trace`): stream ``positions``, or this rank's batch of
+        global ``step`` (positions ``step * G + rank * batch_size ...``), or by default the next batch."""
+        from .trace import trace_positions
+
+        if positions is None:
+            start = self._position if step is None else checks.integer("step", step, 0, 2**62) * self.global_batch_size
+            positions = rank_positions(start, 0, self.batch_size, self.world_size, self.rank)
+        return trace_positions(self.dataset, positions)
+
     def state_dict(self) -> dict[str, Any]:
         """A small JSON-serialisable dict: what was delivered so far (``torch.distributed.checkpoint`` Stateful)."""
-        return make_state(self.dataset.identity(), self._position, self.dataset.num_samples)
+        span = self.dataset.epoch_span(self._position)
+        record = self.dataset.record()
+        return make_state(self._configured.identity(), self._position, span, skips=self._skips, **record)
 
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, *, replan: bool = False) -> None:
         """Continue after the state's last delivered batch (any world size, workers or batch size).
 
         Raises StateError (one line naming the field) on a malformed state, strict or not, and on
         a state made for another dataset version, seed, seq_len or order configuration unless
-        ``strict=False``.
+        ``strict=False``. With ``replan=True`` a state of another mixture (other weights or schedule,
+        sources added or removed) or of an older version of this dataset continues with this loader's
+        plan from the state's position: every source that stays continues exactly, an added one starts
+        at its beginning, and the change is recorded in later states (see ``client.replan``).
         """
-        self._position = restore_position(state_dict, self.dataset.identity(), self.dataset.num_samples, strict=strict)
+        saved = parse_state(state_dict)
+        replan = checks.flag("replan", replan)
+        dataset, position = resume(self._configured, saved, strict=strict, replan=replan)
+        self.dataset, self._position, self._skips = dataset, position, saved.skips
 
 
 def _rank_world(rank: Any, world_size: Any) -> tuple[int, int]:

@@ -56,6 +56,17 @@ class MixSchedule:
         self.quota = np.asarray(quota, dtype=np.int64)
         self.source, self.rank = _lay_out(quota, period)
 
+    @classmethod
+    def from_quota(cls, quota: Sequence[int]) -> MixSchedule:
+        """The schedule with exactly these integer quotas and period ``sum(quota)`` (a state's record of one)."""
+        if not quota or min(quota) <= 0 or sum(quota) > MAX_PERIOD:
+            raise ValueError(f"quotas must be positive and sum to at most {MAX_PERIOD}, got {list(quota)}")
+        self = cls.__new__(cls)
+        self.period = int(sum(quota))
+        self.quota = np.asarray(quota, dtype=np.int64)
+        self.source, self.rank = _lay_out([int(q) for q in quota], self.period)
+        return self
+
     @property
     def weights(self) -> list[float]:
         """The effective (rational) weights."""

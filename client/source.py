@@ -35,6 +35,31 @@ class SampleSource(IterableDataset[dict[str, torch.Tensor]]):
         """Everything that fixes the sample order (goes into the loader state's fingerprint)."""
         raise NotImplementedError
 
+    def epoch_span(self, position: int) -> tuple[int, int, int]:
+        """The epoch of stream ``position``, and that epoch's first and end positions."""
+        n = self.num_samples
+        epoch = position // n
+        return epoch, epoch * n, (epoch + 1) * n
+
+    def record(self) -> dict[str, Any]:
+        """The history a state must carry to reproduce this source's stream (``plan``, ``eras``); none by default."""
+        return {}
+
+    def restored(self, saved: Any) -> SampleSource:
+        """This source with the history of ``saved`` (a :class:`~client.state.SavedState` of this configuration)."""
+        return self
+
+    def replanned(self, saved: Any) -> tuple[SampleSource, int]:
+        """This source continuing the run of ``saved`` (another configuration), and the position to go on from."""
+        from shard_tools.errors import StateError
+
+        raise StateError(f"a loader over {self!r} cannot continue a run of another configuration")
+
+    @property
+    def url(self) -> str | None:
+        """Where the data lives (shown by ``ferry state show``), if it is one dataset."""
+        return None
+
     def fill(self, positions: np.ndarray, rows: np.ndarray, out: Mapping[str, np.ndarray]) -> None:
         """Write the samples at stream ``positions`` into rows ``rows`` of the arrays in ``out``: token mode
         ``out["windows"]`` (token dtype, ``seq_len + 1`` wide); document mode ``input_ids``, ``labels``

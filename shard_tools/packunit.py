@@ -15,6 +15,7 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from .digest import digest_bytes
 from .errors import TokenRangeError
@@ -93,7 +94,8 @@ def _groups(batches: Iterable[DocBatch], budget: int, itemsize: int, per_doc: in
 
 def _slice(batch: DocBatch, a: int, b: int) -> DocBatch:
     lo, hi = batch.offsets[a], batch.offsets[b]
-    return DocBatch(batch.tokens[lo:hi], batch.offsets[a : b + 1] - lo)
+    rows = None if batch.rows is None else batch.rows[a:b]
+    return DocBatch(batch.tokens[lo:hi], batch.offsets[a : b + 1] - lo, rows)
 
 
 def assemble(parts: list[DocBatch], eos_id: int | None, dtype: str) -> DocBatch:
@@ -117,7 +119,8 @@ def assemble(parts: list[DocBatch], eos_id: int | None, dtype: str) -> DocBatch:
         offsets[d + 1 : d + k + 1] = local[1:] + t
         t += n
         d += k
-    return DocBatch(out, offsets)
+    rows = None if any(p.rows is None for p in parts) else np.concatenate([p.rows for p in parts])
+    return DocBatch(out, offsets, rows)
 
 
 def _copy_with_eos(dst: np.ndarray, tokens: np.ndarray, src: np.ndarray, local: np.ndarray, eos_id: int) -> None:
@@ -165,9 +168,21 @@ def _out(job: Job) -> Location:
     return _location(job.out_url, json.dumps(job.storage_options, sort_keys=True, default=str))
 
 
-def store_shard(job: Job, batch: DocBatch) -> ShardInfo:
-    """Encode, compress and store one shard under its raw digest; returns its manifest row."""
-    raw = memoryview(encode_shard_buffer(batch.tokens, batch.offsets, job.dtype))
+def origin_columns(batch: DocBatch, origin: str | None) -> dict[str, pa.Array]:
+    """Columns ``origin_file`` (the input file, dictionary-encoded: one string per shard) and ``origin_row``
+    (each document's row/line in it), when the documents have a file and rows."""
+    if origin is None or batch.rows is None:
+        return {}
+    n = len(batch.offsets) - 1
+    files = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([origin]))
+    return {"origin_file": files, "origin_row": pa.array(np.asarray(batch.rows, dtype=np.int64))}
+
+
+def store_shard(job: Job, batch: DocBatch, origin: str | None = None) -> ShardInfo:
+    """Encode, compress and store one shard under its raw digest; returns its manifest row. With
+    ``origin`` (the input file) and the batch's rows, the shard records where each document came from."""
+    extra = origin_columns(batch, origin) if job.source.origin else {}
+    raw = memoryview(encode_shard_buffer(batch.tokens, batch.offsets, job.dtype, extra))
     stored = compress(raw, job.level)
     raw_digest = digest_bytes(raw)
     path = f"{SHARDS_DIR}/{raw_digest.split(':', 1)[1]}{SHARD_SUFFIX}"
@@ -185,21 +200,28 @@ def store_shard(job: Job, batch: DocBatch) -> ShardInfo:
     )
 
 
-def pack_batches(job: Job, batches: Iterable[DocBatch], where: str, first_document: int = 0) -> UnitResult:
+def pack_batches(
+    job: Job, batches: Iterable[DocBatch], where: str, first_document: int = 0, origin: str | None = None
+) -> UnitResult:
     """Pack a stream of document batches (without EOS) into stored shards; errors number the
-    documents from ``first_document``."""
+    documents from ``first_document``. With ``origin`` (the input file) each shard records the
+    file and each document's row (the reader's, else its number in the file from ``first_document``)."""
     itemsize = np.dtype(job.dtype).itemsize
+    record = origin is not None and job.source.origin
 
     def checked() -> Iterator[DocBatch]:
         doc = first_document
         for batch in batches:
             check_range(batch, job.vocab_size, where, doc)  # before any narrowing cast to the shard dtype
-            doc += len(batch.offsets) - 1
+            k = len(batch.offsets) - 1
+            if record and batch.rows is None:
+                batch = batch._replace(rows=np.arange(doc, doc + k, dtype=np.int64))
+            doc += k
             yield batch
 
     source = _prefetch(checked()) if job.prefetch else checked()
     cuts = cut_shards(source, job.source.shard_size, itemsize, eos_id=job.eos_id, dtype=job.dtype)
-    shards = [store_shard(job, b) for b in cuts]
+    shards = [store_shard(job, b, origin if record else None) for b in cuts]
     return UnitResult(shards, sum(s.documents for s in shards), sum(s.tokens for s in shards))
 
 
@@ -210,7 +232,7 @@ def unit_label(unit: Unit) -> str:
 
 def pack_unit(job: Job, unit: Unit) -> UnitResult:
     """Pack one unit of input into stored shards (the function every executor runs)."""
-    return pack_batches(job, read_unit(unit, job.source), unit_label(unit), unit.start)
+    return pack_batches(job, read_unit(unit, job.source), unit_label(unit), unit.start, origin=unit.path)
 
 
 _DONE = object()

@@ -20,10 +20,15 @@ READ_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error, l
 
 
 class DocBatch(NamedTuple):
-    """Documents as one flat integer array plus ``len(docs) + 1`` int64 offsets."""
+    """Documents as one flat integer array plus ``len(docs) + 1`` int64 offsets.
+
+    ``rows``, when a reader knows it, is where each document sits in its input file (JSONL: the
+    1-based line); left None, the packer numbers the documents of a file from 0 instead.
+    """
 
     tokens: np.ndarray
     offsets: np.ndarray
+    rows: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,7 @@ class SourceOptions:
     storage_options: dict[str, Any] | None = None
     batch_documents: int = 4096
     split: str | None = None
+    origin: bool = True  # record each document's input file and row in the shards (columns origin_file/origin_row)
 
 
 def batch_from_lists(docs: list[np.ndarray]) -> DocBatch:

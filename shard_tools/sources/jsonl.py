@@ -91,10 +91,11 @@ def _check(path: str, lineno: int, field: str, value: object, options: SourceOpt
 
 
 def _flush(path: str, pending: list, lines: list[int], options: SourceOptions) -> DocBatch:
+    rows = np.asarray(lines, dtype=np.int64)
     if options.tokenizer is None:
-        return batch_from_lists(pending)
+        return batch_from_lists(pending)._replace(rows=rows)
     try:
-        return batch_from_lists(options.tokenizer.encode_batch(pending))
+        return batch_from_lists(options.tokenizer.encode_batch(pending))._replace(rows=rows)
     except UnicodeError:  # a lone surrogate escape such as "\ud800" is valid JSON but not text
         for text, lineno in zip(pending, lines, strict=True):
             try:
