@@ -28,7 +28,7 @@ from .replan import resume
 from .source import SampleSource, to_batch
 from .state import make_state, parse_state
 
-__all__ = ["TokenLoader", "default_rank_world"]
+__all__ = ["TokenLoader", "default_rank_world", "rank_world"]
 
 Batch = dict[str, torch.Tensor]
 _GROUP = 4  # batches per DataLoader item from a worker
@@ -179,7 +179,7 @@ class TokenLoader:
         self.prefetch_factor = checks.integer("prefetch_factor", prefetch_factor, 1)
         self.pin_memory = checks.flag("pin_memory", pin_memory) and torch.cuda.is_available()
         self.return_doc_boundaries = checks.flag("return_doc_boundaries", return_doc_boundaries)
-        self.rank, self.world_size = _rank_world(rank, world_size)
+        self.rank, self.world_size = rank_world(rank, world_size)
         if self.return_doc_boundaries and dataset.mode != "tokens":
             raise UsageError("return_doc_boundaries needs mode='tokens' (document mode gives attention_mask)")
         self._position = 0  # stream position of the next global batch not yet delivered
@@ -283,7 +283,7 @@ class TokenLoader:
         self.dataset, self._position, self._skips = dataset, position, saved.skips
 
 
-def _rank_world(rank: Any, world_size: Any) -> tuple[int, int]:
+def rank_world(rank: Any, world_size: Any) -> tuple[int, int]:
     """The given rank and world size, else the defaults of :func:`default_rank_world`, checked."""
     if rank is None or world_size is None:
         dr, dw = default_rank_world()

@@ -21,10 +21,11 @@ from torch.utils.data import Dataset, Sampler
 from shard_tools.errors import UsageError
 
 from .. import checks
-from ..loader import SHAPE_LIMIT, _rank_world
+from ..loader import SHAPE_LIMIT, rank_world
 from ..partition import batches_until, global_batch_size, rank_positions
+from ..replan import resume
 from ..source import SampleSource, to_batch
-from ..state import MAX_POSITION, make_state, restore_position
+from ..state import MAX_POSITION, make_state, parse_state
 
 __all__ = ["MapStyleView", "StreamSampler"]
 
@@ -95,8 +96,10 @@ class StreamSampler(Sampler[int]):
                 f"dataset must be a TokenDataset, MixedDataset or MapStyleView, got {checks.show(dataset)}"
             )
         self.dataset = source
+        self._configured = source
+        self._skips: list[dict[str, int]] = []
         self.batch_size = checks.integer("batch_size", batch_size, 1, SHAPE_LIMIT)
-        self.rank, self.world_size = _rank_world(rank, world_size)
+        self.rank, self.world_size = rank_world(rank, world_size)
         self.position = 0  # stream position of the next global batch not yet delivered
         self._tracking = False
 
@@ -137,11 +140,19 @@ class StreamSampler(Sampler[int]):
 
     def state_dict(self) -> dict[str, Any]:
         """TokenLoader's state at the sampler's position (JSON-serialisable; a ``Stateful`` for DCP)."""
-        return make_state(self.dataset.identity(), self.position, self.dataset.num_samples)
+        span = self.dataset.epoch_span(self.position)
+        return make_state(self._configured.identity(), self.position, span, skips=self._skips, **self.dataset.record())
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
         """Continue after the state's last delivered batch (a TokenLoader's or a sampler's; any world size)."""
-        self.position = restore_position(state_dict, self.dataset.identity(), self.dataset.num_samples, strict=strict)
+        saved = parse_state(state_dict)
+        dataset, position = resume(self._configured, saved, strict=strict, replan=False)
+        if dataset is not self.dataset and dataset.identity() != self.dataset.identity():
+            raise UsageError(
+                "this state continues a run on another dataset version or plan (its eras): load it into a "
+                "TokenLoader, or into a StreamSampler over a view of that dataset"
+            )
+        self.position, self._skips = position, saved.skips
 
 
 def _check_rows(batch: Any, batch_size: int) -> None:
