@@ -69,6 +69,33 @@ class Service:
         return cell.published_version if cell else None
 
 
+def write_serve_config(root: Path, port: int) -> Path:
+    """A ferry.toml for a `ferry serve` subprocess: clusters src → d1 under ``root``, fast polls, one attempt."""
+    (root / "d1").mkdir(parents=True, exist_ok=True)
+    p = root / "ferry.toml"
+    p.write_text(f"""
+state_dir = "{root}/state"
+poll_interval = 0.2
+
+[clusters.src]
+url = "{root}/src"
+[clusters.d1]
+url = "{root}/d1"
+
+[[rules]]
+datasets = "*"
+from = "src"
+to = ["d1"]
+
+[limits]
+retries = 1
+
+[api]
+port = {port}
+""")
+    return p
+
+
 def make_config(root: Path, *, read_protected: bool = False, bwlimit: str | None = None, **extra: Any) -> Config:
     (root / "east").mkdir(parents=True, exist_ok=True)
     (root / "west").mkdir(parents=True, exist_ok=True)

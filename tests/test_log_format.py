@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 from conftest import free_port
-from test_api_helpers import pack
+from test_api_helpers import pack, write_serve_config
 
 import shard_tools
 from shard_tools.dataset import open_dataset
@@ -25,32 +25,6 @@ FERRY = Path(sys.executable).with_name("ferry")
 HOSTILE = "evil\n\x1b[2J\x7f\x85\u2028-NAME"  # a newline, a terminal escape, DEL, C1 NEL, a line separator
 _STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 _RAW_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-
-
-def _config(root: Path, port: int) -> Path:
-    (root / "d1").mkdir(parents=True, exist_ok=True)
-    p = root / "ferry.toml"
-    p.write_text(f"""
-state_dir = "{root}/state"
-poll_interval = 0.2
-
-[clusters.src]
-url = "{root}/src"
-[clusters.d1]
-url = "{root}/d1"
-
-[[rules]]
-datasets = "*"
-from = "src"
-to = ["d1"]
-
-[limits]
-retries = 1
-
-[api]
-port = {port}
-""")
-    return p
 
 
 def _records(text: str) -> list[dict[str, Any]]:
@@ -87,7 +61,7 @@ def _datasets(src: Path) -> str:
 def test_serve_json_logs_one_object_per_line_with_dataset_fields(tmp_path: Path) -> None:
     victim = _datasets(tmp_path / "src")
     port = free_port()
-    config = _config(tmp_path, port)
+    config = write_serve_config(tmp_path, port)
     log_path = tmp_path / "serve.log"
 
     def seen(recs: list[dict[str, Any]]) -> bool:

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import free_port
-from test_api_helpers import Service, pack, running_service, wait_until
+from test_api_helpers import Service, pack, running_service, wait_until, write_serve_config
 
 from service.engine import Engine
 from service.executor import Executor
@@ -33,32 +33,6 @@ from shard_tools.header import version_id_of
 from shard_tools.store import resolve
 
 FORGED = "1999-01-01 00:00:00,000 WARNING ferry.daemon: FORGED"
-
-
-def _serve_config(root: Path) -> Path:
-    (root / "d1").mkdir(parents=True, exist_ok=True)
-    p = root / "ferry.toml"
-    p.write_text(f"""
-state_dir = "{root}/state"
-poll_interval = 0.2
-
-[clusters.src]
-url = "{root}/src"
-[clusters.d1]
-url = "{root}/d1"
-
-[[rules]]
-datasets = "*"
-from = "src"
-to = ["d1"]
-
-[limits]
-retries = 1
-
-[api]
-port = {free_port()}
-""")
-    return p
 
 
 def _point_shard_table_at(dataset: Path, table_path: str) -> None:
@@ -88,7 +62,7 @@ def test_values_in_log_lines_cannot_forge_lines(tmp_path: Path) -> None:
     pack(str(src / f"evil\n{FORGED}-NAME"), 60, seed=2)
     pack(str(src / "table"), 60, seed=3)
     _point_shard_table_at(src / "table", f"tables/t\n{FORGED}-TABLE\x1b[2J.parquet")  # missing: the error quotes it
-    config = _serve_config(tmp_path)
+    config = write_serve_config(tmp_path, free_port())
     ferry = Path(sys.executable).with_name("ferry")
     log_path = tmp_path / "serve.log"
     with log_path.open("w") as log_file:
