@@ -28,12 +28,17 @@ class DocBatch(NamedTuple):
 
 @dataclass(frozen=True)
 class Unit:
-    """One piece of input for one worker: a file, or documents ``[start, stop)`` of it."""
+    """One piece of input for one worker: a whole file (``stop`` None), or ``[start, stop)`` of it
+    counted in ``span``: ``documents`` (Megatron), ``row_groups`` (Parquet), ``bytes`` (plain
+    JSON Lines / text, cut just after a newline) or ``zstd_frames`` (compressed bytes of whole
+    zstd frames; the unit owns the lines after each newline in its frames, see :mod:`.split`)."""
 
     path: str
     format: str
     start: int = 0
     stop: int | None = None
+    span: str = "documents"
+    first_document: int | None = None  # for row groups: the index in the file of the unit's first row
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +56,7 @@ class SourceOptions:
     eos_appended: bool = False  # whether packing adds one EOS token per document
     storage_options: dict[str, Any] | None = None
     batch_documents: int = 4096
+    split_size: int | None = None  # size of the sub-units of a large input; None: see split.split_size
 
 
 def batch_from_lists(docs: list[np.ndarray]) -> DocBatch:
