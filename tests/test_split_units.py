@@ -33,7 +33,7 @@ WHOLE = 10**15  # a split size no test file reaches
 
 @pytest.fixture
 def small_splits(monkeypatch: pytest.MonkeyPatch) -> int:
-    """Cut test-sized files: sub-units of 8 shards (8 KiB) instead of at least 64 MiB."""
+    """Cut test-sized files: sub-units of 8 shards (8 KiB raw, 16 KiB of JSON) instead of at least 64 MiB."""
     monkeypatch.setattr(split, "MIN_SPLIT_BYTES", 0)
     return split.SPLIT_SHARDS * SHARD
 

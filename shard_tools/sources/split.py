@@ -1,7 +1,8 @@
 """Planning large inputs into sub-units, so one big file can use several pack workers.
 
-A file is cut only when it holds at least two *split sizes* of input (see :func:`split_size`),
-into ``size // split`` pieces of about equal size, each at least one split size:
+A file is cut only when it holds at least two *split sizes* of input (see :func:`split_size`:
+enough for 8 full shards each), into ``size // split`` pieces of about equal size, each at
+least one split size:
 
 - plain JSON Lines / text (``--lines``): byte ranges; each cut is moved forward to just after
   the next newline, found by scanning no further than the next nominal cut (a cut inside a line
@@ -30,21 +31,35 @@ from fsspec.utils import infer_compression
 
 from .base import SourceOptions, Unit
 
-__all__ = ["MIN_SPLIT_BYTES", "SPLIT_SHARDS", "split_size", "plan_file", "even_cuts", "group_runs", "zstd_frames"]
+__all__ = [
+    "MIN_SPLIT_BYTES",
+    "SPLIT_SHARDS",
+    "INPUT_BYTES_PER_RAW",
+    "split_size",
+    "plan_file",
+    "even_cuts",
+    "group_runs",
+    "zstd_frames",
+]
 
 MIN_SPLIT_BYTES = 64 * 2**20
-SPLIT_SHARDS = 8  # a sub-unit covers at least this many shards' worth of input
+SPLIT_SHARDS = 8  # a sub-unit should make at least this many shards
+# Tokenized text and JSON token-id lists take about half as many raw shard bytes as input bytes,
+# so inputs measured in their own bytes get sub-units this many times larger.
+INPUT_BYTES_PER_RAW = 2
 _SCAN = 1 << 16
 _ZSTD_MAGIC = 0xFD2FB528
 _SKIPPABLE = range(0x184D2A50, 0x184D2A60)
 
 
-def split_size(options: SourceOptions) -> int:
-    """The least input (bytes) of a sub-unit: each sub-unit ends with one partial shard, so it
-    should hold several full ones (``SPLIT_SHARDS``), and tiny pieces are not worth a task."""
+def split_size(options: SourceOptions, *, raw: bool = False) -> int:
+    """The least size of a sub-unit: in input bytes, or with ``raw`` in estimated raw shard bytes
+    (Parquet token ids). Each sub-unit ends with one partial shard, so it should make several
+    full ones (``SPLIT_SHARDS``); tiny pieces are not worth a task (``MIN_SPLIT_BYTES``)."""
     if options.split_size is not None:
         return max(1, options.split_size)
-    return max(MIN_SPLIT_BYTES, SPLIT_SHARDS * options.shard_size)
+    shards = SPLIT_SHARDS if raw else SPLIT_SHARDS * INPUT_BYTES_PER_RAW
+    return max(MIN_SPLIT_BYTES, shards * options.shard_size)
 
 
 def even_cuts(size: int, split: int) -> list[int]:
@@ -73,10 +88,10 @@ def group_runs(sizes: Sequence[int], split: int) -> list[tuple[int, int]]:
 
 def plan_file(path: str, fmt: str, size: int, options: SourceOptions) -> list[Unit]:
     """The units of one input file of ``size`` bytes: itself, or its sub-units."""
-    split = split_size(options)
     whole = [Unit(path=path, format=fmt)]
     if fmt == "parquet":
-        return _plan_parquet(path, size, split, options) or whole
+        return _plan_parquet(path, size, split_size(options, raw=options.tokenizer is None), options) or whole
+    split = split_size(options)
     if fmt not in ("jsonl", "text") or (fmt == "text" and not options.text_per_line):
         return whole  # one document per text file: nothing to cut
     compression = infer_compression(path)
