@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -331,3 +332,27 @@ def test_pack_on_ray_identical(big_inputs: list[str], tmp_path: Path) -> None:
         ray.shutdown()
     assert on_ray.version_id == local.version_id
     assert shard_bytes(tmp_path / "ray") == shard_bytes(tmp_path / "local")
+
+
+def test_split_inputs_on_every_backend(backend: Any, small_splits: int, tmp_path: Path) -> None:
+    import fsspec
+
+    local = [
+        write(tmp_path / "a.jsonl", ("\n".join(token_lines(2000, seed=15, blank_every=17)) + "\n").encode()),
+        parquet_file(tmp_path / "b.parquet", 2000, row_group=64, seed=16),
+    ]
+    remote = []
+    for path in local:
+        url = backend.url(f"in/{Path(path).name}")
+        with fsspec.open(url, "wb", **backend.storage_options) as f:  # makes the folder where needed
+            f.write(Path(path).read_bytes())
+        remote.append(url)
+    source = SourceOptions(
+        shard_size=SHARD, token_itemsize=2, eos_appended=True, storage_options=backend.storage_options
+    )
+    units = plan_units(remote, source)
+    assert {u.span for u in units} == {"bytes", "row_groups"} and len(units) > 6
+    options = replace(OPTS, storage_options=backend.storage_options, input_storage_options=backend.storage_options)
+    there = pack(remote, backend.url("ds"), options)
+    here = pack(local, str(tmp_path / "local"), OPTS)
+    assert there.version_id == here.version_id and there.shards == here.shards
