@@ -27,15 +27,19 @@ _TOKENS_PER_GROUP = 8_000_000  # Parquet tokens generated (and written) at a tim
 @dataclass(frozen=True)
 class SplitSpec:
     jsonl_bytes: int = 2**30 + 2**24  # just over 1 GiB: 8 sub-units at a 16 MiB shard size
-    parquet_tokens: int = 400_000_000
+    parquet_tokens: int = 440_000_000  # ~880 MB raw: 6 sub-units of 128 MiB, 3 per worker
     vocab_words: int = 30_000
     tokenizer_vocab: int = 16_384
     median_doc_words: int = 400
     seed: int = 20261201
 
     @property
-    def key(self) -> str:
-        return f"split-{self.jsonl_bytes}-{self.parquet_tokens}-{self.seed}"
+    def jsonl_key(self) -> str:
+        return f"split-jsonl-{self.jsonl_bytes}-{self.vocab_words}-{self.tokenizer_vocab}-{self.seed}"
+
+    @property
+    def parquet_key(self) -> str:
+        return f"split-parquet-{self.parquet_tokens}-{self.seed}"
 
 
 @dataclass(frozen=True)
@@ -122,19 +126,25 @@ def _write_parquet(spec: SplitSpec, path: Path) -> int:
 
 def ensure_split_inputs(data_dir: Path, spec: SplitSpec, log: bool = True) -> SplitInputs:
     """Generate the suite's inputs under ``data_dir`` unless identical ones are there already."""
-    root = data_dir / spec.key
-    meta = root / "inputs.json"
-    if meta.exists():
-        return SplitInputs(**json.loads(meta.read_text()))
-    root.mkdir(parents=True, exist_ok=True)
-    jsonl, tokenizer, parquet = root / "corpus.jsonl", root / "tokenizer.json", root / "tokens.parquet"
-    jsonl_docs = _write_jsonl(spec, jsonl)
-    if log:
-        print(f"  split: wrote {jsonl.name} ({jsonl.stat().st_size / 1e9:.2f} GB, {jsonl_docs} documents)", flush=True)
-    _train_tokenizer(spec, jsonl, tokenizer)
-    parquet_docs = _write_parquet(spec, parquet)
-    if log:
-        print(f"  split: wrote {parquet.name} ({parquet.stat().st_size / 1e9:.2f} GB)", flush=True)
-    inputs = SplitInputs(str(jsonl), str(tokenizer), str(parquet), jsonl_docs, parquet_docs)
-    meta.write_text(json.dumps(inputs.__dict__))
-    return inputs
+    text_root, token_root = data_dir / spec.jsonl_key, data_dir / spec.parquet_key
+    jsonl, tokenizer, parquet = text_root / "corpus.jsonl", text_root / "tokenizer.json", token_root / "tokens.parquet"
+    text_meta, token_meta = text_root / "inputs.json", token_root / "inputs.json"
+    if not text_meta.exists():
+        text_root.mkdir(parents=True, exist_ok=True)
+        docs = _write_jsonl(spec, jsonl)
+        _train_tokenizer(spec, jsonl, tokenizer)
+        text_meta.write_text(json.dumps({"documents": docs}))
+        if log:
+            print(f"  split: wrote {jsonl.name} ({jsonl.stat().st_size / 1e9:.2f} GB, {docs} documents)", flush=True)
+    if not token_meta.exists():
+        token_root.mkdir(parents=True, exist_ok=True)
+        token_meta.write_text(json.dumps({"documents": _write_parquet(spec, parquet)}))
+        if log:
+            print(f"  split: wrote {parquet.name} ({parquet.stat().st_size / 1e9:.2f} GB)", flush=True)
+    return SplitInputs(
+        str(jsonl),
+        str(tokenizer),
+        str(parquet),
+        json.loads(text_meta.read_text())["documents"],
+        json.loads(token_meta.read_text())["documents"],
+    )

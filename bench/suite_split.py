@@ -1,7 +1,7 @@
 """Split: one large input file packed with ``--workers 1`` and ``2`` — ferry cuts it into sub-units.
 
 Two inputs: ~1 GiB of JSON Lines text with a byte-level BPE tokenizer, and one Parquet file of
-token ids (400M tokens). The JSON Lines cases pin the tokenizer to one thread
+token ids (440M tokens). The JSON Lines cases pin the tokenizer to one thread
 (``RAYON_NUM_THREADS=1``: the ``tokenizers`` library otherwise runs ``encode_batch`` on every
 core itself), so the ratio measures ferry's workers; one more case shows one worker with the
 tokenizer's own threads. Each case also counts the extra (partial) shards the cuts make: the
