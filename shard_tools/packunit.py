@@ -226,13 +226,25 @@ def pack_batches(
 
 
 def unit_label(unit: Unit) -> str:
-    """How errors name a unit: the file, plus the document range for split inputs."""
-    return unit.path if unit.stop is None else f"{unit.path}[{unit.start}:{unit.stop}]"
+    """How errors name a unit: the file, plus which part of it for a split input whose documents
+    cannot be numbered in the whole file (Megatron ranges, byte ranges, zstd frames)."""
+    if unit.stop is None or unit.first_document is not None:
+        return unit.path
+    if unit.span == "documents":
+        return f"{unit.path}[{unit.start}:{unit.stop}]"
+    what = "bytes" if unit.span == "bytes" else "compressed bytes"
+    return f"{unit.path} (the part at {what} {unit.start}-{unit.stop}, documents numbered from its start)"
+
+
+def _first_document(unit: Unit) -> int:
+    if unit.first_document is not None:
+        return unit.first_document
+    return unit.start if unit.span == "documents" else 0
 
 
 def pack_unit(job: Job, unit: Unit) -> UnitResult:
     """Pack one unit of input into stored shards (the function every executor runs)."""
-    return pack_batches(job, read_unit(unit, job.source), unit_label(unit), unit.start, origin=unit.path)
+    return pack_batches(job, read_unit(unit, job.source), unit_label(unit), _first_document(unit), origin=unit.path)
 
 
 _DONE = object()

@@ -1,10 +1,11 @@
 """Input corpora: detect a file's format, plan it into units of work, read documents from a unit.
 
-A *unit* is the smallest piece of input a pack worker takes: a whole file, or (for formats
-with an index, like Megatron) a fixed range of its documents. Units depend only on the
-inputs and the shard size, never on the number of workers, so the packed output does not
-either. Readers yield :class:`DocBatch` es of documents *without* EOS. A Hugging Face dataset
-directory is planned as its data files (see :mod:`.hf`).
+A *unit* is the smallest piece of input a pack worker takes: a whole file, or a part of a
+large one (a fixed range of Megatron documents, a run of Parquet row groups, a newline-aligned
+byte range of JSON Lines / text, a run of zstd frames: see :mod:`.split`). Units depend only on
+the inputs, the shard size and the options, never on the number of workers, so the packed
+output does not either. Readers yield :class:`DocBatch` es of documents *without* EOS. A Hugging
+Face dataset directory is planned as its data files (see :mod:`.hf`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .jsonl import read_jsonl
 from .megatron import plan_megatron, read_megatron
 from .npy import read_npy
 from .parquet import read_parquet
+from .split import plan_file
 from .text import read_text
 
 __all__ = ["DocBatch", "SourceOptions", "Unit", "FORMATS", "detect_format", "plan_units", "read_unit"]
@@ -79,8 +81,7 @@ def plan_units(paths: Sequence[str], options: SourceOptions, explicit_format: st
             seen_prefixes.add(prefix)
             units.extend(plan_megatron(prefix, options))
         else:
-            _check_exists(path, options)
-            units.append(Unit(path=path, format=fmt))
+            units.extend(plan_file(path, fmt, _file_size(path, options), options))
     if not units:
         raise UsageError("no input files given")
     return units
@@ -125,14 +126,18 @@ def expand_globs(paths: Sequence[str], options: SourceOptions) -> list[str]:
     return out
 
 
-def _check_exists(path: str, options: SourceOptions) -> None:
+def _file_size(path: str, options: SourceOptions) -> int:
     try:
         fs, root = fsspec.core.url_to_fs(path, **(options.storage_options or {}))
-        found = fs.isfile(root)
     except (ImportError, ValueError, OSError) as exc:
         raise UsageError(f"cannot open input {path!r}: {exc}") from exc
-    if not found:
+    try:
+        info = fs.info(root)
+    except Exception:  # noqa: BLE001 - as fs.isfile: any failure to stat means "not a file"
+        info = {}
+    if info.get("type") != "file":
         raise UsageError(f"input {path!r} does not exist or is not a file")
+    return int(info.get("size") or 0)
 
 
 def read_unit(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:

@@ -33,12 +33,17 @@ class DocBatch(NamedTuple):
 
 @dataclass(frozen=True)
 class Unit:
-    """One piece of input for one worker: a file, or documents ``[start, stop)`` of it."""
+    """One piece of input for one worker: a whole file (``stop`` None), or ``[start, stop)`` of it
+    counted in ``span``: ``documents`` (Megatron), ``row_groups`` (Parquet), ``bytes`` (plain
+    JSON Lines / text, cut just after a newline) or ``zstd_frames`` (compressed bytes of whole
+    zstd frames; the unit owns the lines after each newline in its frames, see :mod:`.split`)."""
 
     path: str
     format: str
     start: int = 0
     stop: int | None = None
+    span: str = "documents"
+    first_document: int | None = None  # for row groups: the index in the file of the unit's first row
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +64,7 @@ class SourceOptions:
     batch_documents: int = 4096
     split: str | None = None
     origin: bool = True  # record each document's input file and row in the shards (columns origin_file/origin_row)
+    split_size: int | None = None  # size of the sub-units of a large input; None: see split.split_size
 
 
 def batch_from_lists(docs: list[np.ndarray]) -> DocBatch:

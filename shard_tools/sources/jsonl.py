@@ -1,43 +1,68 @@
-"""JSON Lines input (plain, .gz, .zst): a token-id list field, or a text field with a tokenizer."""
+"""JSON Lines input (plain, .gz, .zst; whole files or the parts :mod:`.split` cuts): a token-id
+list field, or a text field with a tokenizer."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from typing import IO
+from collections.abc import Callable, Iterator
 
-import fsspec
 import numpy as np
 
 from ..errors import InputFormatError, TokenRangeError
 from .base import READ_ERRORS, DocBatch, SourceOptions, Unit, batch_from_lists
+from .ranges import Readable, lines_before, open_unit
 
 __all__ = ["read_jsonl"]
 
 _CHUNK = 1 << 20
+_At = Callable[[int], str]  # names a line of the unit in errors
+_COUNT_ERRORS: tuple[type[BaseException], ...] = (*READ_ERRORS, InputFormatError)
 
 
 def read_jsonl(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
     field = options.text_column if options.tokenizer is not None else options.tokens_column
+    at = _LineNames(unit, options)
     pending: list = []
     lines: list[int] = []  # the line of each pending document, for errors found when tokenizing
     try:
-        with fsspec.open(unit.path, "rb", compression="infer", **(options.storage_options or {})) as f:
+        with open_unit(unit, options) as f:
             for lineno, raw in enumerate(_lines(f), 1):
                 if not raw.strip():
                     continue
-                pending.append(_parse(unit.path, lineno, field, raw, options))
+                pending.append(_parse(at, lineno, field, raw, options))
                 lines.append(lineno)
                 if len(pending) >= options.batch_documents:
-                    yield _flush(unit.path, pending, lines, options)
+                    yield _flush(at, pending, lines, options)
                     pending, lines = [], []
     except READ_ERRORS as exc:
         raise InputFormatError(f"{unit.path}: cannot read as JSON Lines ({exc})") from exc
     if pending:
-        yield _flush(unit.path, pending, lines, options)
+        yield _flush(at, pending, lines, options)
 
 
-def _lines(f: IO[bytes]) -> Iterator[bytes]:
+class _LineNames:
+    """``path:LINE`` for line ``n`` of a unit, numbered in the whole file: the lines before a
+    split unit are counted only when an error needs them."""
+
+    def __init__(self, unit: Unit, options: SourceOptions) -> None:
+        self._unit, self._options = unit, options
+        self._before: int | None = None
+
+    def before(self) -> int:
+        """Lines of the file before the unit's first line (read once, when first needed)."""
+        if self._before is None:
+            self._before = lines_before(self._unit, self._options)
+        return self._before
+
+    def __call__(self, lineno: int) -> str:
+        try:
+            before = self.before()
+        except _COUNT_ERRORS:
+            return f"{self._unit.path}, line {lineno} of the part from byte {self._unit.start}"
+        return f"{self._unit.path}:{before + lineno}"
+
+
+def _lines(f: Readable) -> Iterator[bytes]:
     """Split on ``\\n`` in bytes, so a bad UTF-8 sequence is reported with its line (and because
     the zstd reader cannot iterate lines itself)."""
     head: list[bytes] = []  # the start of a line that spans chunks
@@ -54,19 +79,19 @@ def _lines(f: IO[bytes]) -> Iterator[bytes]:
         yield rest
 
 
-def _parse(path: str, lineno: int, field: str, raw: bytes, options: SourceOptions) -> object:
+def _parse(at: _At, lineno: int, field: str, raw: bytes, options: SourceOptions) -> object:
     try:
         record = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        raise InputFormatError(f"{path}:{lineno}: not valid UTF-8 ({exc})") from exc
+        raise InputFormatError(f"{at(lineno)}: not valid UTF-8 ({exc})") from exc
     except RecursionError as exc:
-        raise InputFormatError(f"{path}:{lineno}: JSON nested too deeply to parse") from exc
+        raise InputFormatError(f"{at(lineno)}: JSON nested too deeply to parse") from exc
     except ValueError as exc:  # JSONDecodeError, or an integer literal too long to convert
-        raise InputFormatError(f"{path}:{lineno}: not valid JSON ({exc})") from exc
+        raise InputFormatError(f"{at(lineno)}: not valid JSON ({exc})") from exc
     if not isinstance(record, dict) or field not in record:
         found = f"keys {', '.join(map(repr, list(record)[:8]))}" if isinstance(record, dict) else _json_type(record)
-        raise InputFormatError(f"{path}:{lineno}: expected a JSON object with field {field!r}, found {found}")
-    return _check(path, lineno, field, record[field], options)
+        raise InputFormatError(f"{at(lineno)}: expected a JSON object with field {field!r}, found {found}")
+    return _check(at, lineno, field, record[field], options)
 
 
 def _json_type(value: object) -> str:
@@ -74,24 +99,25 @@ def _json_type(value: object) -> str:
     return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
-def _check(path: str, lineno: int, field: str, value: object, options: SourceOptions) -> object:
+def _check(at: _At, lineno: int, field: str, value: object, options: SourceOptions) -> object:
     if options.tokenizer is not None:
         if not isinstance(value, str):
-            raise InputFormatError(f"{path}:{lineno}: field {field!r} is not a string")
+            raise InputFormatError(f"{at(lineno)}: field {field!r} is not a string")
         return value
     if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise InputFormatError(f"{path}:{lineno}: field {field!r} is not a list of integer token ids")
+        raise InputFormatError(f"{at(lineno)}: field {field!r} is not a list of integer token ids")
     try:
         return np.asarray(value, dtype=np.int64)
     except OverflowError:
         bad = next(v for v in value if not -(2**63) <= v < 2**63)
         raise TokenRangeError(
-            f"{path}:{lineno}: token id {bad} in field {field!r} does not fit in 64 bits, so is in no vocabulary"
+            f"{at(lineno)}: token id {bad} in field {field!r} does not fit in 64 bits, so is in no vocabulary"
         ) from None
 
 
-def _flush(path: str, pending: list, lines: list[int], options: SourceOptions) -> DocBatch:
-    rows = np.asarray(lines, dtype=np.int64)
+def _flush(at: _LineNames, pending: list, lines: list[int], options: SourceOptions) -> DocBatch:
+    # provenance: each document's line in the whole file (a split part counts the lines before it once)
+    rows = np.asarray(lines, dtype=np.int64) + at.before() if options.origin else None
     if options.tokenizer is None:
         return batch_from_lists(pending)._replace(rows=rows)
     try:
@@ -101,5 +127,5 @@ def _flush(path: str, pending: list, lines: list[int], options: SourceOptions) -
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError as exc:
-                raise InputFormatError(f"{path}:{lineno}: field is not valid Unicode text ({exc})") from exc
+                raise InputFormatError(f"{at(lineno)}: field is not valid Unicode text ({exc})") from exc
         raise

@@ -1,4 +1,5 @@
-"""Parquet input: a list-of-int column of token ids, or a text column with a tokenizer."""
+"""Parquet input: a list-of-int column of token ids, or a text column with a tokenizer; a whole
+file or a run of its row groups."""
 
 from __future__ import annotations
 
@@ -27,10 +28,22 @@ def read_parquet(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
                     f"{unit.path}: no column {column!r} (columns: {', '.join(pf.schema_arrow.names)}); "
                     "use --tokens-column / --text-column"
                 )
-            for batch in pf.iter_batches(columns=[column], batch_size=options.batch_documents):
+            groups = None if unit.stop is None else _row_groups(unit, pf.metadata.num_row_groups)
+            for batch in pf.iter_batches(columns=[column], batch_size=options.batch_documents, row_groups=groups):
                 yield _convert(unit.path, column, batch.column(0), options)
     except (pa.ArrowException, OSError) as exc:
         raise InputFormatError(f"{unit.path}: not a readable Parquet file ({exc})") from exc
+
+
+def _row_groups(unit: Unit, count: int) -> list[int]:
+    """The row groups of a split unit, checked against the file (which may have changed since)."""
+    assert unit.stop is not None
+    if not 0 <= unit.start < unit.stop <= count:
+        raise InputFormatError(
+            f"{unit.path}: has {count} row groups, the plan asked for [{unit.start}:{unit.stop}]; "
+            "did it change during the pack? Rerun it"
+        )
+    return list(range(unit.start, unit.stop))
 
 
 def _open(path: str, options: SourceOptions) -> Any:

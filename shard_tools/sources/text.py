@@ -1,13 +1,19 @@
-"""Plain text input: one document per file, or one per line (``text_per_line``)."""
+"""Plain text input: one document per file, or one per line (``text_per_line``; large files are
+read in the parts :mod:`.split` cuts)."""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import IO
 
 import fsspec
+import numpy as np
 
 from ..errors import InputFormatError, UsageError
 from .base import READ_ERRORS, DocBatch, SourceOptions, Unit, batch_from_lists
+from .ranges import is_part, lines_before, open_part
 
 __all__ = ["read_text"]
 
@@ -19,22 +25,40 @@ def read_text(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
     if tokenizer is None:
         raise UsageError(f"{unit.path}: text input needs a tokenizer (--tokenizer bytes or a tokenizer.json)")
     try:
-        with fsspec.open(
-            unit.path, "rt", compression="infer", encoding="utf-8", **(options.storage_options or {})
-        ) as f:
+        with _open_text(unit, options) as f:
             if not options.text_per_line:
                 yield batch_from_lists(tokenizer.encode_batch([f.read()]))
                 return
+            before = lines_before(unit, options) if options.origin else 0  # provenance: lines in the whole file
             pending: list[str] = []
-            for line in f:
+            lines: list[int] = []
+            for lineno, line in enumerate(f, before + 1):
                 line = line.rstrip("\r\n")
                 if not line:
                     continue
                 pending.append(line)
+                lines.append(lineno)
                 if len(pending) >= options.batch_documents:
-                    yield batch_from_lists(tokenizer.encode_batch(pending))
-                    pending = []
+                    yield _batch(tokenizer.encode_batch(pending), lines, options)
+                    pending, lines = [], []
             if pending:
-                yield batch_from_lists(tokenizer.encode_batch(pending))
+                yield _batch(tokenizer.encode_batch(pending), lines, options)
     except _ERRORS as exc:
         raise InputFormatError(f"{unit.path}: cannot read as UTF-8 text ({exc})") from exc
+
+
+def _batch(encoded: list, lines: list[int], options: SourceOptions) -> DocBatch:
+    batch = batch_from_lists(encoded)
+    return batch._replace(rows=np.asarray(lines, dtype=np.int64)) if options.origin else batch
+
+
+@contextmanager
+def _open_text(unit: Unit, options: SourceOptions) -> Iterator[IO[str]]:
+    """The unit as text with universal newlines, as ``open(..., "rt")`` reads a whole file."""
+    if not is_part(unit):
+        storage = options.storage_options or {}
+        with fsspec.open(unit.path, "rt", compression="infer", encoding="utf-8", **storage) as f:
+            yield f
+        return
+    with open_part(unit, options) as raw:  # a part starts and ends at a \n, so lines split the same
+        yield io.TextIOWrapper(io.BufferedReader(raw), encoding="utf-8")
