@@ -85,6 +85,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--input-format", choices=["parquet", "jsonl", "text", "npy", "megatron", "arrow", "hf"])
     p.add_argument("--split", help="the split of a Hugging Face dataset directory (needed when it has several)")
     p.add_argument(
+        "--no-origin",
+        action="store_true",
+        help="do not record each document's input file and row/line (for ferry trace) in the shards; "
+        "then the same inputs packed from another path give the same version id",
+    )
+    p.add_argument(
         "--tokenizer",
         help="'bytes' (built-in byte-level), a tokenizer.json path, a Hugging Face model directory (tokenizer.json "
         "+ tokenizer_config.json, EOS from the config) or tiktoken:PATH (a local tiktoken BPE file); for text "
@@ -187,6 +193,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         append_eos=not args.no_eos,
         input_format=args.input_format,
         split=args.split,
+        origin=not args.no_origin,
         tokens_column=args.tokens_column,
         text_column=args.text_column,
         text_per_line=args.lines,

@@ -94,6 +94,7 @@ class PackOptions:
     append_eos: bool = True
     input_format: str | None = None
     split: str | None = None  # the split of a Hugging Face dataset directory (--split)
+    origin: bool = True  # record each document's input file and row/line in the shards (--no-origin: not)
     tokens_column: str = "tokens"
     text_column: str = "text"
     text_per_line: bool = False
@@ -219,6 +220,7 @@ def _prepare(inputs: Sequence[str], out_url: str, opts: PackOptions) -> _Prepare
         eos_appended=header.eos_appended,
         storage_options=dict(opts.input_storage_options) or None,
         split=opts.split,
+        origin=opts.origin,
     )
     units = plan_units(list(inputs), source, opts.input_format)
     return _Prepared(header, units, _job(out_url, opts, header, source))

@@ -352,7 +352,9 @@ def test_split_inputs_on_every_backend(backend: Any, small_splits: int, tmp_path
     )
     units = plan_units(remote, source)
     assert {u.span for u in units} == {"bytes", "row_groups"} and len(units) > 6
-    options = replace(OPTS, storage_options=backend.storage_options, input_storage_options=backend.storage_options)
+    # without provenance (which names each input by its path) the inputs' location does not matter
+    options = replace(OPTS, storage_options=backend.storage_options, input_storage_options=backend.storage_options,
+                      origin=False)  # fmt: skip
     there = pack(remote, backend.url("ds"), options)
-    here = pack(local, str(tmp_path / "local"), OPTS)
+    here = pack(local, str(tmp_path / "local"), replace(OPTS, origin=False))
     assert there.version_id == here.version_id and there.shards == here.shards
