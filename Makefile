@@ -13,7 +13,7 @@ TITAN_PY    := $(TITAN_VENV)/bin/python
 TITAN_LOCK  := requirements-titan.lock
 TITAN_STAMP := $(TITAN_VENV)/.installed
 
-.PHONY: demo test test-fast lint bench venv clean browser lock
+.PHONY: demo test test-fast lint bench venv clean browser promtool lock
 
 venv: $(STAMP)
 
@@ -47,10 +47,18 @@ browser:
 	      || echo "warning: could not install chromium; browser tests will be skipped"; \
 	  else echo "warning: chromium missing and not root; browser tests will be skipped"; fi; }
 
+# Debian's prometheus (promtool and the server) for the monitoring files' checks (when missing and root).
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null) \
+	      || echo "warning: could not install prometheus; its checks in tests/test_monitoring_files.py will be skipped"; \
+	  else echo "warning: promtool missing and not root; its checks will be skipped"; fi; }
+
 demo: $(STAMP)
 	$(PY) -m service.demo
 
-test: $(STAMP) $(TITAN_STAMP) browser
+test: $(STAMP) $(TITAN_STAMP) browser promtool
 	$(PY) -m pytest -q -ra
 	$(TITAN_PY) -m pytest -q -ra tests/test_integration_torchtitan.py
 
