@@ -26,6 +26,7 @@ import fcntl
 import mmap
 import os
 import time
+import weakref
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -119,12 +120,11 @@ class Lease:
     def __init__(self, view: ShardView, fd: int, nbytes: int) -> None:
         self.view = view
         self.nbytes = nbytes
-        self._fd = fd
+        # a lease nobody released (its reader was dropped) still gives its lock file's descriptor back
+        self._close = weakref.finalize(self, os.close, fd)
 
     def release(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self._close()  # once: later calls do nothing
 
 
 class ShardCache:
