@@ -356,6 +356,50 @@ def _service(res: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _split(res: dict[str, Any]) -> list[str]:
+    """One large input file packed with --workers 1 and 2 (ferry cuts it into sub-units)."""
+    sp = res.get("split")
+    if not sp:
+        return []
+    lines = ["## Pack one large input file: --workers 1 vs 2", ""]
+    if "error" in sp or "skipped" in sp:
+        return [*lines, sp.get("error") or sp.get("skipped", ""), ""]
+    body = sp.get("result", sp)
+    lines += [
+        "| input | w1 s | w2 s | w2 vs w1 | units | shards (unsplit) | same version |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, case in body.get("cases", {}).items():
+        sec = case.get("seconds", {})
+        ratio = case.get("ratio_w2_vs_w1")
+        lines.append(
+            f"| {name} | {_m(sec.get('w1'), 1, 2)} | {_m(sec.get('w2'), 1, 2)} | "
+            f"{f'{ratio:.2f}x' if ratio else '—'} | {case.get('units', '—')} | "
+            f"{case.get('shards', '—')} ({case.get('shards_without_split', '—')}) | {case.get('identical_versions')} |"
+        )
+    lines += ["", "JSON Lines cases pin the tokenizer to one thread (`RAYON_NUM_THREADS=1`) except "
+              "`jsonl-tokenizer-threads`; target ≥ 1.8× on 2 cores where the input's decoding is not already "
+              "using both.", ""]  # fmt: skip
+    return lines
+
+
+def _schedule(res: dict[str, Any]) -> list[str]:
+    """Loader throughput with a mixture schedule against a single-phase mixture; resume cost by phases."""
+    sc = res.get("schedule")
+    if not sc:
+        return []
+    lines = ["## Mixture schedules", ""]
+    if "error" in sc or "skipped" in sc:
+        return [*lines, sc.get("error") or sc.get("skipped", ""), ""]
+    lines += ["| measure | value |", "|---|---|"]
+    for k, v in _flatten(sc.get("result", sc)).items():
+        if k == "suite_s":
+            continue
+        lines.append(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |")
+    lines.append("")
+    return lines
+
+
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     if isinstance(d, dict):
@@ -460,6 +504,8 @@ def write(res: dict[str, Any], page: Path, peers_python: str | None, results_rel
         *_scaling(res),
         *_sync(res),
         *_service(res),
+        *_split(res),
+        *_schedule(res),
         *_profiles(res),
     ]
     page.parent.mkdir(parents=True, exist_ok=True)
