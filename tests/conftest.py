@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +31,36 @@ def wait_for_port(port: int, timeout: float = 30.0) -> None:
                 return
         time.sleep(0.05)
     raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+
+
+def run_group(cmd: list[str], timeout: float = 180) -> None:
+    """Run ``cmd`` in its own process group (one thread per process: ranks share two cores). On a
+    timeout every process in it dumps its Python stacks (the training scripts register faulthandler
+    on SIGUSR1) and the whole group is killed, so a hang leaves a diagnosis and no orphaned ranks
+    or DataLoader workers behind."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGUSR1)
+            time.sleep(2)
+            os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)}\ntimed out after {timeout:.0f} s; stacks:\n{stderr[-12000:]}")
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-8000:]}"
+
+
+def torchrun(script: Any, nproc: int, args: list[str], timeout: float = 180) -> None:
+    """``torchrun --nproc_per_node NPROC SCRIPT ARGS`` on 127.0.0.1, through :func:`run_group`."""
+    run_group(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
+         "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script), *args],
+        timeout,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -11,19 +11,14 @@ run crosses an epoch boundary after the resume, and the final weights agree.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import free_port
+from conftest import run_group, torchrun
 
 from shard_tools import PackOptions, pack_documents
 
@@ -37,48 +32,12 @@ SEQ_LEN = 16
 VOCAB = 512
 
 
-def _env() -> dict[str, str]:
-    # One thread per rank: six processes share two cores.
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-
-
-def _run(cmd: list[str], timeout: float = 180) -> None:
-    """Run ``cmd`` in its own process group; on a timeout every process in it dumps its Python
-    stacks (``dcp_train.py`` registers faulthandler on SIGUSR1) and the whole group is killed,
-    so a hang leaves a diagnosis and no orphaned ranks or DataLoader workers behind."""
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), start_new_session=True
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGUSR1)
-            time.sleep(2)
-            os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)}\ntimed out after {timeout:.0f} s; stacks:\n{stderr[-12000:]}")
-    assert proc.returncode == 0, f"{' '.join(cmd)}\n--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-6000:]}"
+def _run(cmd: list[str]) -> None:
+    run_group(cmd, timeout=180)
 
 
 def _torchrun(nproc: int, args: list[str]) -> None:
-    _run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes",
-            "1",
-            "--nproc_per_node",
-            str(nproc),
-            "--master_addr",
-            "127.0.0.1",
-            "--master_port",
-            str(free_port()),
-            str(SCRIPT),
-            *args,
-        ]
-    )
+    torchrun(SCRIPT, nproc, args, timeout=180)
 
 
 def _global_stream(out: Path, tag: str) -> tuple[dict[int, list[list[int]]], dict[int, int]]:

@@ -12,20 +12,14 @@ Needs the ``torchtitan`` extra: ``make test`` runs this file a second time in ``
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import free_port
+from conftest import torchrun
 
 from shard_tools import PackOptions, pack_documents
 from shard_tools.errors import StateError, UsageError
@@ -129,27 +123,8 @@ def test_state_checks(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- torchtitan's Trainer, end to end
 
 
-def _run(cmd: list[str], timeout: float = 400) -> None:
-    """Run ``cmd`` in its own process group; on a timeout dump the ranks' stacks and kill the group."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGUSR1)
-            time.sleep(2)
-            os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)}\ntimed out after {timeout:.0f} s; stacks:\n{stderr[-12000:]}")
-    assert proc.returncode == 0, f"{' '.join(cmd)}\n--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-8000:]}"
-
-
 def _torchrun(nproc: int, args: list[str]) -> None:
-    run = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc)]
-    _run([*run, "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(SCRIPT), *args])
+    torchrun(SCRIPT, nproc, args, timeout=400)
 
 
 def _global_stream(out: Path, tag: str) -> tuple[dict[int, list[list[int]]], dict[int, int]]:

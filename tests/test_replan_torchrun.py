@@ -4,14 +4,12 @@ weights and a third source, resume again on 2 ranks — every source reads its o
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import free_port
+from conftest import torchrun
 from scripts.loader_common import pack_test_dataset
-from test_dcp_resume import _run
 
 from client import TokenDataset
 from client.schedule import Schedule
@@ -23,8 +21,7 @@ G = 8
 
 
 def _torchrun(nproc: int, args: list[str]) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc)]
-    _run([*cmd, "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(SCRIPT), *args], timeout=240)
+    torchrun(SCRIPT, nproc, args, timeout=240)
 
 
 def _stream(out: Path) -> np.ndarray:
