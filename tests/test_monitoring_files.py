@@ -443,6 +443,8 @@ def _prometheus(tmp_path: Path, target: str) -> Iterator[httpx.Client]:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+            # it listens before its storage is open and answers 503 until then (seen on a loaded CI machine)
+            wait_until(lambda: _ready(http, proc), timeout=60, what="prometheus /-/ready")
             yield http
     finally:
         proc.terminate()
@@ -451,6 +453,14 @@ def _prometheus(tmp_path: Path, target: str) -> Iterator[httpx.Client]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _ready(http: httpx.Client, proc: subprocess.Popen[bytes]) -> bool:
+    assert proc.poll() is None, "prometheus exited; see prometheus.log in the test's tmp_path"
+    try:
+        return http.get("/-/ready").status_code == 200
+    except httpx.TransportError:
+        return False  # not listening yet
 
 
 def _query(http: httpx.Client, expr: str) -> list[Any]:
@@ -466,7 +476,7 @@ def test_a_real_prometheus_runs_every_query_and_rule(live: Live, tmp_path: Path)
     """Where Prometheus is installed: it scrapes a live ferry, each dashboard query parses and returns
     series, each variable lists values, and each alert rule evaluates without error."""
     with _prometheus(tmp_path, live.url.removeprefix("http://")) as prom:
-        wait_until(lambda: _query(prom, 'rate(ferry_uptime_seconds{job="ferry"}[30s])'), what="two scrapes")
+        wait_until(lambda: _query(prom, 'rate(ferry_uptime_seconds{job="ferry"}[30s])'), timeout=60, what="two scrapes")
         doc = json.loads(DASHBOARD.read_text())
         for where, expr, labels in dashboard_queries(doc):
             if where.startswith("variable"):
@@ -480,6 +490,6 @@ def test_a_real_prometheus_runs_every_query_and_rule(live: Live, tmp_path: Path)
             rules = [r for g in groups for r in g["rules"]]
             return rules if rules and all(r["lastEvaluation"] > "2000" for r in rules) else []
 
-        rules = wait_until(evaluated, what="every rule evaluated")
+        rules = wait_until(evaluated, timeout=60, what="every rule evaluated")
         assert [(r["name"], r["health"], r.get("lastError", "")) for r in rules if r["health"] != "ok"] == []
         assert {r["name"] for r in rules} == {r["alert"] for g in _load_yaml(RULES)["groups"] for r in g["rules"]}
