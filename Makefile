@@ -60,7 +60,7 @@ demo: $(STAMP)
 
 test: $(STAMP) $(TITAN_STAMP) browser promtool
 	$(PY) -m pytest -q -ra
-	$(TITAN_PY) -m pytest -q -ra tests/test_integration_torchtitan.py
+	$(TITAN_PY) -m pytest -q -ra tests/integration/test_integration_torchtitan.py
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

@@ -1,6 +1,6 @@
 """A toy training loop over ``TokenLoader``, checkpointed with ``torch.distributed.checkpoint``.
 
-Run by ``tests/test_dcp_resume.py`` three ways:
+Run by ``tests/integration/test_dcp_resume.py`` three ways:
 
 * plain ``python dcp_train.py`` — one process, the uninterrupted reference;
 * ``torchrun --nproc_per_node 4 dcp_train.py --stop-after K`` — trains K steps, saves a DCP

@@ -1,6 +1,6 @@
 """A toy training loop over a mixture whose plan changes between runs, checkpointed with DCP.
 
-Run by ``tests/test_replan_torchrun.py`` under ``torchrun``: trains from step ``--start`` (0, or
+Run by ``tests/integration/test_replan_torchrun.py`` under ``torchrun``: trains from step ``--start`` (0, or
 the step saved next to ``--ckpt-in``) to ``--until`` over ``TokenDataset.mix(--data, --weights)``,
 then saves model, optimizer and loader to ``--ckpt-out``. With ``--replan`` the loader in the
 checkpoint re-plans onto this run's mixture (:class:`client.loader.ReplanOnLoad`). Every rank

@@ -1,6 +1,6 @@
 """torchtitan's llama3 debug model trained on CPU from a ferry dataset through ``FerryDataLoader``.
 
-Run by ``tests/test_integration_torchtitan.py`` under ``torchrun`` (gloo). torchtitan's own
+Run by ``tests/integration/test_integration_torchtitan.py`` under ``torchrun`` (gloo). torchtitan's own
 Trainer, checkpointer (DCP) and data-loader protocol do the work; what this script adds is
 only what CPU training needs in torchtitan 0.3.0 with torch 2.13 (each marked ``CPU:``):
 

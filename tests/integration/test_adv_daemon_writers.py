@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_api_helpers import pack, running_service, wait_until
+from helpers import pack, running_service, wait_until
 
 from service.engine import Engine
 from service.executor import Executor

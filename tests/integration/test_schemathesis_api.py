@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import schemathesis
+from helpers import TOKEN, TOKEN_ENV, make_config, pack, wait_until
 from hypothesis import HealthCheck, given, settings
-from test_api_helpers import TOKEN, TOKEN_ENV, make_config, pack, wait_until
 
 from service.api import start_server
 from service.daemon import Daemon

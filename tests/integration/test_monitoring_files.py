@@ -23,15 +23,15 @@ import httpx
 import pytest
 import yaml
 from conftest import free_port
+from helpers import pack, running_service, wait_until
 from prometheus_client.parser import text_string_to_metric_families
-from test_api_helpers import pack, running_service, wait_until
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-DOCKER = Path(__file__).resolve().parents[1] / "docker"
+DOCKER = Path(__file__).resolve().parents[2] / "docker"
 DASHBOARD = DOCKER / "grafana" / "dashboards" / "ferry.json"
 RULES = DOCKER / "prometheus" / "alerts.yml"
 RULE_TESTS = DOCKER / "prometheus" / "alerts_test.yml"

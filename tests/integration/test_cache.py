@@ -21,7 +21,7 @@ from client.replicas import Replicas
 from shard_tools.dataset import open_dataset
 from shard_tools.errors import DatasetError, DatasetNotFoundError, ShardError
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parents[1]
 N_DOCS = 1000  # ~20 shards of 4 KiB
 
 

@@ -15,7 +15,7 @@ from scripts.loader_common import pack_test_dataset
 
 from client import TokenDataset, TokenLoader
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parents[1]
 SCRIPT = HERE / "scripts" / "loader_torchrun.py"
 
 

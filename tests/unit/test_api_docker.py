@@ -8,7 +8,7 @@ import yaml
 
 from service.config import load_config
 
-DOCKER = Path(__file__).resolve().parent.parent / "docker"
+DOCKER = Path(__file__).resolve().parents[2] / "docker"
 
 
 def test_compose_has_two_minio_clusters_and_the_service() -> None:

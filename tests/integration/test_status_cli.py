@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_api_helpers import pack, running_service, wait_until
+from helpers import pack, running_service, wait_until
 
 from client.cli import render_status
 from client.service_types import ErrorEntry, Limits, ReplicaCell, ReplicaMatrix, Status, Transfer

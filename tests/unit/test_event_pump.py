@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_api_helpers import TOKEN, TOKEN_ENV, make_config, wait_until
+from helpers import TOKEN, TOKEN_ENV, make_config, wait_until
 
 from service.api.daemon_backend import DaemonBackend
 from service.api.models import EventOut

@@ -24,7 +24,7 @@ from shard_tools import PackOptions, pack_documents
 
 pytest.importorskip("torch")
 
-SCRIPT = Path(__file__).resolve().parent / "scripts" / "dcp_train.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "dcp_train.py"
 STEPS = 8
 STOP = 3
 GLOBAL_BATCH = 8

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_api_helpers import TOKEN, pack, running_service, wait_until
+from helpers import TOKEN, pack, running_service, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 ARGS = [
     "--no-sandbox",
     "--disable-gpu",

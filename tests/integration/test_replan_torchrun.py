@@ -16,7 +16,7 @@ from client.schedule import Schedule
 
 pytest.importorskip("torch")
 
-SCRIPT = Path(__file__).resolve().parent / "scripts" / "replan_train.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "replan_train.py"
 G = 8
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 import s3fs
-from test_api_helpers import make_docs, wait_until
+from helpers import make_docs, wait_until
 
 from shard_tools.packing import PackOptions, pack_documents
 

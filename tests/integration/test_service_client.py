@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_api_helpers import TOKEN, pack, running_service, wait_until
+from helpers import TOKEN, pack, running_service, wait_until
 
 from client import ServiceClient
 from client.service_types import ReplicaMatrix, Status

@@ -35,7 +35,7 @@ import torch  # noqa: E402
 
 from client.integrations.torchtitan import FerryDataLoader  # noqa: E402
 
-SCRIPT = Path(__file__).resolve().parent / "scripts" / "torchtitan_train.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "torchtitan_train.py"
 VOCAB = 2048  # the debug model's vocabulary
 SEQ_LEN = 32
 GLOBAL_BATCH = 4

@@ -1,6 +1,6 @@
 """Shared set-up for the API, client, status and dashboard tests: a real daemon + uvicorn on 127.0.0.1.
 
-(Named ``test_api_helpers`` so it sits with the API tests; it holds no tests itself.)
+(Imported by name: ``tests/`` is on ``sys.path`` because of ``tests/conftest.py``.)
 """
 
 from __future__ import annotations

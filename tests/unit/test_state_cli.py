@@ -26,7 +26,7 @@ def _save(path: Path, state: dict[str, Any]) -> str:
 
 
 def test_the_commands_are_registered_as_ferry_entry_points() -> None:
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     eps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["entry-points"]["ferry.commands"]
     assert eps["state"] == "client.state_cli:register"
     assert eps["trace"] == "client.trace:register"

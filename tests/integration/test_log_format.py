@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 from conftest import free_port
-from test_api_helpers import pack, write_serve_config
+from helpers import pack, write_serve_config
 
 import shard_tools
 from shard_tools.dataset import open_dataset

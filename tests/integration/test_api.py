@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_api_helpers import TOKEN, Service, pack, running_service, wait_until
+from helpers import TOKEN, Service, pack, running_service, wait_until
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from shard_tools.dataset import load_manifest
 from shard_tools.errors import ManifestError
 from shard_tools.store import resolve
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "scale_manifest.py"
 
 

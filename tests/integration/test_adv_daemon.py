@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import free_port
-from test_api_helpers import Service, pack, running_service, wait_until, write_serve_config
+from helpers import Service, pack, running_service, wait_until, write_serve_config
 
 from service.engine import Engine
 from service.executor import Executor
