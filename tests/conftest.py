@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from helpers import wait_until
 
 
 def free_port() -> int:
@@ -23,14 +24,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for_port(port: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_for_port(port: int, timeout: float = 30.0, proc: subprocess.Popen[Any] | None = None) -> None:
+    """Until something listens on 127.0.0.1:``port``; TimeoutError after ``timeout`` seconds (callers
+    retry on it), AssertionError as soon as ``proc`` exits."""
+    try:
+        wait_until(lambda: listening(port), timeout, f"a server listening on 127.0.0.1:{port}", proc=proc)
+    except AssertionError as e:
+        if proc is not None and proc.poll() is not None:
+            raise
+        raise TimeoutError(str(e)) from None
 
 
 def run_group(cmd: list[str], timeout: float = 180) -> None:
@@ -88,7 +95,7 @@ def moto_endpoint() -> Iterator[str]:
         env=env,
     )
     try:
-        wait_for_port(port)
+        wait_for_port(port, proc=proc)
         yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()

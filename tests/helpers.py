@@ -1,49 +1,107 @@
-"""Shared set-up for the API, client, status and dashboard tests: a real daemon + uvicorn on 127.0.0.1.
+"""What the tests share: one way to make and pack documents, one bounded wait, and the set-up of a
+real daemon + uvicorn on 127.0.0.1 for the API, client, status and dashboard tests.
 
-(Imported by name: ``tests/`` is on ``sys.path`` because of ``tests/conftest.py``.)
+Imported by name (``from helpers import pack``): ``tests/`` is on ``sys.path`` because of
+``tests/conftest.py``. Test modules import this module or conftest, never each other.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pytest
 
 from client.service_client import ServiceClient
 from service.api import RunningServer, start_server
 from service.config import Config, parse_config
 from service.daemon import Daemon
+from shard_tools.cli import main
+from shard_tools.dataset import open_dataset
 from shard_tools.packing import PackOptions, PackResult, pack_documents
 
 TOKEN = "test-token-0123456789"
 TOKEN_ENV = "FERRY_TEST_API_TOKEN"
 
 
-def make_docs(n_docs: int, seed: int = 0, vocab: int = 1000) -> list[np.ndarray]:
+VOCAB = 1000
+EOS = VOCAB - 1  # make_docs never draws it, so every document reads back exactly as packed
+
+
+def make_docs(n_docs: int, seed: int = 0, vocab: int = VOCAB) -> list[np.ndarray]:
+    """``n_docs`` documents of 50-399 tokens below ``vocab - 1``, the same for the same seed."""
     rng = np.random.default_rng(seed)
     return [rng.integers(0, vocab - 1, size=int(rng.integers(50, 400)), dtype=np.uint16) for _ in range(n_docs)]
 
 
-def pack(url: str, n_docs: int = 200, seed: int = 0, shard_size: int = 8192, append: bool = False) -> PackResult:
-    """A small dataset (a few dozen shards) at ``url``."""
-    opts = PackOptions(vocab_size=1000, eos_id=999, shard_size=shard_size, progress=False, append=append)
-    return pack_documents(make_docs(n_docs, seed), url, opts)
+def pack(
+    url: str,
+    docs: int | Sequence[np.ndarray] = 200,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    seed: int = 0,
+    shard_size: int = 8192,
+    append: bool = False,
+) -> PackResult:
+    """Pack ``docs`` (documents, or how many :func:`make_docs` makes from ``seed``) at ``url``: with the
+    defaults a small dataset of a few dozen shards."""
+    documents = make_docs(docs, seed) if isinstance(docs, int) else docs
+    opts = PackOptions(vocab_size=VOCAB, eos_id=EOS, shard_size=shard_size, storage_options=dict(storage_options or {}),
+                       progress=False, append=append)  # fmt: skip
+    return pack_documents(documents, url, opts)
 
 
-def wait_until(check: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+def documents(url: str, storage_options: Mapping[str, Any] | None = None) -> list[list[int]]:
+    """Every document at ``url`` (EOS stripped), each shard verified against the manifest on the way."""
+    return [d.tolist() for d in open_dataset(url, storage_options=dict(storage_options or {})).documents()]
+
+
+def run_verify(url: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, dict[str, Any]]:
+    """``ferry verify URL`` in-process: its exit code, its stderr, and its ``--json`` report."""
+    code = main(["verify", url])
+    text = capsys.readouterr()
+    main(["verify", url, "--json"])
+    report = json.loads(capsys.readouterr().out)
+    return code, text.err, report
+
+
+def arrow_file(column: pa.Array) -> bytes:
+    """An Arrow IPC file holding ``column`` as the tokens of a ferry shard (before compression)."""
+    schema = pa.schema([("tokens", column.type)], metadata={b"ferry.format": b"1"})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, schema) as w:
+        w.write_batch(pa.record_batch([column], schema=schema))
+    return sink.getvalue().to_pybytes()
+
+
+def wait_until(
+    check: Callable[[], Any],
+    timeout: float = 30.0,
+    what: str = "condition",
+    *,
+    proc: subprocess.Popen[Any] | None = None,
+    interval: float = 0.05,
+) -> Any:
+    """Poll ``check`` until it returns something truthy, and return that; fail after ``timeout``
+    seconds, or as soon as ``proc`` (the process expected to bring the condition about) has exited."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()
         if value:
             return value
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process {proc.pid} exited ({proc.returncode}) while waiting for {what}")
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(interval)
 
 
 @dataclass

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import wait_until
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 
@@ -106,12 +107,12 @@ def pack_with_workers(
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     seen: set[Proc] = set()
     try:
-        deadline = time.monotonic() + START_WITHIN
-        while not _workers_started(proc.pid, seen, forkserver=ferry is FERRY):
-            assert proc.poll() is None, f"pack ended (rc {proc.returncode}) before its workers were seen: {seen}"
-            assert time.monotonic() < deadline, f"workers did not start within {START_WITHIN}s: {seen}"
-            seen |= descendants(proc.pid)
-            time.sleep(0.02)
+
+        def started() -> bool:
+            seen.update(descendants(proc.pid))
+            return _workers_started(proc.pid, seen, forkserver=ferry is FERRY)
+
+        wait_until(started, START_WITHIN, "the two pack workers", proc=proc, interval=0.02)
         yield proc, seen
     finally:
         with suppress(ProcessLookupError):
@@ -157,11 +158,13 @@ def test_killed_pack_leaves_no_process(tmp_path: Path, sig: signal.Signals, ferr
 
 def wait_for_shards(proc: subprocess.Popen[str], out: Path, count: int = 1) -> None:
     """Until ``count`` shards are stored: the workers are past their start-up and packing."""
-    deadline = time.monotonic() + START_WITHIN
-    while not ((out / "shards").is_dir() and len(list((out / "shards").iterdir())) >= count):
-        assert proc.poll() is None, "pack finished early: the corpus is too small to test anything"
-        assert time.monotonic() < deadline, f"no shard stored within {START_WITHIN}s"
-        time.sleep(0.02)
+    shards = out / "shards"
+
+    def stored() -> bool:
+        return shards.is_dir() and len(list(shards.iterdir())) >= count
+
+    wait_until(stored, START_WITHIN, f"{count} stored shard(s) (if pack exited first, the corpus is too small)",
+               proc=proc, interval=0.02)  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -17,36 +17,20 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
+from helpers import documents, make_docs, pack
 
 from service.engine import Engine
 from service.executor import Executor
 from service.lease import LEASE_FILE, Lease, read_lease
 from service.state import State
 from shard_tools.conditional import read_versioned, write_if
-from shard_tools.dataset import load_manifest, open_dataset
+from shard_tools.dataset import load_manifest
 from shard_tools.errors import LeaseHeldError, RollbackError, WriteConflictError
-from shard_tools.packing import PackOptions, pack_documents
 from shard_tools.publish import descends_from, store_version, swap_manifest
 from shard_tools.store import Location, resolve, temp_name
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def docs(n: int, seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(1, 4000, size=int(rng.integers(20, 300))) for _ in range(n)]
-
-
-def pack(url: str, documents: list[np.ndarray], options: Mapping[str, Any], *, append: bool = False) -> Any:
-    opts = PackOptions(vocab_size=4096, eos_id=0, shard_size=8192, storage_options=dict(options), append=append,
-                       progress=False)  # fmt: skip
-    return pack_documents(documents, url, opts)
-
-
-def tokens(url: str, options: Mapping[str, Any]) -> list[list[int]]:
-    return [d.tolist() for d in open_dataset(url, storage_options=options).documents(strip_eos=True)]
 
 
 def ferry(*args: str, env: Mapping[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -68,7 +52,7 @@ def test_append_that_loses_the_race_is_rebased(local_backend: Any, monkeypatch: 
     """Writer A reads the current version; B publishes an append before A writes: A must not
     overwrite B's version (it did, and both reported success), but re-base on it."""
     url, opts = local_backend.url("race"), local_backend.storage_options
-    first, a_docs, b_docs = docs(50, 1), docs(40, 2), docs(30, 3)
+    first, a_docs, b_docs = make_docs(50, 1), make_docs(40, 2), make_docs(30, 3)
     pack(url, first, opts)
     real_read = Location.read_bytes
     state = {"armed": True}
@@ -92,7 +76,7 @@ def test_append_that_loses_the_race_is_rebased(local_backend: Any, monkeypatch: 
     result_a = pack(url, a_docs, opts, append=True)
     monkeypatch.undo()
     assert not state["armed"], "the interleaving did not happen"
-    got = tokens(url, opts)
+    got = documents(url, opts)
     expected = [d.tolist() for d in first + b_docs + a_docs]
     assert got == expected  # B's documents are kept, A's come after them
     current = load_manifest(resolve(url, opts))
@@ -119,11 +103,11 @@ def test_write_if_refuses_a_stale_token(backend: Any) -> None:
 def _grown(backend: Any) -> tuple[str, str, str]:
     """A source at v2 (child of v1) and a frozen copy of it at v1."""
     src, old = backend.url("grow"), backend.url("grow-v1")
-    pack(src, docs(60, 4), backend.storage_options)
+    pack(src, make_docs(60, 4), backend.storage_options)
     res = engine().sync_pass("d", "a", "b", {"a": resolve(src, backend.storage_options),
                                              "b": resolve(old, backend.storage_options)})  # fmt: skip
     assert res.published
-    pack(src, docs(20, 5), backend.storage_options, append=True)
+    pack(src, make_docs(20, 5), backend.storage_options, append=True)
     return src, old, backend.url("dest")
 
 
@@ -190,7 +174,7 @@ def test_second_writer_stays_out_while_the_lease_is_held(
 ) -> None:
     dst, proc = holder
     src = file_backend.url("src")
-    pack(src, docs(40, 6), {})
+    pack(src, make_docs(40, 6), {})
     held = read_lease(resolve(dst))
     assert held is not None and held.pid == proc.pid and held.kind == "daemon"
     run = ferry("sync", src, dst)
@@ -210,9 +194,9 @@ def test_second_writer_stays_out_while_the_lease_is_held(
 def test_a_live_writers_temp_file_is_not_deleted(file_backend: Any) -> None:
     """A sync deleted every temp file it found, also one a live writer was still filling."""
     src, dst = file_backend.url("src"), file_backend.url("dst")
-    pack(src, docs(40, 7), {})
+    pack(src, make_docs(40, 7), {})
     assert ferry("sync", src, dst).returncode == 0
-    pack(src, docs(10, 8), {}, append=True)
+    pack(src, make_docs(10, 8), {}, append=True)
     live = Path(resolve(dst).full(temp_name("shards/being-written.arrow.zst")))  # this live process' name
     live.write_bytes(b"half")
     run = ferry("sync", src, dst, "--json")

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 from conftest import free_port
-from test_daemon import wait_for
-from test_replication import documents, make_docs, pack
+from helpers import documents, make_docs, pack
+from helpers import wait_until as wait_for
 
 from service.engine import listing
 from shard_tools.dataset import load_manifest

@@ -7,13 +7,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import free_port
-from test_replication import documents, make_docs, pack
+from helpers import documents, make_docs, pack
+from helpers import wait_until as wait_for
 
 from service.config import load_config
 from service.daemon import Daemon
@@ -44,16 +44,6 @@ transfers = 3
 [api]
 port = {port}
 """
-
-
-def wait_for(cond: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def write_config(root: Path, poll: float = 0.2) -> Path:

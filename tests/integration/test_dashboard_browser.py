@@ -69,7 +69,7 @@ def test_matrix_and_transfers_update_live_without_reload(page, tmp_path: Path, m
         page.evaluate("window.__sameDocument = true")
         assert page.locator("#matrix-empty").is_visible()
 
-        res = pack(svc.east("corpus"), n_docs=400, shard_size=16384)  # ~20 shards, several seconds at the limit
+        res = pack(svc.east("corpus"), 400, shard_size=16384)  # ~20 shards, several seconds at the limit
         percents: list[float] = []
         saw_transfer = False
         shot_mid = False

@@ -229,7 +229,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     """A real daemon + API: one dataset replicated east → west, one open error; its /metrics parsed."""
     root = tmp_path_factory.mktemp("monitoring")
     with pytest.MonkeyPatch.context() as mp, running_service(root, mp) as svc:
-        version = pack(svc.east("corpus"), n_docs=40).version_id
+        version = pack(svc.east("corpus"), 40).version_id
         (root / "east" / "broken").mkdir()
         (root / "east" / "broken" / "manifest.json").write_text("not json")  # an open, non-retryable error
         wait_until(lambda: svc.west_version("corpus") == version, what="west to publish corpus")

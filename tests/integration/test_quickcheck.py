@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_replication import make_docs, pack
+from helpers import make_docs, pack
 
 import service.quickcheck as quickcheck
 from service.cli import main

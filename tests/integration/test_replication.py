@@ -5,11 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import pytest
+from helpers import documents, make_docs, pack
 
 from service.engine import Engine, PassResult, listing
 from service.executor import Executor
@@ -17,27 +17,10 @@ from service.faults import faulty_location
 from service.state import State
 from shard_tools.dataset import open_dataset
 from shard_tools.manifest import Manifest, ShardTable
-from shard_tools.packing import PackOptions, pack_documents
 from shard_tools.publish import publish_version
 from shard_tools.store import TEMP_MARKER, Location, resolve
 
 PAIRS = [("file", "file"), ("file", "memory"), ("file", "s3"), ("s3", "file")]
-
-
-def make_docs(n: int, seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(1, 4000, size=int(rng.integers(20, 400))) for _ in range(n)]
-
-
-def pack(url: str, docs: list[np.ndarray], options: Mapping[str, Any], *, append: bool = False, shard_size: int = 8192):
-    opts = PackOptions(vocab_size=4096, eos_id=0, shard_size=shard_size, storage_options=dict(options), append=append,
-                       progress=False)  # fmt: skip
-    return pack_documents(docs, url, opts)
-
-
-def documents(url: str, options: Mapping[str, Any]) -> list[list[int]]:
-    """Every document, each shard verified against the manifest on the way."""
-    return [d.tolist() for d in open_dataset(url, storage_options=options).documents()]
 
 
 def dead_writers_temp(path: str) -> str:

@@ -25,7 +25,7 @@ def api_schema(tmp_path_factory: pytest.TempPathFactory) -> Iterator[schemathesi
     daemon.start()
     server = start_server(daemon, config, port=0)
     try:
-        res = pack(str(root / "east" / "corpus"), n_docs=60)
+        res = pack(str(root / "east" / "corpus"), 60)
         wait_until(lambda: daemon.replica_matrix() and any(
             r.published_version == res.version_id for r in daemon.replica_matrix() if r.cluster == "west"
         ), what="replication")  # fmt: skip

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_replication import documents, make_docs, pack
+from helpers import documents, make_docs, pack
 
 from service.cli import main
 from shard_tools.dataset import open_dataset

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import arrow_file, run_verify
 
 from shard_tools import (
     InputFormatError,
@@ -46,14 +47,6 @@ def make(tmp_path: Path, n: int = 60) -> tuple[str, list[np.ndarray]]:
     out = str(tmp_path / "ds")
     pack_documents(docs, out, OPTS)
     return out, docs
-
-
-def run_verify(url: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, dict]:
-    code = main(["verify", url])
-    text = capsys.readouterr()
-    main(["verify", url, "--json"])
-    report = json.loads(capsys.readouterr().out)
-    return code, text.err, report
 
 
 def shard_file(out: str, i: int = 1) -> tuple[str, Path]:
@@ -163,14 +156,6 @@ def publish_raw_shard(out: str, raw: bytes, documents: int, tokens: int, vocab: 
     )
     publish_version(loc, m, table, expect_current=None, new_shards=[rel])
     return rel
-
-
-def arrow_file(column: pa.Array) -> bytes:
-    schema = pa.schema([("tokens", column.type)], metadata={b"ferry.format": b"1"})
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, schema) as w:
-        w.write_batch(pa.record_batch([column], schema=schema))
-    return sink.getvalue().to_pybytes()
 
 
 def test_unknown_dtype_in_shard(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_replication import documents, make_docs, pack
+from helpers import documents, make_docs, pack
 
 from service.engine import Engine, listing
 from service.executor import Executor

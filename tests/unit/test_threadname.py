@@ -7,7 +7,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from test_daemon import write_config
+from conftest import free_port
+from helpers import make_docs, pack, write_serve_config
 
 from service.config import load_config
 from service.daemon import Daemon
@@ -81,8 +82,6 @@ def test_elsewhere_naming_is_a_quiet_no_op(monkeypatch: pytest.MonkeyPatch) -> N
 
 @linux_only
 def test_the_daemon_and_its_copy_threads_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from test_replication import make_docs, pack
-
     import service.executor
 
     copying: set[str] = set()
@@ -94,7 +93,7 @@ def test_the_daemon_and_its_copy_threads_are_named(tmp_path: Path, monkeypatch: 
 
     monkeypatch.setattr(service.executor, "copy_shard", recording_copy)
     pack(str(tmp_path / "src" / "alpha"), make_docs(300, 5), {})
-    d = Daemon(load_config(write_config(tmp_path, poll=30)))
+    d = Daemon(load_config(write_serve_config(tmp_path, free_port())))
     q = d.subscribe()
     d.start()
     try:
