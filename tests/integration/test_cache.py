@@ -147,7 +147,8 @@ def test_eviction_never_removes_a_shard_in_use(local_url: str, tmp_path: Path) -
     janitor.evict()
     left = {p.name for p in cached_files(tmp_path / "c")}
     assert left == {Path(user.path(manifest.shards[i])).name for i in (0, 2)}
-    assert int(leases[0].view.tokens[:5].sum()) >= 0  # still readable
+    # the evicted-around shard still maps its own tokens (a janitor that rewrote it would show here)
+    np.testing.assert_array_equal(leases[0].view.tokens, open_dataset(local_url).read_shard(0).tokens)
     for lease in leases:
         lease.release()
     janitor.evict()

@@ -6,7 +6,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -77,26 +76,31 @@ def test_tampered_part_record_is_refused(tmp_path: Path) -> None:
     assert not (Path(out) / "manifest.json").exists()
 
 
+# `ferry pack` whose part record write is replaced by SIGKILL: a node dying after storing its
+# shards and before recording them, the latest point at which a part can be lost.
+DIE_BEFORE_RECORD = (
+    "import os, signal, sys; import shard_tools.packing as packing; from shard_tools.cli import main; "
+    "packing.write_part = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL); sys.exit(main())"
+)
+
+
 @pytest.mark.slow
-def test_killed_merge_driver_publishes_nothing_partial(tmp_path: Path) -> None:
+def test_killed_part_publishes_nothing_partial(tmp_path: Path) -> None:
     inputs = corpus(tmp_path, files=4)
     out = str(tmp_path / "fan")
-    cmd = [sys.executable, "-m", "shard_tools.cli", "pack", *inputs, "--out", out, "--vocab-size", "50257",
-           "--eos-id", "50256", "--shard-size", "16KiB", "--name", "fan"]  # fmt: skip
-    procs = [subprocess.Popen([*cmd, "--part", f"{i}/2"], stderr=subprocess.DEVNULL) for i in range(2)]
-    time.sleep(0.3)
-    procs[0].send_signal(signal.SIGKILL)  # one node dies
-    for p in procs:
-        p.wait(60)
-    merge = subprocess.run([*cmd, "--merge", "--parts", "2"], capture_output=True, text=True, timeout=60)
-    # The usual case: part 0 died before writing its record. On a quiet machine it may have
-    # written it (or even exited) before the kill landed; then its part is complete.
-    if not list(Path(out).glob("parts/*/part-0-of-2.json")):
-        assert merge.returncode != 0 and "missing" in merge.stderr
-        assert not (Path(out) / "manifest.json").exists()
-        subprocess.run([*cmd, "--part", "0/2"], check=True, capture_output=True, timeout=60)  # rerun the lost part
-        assert subprocess.run([*cmd, "--merge", "--parts", "2"], capture_output=True, timeout=60).returncode == 0
-    else:
-        assert merge.returncode == 0
+    args = ["pack", *inputs, "--out", out, "--vocab-size", "50257", "--eos-id", "50256", "--shard-size", "16KiB",
+            "--name", "fan"]  # fmt: skip
+    ferry = [sys.executable, "-m", "shard_tools.cli", *args]
+    died = subprocess.run([sys.executable, "-c", DIE_BEFORE_RECORD, *args, "--part", "0/2"], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert died.returncode == -signal.SIGKILL, died.stderr
+    assert list((Path(out) / "shards").iterdir()), "part 0 stored no shard before it died"
+    assert not list(Path(out).glob("parts/*/part-0-of-2.json"))
+    subprocess.run([*ferry, "--part", "1/2"], check=True, capture_output=True, timeout=60)
+    merge = subprocess.run([*ferry, "--merge", "--parts", "2"], capture_output=True, text=True, timeout=60)
+    assert merge.returncode == 2 and "parts 0 of 2 are missing" in merge.stderr, merge.stderr  # a UsageError
+    assert not (Path(out) / "manifest.json").exists()
+    subprocess.run([*ferry, "--part", "0/2"], check=True, capture_output=True, timeout=60)  # rerun the lost part
+    assert subprocess.run([*ferry, "--merge", "--parts", "2"], capture_output=True, timeout=60).returncode == 0
     assert verify(out).ok
     assert open_dataset(out).version_id == pack(inputs, str(tmp_path / "local"), OPTS).version_id
