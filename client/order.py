@@ -132,6 +132,11 @@ class WindowOrder(_ChunkedOrder):
                 self._layouts.popitem(last=False)
         return layout
 
+    def window_starts(self, epoch: int) -> np.ndarray:
+        """The position where each window of ``epoch`` begins, then the end: positions
+        ``[starts[w], starts[w + 1])`` draw from the at most ``window`` shards of window ``w``."""
+        return self._layout(epoch)[2].copy()
+
     def _compute(self, epoch: int, positions: np.ndarray) -> np.ndarray:
         order, cum, starts = self._layout(epoch)
         win = np.searchsorted(starts, positions, side="right") - 1
