@@ -12,13 +12,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import documents, make_docs, pack
+from helpers import documents, make_docs, pack, wait_until
 
 from service.engine import Engine
 from service.executor import Executor
@@ -210,12 +209,10 @@ def test_lease_is_renewed_while_held_and_released(file_backend: Any) -> None:
     with lease:
         first = read_lease(loc)
         assert first is not None and first.holder == lease.holder
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
+
+        def renewed() -> bool:
             now = read_lease(loc)
-            if now is not None and now.expires_at > first.expires_at:
-                break
-            time.sleep(0.02)
-        else:
-            pytest.fail("the lease was not renewed")
+            return now is not None and now.expires_at > first.expires_at
+
+        wait_until(renewed, 5, "the lease to be renewed", interval=0.02)
     assert read_lease(loc) is None and loc.exists(LEASE_FILE)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import s3fs
 from conftest import Backend, free_port
+from helpers import wait_until
 from scripts.loader_common import pack_test_dataset
 
 from client import TokenDataset, TokenLoader
@@ -161,10 +162,8 @@ def test_prefetch_fetches_the_shards_of_the_next_batches(local_url: str, tmp_pat
     ds = TokenDataset(local_url, seq_len=32, shuffle="none", cache_dir=str(cache), prefetch=depth)
     next(iter(TokenLoader(ds, batch_size=64, rank=0, world_size=1)))
     needed = {Path(ds.cache.path(ds.manifest.shards[s])).name for s in ds.shards_of(np.arange(64 * (1 + depth)))}
-    deadline = time.monotonic() + 20
-    while {p.name for p in cached_files(cache)} != needed and time.monotonic() < deadline:
-        time.sleep(0.02)  # background fetches
-    time.sleep(0.1)
+    wait_until(lambda: {p.name for p in cached_files(cache)} >= needed, 20, "the background fetches", interval=0.02)
+    time.sleep(0.1)  # a fetch beyond the depth would land now; the loader has no public "prefetch idle" to wait on
     assert {p.name for p in cached_files(cache)} == needed  # those, and nothing further ahead
     assert len(needed) >= (4 if depth else 1)
 

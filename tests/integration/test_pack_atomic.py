@@ -67,7 +67,7 @@ class Poller(threading.Thread):
             self.checks += 1
             if problem:
                 self.problems.append(problem)
-            time.sleep(0.01)
+            self.stop.wait(0.01)
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import free_port
-from helpers import make_docs, pack, write_serve_config
+from helpers import make_docs, pack, wait_until, write_serve_config
 
 from service.config import load_config
 from service.daemon import Daemon
@@ -97,11 +97,8 @@ def test_the_daemon_and_its_copy_threads_are_named(tmp_path: Path, monkeypatch: 
     q = d.subscribe()
     d.start()
     try:
-        for _ in range(200):  # the thread names itself as its first step
-            if "ferry-daemon" in os_names():
-                break
-            threading.Event().wait(0.01)
-        assert "ferry-daemon" in os_names()
+        # the thread names itself as its first step
+        wait_until(lambda: "ferry-daemon" in os_names(), 2, "the daemon thread's OS name", interval=0.01)
         while q.get(timeout=30)["type"] != "pass":
             pass
         assert "ferry-state" in os_names()  # the thread that commits the copies' buffered bookkeeping
