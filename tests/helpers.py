@@ -64,11 +64,14 @@ def documents(url: str, storage_options: Mapping[str, Any] | None = None) -> lis
     return [d.tolist() for d in open_dataset(url, storage_options=dict(storage_options or {})).documents()]
 
 
-def run_verify(url: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, dict[str, Any]]:
-    """``ferry verify URL`` in-process: its exit code, its stderr, and its ``--json`` report."""
-    code = main(["verify", url])
+def run_verify(
+    url: str, capsys: pytest.CaptureFixture[str], storage_options: Mapping[str, Any] | None = None
+) -> tuple[int, str, dict[str, Any]]:
+    """``ferry verify URL [-S KEY=VALUE ...]`` in-process: its exit code, its stderr, and its ``--json`` report."""
+    args = ["verify", url, *(f"-S{k}={json.dumps(v)}" for k, v in (storage_options or {}).items())]
+    code = main(args)
     text = capsys.readouterr()
-    main(["verify", url, "--json"])
+    main([*args, "--json"])
     report = json.loads(capsys.readouterr().out)
     return code, text.err, report
 

@@ -7,12 +7,14 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import Backend
 from helpers import arrow_file, run_verify
 
 from shard_tools import (
@@ -36,7 +38,7 @@ from shard_tools.format import compress
 from shard_tools.manifest import Manifest, ShardInfo, ShardTable, Tokenizer
 from shard_tools.megatron import write_megatron
 from shard_tools.publish import publish_version
-from shard_tools.store import resolve
+from shard_tools.store import Location, resolve
 
 OPTS = PackOptions(vocab_size=500, eos_id=499, shard_size=2048, name="bad")
 
@@ -54,42 +56,55 @@ def shard_file(out: str, i: int = 1) -> tuple[str, Path]:
     return rel, Path(out) / rel
 
 
-def test_good_dataset_verifies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out, _ = make(tmp_path)
-    code, _, report = run_verify(out, capsys)
+def make_on(backend: Backend, n: int = 60) -> tuple[str, Location]:
+    """A small dataset at a fresh URL on ``backend``, and its Location (to damage it through)."""
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(0, 499, size=int(rng.integers(1, 100))) for _ in range(n)]
+    out = backend.url("ds")
+    pack_documents(docs, out, replace(OPTS, storage_options=backend.storage_options))
+    return out, resolve(out, backend.storage_options)
+
+
+def shard_rel(out: str, backend: Backend, i: int = 1) -> str:
+    return open_dataset(out, storage_options=backend.storage_options).manifest.shards[i].path
+
+
+def test_good_dataset_verifies(backend: Backend, capsys: pytest.CaptureFixture[str]) -> None:
+    out, _ = make_on(backend)
+    code, _, report = run_verify(out, capsys, backend.storage_options)
     assert code == 0 and report["ok"] and report["checked"] == report["shards"] > 2
 
 
-def test_flipped_byte(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out, _ = make(tmp_path)
-    rel, path = shard_file(out)
-    data = bytearray(path.read_bytes())
+def test_flipped_byte(backend: Backend, capsys: pytest.CaptureFixture[str]) -> None:
+    out, loc = make_on(backend)
+    rel = shard_rel(out, backend)
+    data = bytearray(loc.read_bytes(rel))
     data[len(data) // 2] ^= 0x40
-    path.write_bytes(bytes(data))
+    loc.write_bytes(rel, bytes(data))
     with pytest.raises(ShardDigestError) as exc:
-        open_dataset(out).read_shard(1)
+        open_dataset(out, storage_options=backend.storage_options).read_shard(1)
     assert exc.value.shard == rel
-    code, err, report = run_verify(out, capsys)
+    code, err, report = run_verify(out, capsys, backend.storage_options)
     assert code == 1 and rel in err and list(report["bad"]) == [rel]
 
 
-def test_truncated_shard(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out, _ = make(tmp_path)
-    rel, path = shard_file(out)
-    path.write_bytes(path.read_bytes()[:-10])
+def test_truncated_shard(backend: Backend, capsys: pytest.CaptureFixture[str]) -> None:
+    out, loc = make_on(backend)
+    rel = shard_rel(out, backend)
+    loc.write_bytes(rel, loc.read_bytes(rel)[:-10])
     with pytest.raises(ShardFormatError, match="truncated"):
-        open_dataset(out).read_shard(1)
-    code, err, report = run_verify(out, capsys)
+        open_dataset(out, storage_options=backend.storage_options).read_shard(1)
+    code, err, report = run_verify(out, capsys, backend.storage_options)
     assert code == 1 and f"BAD {rel}" in err and rel in report["bad"]
 
 
-def test_missing_shard(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out, _ = make(tmp_path)
-    rel, path = shard_file(out, 0)
-    path.unlink()
+def test_missing_shard(backend: Backend, capsys: pytest.CaptureFixture[str]) -> None:
+    out, loc = make_on(backend)
+    rel = shard_rel(out, backend, 0)
+    loc.remove(rel)
     with pytest.raises(ShardMissingError):
-        open_dataset(out).read_shard(0)
-    code, err, report = run_verify(out, capsys)
+        open_dataset(out, storage_options=backend.storage_options).read_shard(0)
+    code, err, report = run_verify(out, capsys, backend.storage_options)
     assert code == 1 and rel in err and "missing" in report["bad"][rel]
 
 
