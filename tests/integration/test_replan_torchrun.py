@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from conftest import torchrun
 from scripts.loader_common import pack_test_dataset
+from scripts.replan_common import mix, run
 
 from client import TokenDataset
 from client.schedule import Schedule
@@ -65,3 +66,11 @@ def test_torchrun_replan_on_resume_with_dcp(tmp_path: Path) -> None:
         mine = rows[src == j]
         assert len(mine) > 0
         np.testing.assert_array_equal(mine, d.batch(np.arange(len(mine)))["input_ids"].numpy(), err_msg=f"source {j}")
+
+
+def test_workers_do_not_change_a_replanned_stream() -> None:
+    """DataLoader worker processes (moved here from tests/unit/test_replan.py, which stays in-process)."""
+    _, state = run(mix([0, 1], [1, 2]), None, 1, 3, 3)
+    plain, _ = run(mix([1, 4], [1, 1]), state, 2, 2, 6, replan=True)
+    forked, _ = run(mix([1, 4], [1, 1]), state, 2, 2, 6, replan=True, workers=2)
+    assert forked == plain

@@ -125,13 +125,6 @@ def test_a_single_dataset_run_can_gain_a_source() -> None:
     assert s2["plan"]["phases"] == [[0, [1, 0]], [10, [1, 1]]]
 
 
-def test_workers_do_not_change_a_replanned_stream() -> None:
-    _, state = run(mix([0, 1], [1, 2]), None, 1, 3, 3)
-    plain, _ = run(mix([1, 4], [1, 1]), state, 2, 2, 6, replan=True)
-    forked, _ = run(mix([1, 4], [1, 1]), state, 2, 2, 6, replan=True, workers=2)
-    assert forked == plain
-
-
 # --- real datasets ------------------------------------------------------------------------------------------------
 
 
