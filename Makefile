@@ -13,7 +13,7 @@ TITAN_PY    := $(TITAN_VENV)/bin/python
 TITAN_LOCK  := requirements-titan.lock
 TITAN_STAMP := $(TITAN_VENV)/.installed
 
-.PHONY: demo test test-fast lint bench venv clean browser promtool lock
+.PHONY: demo test test-fast test-unit lint bench venv clean browser promtool lock
 
 venv: $(STAMP)
 
@@ -64,6 +64,10 @@ test: $(STAMP) $(TITAN_STAMP) browser promtool
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
+
+# The in-process tests only (tests/unit/: no processes, servers, sockets or moto), in well under a minute.
+test-unit: $(STAMP)
+	$(PY) -m pytest -q tests/unit
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check shard_tools client service tests bench tools

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from helpers import wait_until
 
 
 def free_port() -> int:
@@ -32,6 +31,8 @@ def listening(port: int) -> bool:
 def wait_for_port(port: int, timeout: float = 30.0, proc: subprocess.Popen[Any] | None = None) -> None:
     """Until something listens on 127.0.0.1:``port``; TimeoutError after ``timeout`` seconds (callers
     retry on it), AssertionError as soon as ``proc`` exits."""
+    from helpers import wait_until  # here: helpers imports the service, which conftest itself never needs
+
     try:
         wait_until(lambda: listening(port), timeout, f"a server listening on 127.0.0.1:{port}", proc=proc)
     except AssertionError as e:
