@@ -33,7 +33,7 @@ $(TITAN_STAMP): pyproject.toml $(TITAN_LOCK)
 	touch $(TITAN_STAMP)
 
 # Re-resolve both locks under constraints-dev.txt and pin every package with its hash (after a change
-# to pyproject.toml's requirements; tests/test_lockfile.py fails until the lock matches them).
+# to pyproject.toml's requirements; tests/unit/test_lockfile.py fails until the lock matches them).
 lock:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
@@ -52,7 +52,7 @@ promtool:
 	@command -v promtool >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null) \
-	      || echo "warning: could not install prometheus; its checks in tests/test_monitoring_files.py will be skipped"; \
+	      || echo "warning: could not install prometheus; its checks in tests/integration/test_monitoring_files.py will be skipped"; \
 	  else echo "warning: promtool missing and not root; its checks will be skipped"; fi; }
 
 demo: $(STAMP)
