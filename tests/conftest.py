@@ -1,8 +1,9 @@
-"""Shared fixtures: storage backends (file, memory, S3 on a real moto server over HTTP)."""
+"""Shared fixtures: storage backends (file, memory, S3 on moto over HTTP), ports, torchrun, `ferry verify`."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -10,11 +11,14 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 import pytest
+
+from shard_tools.cli import main
 
 
 def free_port() -> int:
@@ -69,6 +73,27 @@ def torchrun(script: Any, nproc: int, args: list[str], timeout: float = 180) -> 
          "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script), *args],
         timeout,
     )  # fmt: skip
+
+
+def run_verify(
+    url: str, capsys: pytest.CaptureFixture[str], storage_options: Mapping[str, Any] | None = None
+) -> tuple[int, str, dict[str, Any]]:
+    """``ferry verify URL [-S KEY=VALUE ...]`` in-process: its exit code, its stderr, and its ``--json`` report."""
+    args = ["verify", url, *(f"-S{k}={json.dumps(v)}" for k, v in (storage_options or {}).items())]
+    code = main(args)
+    text = capsys.readouterr()
+    main([*args, "--json"])
+    report = json.loads(capsys.readouterr().out)
+    return code, text.err, report
+
+
+def arrow_file(column: pa.Array) -> bytes:
+    """An Arrow IPC file holding ``column`` as the tokens of a ferry shard (before compression)."""
+    schema = pa.schema([("tokens", column.type)], metadata={b"ferry.format": b"1"})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, schema) as w:
+        w.write_batch(pa.record_batch([column], schema=schema))
+    return sink.getvalue().to_pybytes()
 
 
 @dataclass(frozen=True)

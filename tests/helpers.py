@@ -7,7 +7,6 @@ Imported by name (``from helpers import pack``): ``tests/`` is on ``sys.path`` b
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -17,14 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pytest
 
 from client.service_client import ServiceClient
 from service.api import RunningServer, start_server
 from service.config import Config, parse_config
 from service.daemon import Daemon
-from shard_tools.cli import main
 from shard_tools.dataset import open_dataset
 from shard_tools.packing import PackOptions, PackResult, pack_documents
 
@@ -62,27 +58,6 @@ def pack(
 def documents(url: str, storage_options: Mapping[str, Any] | None = None) -> list[list[int]]:
     """Every document at ``url`` (EOS stripped), each shard verified against the manifest on the way."""
     return [d.tolist() for d in open_dataset(url, storage_options=dict(storage_options or {})).documents()]
-
-
-def run_verify(
-    url: str, capsys: pytest.CaptureFixture[str], storage_options: Mapping[str, Any] | None = None
-) -> tuple[int, str, dict[str, Any]]:
-    """``ferry verify URL [-S KEY=VALUE ...]`` in-process: its exit code, its stderr, and its ``--json`` report."""
-    args = ["verify", url, *(f"-S{k}={json.dumps(v)}" for k, v in (storage_options or {}).items())]
-    code = main(args)
-    text = capsys.readouterr()
-    main([*args, "--json"])
-    report = json.loads(capsys.readouterr().out)
-    return code, text.err, report
-
-
-def arrow_file(column: pa.Array) -> bytes:
-    """An Arrow IPC file holding ``column`` as the tokens of a ferry shard (before compression)."""
-    schema = pa.schema([("tokens", column.type)], metadata={b"ferry.format": b"1"})
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, schema) as w:
-        w.write_batch(pa.record_batch([column], schema=schema))
-    return sink.getvalue().to_pybytes()
 
 
 def wait_until(

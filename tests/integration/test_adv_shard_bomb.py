@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import zstandard
-from helpers import arrow_file, run_verify
+from conftest import arrow_file, run_verify
 
 from shard_tools import ManifestError, ShardFormatError, open_dataset, verify
 from shard_tools.digest import digest_bytes

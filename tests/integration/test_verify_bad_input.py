@@ -14,8 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import Backend
-from helpers import arrow_file, run_verify
+from conftest import Backend, arrow_file, run_verify
 
 from shard_tools import (
     InputFormatError,
