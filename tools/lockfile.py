@@ -10,7 +10,7 @@ so fsspec/s3fs at 2026.2, and the main environment keeps testing the releases ``
 ``make lock`` runs ``write``; ``make test`` installs each lock with ``pip install
 --require-hashes`` and then the project itself with ``--no-deps``, so a fresh clone gets exactly
 the versions (and the very files) the locks name. ``check`` runs in ``make test``
-(tests/test_lockfile.py): a requirement added to pyproject.toml without a new lock fails there,
+(tests/unit/test_lockfile.py): a requirement added to pyproject.toml without a new lock fails there,
 naming it. The package's own metadata keeps unpinned ranges.
 """
 
