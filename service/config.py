@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from shard_tools.errors import ConfigError
+from shard_tools.units import format_rate, parse_rate
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -42,50 +43,12 @@ __all__ = [
 _SECRET_WORDS = ("secret", "password", "passwd", "token", "credential", "private_key", "sas")
 _SECRET_KEYS = {"key", "access_key", "access_key_id", "aws_access_key_id", "account_key", "session_token"}
 _ENV_REF = re.compile(r"^\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?$")
-_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?)?B?(?:/s)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4, "ki": 1024, "mi": 1024**2, "gi": 1024**3}
-_UNITS["ti"] = 1024**4
 _KNOWN_SCHEMES = {"file", "local", "memory", "s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "hf", "hdfs", "webhdfs"}
 
 
 def link_name(src: str, dst: str) -> str:
     """The name of a link between two clusters, as used in ``[limits.per_link]``: ``"SRC->DST"``."""
     return f"{src}->{dst}"
-
-
-def parse_rate(value: str | float | int | None, where: str = "rate") -> float | None:
-    """``"100MiB/s"``, ``"1.5G"``, ``"500k"``, a number of bytes/s, or ``0``/``"off"``/None → bytes/s or None.
-
-    Suffixes: K, M, G, T are powers of 1000, Ki, Mi, Gi, Ti powers of 1024 (rclone reads "M" as MiB;
-    ferry follows the SI/IEC letters).
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ConfigError(f"{where}: expected a rate such as '100MiB/s', got {value!r}")
-    if isinstance(value, (int, float)):
-        if value < 0:
-            raise ConfigError(f"{where}: rate must not be negative ({value})")
-        return float(value) or None
-    text = str(value).strip()
-    if text.lower() in ("", "off", "none", "unlimited", "0"):
-        return None
-    m = _RATE.match(text)
-    if not m:
-        raise ConfigError(f"{where}: cannot read rate {value!r} (examples: '100MiB/s', '1.5GB/s', '500k')")
-    rate = float(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
-    return rate or None
-
-
-def format_rate(rate: float | None) -> str:
-    """bytes/s → ``"100.0MiB/s"`` (or ``"off"``)."""
-    if not rate:
-        return "off"
-    for unit in ("", "Ki", "Mi", "Gi", "Ti"):
-        if rate < 1024 or unit == "Ti":
-            return f"{rate:.1f}{unit}B/s"
-        rate /= 1024
-    return f"{rate}B/s"  # pragma: no cover
 
 
 def _is_secret_key(key: str) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 
 from . import __version__
 from .errors import FerryError, UsageError
+from .units import format_bytes
 
 __all__ = ["main", "register", "parse_storage_options", "print_json"]
 
@@ -44,14 +45,6 @@ def parse_storage_options(pairs: Sequence[str] | None) -> dict[str, Any]:
 def print_json(obj: Any) -> None:
     json.dump(obj, sys.stdout, indent=2, sort_keys=False, default=str)
     sys.stdout.write("\n")
-
-
-def _human(n: float, unit: str = "B") -> str:
-    for prefix in ("", "Ki", "Mi", "Gi", "Ti"):
-        if abs(n) < 1024 or prefix == "Ti":
-            return f"{n:.1f} {prefix}{unit}" if prefix else f"{int(n)} {unit}"
-        n /= 1024
-    return f"{n} {unit}"
 
 
 def _add_storage(p: argparse.ArgumentParser) -> None:
@@ -178,7 +171,8 @@ def _compression_level(spec: str) -> int:
 
 
 def _cmd_pack(args: argparse.Namespace) -> int:
-    from .packing import PackOptions, merge_parts, pack, pack_part, parse_part_spec, parse_size
+    from .packing import PackOptions, merge_parts, pack, pack_part, parse_part_spec
+    from .units import parse_size
 
     if args.merge and args.part:
         raise UsageError("--merge and --part are separate steps: run each --part I/N, then --merge")
@@ -229,8 +223,8 @@ def _cmd_pack(args: argparse.Namespace) -> int:
             f"({result.new_shards} new) at {result.url}"
         )
         print(
-            f"version {result.version_id}  stored {_human(result.stored_bytes)} "
-            f"(raw {_human(result.raw_bytes)})  {result.tokens_per_second / 1e6:.1f} Mtok/s"
+            f"version {result.version_id}  stored {format_bytes(result.stored_bytes)} "
+            f"(raw {format_bytes(result.raw_bytes)})  {result.tokens_per_second / 1e6:.1f} Mtok/s"
         )
     return 0
 
@@ -261,7 +255,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     print(f"version   {m.version_id}  parent {m.parent or '-'}  created {m.created_at}  by ferry {m.tool_version}")
     print(f"tokens    {t['tokens']:,} {m.token_dtype}  in {t['documents']:,} documents, {t['shards']:,} shards")
     print(
-        f"bytes     stored {_human(t['stored_bytes'])}  raw {_human(t['raw_bytes'])}"
+        f"bytes     stored {format_bytes(t['stored_bytes'])}  raw {format_bytes(t['raw_bytes'])}"
         + (f"  ratio {t['stored_bytes'] / t['raw_bytes']:.3f}" if t["raw_bytes"] else "")
     )
     print(
@@ -272,7 +266,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     if shards is not None:
         print(f"{'#':>6}  {'path':<58} {'docs':>9} {'tokens':>12} {'stored':>10}")
         for i, s in enumerate(shards):
-            print(f"{i:>6}  {s['path']:<58} {s['documents']:>9,} {s['tokens']:>12,} {_human(s['stored_bytes']):>10}")
+            stored = format_bytes(s["stored_bytes"])
+            print(f"{i:>6}  {s['path']:<58} {s['documents']:>9,} {s['tokens']:>12,} {stored:>10}")
     return 0
 
 
@@ -300,7 +295,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print(f"FAILED: {len(report.bad)} of {report.shards} shards bad at {args.url}", file=sys.stderr)
     else:
         print(
-            f"OK: {report.shards} shards, {_human(report.bytes_read)} verified at {args.url} "
+            f"OK: {report.shards} shards, {format_bytes(report.bytes_read)} verified at {args.url} "
             f"(version {report.version_id})"
         )
     return 0 if report.ok else 1
