@@ -326,9 +326,11 @@ def _sync(args: argparse.Namespace) -> int:
     from .bandwidth import Bandwidth
     from .engine import Engine
     from .executor import Executor
+    from .object_store import skip_double_checksums
     from .state import State
     from .stats import Stats
 
+    skip_double_checksums()
     src = resolve(args.src, src_options)
     dst = resolve(args.dst, dst_options)
     names = {"src": src, "dst": dst}

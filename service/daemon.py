@@ -33,10 +33,11 @@ from .config import Config, Rule, link_name, parse_rate
 from .engine import Engine, PassResult, read_header
 from .events import EventBus
 from .executor import Executor
+from .hashed_io import CHUNK_SIZE
 from .names import name_problem
+from .object_store import skip_double_checksums
 from .state import State
 from .stats import Stats
-from .transfer import CHUNK_SIZE
 from .views import (
     ClusterInfo,
     DatasetInfo,
@@ -94,6 +95,7 @@ class Daemon:
 
     def __init__(self, config: Config, *, chunk_size: int | None = None) -> None:
         self._config = config
+        skip_double_checksums()
         self.state = State(config.state_dir)
         self.accounting = Stats()
         self.events = EventBus()

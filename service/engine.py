@@ -24,11 +24,11 @@ from shard_tools.store import STALE_TEMP_SECONDS, TEMP_MARKER, Location, temp_is
 from .events import EventBus
 from .executor import Executor, Job, JobResult
 from .lease import DEFAULT_TTL, Lease
+from .object_store import abort_stale_uploads
 from .passes import PassResult
 from .planner import SourceVersion, VersionRecord, order_sources, plan_retention, plan_sync
 from .state import State
 from .stats import Stats
-from .transfer import abort_stale_uploads
 
 if TYPE_CHECKING:
     from shard_tools.manifest import Manifest

@@ -8,6 +8,7 @@ exponentially with jitter. A job that runs out of attempts fails alone; the othe
 
 from __future__ import annotations
 
+import enum
 import queue
 import random
 import threading
@@ -15,20 +16,39 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from shard_tools.errors import ShardDigestError, ShardFormatError, StorageError
+from shard_tools.errors import Cancelled, FerryError, ShardDigestError, ShardFormatError, SourceMissing, StorageError
 from shard_tools.store import Location, not_permitted
 from shard_tools.threadname import start_named_thread
 
 from .bandwidth import Bandwidth
 from .config import link_name
 from .events import EventBus
+from .hashed_io import CHUNK_SIZE
 from .planner import ShardRef
 from .stats import Stats
-from .transfer import CHUNK_SIZE, Cancelled, SourceMissing, copy_shard, verify_shard
+from .transfer import copy_shard, verify_shard
 
-__all__ = ["Job", "JobResult", "Executor"]
+__all__ = ["Job", "JobResult", "Executor", "Outcome", "outcome_of"]
 
 _PROGRESS_EVERY = 0.25  # seconds between progress events per transfer
+
+
+class Outcome(enum.Enum):
+    """What one attempt from one source came to, and so what the job does next."""
+
+    OK = "ok"  # the shard is at the destination, verified
+    RETRY = "retry"  # try again (another source now, this one after a back-off)
+    FATAL = "fatal"  # this source cannot serve the shard: do not ask it again
+    CANCELLED = "cancelled"  # the daemon is stopping
+
+
+def outcome_of(exc: FerryError) -> Outcome:
+    """The decision an error implies, from the error tree alone (``FerryError.retryable``)."""
+    if isinstance(exc, Cancelled):
+        return Outcome.CANCELLED
+    if exc.retryable and not not_permitted(exc):  # e.g. a store's own mapping of a 403
+        return Outcome.RETRY
+    return Outcome.FATAL
 
 
 @dataclass(frozen=True)
@@ -274,14 +294,14 @@ class Executor:
                     continue
                 result.attempts += 1
                 outcome = self._attempt(job, src_name, src, dst, result)
-                if outcome == "ok":
+                if outcome is Outcome.OK:
                     result.ok, result.src, result.copied = True, src_name, True
                     result.seconds = time.monotonic() - t0
                     return result
-                if outcome == "cancelled":
+                if outcome is Outcome.CANCELLED:
                     result.cancelled = True
                     return result
-                if outcome == "fatal":
+                if outcome is Outcome.FATAL:
                     fatal_sources.add(src_name)
             if len(fatal_sources) >= len(job.sources):
                 result.retryable = False
@@ -292,7 +312,7 @@ class Executor:
         result.seconds = time.monotonic() - t0
         return result
 
-    def _attempt(self, job: Job, src_name: str, src: Location, dst: Location, result: JobResult) -> str:
+    def _attempt(self, job: Job, src_name: str, src: Location, dst: Location, result: JobResult) -> Outcome:
         shard = job.shard
         link = link_name(src_name, job.dest)
         tid = self.stats.start(job.dataset, job.version, shard.path, src_name, job.dest, shard.size)
@@ -317,33 +337,26 @@ class Executor:
         try:
             copy_shard(src, dst, shard.path, shard.size, shard.digest, chunk_size=self.chunk_size,
                        throttle=throttle, progress=progress, cancel=self.cancel)  # fmt: skip
-        except Cancelled:
+        except FerryError as exc:
             self.stats.finish(tid, ok=False)
-            return "cancelled"
-        except (ShardDigestError, ShardFormatError) as exc:
-            self.stats.finish(tid, ok=False)
-            self.stats.corrupt(job.dataset, job.dest)
-            result.corrupt += 1
-            result.error, result.retryable = str(exc), True
-            self._record(job, src_name, int(last[1]), started, t_start, str(exc))
-            return "retry"
-        except SourceMissing as exc:
-            self.stats.finish(tid, ok=False)
-            self.stats.error(job.dataset, job.dest, retryable=False)
-            result.error = f"shard {shard.path} is missing at {src_name} ({exc})"
+            outcome = outcome_of(exc)
+            if outcome is Outcome.CANCELLED:
+                return outcome
+            if isinstance(exc, (ShardDigestError, ShardFormatError)):
+                self.stats.corrupt(job.dataset, job.dest)
+                result.corrupt += 1
+            else:
+                self.stats.error(job.dataset, job.dest, retryable=outcome is Outcome.RETRY)
+            if isinstance(exc, SourceMissing):
+                result.error = f"shard {shard.path} is missing at {src_name} ({exc})"
+            else:
+                result.error, result.retryable = str(exc), outcome is Outcome.RETRY
             self._record(job, src_name, int(last[1]), started, t_start, result.error)
-            return "fatal"
-        except StorageError as exc:
-            retryable = exc.retryable and not not_permitted(exc)  # e.g. a store's own mapping of a 403
-            self.stats.finish(tid, ok=False)
-            self.stats.error(job.dataset, job.dest, retryable=retryable)
-            result.error, result.retryable = str(exc), retryable
-            self._record(job, src_name, int(last[1]), started, t_start, str(exc))
-            return "retry" if retryable else "fatal"
+            return outcome
         self.stats.finish(tid, ok=True, nbytes=shard.size)
         result.bytes = shard.size
         self._record(job, src_name, shard.size, started, t_start, None)
-        return "ok"
+        return Outcome.OK
 
     #: set by the engine to write history rows: fn(job, src, bytes, started, duration, error)
     history: Callable[[Job, str, int, float, float, str | None], None] | None = None
