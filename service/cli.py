@@ -287,7 +287,9 @@ def _progress_thread(stats: Stats, enabled: bool) -> tuple[threading.Event, thre
             bar.total = snap.bytes_read - seen + bar.n + snap.pending_bytes if snap.pending_bytes else bar.total
             bar.update(snap.bytes_read - seen)
             seen = snap.bytes_read
-            bar.set_postfix_str(f"{snap.in_flight} in flight, {snap.pending_shards} left, {snap.corrupt_detected} bad")
+            bar.set_postfix_str(
+                f"{snap.transfers_in_flight} in flight, {snap.pending_shards} left, {snap.corrupt_detected} bad"
+            )
         snap = stats.snapshot()
         bar.update(snap.bytes_read - seen)
         bar.close()

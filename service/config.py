@@ -31,6 +31,7 @@ __all__ = [
     "Rule",
     "Limits",
     "ApiConfig",
+    "parse_api",
     "Config",
     "load_config",
     "parse_config",
@@ -130,7 +131,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class ApiConfig:
-    """The HTTP API section (read by the service API)."""
+    """``[api]``: the HTTP API and dashboard (the one type of this section; the API reads it as is)."""
 
     host: str = "127.0.0.1"
     port: int = 8765
@@ -270,7 +271,7 @@ def parse_config(
             raise ConfigError(f"{where}: no destination clusters")
         rules.append(Rule(pattern, str(src), dsts))
     limits = _parse_limits(doc.get("limits", {}), clusters)
-    api = _parse_api(doc.get("api", {}))
+    api = parse_api(doc.get("api", {}))
     state_dir = Path(_string(doc.get("state_dir", ".ferry-state"), "state_dir"))
     if not state_dir.is_absolute():
         state_dir = (base / state_dir).resolve()
@@ -323,7 +324,8 @@ def _parse_limits(section: Any, clusters: Mapping[str, Cluster]) -> Limits:
     )
 
 
-def _parse_api(section: Any) -> ApiConfig:
+def parse_api(section: Any) -> ApiConfig:
+    """Validate an ``[api]`` table."""
     if not isinstance(section, Mapping):
         raise ConfigError("api: expected a table")
     _check_keys(section, {"host", "port", "token_env", "read_protected", "sla_minutes"}, "api")
@@ -333,12 +335,19 @@ def _parse_api(section: Any) -> ApiConfig:
     if not isinstance(read_protected, bool):
         raise ConfigError("api.read_protected: expected true or false")
     return ApiConfig(
-        host=_string(section.get("host", "127.0.0.1"), "api.host"),
-        port=int(_number(section.get("port", 8765), "api.port", integer=True, minimum=0)),
-        token_env=_string(section.get("token_env", "FERRY_API_TOKEN"), "api.token_env"),
+        host=_string(section.get("host", ApiConfig.host), "api.host"),
+        port=_port(section.get("port", ApiConfig.port)),
+        token_env=_string(section.get("token_env", ApiConfig.token_env), "api.token_env"),
         read_protected=read_protected,
-        sla_minutes=float(_number(section.get("sla_minutes", 60.0), "api.sla_minutes", minimum=0)),
+        sla_minutes=float(_number(section.get("sla_minutes", ApiConfig.sla_minutes), "api.sla_minutes", minimum=0)),
     )
+
+
+def _port(value: Any) -> int:
+    port = int(_number(value, "api.port", integer=True, minimum=0))
+    if port > 65535:
+        raise ConfigError(f"api.port: {port} is not a TCP port (0..65535)")
+    return port
 
 
 def load_config(path: str | Path, *, env: Mapping[str, str] | None = None) -> Config:

@@ -63,6 +63,10 @@ class Job:
     verify_first: bool = False  # the destination has it with the right size: hash before copying
 
 
+#: receives each copy attempt: (job, source, bytes, started (Unix time), duration (s), error or None)
+AttemptRecorder = Callable[[Job, str, int, float, float, "str | None"], None]
+
+
 @dataclass
 class JobResult:
     job: Job
@@ -190,14 +194,13 @@ class Executor:
 
     def pause(self) -> None:
         self._slots.set_paused(True)
-        self.stats.paused = True
 
     def resume(self) -> None:
         self._slots.set_paused(False)
-        self.stats.paused = False
 
     @property
     def paused(self) -> bool:
+        """Whether new transfers wait for ``resume()`` (the one place pause state is kept)."""
         return self._slots.paused
 
     def shutdown(self, drain_timeout: float | None = 30.0) -> None:
@@ -212,8 +215,12 @@ class Executor:
         jobs: Sequence[Job],
         locations: Mapping[str, Location],
         on_result: Callable[[JobResult], None] | None = None,
+        on_attempt: AttemptRecorder | None = None,
     ) -> list[JobResult]:
-        """Run ``jobs`` (blocking) and return their results in completion order."""
+        """Run ``jobs`` (blocking) and return their results in completion order.
+
+        ``on_result`` receives each job's result as it completes; ``on_attempt`` each copy attempt
+        (the history): ``(job, source, bytes, started, duration, error or None)``."""
         todo: queue.SimpleQueue[Job] = queue.SimpleQueue()
         for job in jobs:
             todo.put(job)
@@ -238,7 +245,7 @@ class Executor:
                         except queue.Empty:
                             self._slots.wake_waiters()  # the others waiting for a slot can go home
                             return
-                        finish(self._run_one(job, locations))
+                        finish(self._run_one(job, locations, on_attempt))
                         if not self._slots.keep():
                             break
                 finally:
@@ -262,7 +269,7 @@ class Executor:
         delay = min(cap, base * (2 ** (attempt - 1))) * self._rng.uniform(0.5, 1.5)
         return not self.cancel.wait(delay)
 
-    def _run_one(self, job: Job, locations: Mapping[str, Location]) -> JobResult:
+    def _run_one(self, job: Job, locations: Mapping[str, Location], record: AttemptRecorder | None) -> JobResult:
         shard = job.shard
         dst = locations[job.dest]
         result = JobResult(job, ok=False)
@@ -277,7 +284,6 @@ class Executor:
             except StorageError as exc:
                 problem = str(exc)
             if problem is None:
-                self.stats.verified()
                 result.ok, result.seconds = True, time.monotonic() - t0
                 return result
             if problem != "missing":
@@ -293,7 +299,7 @@ class Executor:
                     fatal_sources.add(src_name)
                     continue
                 result.attempts += 1
-                outcome = self._attempt(job, src_name, src, dst, result)
+                outcome = self._attempt(job, src_name, src, dst, result, record)
                 if outcome is Outcome.OK:
                     result.ok, result.src, result.copied = True, src_name, True
                     result.seconds = time.monotonic() - t0
@@ -312,7 +318,9 @@ class Executor:
         result.seconds = time.monotonic() - t0
         return result
 
-    def _attempt(self, job: Job, src_name: str, src: Location, dst: Location, result: JobResult) -> Outcome:
+    def _attempt(
+        self, job: Job, src_name: str, src: Location, dst: Location, result: JobResult, record: AttemptRecorder | None
+    ) -> Outcome:
         shard = job.shard
         link = link_name(src_name, job.dest)
         tid = self.stats.start(job.dataset, job.version, shard.path, src_name, job.dest, shard.size)
@@ -327,8 +335,8 @@ class Executor:
             now = time.monotonic()
             if self.events is not None and now - last[0] >= _PROGRESS_EVERY:
                 self.events.publish(
-                    "progress", dataset=job.dataset, shard=shard.path, src=src_name, dst=job.dest,
-                    bytes_done=int(last[1]), bytes_total=shard.size, rate=last[1] / max(now - t_start, 1e-3),
+                    "progress", dataset=job.dataset, shard=shard.path, source=src_name, destination=job.dest,
+                    bytes_done=int(last[1]), bytes_total=shard.size, rate_bps=last[1] / max(now - t_start, 1e-3),
                 )  # fmt: skip
                 last[0] = now
 
@@ -351,16 +359,11 @@ class Executor:
                 result.error = f"shard {shard.path} is missing at {src_name} ({exc})"
             else:
                 result.error, result.retryable = str(exc), outcome is Outcome.RETRY
-            self._record(job, src_name, int(last[1]), started, t_start, result.error)
+            if record is not None:
+                record(job, src_name, int(last[1]), started, time.monotonic() - t_start, result.error)
             return outcome
         self.stats.finish(tid, ok=True, nbytes=shard.size)
         result.bytes = shard.size
-        self._record(job, src_name, shard.size, started, t_start, None)
+        if record is not None:
+            record(job, src_name, shard.size, started, time.monotonic() - t_start, None)
         return Outcome.OK
-
-    #: set by the engine to write history rows: fn(job, src, bytes, started, duration, error)
-    history: Callable[[Job, str, int, float, float, str | None], None] | None = None
-
-    def _record(self, job: Job, src: str, nbytes: int, started: float, t_start: float, error: str | None) -> None:
-        if self.history is not None:
-            self.history(job, src, nbytes, started, time.monotonic() - t_start, error)
