@@ -25,6 +25,7 @@ from .config import link_name
 from .events import EventBus
 from .hashed_io import CHUNK_SIZE
 from .planner import ShardRef
+from .slots import Slots
 from .stats import Stats
 from .transfer import copy_shard, verify_shard
 
@@ -82,83 +83,6 @@ class JobResult:
     cancelled: bool = False
 
 
-class _Slots:
-    """A semaphore whose size can change at run time, closed by pause."""
-
-    def __init__(self, size: int) -> None:
-        lock = threading.Lock()
-        self._free = threading.Condition(lock)  # acquirers wait here: one is woken per released slot
-        self._idle = threading.Condition(lock)  # wait_idle() waits here
-        self._size = size
-        self._used = 0
-        self.paused = False
-        self.closed = False
-
-    def _wake_all(self) -> None:
-        self._free.notify_all()
-        self._idle.notify_all()
-
-    def resize(self, size: int) -> None:
-        with self._free:
-            self._size = size
-            self._wake_all()
-
-    @property
-    def size(self) -> int:
-        return self._size
-
-    def set_paused(self, paused: bool) -> None:
-        with self._free:
-            self.paused = paused
-            self._wake_all()
-
-    def close(self) -> None:
-        with self._free:
-            self.closed = True
-            self._wake_all()
-
-    def acquire(self, give_up: Callable[[], bool] | None = None) -> bool:
-        """Take a slot (True), or return False once closed or once ``give_up()`` holds while waiting."""
-        with self._free:
-            while not self.closed and (self.paused or self._used >= self._size):
-                if give_up is not None and give_up():
-                    return False
-                self._free.wait(0.5)
-            if self.closed:
-                return False
-            self._used += 1
-            return True
-
-    def keep(self) -> bool:
-        """May a holder go on to its next job with its slot? Not when paused, closed or resized below use."""
-        with self._free:
-            return not (self.closed or self.paused or self._used > self._size)
-
-    def wake_waiters(self) -> None:
-        """Let every waiting ``acquire`` re-check (its ``give_up``)."""
-        with self._free:
-            self._wake_all()
-
-    def release(self) -> None:
-        with self._free:
-            self._used -= 1
-            # Wake one waiting worker per freed slot: waking every idle worker thread (up to
-            # max_workers) on each release cost more than the copies of small shards.
-            self._free.notify()
-            if not self._used:
-                self._idle.notify_all()
-
-    def wait_idle(self, timeout: float | None) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._idle:
-            while self._used:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._idle.wait(left if left is None else min(left, 0.5))
-            return True
-
-
 class Executor:
     """Runs jobs ``transfers`` at a time under the bandwidth limits."""
 
@@ -181,7 +105,7 @@ class Executor:
         self.chunk_size = chunk_size
         self.backoff = backoff
         self.max_workers = max_workers
-        self._slots = _Slots(transfers)
+        self._slots = Slots(transfers)
         self.cancel = threading.Event()
         self._rng = random.Random()
 
@@ -197,6 +121,11 @@ class Executor:
 
     def resume(self) -> None:
         self._slots.set_paused(False)
+
+    @property
+    def stopping(self) -> bool:
+        """True once ``shutdown`` began: no job starts any more."""
+        return self._slots.closed
 
     @property
     def paused(self) -> bool:
@@ -245,7 +174,7 @@ class Executor:
                         except queue.Empty:
                             self._slots.wake_waiters()  # the others waiting for a slot can go home
                             return
-                        finish(self._run_one(job, locations, on_attempt))
+                        finish(self.run_job(job, locations, on_attempt))
                         if not self._slots.keep():
                             break
                 finally:
@@ -269,7 +198,10 @@ class Executor:
         delay = min(cap, base * (2 ** (attempt - 1))) * self._rng.uniform(0.5, 1.5)
         return not self.cancel.wait(delay)
 
-    def _run_one(self, job: Job, locations: Mapping[str, Location], record: AttemptRecorder | None) -> JobResult:
+    def run_job(
+        self, job: Job, locations: Mapping[str, Location], record: AttemptRecorder | None = None
+    ) -> JobResult:
+        """Run one job to its end (verified, failed, or cancelled), on the calling worker's slot."""
         shard = job.shard
         dst = locations[job.dest]
         result = JobResult(job, ok=False)
