@@ -313,7 +313,7 @@ def _sync(args: argparse.Namespace) -> int:
     dst_options = {**both, **parse_storage_options(args.dst_option)}
     t0 = time.monotonic()
     if not args.verify_only:
-        from .quickcheck import up_to_date_header
+        from .noop_check import up_to_date_header
 
         header = up_to_date_header(args.src, args.dst, src_options, dst_options)
         if header is not None:  # nothing to do, known without the storage stack
@@ -329,7 +329,7 @@ def _sync(args: argparse.Namespace) -> int:
     from .engine import Engine
     from .executor import Executor
     from .object_store import skip_double_checksums
-    from .state import State
+    from .replication_state import State
     from .stats import Stats
 
     skip_double_checksums()

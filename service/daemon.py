@@ -36,9 +36,7 @@ from .executor import Executor
 from .hashed_io import CHUNK_SIZE
 from .names import name_problem
 from .object_store import skip_double_checksums
-from .state import State
-from .stats import Stats
-from .views import (
+from .records import (
     ClusterInfo,
     DatasetInfo,
     ErrorInfo,
@@ -50,6 +48,8 @@ from .views import (
     TransferInfo,
     VersionTiming,
 )
+from .replication_state import State
+from .stats import Stats
 
 __all__ = ["Daemon", "UNCHANGED"]
 

@@ -27,7 +27,7 @@ from .lease import DEFAULT_TTL, Lease
 from .object_store import abort_stale_uploads
 from .passes import PassResult
 from .planner import SourceVersion, VersionRecord, order_sources, plan_retention, plan_sync
-from .state import State
+from .replication_state import State
 from .stats import Stats
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ import pytest
 from service.engine import Engine, PassResult, listing
 from service.executor import Executor
 from service.faults import faulty_location
-from service.state import State
+from service.replication_state import State
 from shard_tools.dataset import open_dataset
 from shard_tools.manifest import Manifest, ShardTable
 from shard_tools.packing import PackOptions, pack_documents

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from service.state import DB_NAME, SCHEMA_VERSION, State
+from service.replication_state import DB_NAME, SCHEMA_VERSION, State
 from shard_tools.errors import ConfigError
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "state-0.1" / DB_NAME
