@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from faults import faulty_location
 
 from service.engine import Engine, PassResult, listing
 from service.executor import Executor
-from service.faults import faulty_location
 from service.replication_state import State
 from shard_tools.dataset import open_dataset
 from shard_tools.manifest import Manifest, ShardTable

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from faults import faulty_location
 
 import service.transfer as transfer
 from service import http_pool, object_store, s3_presigned
-from service.faults import faulty_location
 from service.object_store import skip_double_checksums
 from shard_tools.digest import digest_bytes
 from shard_tools.errors import ShardDigestError, ShardFormatError
