@@ -221,55 +221,8 @@ def parse_config(
         },
         "ferry.toml",
     )
-    raw_clusters = doc.get("clusters")
-    if not isinstance(raw_clusters, Mapping) or not raw_clusters:
-        raise ConfigError("ferry.toml: [clusters.NAME] sections are required (at least two clusters)")
-    clusters: dict[str, Cluster] = {}
-    for name, section in raw_clusters.items():
-        where = f"clusters.{name}"
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-            raise ConfigError(f"{where}: cluster names use letters, digits, '_', '.', '-'")
-        if not isinstance(section, Mapping):
-            raise ConfigError(f"{where}: expected a table")
-        _check_keys(section, {"url", "storage_options", "priority"}, where)
-        url = _check_url(section.get("url"), where)
-        if "://" not in url and not Path(url).is_absolute():
-            url = str((base / url).resolve())
-        opts = section.get("storage_options", {})
-        if not isinstance(opts, Mapping):
-            raise ConfigError(f"{where}.storage_options: expected a table")
-        priority = _number(section.get("priority", 100), f"{where}.priority", integer=True)
-        clusters[name] = Cluster(name, url, _resolve_options(opts, f"{where}.storage_options", env), priority)
-    raw_rules = doc.get("rules")
-    if not isinstance(raw_rules, list) or not raw_rules:
-        raise ConfigError("ferry.toml: at least one [[rules]] entry is required")
-    rules = []
-    for i, section in enumerate(raw_rules):
-        where = f"rules[{i}]"
-        if not isinstance(section, Mapping):
-            raise ConfigError(f"{where}: expected a table")
-        _check_keys(section, {"datasets", "from", "to"}, where)
-        pattern = section.get("datasets", "*")
-        if not isinstance(pattern, str) or not pattern or "/" in pattern:
-            raise ConfigError(f"{where}.datasets: expected a glob of dataset names such as 'fineweb-*'")
-        src = section.get("from")
-        if src not in clusters:
-            raise ConfigError(f"{where}.from: unknown cluster {src!r} (known: {', '.join(clusters)})")
-        to = section.get("to")
-        if to == "*":
-            dsts = tuple(c for c in clusters if c != src)
-        elif isinstance(to, list) and to and all(isinstance(t, str) for t in to):
-            for t in to:
-                if t not in clusters:
-                    raise ConfigError(f"{where}.to: unknown cluster {t!r} (known: {', '.join(clusters)})")
-                if t == src:
-                    raise ConfigError(f"{where}.to: cluster {t!r} is also the source")
-            dsts = tuple(dict.fromkeys(to))
-        else:
-            raise ConfigError(f'{where}.to: expected a list of cluster names or "*"')
-        if not dsts:
-            raise ConfigError(f"{where}: no destination clusters")
-        rules.append(Rule(pattern, str(src), dsts))
+    clusters = _parse_clusters(doc.get("clusters"), base, env)
+    rules = [_parse_rule(section, f"rules[{i}]", clusters) for i, section in enumerate(_rule_list(doc.get("rules")))]
     limits = _parse_limits(doc.get("limits", {}), clusters)
     api = parse_api(doc.get("api", {}))
     state_dir = Path(_string(doc.get("state_dir", ".ferry-state"), "state_dir"))
@@ -287,6 +240,63 @@ def parse_config(
         api=api,
         cluster=_own_cluster(doc.get("cluster"), clusters),
     )
+
+
+def _parse_clusters(raw: Any, base: Path, env: Mapping[str, str]) -> dict[str, Cluster]:
+    """``[clusters.NAME]`` sections; relative local URLs are taken from ``base``."""
+    if not isinstance(raw, Mapping) or not raw:
+        raise ConfigError("ferry.toml: [clusters.NAME] sections are required (at least two clusters)")
+    clusters: dict[str, Cluster] = {}
+    for name, section in raw.items():
+        where = f"clusters.{name}"
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+            raise ConfigError(f"{where}: cluster names use letters, digits, '_', '.', '-'")
+        if not isinstance(section, Mapping):
+            raise ConfigError(f"{where}: expected a table")
+        _check_keys(section, {"url", "storage_options", "priority"}, where)
+        url = _check_url(section.get("url"), where)
+        if "://" not in url and not Path(url).is_absolute():
+            url = str((base / url).resolve())
+        opts = section.get("storage_options", {})
+        if not isinstance(opts, Mapping):
+            raise ConfigError(f"{where}.storage_options: expected a table")
+        priority = _number(section.get("priority", 100), f"{where}.priority", integer=True)
+        clusters[name] = Cluster(name, url, _resolve_options(opts, f"{where}.storage_options", env), priority)
+    return clusters
+
+
+def _rule_list(raw: Any) -> list[Any]:
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError("ferry.toml: at least one [[rules]] entry is required")
+    return raw
+
+
+def _parse_rule(section: Any, where: str, clusters: Mapping[str, Cluster]) -> Rule:
+    """One ``[[rules]]`` entry: which datasets go from which cluster to which."""
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"{where}: expected a table")
+    _check_keys(section, {"datasets", "from", "to"}, where)
+    pattern = section.get("datasets", "*")
+    if not isinstance(pattern, str) or not pattern or "/" in pattern:
+        raise ConfigError(f"{where}.datasets: expected a glob of dataset names such as 'fineweb-*'")
+    src = section.get("from")
+    if src not in clusters:
+        raise ConfigError(f"{where}.from: unknown cluster {src!r} (known: {', '.join(clusters)})")
+    to = section.get("to")
+    if to == "*":
+        dsts = tuple(c for c in clusters if c != src)
+    elif isinstance(to, list) and to and all(isinstance(t, str) for t in to):
+        for t in to:
+            if t not in clusters:
+                raise ConfigError(f"{where}.to: unknown cluster {t!r} (known: {', '.join(clusters)})")
+            if t == src:
+                raise ConfigError(f"{where}.to: cluster {t!r} is also the source")
+        dsts = tuple(dict.fromkeys(to))
+    else:
+        raise ConfigError(f'{where}.to: expected a list of cluster names or "*"')
+    if not dsts:
+        raise ConfigError(f"{where}: no destination clusters")
+    return Rule(pattern, str(src), dsts)
 
 
 def _own_cluster(value: Any, clusters: Mapping[str, Cluster]) -> str | None:

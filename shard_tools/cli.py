@@ -60,6 +60,14 @@ def _add_storage(p: argparse.ArgumentParser) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add pack, inspect, verify and export."""
+    _add_pack(sub)
+    _add_inspect(sub)
+    _add_verify(sub)
+    _add_export(sub)
+
+
+def _add_pack(sub: argparse._SubParsersAction) -> None:
+    """``ferry pack`` and every one of its options."""
     p = sub.add_parser(
         "pack",
         help="pack corpus files into a dataset of shards + manifest",
@@ -130,6 +138,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(func=_cmd_pack)
 
+
+def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="summarise a dataset: totals, versions, shards")
     p.add_argument("url")
     p.add_argument("--version", help="a published version id (default: current)")
@@ -138,6 +148,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_storage(p)
     p.set_defaults(func=_cmd_inspect)
 
+
+def _add_verify(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "verify",
         help="re-read every shard and check every digest and count",
@@ -150,6 +162,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_storage(p)
     p.set_defaults(func=_cmd_verify)
 
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="write a dataset back out in another format")
     p.add_argument("url")
     p.add_argument("--format", choices=["megatron"], required=True)
