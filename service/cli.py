@@ -455,7 +455,7 @@ def _running_sync() -> bool:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``sync`` and ``serve``."""
-    if not _running_sync():  # `ferry sync` needs no web stack: importing it costs ~0.4 s of a no-op resync
+    if not _running_sync():  # `ferry sync` needs no web stack: importing it would be most of a no-op resync
         from .api.server import install_serve_hooks  # the HTTP API and dashboard ride along with `ferry serve`
 
         install_serve_hooks(SERVE_HOOKS, SERVE_EXTRAS)

@@ -144,7 +144,7 @@ class Daemon:
             return
         self._started = True
         # `ferry sync` loads the shard-table code (numpy, pyarrow) only when a pass has work; a
-        # daemon loads it up front so its first pass does not pay ~0.2 s of imports.
+        # daemon loads it up front so its first pass does not wait for those imports.
         import shard_tools.manifest  # noqa: F401
 
         self._thread = start_named_thread(self._loop, "ferry-daemon")
