@@ -198,9 +198,7 @@ class Executor:
         delay = min(cap, base * (2 ** (attempt - 1))) * self._rng.uniform(0.5, 1.5)
         return not self.cancel.wait(delay)
 
-    def run_job(
-        self, job: Job, locations: Mapping[str, Location], record: AttemptRecorder | None = None
-    ) -> JobResult:
+    def run_job(self, job: Job, locations: Mapping[str, Location], record: AttemptRecorder | None = None) -> JobResult:
         """Run one job to its end (verified, failed, or cancelled), on the calling worker's slot."""
         shard = job.shard
         dst = locations[job.dest]

@@ -49,6 +49,8 @@ __all__ = [
 
 DEFAULT_SHARD_SIZE = 128 * 2**20
 DEFAULT_LEVEL = 1  # same ratio as level 3 on token streams at ~7x the speed (shared/FINDINGS.md)
+
+
 @dataclass(frozen=True, kw_only=True)
 class PackOptions:
     """Everything ``ferry pack`` takes besides inputs and output."""

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Req
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from shard_tools.errors import NotFoundError
+from shard_tools.errors import NotFoundError, UsageError
 
 from ..config import ApiConfig
 from .auth import NAME_PATTERN, check_token, valid_name
@@ -303,7 +303,8 @@ def _error_handlers(app: FastAPI) -> None:
         return JSONResponse({"detail": _validation_detail(exc.errors())}, status_code=422)
 
     @app.exception_handler(Invalid)
-    async def invalid(request: Request, exc: Invalid) -> JSONResponse:
+    @app.exception_handler(UsageError)  # a refused value; a NotFoundError (a UsageError too) is the 404 above
+    async def invalid(request: Request, exc: Exception) -> JSONResponse:
         # shaped like FastAPI's own 422 body, so one schema (HTTPValidationError) describes every 422
         return JSONResponse({"detail": [{"loc": ["body"], "msg": str(exc), "type": "value_error"}]}, status_code=422)
 
