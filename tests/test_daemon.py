@@ -104,7 +104,8 @@ def test_daemon_replicates_and_obeys_controls(tmp_path: Path) -> None:
         more = make_docs(100, 23)
         new = pack(str(tmp_path / "src" / "alpha"), more, {}, append=True)
         assert d.sync_now("alpha", ("src", "d1")) >= 1
-        time.sleep(0.8)
+        # the pass has planned the new version (the State records when it became wanted) and waits
+        wait_for(lambda: [v for v in d.version_timings() if v.version == new.version_id], what="the planned version")
         assert d.paused and d.executor.paused
         assert not complete(d, "alpha", new.version_id)
         waiting = wait_for(lambda: [r for r in d.replica_matrix() if r.dataset == "alpha" and r.state == "paused"],
