@@ -608,7 +608,7 @@ class Daemon:
         info = self.limits()
         self.events.publish(
             "state", paused=self.paused,
-            limits={"transfers": info.transfers, "global_bps": info.bwlimit, "links": info.per_link},
+            limits={"transfers": info.transfers, "global_bps": info.global_bps, "links": info.links},
         )  # fmt: skip
         return info
 

@@ -77,7 +77,7 @@ class DatasetInfo:
     name: str
     source: str  # cluster name
     destinations: list[str]
-    version_id: str | None  # the source's current version (None if the source has none yet)
+    version: str | None  # the source's current version id (None if the source has none yet)
     versions: list[str]  # versions seen at the source, oldest first (as far as known)
     shards: int
     bytes: int
@@ -174,9 +174,11 @@ class StatsSnapshot:
 
 @dataclass(frozen=True)
 class LimitsInfo:
+    """The limits in force (ferry.toml's ``[limits]`` transfers, bwlimit and per_link, as changed at run time)."""
+
     transfers: int
-    bwlimit: float | None  # bytes/s, None = unlimited
-    per_link: dict[str, float | None]  # "SRC->DST" -> bytes/s
+    global_bps: float | None  # bytes/s, None = unlimited
+    links: dict[str, float | None]  # "SRC->DST" -> bytes/s
 
 
 @dataclass(frozen=True)

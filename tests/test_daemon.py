@@ -89,7 +89,7 @@ def test_daemon_replicates_and_obeys_controls(tmp_path: Path) -> None:
         assert documents(cfg.clusters["d2"].dataset_url("beta"), {}) == [x.tolist() for x in beta_docs]
         infos = {i.name: i for i in d.datasets()}
         assert set(infos) == {"alpha", "beta"} and infos["alpha"].shards == alpha.shards
-        assert infos["alpha"].version_id == alpha.version_id and infos["alpha"].source == "src"
+        assert infos["alpha"].version == alpha.version_id and infos["alpha"].source == "src"
         cell = next(r for r in d.replica_matrix() if r.dataset == "alpha" and r.cluster == "d1")
         assert (cell.verified_shards, cell.total_shards, cell.lag_seconds) == (alpha.shards, alpha.shards, None)
         kinds = {e["type"] for e in drain(events)}
@@ -119,10 +119,10 @@ def test_daemon_replicates_and_obeys_controls(tmp_path: Path) -> None:
 
         # limits change at run time, with precise errors
         info = d.set_limits(bwlimit="10MiB/s", per_link={"src->d1": "1MiB/s"}, transfers=2)
-        assert (info.transfers, info.bwlimit, info.per_link["src->d1"]) == (2, 10 * 2**20, 2**20)
-        assert d.limits().bwlimit == 10 * 2**20
+        assert (info.transfers, info.global_bps, info.links["src->d1"]) == (2, 10 * 2**20, 2**20)
+        assert d.limits().global_bps == 10 * 2**20
         d.set_limits(bwlimit=None, per_link={"src->d1": None})
-        assert d.limits().bwlimit is None and d.limits().per_link["src->d1"] is None
+        assert d.limits().global_bps is None and d.limits().links["src->d1"] is None
         with pytest.raises(NotFoundError, match="unknown link"):
             d.set_limits(per_link={"d1->src": 5})
         with pytest.raises(ConfigError):

@@ -136,7 +136,7 @@ class DaemonBackend:
             name=info.name,
             source=info.source,
             destinations=list(info.destinations),
-            version=info.version_id,
+            version=info.version,
             versions=len(info.versions),
             shards=info.shards,
             bytes=info.bytes,
@@ -155,7 +155,7 @@ class DaemonBackend:
             name=info.name,
             source=info.source,
             destinations=list(info.destinations),
-            version=info.version_id,
+            version=info.version,
             versions=list(info.versions),
             shards=info.shards,
             bytes=info.bytes,
@@ -279,7 +279,7 @@ class DaemonBackend:
                     versions_total=total,
                     versions_within_sla=within,
                     share_within_sla=(within / total) if total else None,
-                    limit_bps=lim.per_link.get(f"{src}->{dst}"),
+                    limit_bps=lim.links.get(f"{src}->{dst}"),
                     rate_bps=rates.get((src, dst), 0.0),
                 )
             )
@@ -293,7 +293,7 @@ class DaemonBackend:
 
     def limits(self) -> LimitsOut:
         lim = self._d.limits()
-        return LimitsOut(transfers=lim.transfers, global_bps=lim.bwlimit, links=dict(lim.per_link))
+        return LimitsOut(transfers=lim.transfers, global_bps=lim.global_bps, links=dict(lim.links))
 
     def status(self) -> StatusOut:
         st = self._d.stats()
