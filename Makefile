@@ -56,7 +56,7 @@ promtool:
 	  else echo "warning: promtool missing and not root; its checks will be skipped"; fi; }
 
 demo: $(STAMP)
-	$(PY) -m service.demo
+	$(PY) tools/demo.py
 
 test: $(STAMP) $(TITAN_STAMP) browser promtool
 	$(PY) -m pytest -q -ra

@@ -232,7 +232,7 @@ def measure_engine_steps(n: int) -> dict[str, Any]:
     ``n`` shards (sparse files), ``plan_sync`` for an empty destination, ``State.set_pending``."""
     from service.engine import listing, load_version, read_header
     from service.planner import SourceVersion, plan_sync
-    from service.state import State
+    from service.replication_state import State
     from shard_tools.store import resolve
 
     out: dict[str, Any] = {"shards": n}

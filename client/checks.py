@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from shard_tools.errors import UsageError
-from shard_tools.packing import parse_size
+from shard_tools.units import parse_size
 
 __all__ = ["COUNT_LIMIT", "SEED_LIMIT", "bound", "show", "integer", "flag", "choice", "path", "text", "size"]
 

@@ -12,6 +12,7 @@ import unicodedata
 from typing import Any, TextIO, TypeVar
 
 from shard_tools.errors import ServiceError
+from shard_tools.units import format_bytes
 
 from .service_client import DEFAULT_SERVER, ServiceClient
 from .service_types import ErrorEntry, ReplicaMatrix, Status, Transfer
@@ -46,13 +47,7 @@ def _printable_fields(obj: T) -> T:
 
 
 def _bytes(n: float | None) -> str:
-    if n is None:
-        return "—"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} PiB"  # pragma: no cover
+    return "—" if n is None else format_bytes(n)
 
 
 def _dur(s: float | None) -> str:

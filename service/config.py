@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from shard_tools.errors import ConfigError
+from shard_tools.units import format_rate, parse_rate
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,6 +31,7 @@ __all__ = [
     "Rule",
     "Limits",
     "ApiConfig",
+    "parse_api",
     "Config",
     "load_config",
     "parse_config",
@@ -42,50 +44,12 @@ __all__ = [
 _SECRET_WORDS = ("secret", "password", "passwd", "token", "credential", "private_key", "sas")
 _SECRET_KEYS = {"key", "access_key", "access_key_id", "aws_access_key_id", "account_key", "session_token"}
 _ENV_REF = re.compile(r"^\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?$")
-_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?)?B?(?:/s)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4, "ki": 1024, "mi": 1024**2, "gi": 1024**3}
-_UNITS["ti"] = 1024**4
 _KNOWN_SCHEMES = {"file", "local", "memory", "s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "hf", "hdfs", "webhdfs"}
 
 
 def link_name(src: str, dst: str) -> str:
     """The name of a link between two clusters, as used in ``[limits.per_link]``: ``"SRC->DST"``."""
     return f"{src}->{dst}"
-
-
-def parse_rate(value: str | float | int | None, where: str = "rate") -> float | None:
-    """``"100MiB/s"``, ``"1.5G"``, ``"500k"``, a number of bytes/s, or ``0``/``"off"``/None → bytes/s or None.
-
-    Suffixes: K, M, G, T are powers of 1000, Ki, Mi, Gi, Ti powers of 1024 (rclone reads "M" as MiB;
-    ferry follows the SI/IEC letters).
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ConfigError(f"{where}: expected a rate such as '100MiB/s', got {value!r}")
-    if isinstance(value, (int, float)):
-        if value < 0:
-            raise ConfigError(f"{where}: rate must not be negative ({value})")
-        return float(value) or None
-    text = str(value).strip()
-    if text.lower() in ("", "off", "none", "unlimited", "0"):
-        return None
-    m = _RATE.match(text)
-    if not m:
-        raise ConfigError(f"{where}: cannot read rate {value!r} (examples: '100MiB/s', '1.5GB/s', '500k')")
-    rate = float(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
-    return rate or None
-
-
-def format_rate(rate: float | None) -> str:
-    """bytes/s → ``"100.0MiB/s"`` (or ``"off"``)."""
-    if not rate:
-        return "off"
-    for unit in ("", "Ki", "Mi", "Gi", "Ti"):
-        if rate < 1024 or unit == "Ti":
-            return f"{rate:.1f}{unit}B/s"
-        rate /= 1024
-    return f"{rate}B/s"  # pragma: no cover
 
 
 def _is_secret_key(key: str) -> bool:
@@ -167,7 +131,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class ApiConfig:
-    """The HTTP API section (read by the service API)."""
+    """``[api]``: the HTTP API and dashboard (the one type of this section; the API reads it as is)."""
 
     host: str = "127.0.0.1"
     port: int = 8765
@@ -257,57 +221,10 @@ def parse_config(
         },
         "ferry.toml",
     )
-    raw_clusters = doc.get("clusters")
-    if not isinstance(raw_clusters, Mapping) or not raw_clusters:
-        raise ConfigError("ferry.toml: [clusters.NAME] sections are required (at least two clusters)")
-    clusters: dict[str, Cluster] = {}
-    for name, section in raw_clusters.items():
-        where = f"clusters.{name}"
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-            raise ConfigError(f"{where}: cluster names use letters, digits, '_', '.', '-'")
-        if not isinstance(section, Mapping):
-            raise ConfigError(f"{where}: expected a table")
-        _check_keys(section, {"url", "storage_options", "priority"}, where)
-        url = _check_url(section.get("url"), where)
-        if "://" not in url and not Path(url).is_absolute():
-            url = str((base / url).resolve())
-        opts = section.get("storage_options", {})
-        if not isinstance(opts, Mapping):
-            raise ConfigError(f"{where}.storage_options: expected a table")
-        priority = _number(section.get("priority", 100), f"{where}.priority", integer=True)
-        clusters[name] = Cluster(name, url, _resolve_options(opts, f"{where}.storage_options", env), priority)
-    raw_rules = doc.get("rules")
-    if not isinstance(raw_rules, list) or not raw_rules:
-        raise ConfigError("ferry.toml: at least one [[rules]] entry is required")
-    rules = []
-    for i, section in enumerate(raw_rules):
-        where = f"rules[{i}]"
-        if not isinstance(section, Mapping):
-            raise ConfigError(f"{where}: expected a table")
-        _check_keys(section, {"datasets", "from", "to"}, where)
-        pattern = section.get("datasets", "*")
-        if not isinstance(pattern, str) or not pattern or "/" in pattern:
-            raise ConfigError(f"{where}.datasets: expected a glob of dataset names such as 'fineweb-*'")
-        src = section.get("from")
-        if src not in clusters:
-            raise ConfigError(f"{where}.from: unknown cluster {src!r} (known: {', '.join(clusters)})")
-        to = section.get("to")
-        if to == "*":
-            dsts = tuple(c for c in clusters if c != src)
-        elif isinstance(to, list) and to and all(isinstance(t, str) for t in to):
-            for t in to:
-                if t not in clusters:
-                    raise ConfigError(f"{where}.to: unknown cluster {t!r} (known: {', '.join(clusters)})")
-                if t == src:
-                    raise ConfigError(f"{where}.to: cluster {t!r} is also the source")
-            dsts = tuple(dict.fromkeys(to))
-        else:
-            raise ConfigError(f'{where}.to: expected a list of cluster names or "*"')
-        if not dsts:
-            raise ConfigError(f"{where}: no destination clusters")
-        rules.append(Rule(pattern, str(src), dsts))
+    clusters = _parse_clusters(doc.get("clusters"), base, env)
+    rules = [_parse_rule(section, f"rules[{i}]", clusters) for i, section in enumerate(_rule_list(doc.get("rules")))]
     limits = _parse_limits(doc.get("limits", {}), clusters)
-    api = _parse_api(doc.get("api", {}))
+    api = parse_api(doc.get("api", {}))
     state_dir = Path(_string(doc.get("state_dir", ".ferry-state"), "state_dir"))
     if not state_dir.is_absolute():
         state_dir = (base / state_dir).resolve()
@@ -323,6 +240,63 @@ def parse_config(
         api=api,
         cluster=_own_cluster(doc.get("cluster"), clusters),
     )
+
+
+def _parse_clusters(raw: Any, base: Path, env: Mapping[str, str]) -> dict[str, Cluster]:
+    """``[clusters.NAME]`` sections; relative local URLs are taken from ``base``."""
+    if not isinstance(raw, Mapping) or not raw:
+        raise ConfigError("ferry.toml: [clusters.NAME] sections are required (at least two clusters)")
+    clusters: dict[str, Cluster] = {}
+    for name, section in raw.items():
+        where = f"clusters.{name}"
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+            raise ConfigError(f"{where}: cluster names use letters, digits, '_', '.', '-'")
+        if not isinstance(section, Mapping):
+            raise ConfigError(f"{where}: expected a table")
+        _check_keys(section, {"url", "storage_options", "priority"}, where)
+        url = _check_url(section.get("url"), where)
+        if "://" not in url and not Path(url).is_absolute():
+            url = str((base / url).resolve())
+        opts = section.get("storage_options", {})
+        if not isinstance(opts, Mapping):
+            raise ConfigError(f"{where}.storage_options: expected a table")
+        priority = _number(section.get("priority", 100), f"{where}.priority", integer=True)
+        clusters[name] = Cluster(name, url, _resolve_options(opts, f"{where}.storage_options", env), priority)
+    return clusters
+
+
+def _rule_list(raw: Any) -> list[Any]:
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError("ferry.toml: at least one [[rules]] entry is required")
+    return raw
+
+
+def _parse_rule(section: Any, where: str, clusters: Mapping[str, Cluster]) -> Rule:
+    """One ``[[rules]]`` entry: which datasets go from which cluster to which."""
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"{where}: expected a table")
+    _check_keys(section, {"datasets", "from", "to"}, where)
+    pattern = section.get("datasets", "*")
+    if not isinstance(pattern, str) or not pattern or "/" in pattern:
+        raise ConfigError(f"{where}.datasets: expected a glob of dataset names such as 'fineweb-*'")
+    src = section.get("from")
+    if src not in clusters:
+        raise ConfigError(f"{where}.from: unknown cluster {src!r} (known: {', '.join(clusters)})")
+    to = section.get("to")
+    if to == "*":
+        dsts = tuple(c for c in clusters if c != src)
+    elif isinstance(to, list) and to and all(isinstance(t, str) for t in to):
+        for t in to:
+            if t not in clusters:
+                raise ConfigError(f"{where}.to: unknown cluster {t!r} (known: {', '.join(clusters)})")
+            if t == src:
+                raise ConfigError(f"{where}.to: cluster {t!r} is also the source")
+        dsts = tuple(dict.fromkeys(to))
+    else:
+        raise ConfigError(f'{where}.to: expected a list of cluster names or "*"')
+    if not dsts:
+        raise ConfigError(f"{where}: no destination clusters")
+    return Rule(pattern, str(src), dsts)
 
 
 def _own_cluster(value: Any, clusters: Mapping[str, Cluster]) -> str | None:
@@ -360,7 +334,8 @@ def _parse_limits(section: Any, clusters: Mapping[str, Cluster]) -> Limits:
     )
 
 
-def _parse_api(section: Any) -> ApiConfig:
+def parse_api(section: Any) -> ApiConfig:
+    """Validate an ``[api]`` table."""
     if not isinstance(section, Mapping):
         raise ConfigError("api: expected a table")
     _check_keys(section, {"host", "port", "token_env", "read_protected", "sla_minutes"}, "api")
@@ -370,12 +345,19 @@ def _parse_api(section: Any) -> ApiConfig:
     if not isinstance(read_protected, bool):
         raise ConfigError("api.read_protected: expected true or false")
     return ApiConfig(
-        host=_string(section.get("host", "127.0.0.1"), "api.host"),
-        port=int(_number(section.get("port", 8765), "api.port", integer=True, minimum=0)),
-        token_env=_string(section.get("token_env", "FERRY_API_TOKEN"), "api.token_env"),
+        host=_string(section.get("host", ApiConfig.host), "api.host"),
+        port=_port(section.get("port", ApiConfig.port)),
+        token_env=_string(section.get("token_env", ApiConfig.token_env), "api.token_env"),
         read_protected=read_protected,
-        sla_minutes=float(_number(section.get("sla_minutes", 60.0), "api.sla_minutes", minimum=0)),
+        sla_minutes=float(_number(section.get("sla_minutes", ApiConfig.sla_minutes), "api.sla_minutes", minimum=0)),
     )
+
+
+def _port(value: Any) -> int:
+    port = int(_number(value, "api.port", integer=True, minimum=0))
+    if port > 65535:
+        raise ConfigError(f"api.port: {port} is not a TCP port (0..65535)")
+    return port
 
 
 def load_config(path: str | Path, *, env: Mapping[str, str] | None = None) -> Config:

@@ -20,9 +20,9 @@ from shard_tools.errors import (
     FerryError,
     LeaseHeldError,
     ManifestError,
+    NotFoundError,
     RollbackError,
     StorageError,
-    UsageError,
 )
 from shard_tools.header import MANIFEST_FILE
 from shard_tools.store import Location, resolve
@@ -33,11 +33,10 @@ from .config import Config, Rule, link_name, parse_rate
 from .engine import Engine, PassResult, read_header
 from .events import EventBus
 from .executor import Executor
+from .hashed_io import CHUNK_SIZE
 from .names import name_problem
-from .state import State
-from .stats import Stats
-from .transfer import CHUNK_SIZE
-from .views import (
+from .object_store import skip_double_checksums
+from .records import (
     ClusterInfo,
     DatasetInfo,
     ErrorInfo,
@@ -47,7 +46,10 @@ from .views import (
     ScrubReport,
     StatsSnapshot,
     TransferInfo,
+    VersionTiming,
 )
+from .replication_state import State
+from .stats import Stats
 
 __all__ = ["Daemon", "UNCHANGED"]
 
@@ -94,13 +96,14 @@ class Daemon:
 
     def __init__(self, config: Config, *, chunk_size: int | None = None) -> None:
         self._config = config
+        skip_double_checksums()
         self.state = State(config.state_dir)
-        self.accounting = Stats()
+        self._stats = Stats()
         self.events = EventBus()
         lim = config.limits
         self.bandwidth = Bandwidth(lim.bwlimit, lim.per_link)
         self.executor = Executor(
-            transfers=lim.transfers, bandwidth=self.bandwidth, stats=self.accounting, events=self.events,
+            transfers=lim.transfers, bandwidth=self.bandwidth, stats=self._stats, events=self.events,
             retries=lim.retries, chunk_size=chunk_size or CHUNK_SIZE,
         )  # fmt: skip
         priority = {c.name: c.priority for c in config.clusters.values()}
@@ -141,7 +144,7 @@ class Daemon:
             return
         self._started = True
         # `ferry sync` loads the shard-table code (numpy, pyarrow) only when a pass has work; a
-        # daemon loads it up front so its first pass does not pay ~0.2 s of imports.
+        # daemon loads it up front so its first pass does not wait for those imports.
         import shard_tools.manifest  # noqa: F401
 
         self._thread = start_named_thread(self._loop, "ferry-daemon")
@@ -286,7 +289,7 @@ class Daemon:
             self._open_problem(name, dest, _PUBLISH, str(exc), retryable=False)
             return None
         except LeaseHeldError as exc:
-            self.accounting.set_writer(name, dest, exc.holder)
+            self._stats.set_writer(name, dest, exc.holder)
             self._open_problem(name, dest, _LEASE, str(exc), retryable=True)
             return None
         except StorageError as exc:
@@ -295,7 +298,7 @@ class Daemon:
             self._open_problem(name, dest, _ACCESS, str(exc), retryable=False)  # looked at again next poll
             return None
         self._refused.pop((name, dest), None)
-        self.accounting.set_writer(name, dest, None)
+        self._stats.set_writer(name, dest, None)
         for subject in (_PUBLISH, _LEASE, _ACCESS):
             self._clear_problem(name, dest, subject)
         return res
@@ -341,11 +344,11 @@ class Daemon:
         if error_id is None:
             return
         log.warning("%s", message, extra=_fields(dataset, cluster))
-        self.accounting.error(dataset, cluster, retryable=retryable)
-        self.state.add_event(self.events.publish(
-            "error", id=error_id, dataset=dataset, version=None, shard=subject or None, src=None, dst=cluster,
-            message=message, retryable=retryable, attempts=1,
-        ))  # fmt: skip
+        self._stats.error(dataset, cluster, retryable=retryable)
+        self.events.publish(
+            "error", id=error_id, dataset=dataset, version=None, cluster=cluster, shard=subject or None,
+            reason=message, retryable=retryable, attempts=1,
+        )  # fmt: skip
 
     def _clear_problem(self, dataset: str, cluster: str, subject: str) -> None:
         key = (dataset, cluster, subject)
@@ -372,11 +375,11 @@ class Daemon:
 
     def _report_failure(self, dataset: str | None, cluster: str, message: str) -> None:
         log.warning("%s", message, extra=_fields(dataset, cluster))
-        self.accounting.error(dataset or "", cluster, retryable=True)
-        self.state.add_event(self.events.publish(
-            "error", id=None, dataset=dataset, version=None, shard=None, src=None, dst=cluster, message=message,
+        self._stats.error(dataset or "", cluster, retryable=True)
+        self.events.publish(
+            "error", id=None, dataset=dataset, version=None, cluster=cluster, shard=None, reason=message,
             retryable=True, attempts=1,
-        ))  # fmt: skip
+        )  # fmt: skip
 
     def _note_source(self, name: str, rule: Rule, header: tuple[bytes, dict[str, Any]] | None) -> None:
         with self._lock:
@@ -418,9 +421,9 @@ class Daemon:
                         continue
                     report = ScrubReport(name, c, checked, bad, repaired, wall, time.monotonic() - t0)
                     self.state.add_scrub(report)
-                    self.state.add_event(self.events.publish(
+                    self.events.publish(
                         "scrub", dataset=name, cluster=c, checked=checked, bad=len(bad), repaired=len(repaired)
-                    ))  # fmt: skip
+                    )  # fmt: skip
                     log.info("scrub %s at %s: %d checked, %d bad, %d repaired", name, c, checked, len(bad),
                              len(repaired), extra=_fields(name, c))  # fmt: skip
 
@@ -428,7 +431,7 @@ class Daemon:
     def clusters(self) -> list[ClusterInfo]:
         return [ClusterInfo(c.name, c.public_url, c.priority) for c in self._config.clusters.values()]
 
-    def _replicas(self, known: _Known, lag: Mapping[tuple[str, str], float]) -> list[ReplicaStatus]:
+    def _replicas(self, known: _Known, lag: Mapping[tuple[str, str, str], float]) -> list[ReplicaStatus]:
         failed_at = {e.cluster for e in self.state.errors(limit=10_000) if e.dataset == known.name}
         out = [
             ReplicaStatus(
@@ -450,7 +453,7 @@ class Daemon:
             if res is None or res.version_id != known.version_id:
                 out.append(ReplicaStatus(known.name, dest, "destination", known.version_id, None, 0, known.shards, 0,
                                          known.bytes, "paused" if self.paused else "unknown",
-                                         lag.get((known.name, dest))))  # fmt: skip
+                                         lag.get((known.name, dest, known.version_id or ""))))  # fmt: skip
                 continue
             done = res.already_verified + res.copied + res.verified_in_place
             complete = res.up_to_date or res.published
@@ -466,12 +469,21 @@ class Daemon:
                 known.name, dest, "destination", known.version_id, res.version_id if complete else None,
                 res.total_shards if complete else done, res.total_shards,
                 res.total_bytes if complete else res.verified_bytes, res.total_bytes, state,
-                None if complete else lag.get((known.name, dest)),
+                None if complete else lag.get((known.name, dest, res.version_id)),
             ))  # fmt: skip
         return out
 
+    def _lag(self) -> dict[tuple[str, str, str], float]:
+        """(dataset, cluster, version) → seconds the version has been wanted there and is not yet published."""
+        now = time.time()
+        return {
+            (v.dataset, v.cluster, v.version): max(0.0, now - v.first_seen)
+            for v in self.state.version_timings()
+            if v.completed is None
+        }
+
     def datasets(self) -> list[DatasetInfo]:
-        lag = self.accounting.lag()
+        lag = self._lag()
         with self._lock:
             known = list(self._known.values())
             return [
@@ -493,13 +505,13 @@ class Daemon:
         for d in self.datasets():
             if d.name == name:
                 return d
-        raise KeyError(name)
+        raise NotFoundError(f"no dataset named {name!r} is replicated (or it has not been seen at its source yet)")
 
     def replica_matrix(self) -> list[ReplicaStatus]:
         return [r for d in self.datasets() for r in d.replicas]
 
     def transfers(self) -> list[TransferInfo]:
-        return self.accounting.transfers()
+        return self._stats.transfers()
 
     def history(self, limit: int = 100, dataset: str | None = None) -> list[HistoryEntry]:
         return self.state.history(limit, dataset)
@@ -508,11 +520,19 @@ class Daemon:
         return self.state.errors(limit)
 
     def stats(self) -> StatsSnapshot:
-        return self.accounting.snapshot()
+        return self._stats.snapshot()
+
+    def copied_bytes(self) -> dict[tuple[str, str, str], int]:
+        """Verified bytes copied since start, keyed (dataset, source, destination)."""
+        return self._stats.copied_bytes()
+
+    def version_timings(self) -> list[VersionTiming]:
+        """When each version was wanted at each destination and when it was published there."""
+        return self.state.version_timings()
 
     def other_writers(self) -> dict[tuple[str, str], str]:
         """(dataset, destination) → the other writer whose lease kept this daemon out, last pass."""
-        return self.accounting.other_writers()
+        return self._stats.other_writers()
 
     def limits(self) -> LimitsInfo:
         return LimitsInfo(self.executor.transfers, self.bandwidth.global_bucket.rate, self.bandwidth.link_rates())
@@ -529,7 +549,7 @@ class Daemon:
     # control side
     def _check_link(self, link: tuple[str, str]) -> None:
         if tuple(link) not in self._config.links():
-            raise UsageError(f"no rule replicates {link[0]} -> {link[1]}")
+            raise NotFoundError(f"no rule replicates {link[0]} -> {link[1]}")
 
     def sync_now(self, dataset: str | None = None, link: tuple[str, str] | None = None) -> int:
         """Queue a pass for matching (dataset, link) pairs now; returns how many pairs match."""
@@ -537,10 +557,10 @@ class Daemon:
             link = (str(link[0]), str(link[1]))
             self._check_link(link)
         if dataset is not None and not any(r.matches(dataset) for r in self._config.rules):
-            raise UsageError(f"no rule replicates a dataset named {dataset!r}")
+            raise NotFoundError(f"no rule replicates a dataset named {dataset!r}")
         with self._lock:
             if dataset is not None and self._known and dataset not in self._known:
-                raise UsageError(f"dataset {dataset!r} has not been seen at any source")
+                raise NotFoundError(f"dataset {dataset!r} has not been seen at any source")
             count = sum(
                 1
                 for k in self._known.values()
@@ -553,11 +573,11 @@ class Daemon:
 
     def pause(self) -> None:
         self.executor.pause()
-        self.state.add_event(self.events.publish("state", paused=True))
+        self.events.publish("state", paused=True)
 
     def resume(self) -> None:
         self.executor.resume()
-        self.state.add_event(self.events.publish("state", paused=False))
+        self.events.publish("state", paused=False)
         self._wake.set()
 
     def set_limits(
@@ -574,7 +594,7 @@ class Daemon:
             src, _, dst = link.partition("->")
             name = link_name(src.strip(), dst.strip())
             if name not in links:
-                raise UsageError(f"unknown link {link!r} (known: {', '.join(sorted(links))})")
+                raise NotFoundError(f"unknown link {link!r} (known: {', '.join(sorted(links))})")
             new_links[name] = parse_rate(rate, f"per_link[{link}]")
         new_global = parse_rate(bwlimit, "bwlimit") if bwlimit is not UNCHANGED else UNCHANGED
         if transfers is not None and (isinstance(transfers, bool) or int(transfers) < 1):
@@ -586,19 +606,19 @@ class Daemon:
         if transfers is not None:
             self.executor.set_transfers(int(transfers))
         info = self.limits()
-        self.state.add_event(self.events.publish(
+        self.events.publish(
             "state", paused=self.paused,
-            limits={"transfers": info.transfers, "bwlimit": info.bwlimit, "per_link": info.per_link},
-        ))  # fmt: skip
+            limits={"transfers": info.transfers, "global_bps": info.global_bps, "links": info.links},
+        )  # fmt: skip
         return info
 
     def scrub(self, dataset: str | None = None, cluster: str | None = None) -> int:
         """Queue a scrub of ``dataset`` at ``cluster`` (None: all); returns how many scrubs that makes."""
         if cluster is not None and cluster not in self._config.clusters:
-            raise UsageError(f"unknown cluster {cluster!r}")
+            raise NotFoundError(f"unknown cluster {cluster!r}")
         with self._lock:
             if dataset is not None and dataset not in self._known:
-                raise UsageError(f"dataset {dataset!r} has not been seen at any source")
+                raise NotFoundError(f"dataset {dataset!r} has not been seen at any source")
             count = sum(
                 1
                 for k in self._known.values()
@@ -612,7 +632,7 @@ class Daemon:
     def retry(self, error_id: int | None = None) -> int:
         """Make one failed shard (or all) pending again and sync now; returns how many were reset."""
         if error_id is not None and not self.state.error_exists(int(error_id)):
-            raise KeyError(error_id)
+            raise NotFoundError(f"no open error with id {error_id}")
         n = self.state.reset_failed(None if error_id is None else int(error_id))
         with self._lock:
             self._refused.clear()  # an operator asked: refused publishes are tried again too

@@ -24,11 +24,11 @@ from shard_tools.store import STALE_TEMP_SECONDS, TEMP_MARKER, Location, temp_is
 from .events import EventBus
 from .executor import Executor, Job, JobResult
 from .lease import DEFAULT_TTL, Lease
+from .object_store import abort_stale_uploads
 from .passes import PassResult
 from .planner import SourceVersion, VersionRecord, order_sources, plan_retention, plan_sync
-from .state import State
+from .replication_state import State
 from .stats import Stats
-from .transfer import abort_stale_uploads
 
 if TYPE_CHECKING:
     from shard_tools.manifest import Manifest
@@ -134,7 +134,6 @@ class Engine:
         self.events = events or EventBus()
         self.keep_versions = keep_versions
         self.priority = dict(priority or {})
-        executor.history = self._history
 
     def _history(self, job: Job, src: str, nbytes: int, started: float, duration: float, error: str | None) -> None:
         self.state.record_transfer(
@@ -142,9 +141,7 @@ class Engine:
         )
 
     def _event(self, type_: str, **fields: Any) -> None:
-        event = self.events.publish(type_, **fields)
-        if type_ != "progress":
-            self.state.add_event(event)
+        self.events.publish(type_, **fields)
 
     def sync_pass(
         self,
@@ -194,7 +191,6 @@ class Engine:
         if on_plan is not None:
             on_plan(result)
         self.stats.set_pending(result.dataset, result.destination, 0, 0)
-        self.stats.set_lag(result.dataset, result.destination, None)
 
     def _check_descends(self, src: Location, dst: Location, version: str, dest_version: str | None) -> None:
         """Refuse to replace ``dest_version`` by a ``version`` that is not its descendant."""
@@ -219,9 +215,8 @@ class Engine:
     ) -> None:
         """Plan, copy and publish one version at a destination whose lease this writer holds."""
         dataset, source, dest, version = result.dataset, result.source, result.destination, result.version_id
-        first_seen = self.state.seen_version(dataset, dest, version, time.time())
-        created = _created_ts(parse_header(src_bytes))
-        self.stats.set_lag(dataset, dest, min(first_seen, created) if created else first_seen)
+        now, created = time.time(), _created_ts(parse_header(src_bytes))
+        self.state.seen_version(dataset, dest, version, min(now, created) if created else now)
         manifest, table = load_version(src_loc, src_bytes)
         src_version = SourceVersion.of(manifest)
         held = listing_with_age(dst_loc)
@@ -259,12 +254,11 @@ class Engine:
             if v.shard.path not in fatal
         ]
         result.skipped_failed = len(plan.copies) + len(plan.verifies) - len(jobs)
-        self.state.set_pending(dataset, version, dest, ((j.shard.path, j.shard.size) for j in jobs))
         self.stats.set_pending(dataset, dest, sum(j.shard.size for j in jobs), len(jobs))
         if on_plan is not None:
             on_plan(result)
         if jobs:
-            self.executor.run(jobs, locations, lambda r: self._on_result(r, result))
+            self.executor.run(jobs, locations, lambda r: self._on_result(r, result), self._history)
             self.state.flush()  # the pass's verified marks are committed before its manifest is published
         if result.ok:
             self._publish(src_loc, dst_loc, manifest, table, src_bytes, result)
@@ -279,29 +273,26 @@ class Engine:
             return
         self.stats.add_pending(job.dataset, job.dest, -job.shard.size, -1)
         if r.ok:
-            event = {
-                "type": "shard_verified", "ts": time.time(), "dataset": job.dataset, "version": job.version,
-                "shard": job.shard.path, "src": r.src or job.dest, "dst": job.dest, "bytes": r.bytes,
-                "duration_s": r.seconds,
-            }  # fmt: skip
             self.state.shard_verified(job.dataset, job.version, job.dest, job.shard.path, attempts=r.attempts,
-                                      size=job.shard.size, event=event)  # fmt: skip
+                                      size=job.shard.size)  # fmt: skip
             result.verified_bytes += job.shard.size
             if r.copied:
                 result.copied += 1
                 result.copied_bytes += r.bytes
             else:
                 result.verified_in_place += 1
-            self.events.deliver(event)
+            self._event(
+                "shard_verified", dataset=job.dataset, version=job.version, shard=job.shard.path,
+                source=r.src or job.dest, destination=job.dest, bytes=r.bytes, duration_s=r.seconds,
+            )  # fmt: skip
         else:
             result.failed.append(r)
             error_id = self.state.mark(job.dataset, job.version, job.dest, job.shard.path, "failed",
                                        error=r.error, retryable=r.retryable, attempts=r.attempts,
                                        size=job.shard.size)  # fmt: skip
             self._event(
-                "error", id=error_id, dataset=job.dataset, version=job.version, shard=job.shard.path,
-                src=",".join(job.sources), dst=job.dest, message=r.error or "failed", retryable=r.retryable,
-                attempts=r.attempts,
+                "error", id=error_id, dataset=job.dataset, version=job.version, cluster=job.dest,
+                shard=job.shard.path, reason=r.error or "failed", retryable=r.retryable, attempts=r.attempts,
             )  # fmt: skip
 
     def _publish(
@@ -322,7 +313,6 @@ class Engine:
         swap_manifest(dst, choose)
         res.published = True
         self.state.completed_version(res.dataset, res.destination, version)
-        self.stats.set_lag(res.dataset, res.destination, None)
         self._event("version_published", dataset=res.dataset, version=version, cluster=res.destination)
 
     def _retain(
@@ -401,5 +391,5 @@ class Engine:
             if r.ok:
                 self.state.add_verified(dataset, cluster, [path])
 
-        self.executor.run(jobs, locations, done)
+        self.executor.run(jobs, locations, done, self._history)
         return len(jobs), sorted(bad), sorted(repaired)

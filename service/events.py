@@ -18,8 +18,11 @@ class EventBus:
         self._lock = threading.Lock()
         self._subs: list[queue.Queue[dict[str, Any]]] = []
 
-    def subscribe(self, maxsize: int = 1000) -> queue.Queue[dict[str, Any]]:
-        q: queue.Queue[dict[str, Any]] = queue.Queue(maxsize)
+    def subscribe(
+        self, maxsize: int = 1000, into: queue.Queue[dict[str, Any]] | None = None
+    ) -> queue.Queue[dict[str, Any]]:
+        """A queue receiving every event from now on: a new one of ``maxsize``, or ``into`` (bounded)."""
+        q: queue.Queue[dict[str, Any]] = queue.Queue(maxsize) if into is None else into
         with self._lock:
             self._subs.append(q)
         return q

@@ -8,6 +8,7 @@ exponentially with jitter. A job that runs out of attempts fails alone; the othe
 
 from __future__ import annotations
 
+import enum
 import queue
 import random
 import threading
@@ -15,20 +16,40 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from shard_tools.errors import ShardDigestError, ShardFormatError, StorageError
+from shard_tools.errors import Cancelled, FerryError, ShardDigestError, ShardFormatError, SourceMissing, StorageError
 from shard_tools.store import Location, not_permitted
 from shard_tools.threadname import start_named_thread
 
 from .bandwidth import Bandwidth
 from .config import link_name
 from .events import EventBus
+from .hashed_io import CHUNK_SIZE
 from .planner import ShardRef
+from .slots import Slots
 from .stats import Stats
-from .transfer import CHUNK_SIZE, Cancelled, SourceMissing, copy_shard, verify_shard
+from .transfer import copy_shard, verify_shard
 
-__all__ = ["Job", "JobResult", "Executor"]
+__all__ = ["Job", "JobResult", "Executor", "Outcome", "outcome_of"]
 
 _PROGRESS_EVERY = 0.25  # seconds between progress events per transfer
+
+
+class Outcome(enum.Enum):
+    """What one attempt from one source came to, and so what the job does next."""
+
+    OK = "ok"  # the shard is at the destination, verified
+    RETRY = "retry"  # try again (another source now, this one after a back-off)
+    FATAL = "fatal"  # this source cannot serve the shard: do not ask it again
+    CANCELLED = "cancelled"  # the daemon is stopping
+
+
+def outcome_of(exc: FerryError) -> Outcome:
+    """The decision an error implies, from the error tree alone (``FerryError.retryable``)."""
+    if isinstance(exc, Cancelled):
+        return Outcome.CANCELLED
+    if exc.retryable and not not_permitted(exc):  # e.g. a store's own mapping of a 403
+        return Outcome.RETRY
+    return Outcome.FATAL
 
 
 @dataclass(frozen=True)
@@ -41,6 +62,10 @@ class Job:
     sources: tuple[str, ...]
     dest: str
     verify_first: bool = False  # the destination has it with the right size: hash before copying
+
+
+#: receives each copy attempt: (job, source, bytes, started (Unix time), duration (s), error or None)
+AttemptRecorder = Callable[[Job, str, int, float, float, "str | None"], None]
 
 
 @dataclass
@@ -56,83 +81,6 @@ class JobResult:
     attempts: int = 0
     corrupt: int = 0  # corrupt transfers (or a corrupt destination copy) detected on the way
     cancelled: bool = False
-
-
-class _Slots:
-    """A semaphore whose size can change at run time, closed by pause."""
-
-    def __init__(self, size: int) -> None:
-        lock = threading.Lock()
-        self._free = threading.Condition(lock)  # acquirers wait here: one is woken per released slot
-        self._idle = threading.Condition(lock)  # wait_idle() waits here
-        self._size = size
-        self._used = 0
-        self.paused = False
-        self.closed = False
-
-    def _wake_all(self) -> None:
-        self._free.notify_all()
-        self._idle.notify_all()
-
-    def resize(self, size: int) -> None:
-        with self._free:
-            self._size = size
-            self._wake_all()
-
-    @property
-    def size(self) -> int:
-        return self._size
-
-    def set_paused(self, paused: bool) -> None:
-        with self._free:
-            self.paused = paused
-            self._wake_all()
-
-    def close(self) -> None:
-        with self._free:
-            self.closed = True
-            self._wake_all()
-
-    def acquire(self, give_up: Callable[[], bool] | None = None) -> bool:
-        """Take a slot (True), or return False once closed or once ``give_up()`` holds while waiting."""
-        with self._free:
-            while not self.closed and (self.paused or self._used >= self._size):
-                if give_up is not None and give_up():
-                    return False
-                self._free.wait(0.5)
-            if self.closed:
-                return False
-            self._used += 1
-            return True
-
-    def keep(self) -> bool:
-        """May a holder go on to its next job with its slot? Not when paused, closed or resized below use."""
-        with self._free:
-            return not (self.closed or self.paused or self._used > self._size)
-
-    def wake_waiters(self) -> None:
-        """Let every waiting ``acquire`` re-check (its ``give_up``)."""
-        with self._free:
-            self._wake_all()
-
-    def release(self) -> None:
-        with self._free:
-            self._used -= 1
-            # Wake one waiting worker per freed slot: waking every idle worker thread (up to
-            # max_workers) on each release cost more than the copies of small shards.
-            self._free.notify()
-            if not self._used:
-                self._idle.notify_all()
-
-    def wait_idle(self, timeout: float | None) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._idle:
-            while self._used:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._idle.wait(left if left is None else min(left, 0.5))
-            return True
 
 
 class Executor:
@@ -157,7 +105,7 @@ class Executor:
         self.chunk_size = chunk_size
         self.backoff = backoff
         self.max_workers = max_workers
-        self._slots = _Slots(transfers)
+        self._slots = Slots(transfers)
         self.cancel = threading.Event()
         self._rng = random.Random()
 
@@ -170,14 +118,18 @@ class Executor:
 
     def pause(self) -> None:
         self._slots.set_paused(True)
-        self.stats.paused = True
 
     def resume(self) -> None:
         self._slots.set_paused(False)
-        self.stats.paused = False
+
+    @property
+    def stopping(self) -> bool:
+        """True once ``shutdown`` began: no job starts any more."""
+        return self._slots.closed
 
     @property
     def paused(self) -> bool:
+        """Whether new transfers wait for ``resume()`` (the one place pause state is kept)."""
         return self._slots.paused
 
     def shutdown(self, drain_timeout: float | None = 30.0) -> None:
@@ -192,8 +144,12 @@ class Executor:
         jobs: Sequence[Job],
         locations: Mapping[str, Location],
         on_result: Callable[[JobResult], None] | None = None,
+        on_attempt: AttemptRecorder | None = None,
     ) -> list[JobResult]:
-        """Run ``jobs`` (blocking) and return their results in completion order."""
+        """Run ``jobs`` (blocking) and return their results in completion order.
+
+        ``on_result`` receives each job's result as it completes; ``on_attempt`` each copy attempt
+        (the history): ``(job, source, bytes, started, duration, error or None)``."""
         todo: queue.SimpleQueue[Job] = queue.SimpleQueue()
         for job in jobs:
             todo.put(job)
@@ -218,7 +174,7 @@ class Executor:
                         except queue.Empty:
                             self._slots.wake_waiters()  # the others waiting for a slot can go home
                             return
-                        finish(self._run_one(job, locations))
+                        finish(self.run_job(job, locations, on_attempt))
                         if not self._slots.keep():
                             break
                 finally:
@@ -242,7 +198,8 @@ class Executor:
         delay = min(cap, base * (2 ** (attempt - 1))) * self._rng.uniform(0.5, 1.5)
         return not self.cancel.wait(delay)
 
-    def _run_one(self, job: Job, locations: Mapping[str, Location]) -> JobResult:
+    def run_job(self, job: Job, locations: Mapping[str, Location], record: AttemptRecorder | None = None) -> JobResult:
+        """Run one job to its end (verified, failed, or cancelled), on the calling worker's slot."""
         shard = job.shard
         dst = locations[job.dest]
         result = JobResult(job, ok=False)
@@ -257,7 +214,6 @@ class Executor:
             except StorageError as exc:
                 problem = str(exc)
             if problem is None:
-                self.stats.verified()
                 result.ok, result.seconds = True, time.monotonic() - t0
                 return result
             if problem != "missing":
@@ -273,15 +229,15 @@ class Executor:
                     fatal_sources.add(src_name)
                     continue
                 result.attempts += 1
-                outcome = self._attempt(job, src_name, src, dst, result)
-                if outcome == "ok":
+                outcome = self._attempt(job, src_name, src, dst, result, record)
+                if outcome is Outcome.OK:
                     result.ok, result.src, result.copied = True, src_name, True
                     result.seconds = time.monotonic() - t0
                     return result
-                if outcome == "cancelled":
+                if outcome is Outcome.CANCELLED:
                     result.cancelled = True
                     return result
-                if outcome == "fatal":
+                if outcome is Outcome.FATAL:
                     fatal_sources.add(src_name)
             if len(fatal_sources) >= len(job.sources):
                 result.retryable = False
@@ -292,7 +248,9 @@ class Executor:
         result.seconds = time.monotonic() - t0
         return result
 
-    def _attempt(self, job: Job, src_name: str, src: Location, dst: Location, result: JobResult) -> str:
+    def _attempt(
+        self, job: Job, src_name: str, src: Location, dst: Location, result: JobResult, record: AttemptRecorder | None
+    ) -> Outcome:
         shard = job.shard
         link = link_name(src_name, job.dest)
         tid = self.stats.start(job.dataset, job.version, shard.path, src_name, job.dest, shard.size)
@@ -307,8 +265,8 @@ class Executor:
             now = time.monotonic()
             if self.events is not None and now - last[0] >= _PROGRESS_EVERY:
                 self.events.publish(
-                    "progress", dataset=job.dataset, shard=shard.path, src=src_name, dst=job.dest,
-                    bytes_done=int(last[1]), bytes_total=shard.size, rate=last[1] / max(now - t_start, 1e-3),
+                    "progress", dataset=job.dataset, shard=shard.path, source=src_name, destination=job.dest,
+                    bytes_done=int(last[1]), bytes_total=shard.size, rate_bps=last[1] / max(now - t_start, 1e-3),
                 )  # fmt: skip
                 last[0] = now
 
@@ -317,37 +275,25 @@ class Executor:
         try:
             copy_shard(src, dst, shard.path, shard.size, shard.digest, chunk_size=self.chunk_size,
                        throttle=throttle, progress=progress, cancel=self.cancel)  # fmt: skip
-        except Cancelled:
+        except FerryError as exc:
             self.stats.finish(tid, ok=False)
-            return "cancelled"
-        except (ShardDigestError, ShardFormatError) as exc:
-            self.stats.finish(tid, ok=False)
-            self.stats.corrupt(job.dataset, job.dest)
-            result.corrupt += 1
-            result.error, result.retryable = str(exc), True
-            self._record(job, src_name, int(last[1]), started, t_start, str(exc))
-            return "retry"
-        except SourceMissing as exc:
-            self.stats.finish(tid, ok=False)
-            self.stats.error(job.dataset, job.dest, retryable=False)
-            result.error = f"shard {shard.path} is missing at {src_name} ({exc})"
-            self._record(job, src_name, int(last[1]), started, t_start, result.error)
-            return "fatal"
-        except StorageError as exc:
-            retryable = exc.retryable and not not_permitted(exc)  # e.g. a store's own mapping of a 403
-            self.stats.finish(tid, ok=False)
-            self.stats.error(job.dataset, job.dest, retryable=retryable)
-            result.error, result.retryable = str(exc), retryable
-            self._record(job, src_name, int(last[1]), started, t_start, str(exc))
-            return "retry" if retryable else "fatal"
+            outcome = outcome_of(exc)
+            if outcome is Outcome.CANCELLED:
+                return outcome
+            if isinstance(exc, (ShardDigestError, ShardFormatError)):
+                self.stats.corrupt(job.dataset, job.dest)
+                result.corrupt += 1
+            else:
+                self.stats.error(job.dataset, job.dest, retryable=outcome is Outcome.RETRY)
+            if isinstance(exc, SourceMissing):
+                result.error = f"shard {shard.path} is missing at {src_name} ({exc})"
+            else:
+                result.error, result.retryable = str(exc), outcome is Outcome.RETRY
+            if record is not None:
+                record(job, src_name, int(last[1]), started, time.monotonic() - t_start, result.error)
+            return outcome
         self.stats.finish(tid, ok=True, nbytes=shard.size)
         result.bytes = shard.size
-        self._record(job, src_name, shard.size, started, t_start, None)
-        return "ok"
-
-    #: set by the engine to write history rows: fn(job, src, bytes, started, duration, error)
-    history: Callable[[Job, str, int, float, float, str | None], None] | None = None
-
-    def _record(self, job: Job, src: str, nbytes: int, started: float, t_start: float, error: str | None) -> None:
-        if self.history is not None:
-            self.history(job, src, nbytes, started, time.monotonic() - t_start, error)
+        if record is not None:
+            record(job, src_name, shard.size, started, time.monotonic() - t_start, None)
+        return Outcome.OK

@@ -1,7 +1,9 @@
-"""Transfer accounting (rclone ``accounting`` style): bytes, rates, pending work, ETA, lag, errors.
+"""Live counters of this process (rclone ``accounting`` style): bytes, rates, transfers in flight,
+pending work, ETA, failed attempts by kind, other writers seen.
 
-Writers are the executor and the engine; readers (API, dashboard, CLI progress bar) call
-:meth:`Stats.snapshot` and :meth:`Stats.transfers`, which copy under a lock.
+Nothing here outlives the process; durable facts (history, open errors, version timings) are the
+State's. Writers are the executor and the engine; readers (API, dashboard, CLI progress bar) call
+:meth:`Stats.snapshot`, :meth:`Stats.transfers` and :meth:`Stats.copied_bytes`, which copy under a lock.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass
 
-from .views import ErrorCount, LinkLag, StatsSnapshot, TransferInfo
+from .records import ErrorCount, StatsSnapshot, TransferInfo
 
 __all__ = ["Stats"]
 
@@ -24,8 +26,8 @@ class _Live:
     dataset: str
     version: str
     shard: str
-    src: str
-    dst: str
+    source: str
+    destination: str
     total: int
     done: int
     started_at: float
@@ -45,13 +47,11 @@ class Stats:
         self.bytes_read = 0
         self.transfers_ok = 0
         self.transfers_failed = 0
-        self.verified_in_place = 0
         self.corrupt_detected = 0
         self._pending: dict[tuple[str, str], tuple[int, int]] = {}
-        self._lag_since: dict[tuple[str, str], float | None] = {}
+        self._copied: Counter[tuple[str, str, str]] = Counter()  # (dataset, source, destination) → bytes
         self._errors: Counter[tuple[str, str, str]] = Counter()
         self._writers: dict[tuple[str, str], str] = {}  # (dataset, dest) → another writer holding its lease
-        self.paused = False
 
     # writers
     def set_writer(self, dataset: str, dest: str, holder: str | None) -> None:
@@ -87,10 +87,12 @@ class Stats:
 
     def finish(self, tid: int, *, ok: bool, nbytes: int = 0) -> None:
         with self._lock:
-            self._live.pop(tid, None)
+            live = self._live.pop(tid, None)
             if ok:
                 self.transfers_ok += 1
                 self.bytes_copied += nbytes
+                if live is not None:
+                    self._copied[(live.dataset, live.source, live.destination)] += nbytes
             else:
                 self.transfers_failed += 1
 
@@ -103,10 +105,6 @@ class Stats:
         with self._lock:
             self._errors[(dataset, cluster, "retryable" if retryable else "fatal")] += 1
 
-    def verified(self) -> None:
-        with self._lock:
-            self.verified_in_place += 1
-
     def set_pending(self, dataset: str, dst: str, nbytes: int, shards: int) -> None:
         with self._lock:
             self._pending[(dataset, dst)] = (nbytes, shards)
@@ -115,11 +113,6 @@ class Stats:
         with self._lock:
             b, s = self._pending.get((dataset, dst), (0, 0))
             self._pending[(dataset, dst)] = (max(0, b + nbytes), max(0, s + shards))
-
-    def set_lag(self, dataset: str, dst: str, since: float | None) -> None:
-        """``since``: when the source published the version the destination still lacks (None: complete)."""
-        with self._lock:
-            self._lag_since[(dataset, dst)] = since
 
     # readers
     def _rates(self, now: float) -> tuple[float, float]:
@@ -137,8 +130,8 @@ class Stats:
                     t.dataset,
                     t.version,
                     t.shard,
-                    t.src,
-                    t.dst,
+                    t.source,
+                    t.destination,
                     t.done,
                     t.total,
                     t.done / max(now - t.started_mono, 1e-3),
@@ -147,14 +140,13 @@ class Stats:
                 for t in self._live.values()
             ]
 
-    def lag(self) -> dict[tuple[str, str], float]:
-        wall = time.time()
+    def copied_bytes(self) -> dict[tuple[str, str, str], int]:
+        """Verified bytes copied since start, keyed (dataset, source, destination)."""
         with self._lock:
-            return {k: (max(0.0, wall - v) if v is not None else 0.0) for k, v in self._lag_since.items()}
+            return dict(self._copied)
 
     def snapshot(self) -> StatsSnapshot:
         now = time.monotonic()
-        lag = self.lag()
         with self._lock:
             instant, avg = self._rates(now)
             pending_bytes = sum(b for b, _ in self._pending.values())
@@ -164,19 +156,17 @@ class Stats:
             if pending_bytes and avg > 0:
                 eta = max(pending_bytes, in_flight_left) / avg
             return StatsSnapshot(
-                bytes_copied=self.bytes_copied,
+                copied_bytes_total=self.bytes_copied,
                 bytes_read=self.bytes_read,
                 transfers_ok=self.transfers_ok,
                 transfers_failed=self.transfers_failed,
                 corrupt_detected=self.corrupt_detected,
-                rate_instant=instant,
+                rate_bps=instant,
                 rate_avg=avg,
                 pending_bytes=pending_bytes,
                 pending_shards=pending_shards,
                 eta_seconds=eta,
-                in_flight=len(self._live),
-                paused=self.paused,
+                transfers_in_flight=len(self._live),
                 uptime_seconds=now - self._t0,
-                lag=[LinkLag(d, c, s) for (d, c), s in sorted(lag.items())],
                 errors=[ErrorCount(d, c, k, n) for (d, c, k), n in sorted(self._errors.items())],
             )

@@ -16,6 +16,7 @@ from typing import Any
 
 from . import __version__
 from .errors import FerryError, UsageError
+from .units import format_bytes
 
 __all__ = ["main", "register", "parse_storage_options", "print_json"]
 
@@ -46,14 +47,6 @@ def print_json(obj: Any) -> None:
     sys.stdout.write("\n")
 
 
-def _human(n: float, unit: str = "B") -> str:
-    for prefix in ("", "Ki", "Mi", "Gi", "Ti"):
-        if abs(n) < 1024 or prefix == "Ti":
-            return f"{n:.1f} {prefix}{unit}" if prefix else f"{int(n)} {unit}"
-        n /= 1024
-    return f"{n} {unit}"
-
-
 def _add_storage(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--storage-option",
@@ -67,6 +60,14 @@ def _add_storage(p: argparse.ArgumentParser) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add pack, inspect, verify and export."""
+    _add_pack(sub)
+    _add_inspect(sub)
+    _add_verify(sub)
+    _add_export(sub)
+
+
+def _add_pack(sub: argparse._SubParsersAction) -> None:
+    """``ferry pack`` and every one of its options."""
     p = sub.add_parser(
         "pack",
         help="pack corpus files into a dataset of shards + manifest",
@@ -137,6 +138,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(func=_cmd_pack)
 
+
+def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="summarise a dataset: totals, versions, shards")
     p.add_argument("url")
     p.add_argument("--version", help="a published version id (default: current)")
@@ -145,6 +148,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_storage(p)
     p.set_defaults(func=_cmd_inspect)
 
+
+def _add_verify(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "verify",
         help="re-read every shard and check every digest and count",
@@ -157,6 +162,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_storage(p)
     p.set_defaults(func=_cmd_verify)
 
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="write a dataset back out in another format")
     p.add_argument("url")
     p.add_argument("--format", choices=["megatron"], required=True)
@@ -178,7 +185,8 @@ def _compression_level(spec: str) -> int:
 
 
 def _cmd_pack(args: argparse.Namespace) -> int:
-    from .packing import PackOptions, merge_parts, pack, pack_part, parse_part_spec, parse_size
+    from .packing import PackOptions, merge_parts, pack, pack_part, parse_part_spec
+    from .units import parse_size
 
     if args.merge and args.part:
         raise UsageError("--merge and --part are separate steps: run each --part I/N, then --merge")
@@ -229,8 +237,8 @@ def _cmd_pack(args: argparse.Namespace) -> int:
             f"({result.new_shards} new) at {result.url}"
         )
         print(
-            f"version {result.version_id}  stored {_human(result.stored_bytes)} "
-            f"(raw {_human(result.raw_bytes)})  {result.tokens_per_second / 1e6:.1f} Mtok/s"
+            f"version {result.version_id}  stored {format_bytes(result.stored_bytes)} "
+            f"(raw {format_bytes(result.raw_bytes)})  {result.tokens_per_second / 1e6:.1f} Mtok/s"
         )
     return 0
 
@@ -261,7 +269,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     print(f"version   {m.version_id}  parent {m.parent or '-'}  created {m.created_at}  by ferry {m.tool_version}")
     print(f"tokens    {t['tokens']:,} {m.token_dtype}  in {t['documents']:,} documents, {t['shards']:,} shards")
     print(
-        f"bytes     stored {_human(t['stored_bytes'])}  raw {_human(t['raw_bytes'])}"
+        f"bytes     stored {format_bytes(t['stored_bytes'])}  raw {format_bytes(t['raw_bytes'])}"
         + (f"  ratio {t['stored_bytes'] / t['raw_bytes']:.3f}" if t["raw_bytes"] else "")
     )
     print(
@@ -272,7 +280,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     if shards is not None:
         print(f"{'#':>6}  {'path':<58} {'docs':>9} {'tokens':>12} {'stored':>10}")
         for i, s in enumerate(shards):
-            print(f"{i:>6}  {s['path']:<58} {s['documents']:>9,} {s['tokens']:>12,} {_human(s['stored_bytes']):>10}")
+            stored = format_bytes(s["stored_bytes"])
+            print(f"{i:>6}  {s['path']:<58} {s['documents']:>9,} {s['tokens']:>12,} {stored:>10}")
     return 0
 
 
@@ -300,7 +309,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print(f"FAILED: {len(report.bad)} of {report.shards} shards bad at {args.url}", file=sys.stderr)
     else:
         print(
-            f"OK: {report.shards} shards, {_human(report.bytes_read)} verified at {args.url} "
+            f"OK: {report.shards} shards, {format_bytes(report.bytes_read)} verified at {args.url} "
             f"(version {report.version_id})"
         )
     return 0 if report.ok else 1

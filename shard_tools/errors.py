@@ -2,6 +2,7 @@
 
     FerryError
     ├── UsageError                  bad arguments or configuration (exit code 2)
+    │   └── NotFoundError           the named dataset, cluster, link or error id is unknown (HTTP 404)
     ├── InputFormatError            an input corpus file cannot be read as its format
     │   └── MegatronIndexError      a Megatron .idx with a wrong magic, version or layout
     ├── TokenRangeError             a token id does not fit the declared vocabulary / dtype
@@ -20,10 +21,17 @@
     ├── CacheError                  the node-local shard cache cannot be written or read; ``.path`` names it
     ├── ConfigError                 invalid ferry.toml
     ├── ReplicationError            a replication action failed (``.retryable``)
+    │   ├── SourceMissing           the source replica lacks the shard (not retryable there)
     │   └── LeaseHeldError          another writer holds the destination's lease (``.holder``)
+    ├── Cancelled                   the action was stopped (daemon shutdown); nothing was written
     └── ServiceError                the ferry service answered with an error (``.status``)
 
 Library exceptions are mapped at the boundary with ``raise XError(...) from exc``.
+
+Every error says whether trying the same action again may help (``.retryable``, rclone ``fserrors``
+style): False unless the class or the instance says otherwise. Corrupt or truncated bytes
+(ShardDigestError, ShardFormatError) are retryable: the next read or another replica may be good.
+The replication executor decides retry / give up on a source / stop from this alone.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from typing import Any
 __all__ = [
     "FerryError",
     "UsageError",
+    "NotFoundError",
     "InputFormatError",
     "MegatronIndexError",
     "TokenRangeError",
@@ -51,6 +60,8 @@ __all__ = [
     "CacheError",
     "ConfigError",
     "ReplicationError",
+    "SourceMissing",
+    "Cancelled",
     "LeaseHeldError",
     "ServiceError",
 ]
@@ -60,12 +71,18 @@ class FerryError(Exception):
     """Base of every error ferry raises on purpose."""
 
     exit_code = 1
+    #: whether trying the same action again may help (an instance may say otherwise)
+    retryable: bool = False
 
 
 class UsageError(FerryError):
     """Bad arguments or options."""
 
     exit_code = 2
+
+
+class NotFoundError(UsageError):
+    """The request names a dataset, cluster, link or error id that is not known (the API answers 404)."""
 
 
 class InputFormatError(FerryError):
@@ -112,9 +129,13 @@ class ShardMissingError(ShardError):
 class ShardDigestError(ShardError):
     """A shard's bytes do not match the digest recorded in the manifest."""
 
+    retryable = True
+
 
 class ShardFormatError(ShardError):
     """A shard is truncated, has the wrong size, schema or dtype."""
+
+    retryable = True
 
 
 class StorageError(FerryError):
@@ -173,6 +194,20 @@ class ReplicationError(FerryError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (type(self), str(self), {"retryable": self.retryable}))
+
+
+class SourceMissing(ReplicationError):
+    """The source replica does not hold the shard: no retry there can help (another source may)."""
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message, retryable=retryable)
+
+
+class Cancelled(FerryError):  # a control-flow signal more than a failure
+    """The action was stopped (daemon shutdown); nothing was written at the final name."""
+
+    def __init__(self, message: str = "stopped") -> None:
+        super().__init__(message)
 
 
 class LeaseHeldError(ReplicationError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Annotated, Any
@@ -14,9 +14,11 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Req
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from shard_tools.errors import NotFoundError, UsageError
+
+from ..config import ApiConfig
 from .auth import NAME_PATTERN, check_token, valid_name
-from .backend import ApiBackend, Invalid, NotFound
-from .cache import ResponseCache
+from .backend import ApiBackend, Invalid
 from .fastpath import CachedReads, FastReadsApp
 from .guard import MAX_BODY_BYTES, RequestGuard
 from .metrics import CONTENT_TYPE, render_metrics
@@ -39,7 +41,8 @@ from .models import (
     ThroughputOut,
     TransferOut,
 )
-from .settings import ApiSettings
+from .response_cache import ResponseCache
+from .settings import api_config_of, resolve_token
 from .sse import event_stream
 
 __all__ = ["create_app"]
@@ -63,7 +66,8 @@ _FAVICON = (
 
 def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
     """Build the app over a daemon (a ``service.daemon.Daemon`` or anything implementing ``ApiBackend``)."""
-    settings = ApiSettings.from_config(api_config)
+    settings = api_config_of(api_config)
+    token = resolve_token(settings)
     backend: ApiBackend = _as_backend(daemon, settings)
     stopping = asyncio.Event()
 
@@ -71,7 +75,7 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         stopping.set()  # ends open SSE streams so shutdown is not held up
-        unsubscribe()
+        app.state.unsubscribe()
         close = getattr(backend, "close", None)
         if close is not None:  # the adapter's event pump and sampler threads
             close()
@@ -86,32 +90,60 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
         openapi_url="/api/v1/openapi.json",
     )
     cache = ResponseCache(ttl=0.25)
-    unsubscribe = backend.subscribe(lambda ev: None if ev.kind in _COUNTING_EVENTS else cache.clear())
     app.state.backend = backend
-    app.state.unsubscribe = unsubscribe
+    app.state.unsubscribe = backend.subscribe(lambda ev: None if ev.kind in _COUNTING_EVENTS else cache.clear())
     app.state.settings = settings
     app.state.stopping = stopping
+    read_access = _read_access(settings, token)
+    read = APIRouter(
+        prefix="/api/v1",
+        dependencies=[Depends(read_access)],
+        responses=_401_403 if settings.read_protected else None,
+    )
+    _status_routes(read, backend, cache)
+    _activity_routes(read, backend, cache, stopping)
+    app.include_router(read)
+    app.include_router(_write_routes(backend, cache, token))
+    # token and body size are checked from the headers, before FastAPI reads (and parses) any body
+    app.add_middleware(RequestGuard, token=token, read_protected=settings.read_protected)
+    app.fast_reads = CachedReads(
+        cache,
+        routes={
+            "/api/v1/status": backend.status,
+            "/api/v1/replicas": backend.replicas,
+            "/api/v1/transfers": backend.transfers,
+            "/api/v1/clusters": backend.clusters,
+            "/api/v1/datasets": backend.datasets,
+            "/api/v1/links": backend.links,
+            "/api/v1/limits": backend.limits,
+        },
+        token=token if settings.read_protected else None,
+    )
+    _error_handlers(app)
+    _site_routes(app, backend, read_access)
+    app.state.started = time.time()
+    return app
+
+
+_401_403: dict[int | str, dict[str, Any]] = {
+    401: {"description": "no bearer token"},
+    403: {"description": "bad token"},
+}
+_404: dict[int | str, dict[str, Any]] = {404: {"description": "unknown dataset, cluster, link or error id"}}
+
+
+def _read_access(settings: ApiConfig, token: str | None) -> Callable[[Request], None]:
+    """The dependency of every read: the token, where reads are protected."""
 
     def read_access(request: Request) -> None:
         if settings.read_protected:
-            check_token(request, settings.token)
+            check_token(request, token)
 
-    def write_access(request: Request) -> None:
-        check_token(request, settings.token)
+    return read_access
 
-    _401_403: dict[int | str, dict[str, Any]] = {
-        401: {"description": "no bearer token"},
-        403: {"description": "bad token"},
-    }
-    read = APIRouter(
-        prefix="/api/v1", dependencies=[Depends(read_access)], responses=_401_403 if settings.read_protected else None
-    )
-    write = APIRouter(
-        prefix="/api/v1",
-        dependencies=[Depends(write_access)],
-        responses={**_401_403, 413: {"description": f"request body over {MAX_BODY_BYTES} bytes"}},
-    )
-    _404: dict[int | str, dict[str, Any]] = {404: {"description": "unknown dataset, cluster, link or error id"}}
+
+def _status_routes(read: APIRouter, backend: ApiBackend, cache: ResponseCache) -> None:
+    """What is replicated where: status, clusters, datasets, the replica matrix, transfers in flight."""
 
     @read.get("/status", response_model=StatusOut, summary="Daemon state: paused, limits, counters")
     async def get_status() -> Response:
@@ -148,6 +180,10 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
     @read.get("/transfers", response_model=list[TransferOut], summary="Shard copies in flight")
     async def get_transfers() -> Response:
         return _json(cache.get("/api/v1/transfers", backend.transfers))
+
+
+def _activity_routes(read: APIRouter, backend: ApiBackend, cache: ResponseCache, stopping: asyncio.Event) -> None:
+    """What happened and how fast: history, errors, links, throughput, limits, the event stream."""
 
     @read.get("/history", response_model=list[HistoryEntry], summary="Finished transfers, newest first")
     def get_history(
@@ -187,6 +223,19 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
             media_type="text/event-stream",
             headers={**_NO_STORE, "X-Accel-Buffering": "no"},
         )
+
+
+def _write_routes(backend: ApiBackend, cache: ResponseCache, token: str | None) -> APIRouter:
+    """The control calls; each needs the token and drops the read cache."""
+
+    def write_access(request: Request) -> None:
+        check_token(request, token)
+
+    write = APIRouter(
+        prefix="/api/v1",
+        dependencies=[Depends(write_access)],
+        responses={**_401_403, 413: {"description": f"request body over {MAX_BODY_BYTES} bytes"}},
+    )
 
     @write.post(
         "/sync", response_model=ActionResult, summary="Sync now (all, one dataset and/or one link)", responses=_404
@@ -239,26 +288,14 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
         cache.clear()
         return result
 
-    app.include_router(read)
-    app.include_router(write)
-    # token and body size are checked from the headers, before FastAPI reads (and parses) any body
-    app.add_middleware(RequestGuard, token=settings.token, read_protected=settings.read_protected)
-    app.fast_reads = CachedReads(
-        cache,
-        routes={
-            "/api/v1/status": backend.status,
-            "/api/v1/replicas": backend.replicas,
-            "/api/v1/transfers": backend.transfers,
-            "/api/v1/clusters": backend.clusters,
-            "/api/v1/datasets": backend.datasets,
-            "/api/v1/links": backend.links,
-            "/api/v1/limits": backend.limits,
-        },
-        token=settings.token if settings.read_protected else None,
-    )
+    return write
 
-    @app.exception_handler(NotFound)
-    async def not_found(request: Request, exc: NotFound) -> JSONResponse:
+
+def _error_handlers(app: FastAPI) -> None:
+    """404 for unknown names, 422 (FastAPI's own shape) for refused values."""
+
+    @app.exception_handler(NotFoundError)
+    async def not_found(request: Request, exc: NotFoundError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=404)
 
     @app.exception_handler(RequestValidationError)
@@ -266,9 +303,14 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
         return JSONResponse({"detail": _validation_detail(exc.errors())}, status_code=422)
 
     @app.exception_handler(Invalid)
-    async def invalid(request: Request, exc: Invalid) -> JSONResponse:
+    @app.exception_handler(UsageError)  # a refused value; a NotFoundError (a UsageError too) is the 404 above
+    async def invalid(request: Request, exc: Exception) -> JSONResponse:
         # shaped like FastAPI's own 422 body, so one schema (HTTPValidationError) describes every 422
         return JSONResponse({"detail": [{"loc": ["body"], "msg": str(exc), "type": "value_error"}]}, status_code=422)
+
+
+def _site_routes(app: FastAPI, backend: ApiBackend, read_access: Callable[[Request], None]) -> None:
+    """/metrics, health probes, and the dashboard's page and static files."""
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=Response, dependencies=[Depends(read_access)])
     def metrics() -> Response:
@@ -300,9 +342,6 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
             raise HTTPException(404, "not found")
         return Response(_static_bytes(fname), media_type=_STATIC_FILES[fname] + "; charset=utf-8", headers=_NO_STORE)
 
-    app.state.started = time.time()
-    return app
-
 
 def _validation_detail(errors: Any) -> list[dict[str, Any]]:
     """FastAPI's 422 items cut to ``loc``, ``msg`` and ``type``: never the input, its context or the body."""
@@ -321,7 +360,7 @@ def _static_bytes(name: str) -> bytes:
     return (_STATIC / name).read_bytes()
 
 
-def _as_backend(daemon: Any, settings: ApiSettings) -> ApiBackend:
+def _as_backend(daemon: Any, settings: ApiConfig) -> ApiBackend:
     if hasattr(daemon, "replicas") and hasattr(daemon, "copied_bytes"):
         return daemon  # already an ApiBackend
     from .daemon_backend import DaemonBackend

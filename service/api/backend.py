@@ -29,11 +29,10 @@ from .models import (
     TransferOut,
 )
 
-__all__ = ["ApiBackend", "Invalid", "NotFound", "Unsubscribe"]
+__all__ = ["ApiBackend", "Invalid", "Unsubscribe"]
 
-
-class NotFound(LookupError):
-    """The request names a dataset, link, cluster or error id the daemon does not know (HTTP 404)."""
+# A request naming a dataset, link, cluster or error id the daemon does not know raises
+# shard_tools.errors.NotFoundError (HTTP 404); the app maps nothing else to 404.
 
 
 class Invalid(ValueError):

@@ -1,9 +1,8 @@
 """``ApiBackend`` over the real ``service.daemon.Daemon``: records → pydantic models, events → callbacks.
 
-Besides mapping, it keeps what the daemon does not: a throughput history (sampled every
-second), copied bytes per (dataset, link) for /metrics, and, per link, when each version was
-first targeted and when it was published (for the SLA share). Those live in memory and start
-with the API process. Every string that leaves here is scrubbed of configured secret values.
+It keeps no facts of its own: lag, open errors and the SLA share come from the daemon's State
+(``sla``), counters from its Stats; the throughput chart's samples are ``rates``'s. Every string
+that leaves here is scrubbed of configured secret values (``redaction``).
 """
 
 from __future__ import annotations
@@ -16,10 +15,11 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from shard_tools.errors import ConfigError, UsageError
+from shard_tools.errors import ConfigError, NotFoundError, UsageError
 from shard_tools.threadname import start_named_thread
 
-from .backend import Invalid, NotFound
+from ..config import ApiConfig
+from .backend import Invalid
 from .models import (
     ActionResult,
     ClusterOut,
@@ -42,8 +42,9 @@ from .models import (
     ThroughputPoint,
     TransferOut,
 )
-from .rates import RateHistory
-from .settings import ApiSettings
+from .rates import ThroughputSampler
+from .redaction import Redactor, secret_values
+from .sla import sla_counts
 
 __all__ = ["DaemonBackend", "secret_values"]
 
@@ -52,34 +53,14 @@ _KNOWN_STATES = {"source", "complete", "syncing", "failed", "paused", "unknown"}
 _OPEN_ERRORS_CAP = 10_000  # open errors counted for /status (and /metrics), read from the State like /errors
 
 
-def secret_values(config: Any, token: str | None) -> list[str]:
-    """Every credential-like string in the config: storage option values (not booleans/numbers) and the token."""
-    out: set[str] = set()
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict) or hasattr(node, "items"):
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, str) and len(node) >= 4 and "://" not in node:
-            out.add(node)
-
-    for cluster in getattr(config, "clusters", {}).values():
-        walk(dict(getattr(cluster, "storage_options", {}) or {}))
-    if token:
-        out.add(token)
-    return sorted(out, key=len, reverse=True)
-
-
 class DaemonBackend:
     """Adapts a running Daemon to the API; call ``close()`` to stop its two helper threads."""
 
-    def __init__(self, daemon: Any, settings: ApiSettings, *, sample_interval: float = 1.0) -> None:
+    def __init__(self, daemon: Any, settings: ApiConfig, *, sample_interval: float = 1.0) -> None:
         self._d = daemon
         self._settings = settings
-        self._secrets = secret_values(daemon.config, settings.token)
-        self._rates = RateHistory(horizon=3600.0, min_interval=sample_interval)
-        self._copied: dict[tuple[str, str, str], int] = {}
-        self._sla: dict[tuple[str, str, str], list[float | None]] = {}  # (ds, dst, version) -> [first_seen, done]
+        self._redactor = Redactor(secret_values(daemon.config, settings.token))
+        self._clean = self._redactor.clean
         self._subs: dict[int, Callable[[EventOut], None]] = {}
         self._next_sub = 0
         self._lock = threading.Lock()
@@ -87,11 +68,12 @@ class DaemonBackend:
         self._sources = {r.source for r in daemon.config.rules}
         self._dests = {d for r in daemon.config.rules for d in r.destinations}
         self._queue = daemon.subscribe(maxsize=10_000)
-        self._sample_once()  # a baseline, so bytes copied before the first tick still show as throughput
-        self._threads = [
-            start_named_thread(self._pump, "ferry-api-event"),
-            start_named_thread(self._sample, "ferry-api-rates", (sample_interval,)),
-        ]
+        self._sampler = ThroughputSampler(self._bytes_moved, lambda: bool(daemon.running), sample_interval)
+        self._pump_thread = start_named_thread(self._pump, "ferry-api-event")
+
+    def _bytes_moved(self) -> float:
+        """Verified bytes copied plus the bytes of the copies in flight (the chart's counter)."""
+        return float(self._d.stats().copied_bytes_total + sum(t.bytes_done for t in self._d.transfers()))
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
 
@@ -101,8 +83,8 @@ class DaemonBackend:
             return
         self._closed.set()
         self._d.unsubscribe(self._queue)
-        for t in self._threads:
-            t.join(timeout=5)
+        self._pump_thread.join(timeout=5)
+        self._sampler.close()
 
     def _pump(self) -> None:
         while not self._closed.is_set():
@@ -125,74 +107,14 @@ class DaemonBackend:
 
     def _dispatch(self, raw: dict[str, Any]) -> None:
         ev = self._event(raw)
-        if ev.kind == "shard_verified":
-            key = (str(raw.get("dataset")), str(raw.get("src")), str(raw.get("dst")))
-            with self._lock:
-                self._copied[key] = self._copied.get(key, 0) + int(raw.get("bytes") or 0)
-        elif ev.kind == "version_published":
-            self._on_published(raw)
         with self._lock:
             subs = list(self._subs.values())
         for cb in subs:
             cb(ev)
 
-    def _on_published(self, raw: dict[str, Any]) -> None:
-        """Close the SLA record of (dataset, cluster, version); open it from history if sampling missed the start."""
-        ds, cluster, version = str(raw.get("dataset")), str(raw.get("cluster")), str(raw.get("version"))
-        done = float(raw.get("ts") or time.time())
-        with self._lock:
-            rec = self._sla.get((ds, cluster, version))
-        if rec is None or rec[0] is None:
-            try:
-                starts = [
-                    h.started_at
-                    for h in self._d.history(limit=1000, dataset=ds)
-                    if h.version == version and h.dst == cluster
-                ]
-            except Exception:  # the daemon is stopping: no record rather than a wrong one
-                return
-            rec = [min(starts, default=done), None]
-        rec[1] = done
-        with self._lock:
-            self._sla[(ds, cluster, version)] = rec
-
-    def _sample(self, interval: float) -> None:
-        while not self._closed.wait(interval):
-            try:
-                self._sample_once()
-            except Exception:  # a failing read (daemon stopping) must not kill the sampler
-                if not self._d.running:
-                    return
-
-    def _sample_once(self) -> None:
-        now = time.time()
-        in_flight = sum(t.bytes_done for t in self._d.transfers())
-        self._rates.add(now, float(self._d.stats().bytes_copied + in_flight))
-        for cell in self._d.replica_matrix():
-            if cell.role != "destination" or not cell.target_version:
-                continue
-            key = (cell.dataset, cell.cluster, cell.target_version)
-            published = cell.published_version == cell.target_version
-            with self._lock:
-                if key not in self._sla:  # already published when first seen (a restart): timing unknown, not counted
-                    self._sla[key] = [None, None] if published else [now - (cell.lag_seconds or 0.0), None]
-
     def _event(self, raw: dict[str, Any]) -> EventOut:
         data = {k: self._clean(v) for k, v in raw.items() if k not in ("type", "ts")}
         return EventOut(kind=str(raw.get("type", "event")), time=float(raw.get("ts") or time.time()), data=data)
-
-    def _clean(self, value: Any) -> Any:
-        """Replace any configured secret inside a string (error messages may quote a backend's text)."""
-        if isinstance(value, str):
-            for s in self._secrets:
-                if s in value:
-                    value = value.replace(s, "***")
-            return value
-        if isinstance(value, dict):
-            return {k: self._clean(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [self._clean(v) for v in value]
-        return value
 
     # ---- read side -------------------------------------------------------------------------------------------
 
@@ -214,7 +136,7 @@ class DaemonBackend:
             name=info.name,
             source=info.source,
             destinations=list(info.destinations),
-            version=info.version_id,
+            version=info.version,
             versions=len(info.versions),
             shards=info.shards,
             bytes=info.bytes,
@@ -227,13 +149,13 @@ class DaemonBackend:
     def dataset(self, name: str, shard_limit: int) -> DatasetDetail | None:
         try:
             info = self._d.dataset(name)
-        except KeyError:
+        except NotFoundError:
             return None
         return DatasetDetail(
             name=info.name,
             source=info.source,
             destinations=list(info.destinations),
-            version=info.version_id,
+            version=info.version,
             versions=list(info.versions),
             shards=info.shards,
             bytes=info.bytes,
@@ -282,12 +204,12 @@ class DaemonBackend:
                     dataset=t.dataset,
                     version=t.version,
                     shard=t.shard,
-                    source=self._clean(t.src),
-                    destination=self._clean(t.dst),
+                    source=self._clean(t.source),
+                    destination=self._clean(t.destination),
                     bytes_done=int(t.bytes_done),
                     bytes_total=total,
                     percent=round(100.0 * min(t.bytes_done, total) / total, 2) if total else 0.0,
-                    rate_bps=float(t.rate),
+                    rate_bps=float(t.rate_bps),
                     started_at=float(t.started_at),
                 )
             )
@@ -300,8 +222,8 @@ class DaemonBackend:
                 dataset=h.dataset,
                 version=h.version,
                 shard=h.shard,
-                source=self._clean(h.src),
-                destination=self._clean(h.dst),
+                source=self._clean(h.source),
+                destination=self._clean(h.destination),
                 bytes=h.bytes,
                 started_at=h.started_at,
                 duration_s=h.duration_s,
@@ -320,7 +242,7 @@ class DaemonBackend:
                 version=e.version,
                 cluster=e.cluster,
                 shard=e.shard,
-                reason=self._clean(e.message),
+                reason=self._clean(e.reason),
                 retryable=e.retryable,
                 attempts=e.attempts,
             )
@@ -337,28 +259,17 @@ class DaemonBackend:
         lim = self._d.limits()
         rates: dict[tuple[str, str], float] = {}
         for t in self._d.transfers():
-            rates[(t.src, t.dst)] = rates.get((t.src, t.dst), 0.0) + float(t.rate)
+            rates[(t.source, t.destination)] = rates.get((t.source, t.destination), 0.0) + float(t.rate_bps)
         of = self._link_of()
         lag: dict[tuple[str, str], float] = {}
         for cell in self._d.replica_matrix():
             link = of.get((cell.dataset, cell.cluster))
             if link is not None and cell.role == "destination":
                 lag[link] = max(lag.get(link, 0.0), float(cell.lag_seconds or 0.0))
-        totals: dict[tuple[str, str], list[int]] = {}
-        with self._lock:
-            records = list(self._sla.items())
-        for (ds, dst, _version), (first, done) in records:
-            link = of.get((ds, dst))
-            if link is None or first is None:
-                continue
-            elapsed = (done if done is not None else now) - first
-            counted = totals.setdefault(link, [0, 0])
-            if done is not None or elapsed > sla_s:  # a pending version counts once it has missed the SLA
-                counted[0] += 1
-                counted[1] += int(done is not None and elapsed <= sla_s)
+        totals = sla_counts(self._d.version_timings(), of, sla_s, now)
         out = []
         for src, dst in self._d.config.links():
-            total, within = totals.get((src, dst), [0, 0])
+            total, within = totals.get((src, dst), (0, 0))
             out.append(
                 LinkOut(
                     source=src,
@@ -368,21 +279,21 @@ class DaemonBackend:
                     versions_total=total,
                     versions_within_sla=within,
                     share_within_sla=(within / total) if total else None,
-                    limit_bps=lim.per_link.get(f"{src}->{dst}"),
+                    limit_bps=lim.links.get(f"{src}->{dst}"),
                     rate_bps=rates.get((src, dst), 0.0),
                 )
             )
         return out
 
     def throughput(self, seconds: float, buckets: int) -> ThroughputOut:
-        points = self._rates.buckets(time.time(), seconds, buckets)
+        points = self._sampler.history.buckets(time.time(), seconds, buckets)
         return ThroughputOut(
             bucket_seconds=seconds / buckets, points=[ThroughputPoint(t=t, bps=max(0.0, v)) for t, v in points]
         )
 
     def limits(self) -> LimitsOut:
         lim = self._d.limits()
-        return LimitsOut(transfers=lim.transfers, global_bps=lim.bwlimit, links=dict(lim.per_link))
+        return LimitsOut(transfers=lim.transfers, global_bps=lim.global_bps, links=dict(lim.links))
 
     def status(self) -> StatusOut:
         st = self._d.stats()
@@ -391,11 +302,11 @@ class DaemonBackend:
             ready=self.ready(),
             version=_ferry_version(),
             uptime_seconds=st.uptime_seconds,
-            transfers_in_flight=st.in_flight,
+            transfers_in_flight=st.transfers_in_flight,
             # the failed shards /errors lists, not the Stats counter of every failed attempt since start
             open_errors=len(self._d.errors(limit=_OPEN_ERRORS_CAP)),
-            copied_bytes_total=st.bytes_copied,
-            rate_bps=st.rate_instant,
+            copied_bytes_total=st.copied_bytes_total,
+            rate_bps=st.rate_bps,
             pending_bytes=st.pending_bytes,
             pending_shards=st.pending_shards,
             eta_seconds=st.eta_seconds,
@@ -411,8 +322,7 @@ class DaemonBackend:
         return bool(self._d.running)
 
     def copied_bytes(self) -> dict[tuple[str, str, str], int]:
-        with self._lock:
-            return dict(self._copied)
+        return self._d.copied_bytes()
 
     def subscribe(self, callback: Callable[[EventOut], None]) -> Callable[[], None]:
         with self._lock:
@@ -437,11 +347,13 @@ class DaemonBackend:
                 if req.source in (None, src) and req.destination in (None, dst)
             ]
             if not links:
-                raise NotFound("no configured link matches the given source/destination")
+                raise NotFoundError("no configured link matches the given source/destination")
         try:
             n = sum(self._d.sync_now(dataset=req.dataset, link=link) for link in links)
+        except NotFoundError:
+            raise
         except UsageError as exc:
-            raise NotFound(str(exc)) from exc
+            raise Invalid(str(exc)) from exc
         return ActionResult(ok=True, message=f"queued {n} sync pass(es)", affected=n)
 
     def pause(self) -> ActionResult:
@@ -460,30 +372,29 @@ class DaemonBackend:
             known = {f"{src}->{dst}" for src, dst in self._d.config.links()}
             unknown = sorted(set(req.links) - known)
             if unknown:  # checked here so odd keys never reach the daemon (or a log line) verbatim
-                raise NotFound(f"unknown link(s): {len(unknown)} (known: {', '.join(sorted(known))})")
+                raise NotFoundError(f"unknown link(s): {len(unknown)} (known: {', '.join(sorted(known))})")
             kwargs["per_link"] = {k: (v or None) for k, v in req.links.items()}
         if req.transfers is not None:
             kwargs["transfers"] = req.transfers
         try:
             self._d.set_limits(**kwargs)
-        except UsageError as exc:
-            raise NotFound(str(exc)) from exc
-        except ConfigError as exc:
+        except NotFoundError:
+            raise
+        except (UsageError, ConfigError) as exc:
             raise Invalid(str(exc)) from exc
         return self.limits()
 
     def scrub(self, req: ScrubIn) -> ActionResult:
         try:
             n = self._d.scrub(dataset=req.dataset, cluster=req.cluster)
+        except NotFoundError:
+            raise
         except UsageError as exc:
-            raise NotFound(str(exc)) from exc
+            raise Invalid(str(exc)) from exc
         return ActionResult(ok=True, message=f"queued {n} scrub(s)", affected=n)
 
     def retry(self, req: RetryIn) -> ActionResult:
-        try:
-            n = self._d.retry(req.id)
-        except KeyError as exc:
-            raise NotFound(f"no open error with id {req.id}") from exc
+        n = self._d.retry(req.id)  # NotFoundError for an id that is not an open error: 404
         return ActionResult(ok=True, message=f"reset {n} failed shard(s)", affected=n)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from .cache import ResponseCache
+from .response_cache import ResponseCache
 
 __all__ = ["CachedReads", "FastReadsApp"]
 

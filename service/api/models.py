@@ -113,7 +113,7 @@ class TransferOut(_Out):
     bytes_done: int
     bytes_total: int
     percent: float = Field(ge=0, le=100)
-    rate_bps: float = Field(description="bytes per second over the last seconds")
+    rate_bps: float = Field(description="bytes per second since the copy started")
     started_at: float = Field(description="unix time")
 
 
@@ -230,7 +230,14 @@ class ActionResult(_Out):
 
 
 class EventOut(_Out):
-    """One Server-Sent Event payload (``event:`` is ``kind``)."""
+    """One Server-Sent Event payload (``event:`` is ``kind``).
+
+    ``data`` uses the names of the records above: a ``progress`` event carries TransferOut's
+    ``dataset, shard, source, destination, bytes_done, bytes_total, rate_bps``; ``shard_verified``
+    ``dataset, version, shard, source, destination, bytes, duration_s``; ``error`` ErrorEntry's
+    ``id, dataset, version, cluster, shard, reason, retryable, attempts``; ``state`` ``paused`` and
+    LimitsOut's ``transfers, global_bps, links``.
+    """
 
     kind: str
     time: float

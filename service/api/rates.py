@@ -1,11 +1,16 @@
-"""A bounded history of a byte counter, turned into throughput buckets for the dashboard chart."""
+"""The throughput chart's data: a bounded history of the bytes-copied counter, sampled every second
+by a thread of its own, turned into buckets of bytes per second."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 
-__all__ = ["RateHistory"]
+from shard_tools.threadname import start_named_thread
+
+__all__ = ["RateHistory", "ThroughputSampler"]
 
 
 class RateHistory:
@@ -56,3 +61,33 @@ def _value_at(samples: list[tuple[float, float]], t: float) -> float:
             hi = mid
     (t0, v0), (t1, v1) = samples[lo], samples[hi]
     return v0 + (v1 - v0) * (t - t0) / (t1 - t0) if t1 > t0 else v1
+
+
+class ThroughputSampler:
+    """Samples ``counter()`` (cumulative bytes) into a RateHistory every ``interval`` seconds until closed.
+
+    ``alive()`` says whether a failing read is a stopping daemon (the sampler ends) or a passing fault.
+    """
+
+    def __init__(self, counter: Callable[[], float], alive: Callable[[], bool], interval: float = 1.0) -> None:
+        self.history = RateHistory(horizon=3600.0, min_interval=interval)
+        self._counter = counter
+        self._alive = alive
+        self._closed = threading.Event()
+        self.sample()  # a baseline, so bytes copied before the first tick still show as throughput
+        self._thread = start_named_thread(self._run, "ferry-api-rates", (interval,))
+
+    def sample(self) -> None:
+        self.history.add(time.time(), float(self._counter()))
+
+    def _run(self, interval: float) -> None:
+        while not self._closed.wait(interval):
+            try:
+                self.sample()
+            except Exception:  # a failing read (daemon stopping) must not kill the sampler
+                if not self._alive():
+                    return
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=5)

@@ -24,8 +24,9 @@ import uvicorn
 from shard_tools.errors import ServiceError
 from shard_tools.threadname import start_named_thread
 
+from ..config import ApiConfig
 from .app import create_app
-from .settings import ApiSettings
+from .settings import api_config_of
 
 __all__ = ["RunningServer", "install_serve_hooks", "redact_query", "run_server", "start_server"]
 
@@ -91,8 +92,8 @@ class RunningServer:
             close()
 
 
-def _settings_of(config: Any) -> ApiSettings:
-    return ApiSettings.from_config(getattr(config, "api", config))
+def _settings_of(config: Any) -> ApiConfig:
+    return api_config_of(config)
 
 
 def start_server(
@@ -105,7 +106,7 @@ def start_server(
     startup_timeout: float = 20.0,
     own_log_handlers: bool = True,
 ) -> RunningServer:
-    """Start the API for ``daemon`` on a thread; ``config`` is the ferry ``Config``, its ``[api]`` or ApiSettings.
+    """Start the API for ``daemon`` on a thread; ``config`` is the ferry ``Config`` or its ``[api]``.
 
     ``port=0`` picks a free port (read it from ``.url``). ``own_log_handlers=False`` leaves uvicorn's
     loggers without handlers of their own: their records reach the process's (``--log-format json``).

@@ -34,6 +34,71 @@ def format_event(kind: str, data: object, event_id: int | None = None) -> bytes:
     return (head + "data: " + json.dumps(data, separators=(",", ":"), default=str) + "\n\n").encode()
 
 
+class _Outbox:
+    """Events on their way from daemon threads to one SSE client, on the client's event loop.
+
+    Progress events are coalesced per transfer (the newest wins); other events queue up to
+    ``_QUEUE_MAX``, beyond which the client is told to ``resync`` instead.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._queue: asyncio.Queue[EventOut] = asyncio.Queue()
+        self._progress: dict[str, EventOut] = {}
+        self._overflow = False
+        self._inbox: deque[EventOut] = deque()
+        self._inbox_lock = threading.Lock()
+
+    def on_event(self, ev: EventOut) -> None:
+        """From a daemon thread: hand ``ev`` to the loop, one wake-up per batch."""
+        with self._inbox_lock:
+            self._inbox.append(ev)
+            first = len(self._inbox) == 1
+        if first:  # a drain is not pending yet: schedule one (waking the loop per event costs the copies)
+            with contextlib.suppress(RuntimeError):  # loop closed while the daemon still publishes
+                self._loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:  # on the event loop
+        with self._inbox_lock:
+            batch = list(self._inbox)
+            self._inbox.clear()
+        for ev in batch:
+            if ev.kind == "progress":
+                d = ev.data
+                self._progress[f"{d.get('dataset')}|{d.get('shard')}|{d.get('destination')}"] = ev
+            elif self._queue.qsize() < _QUEUE_MAX:
+                self._queue.put_nowait(ev)
+            else:
+                self._overflow = True
+
+    async def collect(self, timeout: float) -> list[EventOut]:
+        """The queued events: waits up to ``timeout`` for the first, then takes all that queued meanwhile."""
+        try:
+            first = await asyncio.wait_for(self._queue.get(), timeout=timeout)
+        except asyncio.TimeoutError:
+            return []
+        events = [first]
+        while not self._queue.empty():
+            events.append(self._queue.get_nowait())
+        return events
+
+    def frames(self, events: list[EventOut], seq: int) -> tuple[list[bytes], int]:
+        """SSE frames for ``events`` and the coalesced progress (or one ``resync``); the last sequence number."""
+        out: list[bytes] = []
+        if self._overflow:
+            self._overflow = False
+            events = []
+            while not self._queue.empty():
+                self._queue.get_nowait()
+            seq += 1
+            out.append(format_event("resync", {"time": time.time()}, seq))
+        for ev in [*events, *self._progress.values()]:
+            seq += 1
+            out.append(format_event(ev.kind, {**ev.data, "time": ev.time}, seq))
+        self._progress.clear()
+        return out, seq
+
+
 async def event_stream(
     backend: ApiBackend,
     is_disconnected: Callable[[], object],
@@ -44,40 +109,8 @@ async def event_stream(
     heartbeat: float = 15.0,
 ) -> AsyncIterator[bytes]:
     """Yield SSE frames until the client disconnects or the server stops."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[EventOut | None] = asyncio.Queue()
-    progress: dict[str, EventOut] = {}
-    overflow = False
-
-    def put(ev: EventOut) -> None:
-        nonlocal overflow
-        if ev.kind == "progress":
-            d = ev.data
-            progress[f"{d.get('dataset')}|{d.get('shard')}|{d.get('dst')}"] = ev
-        elif queue.qsize() < _QUEUE_MAX:
-            queue.put_nowait(ev)
-        else:
-            overflow = True
-
-    inbox: deque[EventOut] = deque()
-    inbox_lock = threading.Lock()
-
-    def drain() -> None:  # on the event loop: hand everything that arrived to put()
-        with inbox_lock:
-            batch = list(inbox)
-            inbox.clear()
-        for ev in batch:
-            put(ev)
-
-    def on_event(ev: EventOut) -> None:  # daemon thread → event loop, one wake-up per batch
-        with inbox_lock:
-            inbox.append(ev)
-            first = len(inbox) == 1
-        if first:  # a drain is not pending yet: schedule one (waking the loop per event costs the copies)
-            with contextlib.suppress(RuntimeError):  # loop closed while the daemon still publishes
-                loop.call_soon_threadsafe(drain)
-
-    unsubscribe = backend.subscribe(on_event)
+    box = _Outbox(asyncio.get_running_loop())
+    unsubscribe = backend.subscribe(box.on_event)
     seq = 0
     try:
         yield format_event("hello", {"time": time.time(), "status": backend.status().model_dump()}, seq)
@@ -86,33 +119,7 @@ async def event_stream(
             pause = min_flush_interval - (time.monotonic() - last_flush)
             if pause > 0:  # at most one write per interval: a busy sync publishes hundreds of events a second
                 await asyncio.sleep(pause)
-            events: list[EventOut] = []
-            try:
-                first = await asyncio.wait_for(queue.get(), timeout=progress_interval)
-            except asyncio.TimeoutError:
-                first = None
-            if first is not None:
-                events.append(first)
-                while not queue.empty():  # everything that queued up meanwhile goes out in the same write
-                    item = queue.get_nowait()
-                    if item is not None:
-                        events.append(item)
-            out: list[bytes] = []
-            if overflow:
-                overflow = False
-                events.clear()
-                while not queue.empty():
-                    queue.get_nowait()
-                seq += 1
-                out.append(format_event("resync", {"time": time.time()}, seq))
-            for ev in events:
-                seq += 1
-                out.append(format_event(ev.kind, {**ev.data, "time": ev.time}, seq))
-            if progress:
-                for p in progress.values():
-                    seq += 1
-                    out.append(format_event("progress", {**p.data, "time": p.time}, seq))
-                progress.clear()
+            out, seq = box.frames(await box.collect(progress_interval), seq)
             if not out and time.monotonic() - last_beat >= heartbeat:
                 out.append(b": keep-alive\n\n")
             if out:

@@ -173,7 +173,7 @@ function renderMatrix(m) {
   $("matrix-empty").hidden = m.datasets.length > 0;
 }
 
-function transferKey(t) { return `${t.dataset}|${t.shard}|${t.destination ?? t.dst}`; }
+function transferKey(t) { return `${t.dataset}|${t.shard}|${t.destination}`; }
 function renderTransfers(list) {
   state.transfers = new Map(list.map((t) => [transferKey(t), t]));
   drawTransfers();
@@ -351,13 +351,12 @@ function onEvent(kind, d) {
   switch (kind) {
     case "hello": renderStatus(d.status); schedule(...Object.keys(loaders)); break;
     case "progress": {
-      const key = `${d.dataset}|${d.shard}|${d.dst}`;
-      const t = state.transfers.get(key);
-      if (t) { t.bytes_done = d.bytes_done; t.bytes_total = d.bytes_total; t.rate_bps = d.rate; drawTransfers(); }
+      const t = state.transfers.get(transferKey(d));  // progress events carry the TransferOut names
+      if (t) { t.bytes_done = d.bytes_done; t.bytes_total = d.bytes_total; t.rate_bps = d.rate_bps; drawTransfers(); }
       else schedule("transfers");
       break;
     }
-    case "shard_verified": state.transfers.delete(`${d.dataset}|${d.shard}|${d.dst}`); drawTransfers();
+    case "shard_verified": state.transfers.delete(transferKey(d)); drawTransfers();
       schedule("replicas", "transfers", "status"); break;
     case "version_published": case "pass": schedule("replicas", "links", "status", "transfers"); break;
     case "error": schedule("errors", "replicas", "transfers", "status"); break;

@@ -27,7 +27,7 @@ from helpers import Service, pack, running_service, wait_until, write_serve_conf
 
 from service.engine import Engine
 from service.executor import Executor
-from service.state import State
+from service.replication_state import State
 from shard_tools.errors import StorageError
 from shard_tools.header import version_id_of
 from shard_tools.store import resolve

@@ -14,7 +14,7 @@ from helpers import pack, running_service, wait_until
 from service.engine import Engine
 from service.executor import Executor
 from service.lease import Lease
-from service.state import State
+from service.replication_state import State
 from shard_tools.dataset import load_manifest
 from shard_tools.store import resolve
 

@@ -22,7 +22,7 @@ from helpers import documents, make_docs, pack, wait_until
 from service.engine import Engine
 from service.executor import Executor
 from service.lease import LEASE_FILE, Lease, read_lease
-from service.state import State
+from service.replication_state import State
 from shard_tools.conditional import read_versioned, write_if
 from shard_tools.dataset import load_manifest
 from shard_tools.errors import LeaseHeldError, RollbackError, WriteConflictError

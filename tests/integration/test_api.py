@@ -118,7 +118,7 @@ def test_control_calls_change_the_daemon(svc: Service) -> None:
     assert c.resume().ok and not c.status().paused
     limits = c.set_limits(global_bps=5 * 2**20, links={"east->west": 2**20}, transfers=3)
     assert (limits.global_bps, limits.links, limits.transfers) == (5 * 2**20, {"east->west": 2**20}, 3)
-    assert svc.daemon.limits().bwlimit == 5 * 2**20
+    assert svc.daemon.limits().global_bps == 5 * 2**20
     assert c.set_limits(global_bps=0).global_bps is None  # 0 = unlimited
     assert c.sync().affected == 1
     assert c.sync(dataset="corpus", source="east", destination="west").affected == 1

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from helpers import wait_until as wait_for
 
 from service.config import load_config
 from service.daemon import Daemon
-from shard_tools.errors import ConfigError, UsageError
+from shard_tools.errors import ConfigError, NotFoundError
 from shard_tools.store import resolve
 
 CONFIG = """
@@ -79,7 +78,7 @@ def test_daemon_replicates_and_obeys_controls(tmp_path: Path) -> None:
         assert documents(cfg.clusters["d2"].dataset_url("beta"), {}) == [x.tolist() for x in beta_docs]
         infos = {i.name: i for i in d.datasets()}
         assert set(infos) == {"alpha", "beta"} and infos["alpha"].shards == alpha.shards
-        assert infos["alpha"].version_id == alpha.version_id and infos["alpha"].source == "src"
+        assert infos["alpha"].version == alpha.version_id and infos["alpha"].source == "src"
         cell = next(r for r in d.replica_matrix() if r.dataset == "alpha" and r.cluster == "d1")
         assert (cell.verified_shards, cell.total_shards, cell.lag_seconds) == (alpha.shards, alpha.shards, None)
         kinds = {e["type"] for e in drain(events)}
@@ -94,28 +93,30 @@ def test_daemon_replicates_and_obeys_controls(tmp_path: Path) -> None:
         more = make_docs(100, 23)
         new = pack(str(tmp_path / "src" / "alpha"), more, {}, append=True)
         assert d.sync_now("alpha", ("src", "d1")) >= 1
-        time.sleep(0.8)
-        assert d.paused and d.stats().paused
+        # the pass has planned the new version (the State records when it became wanted) and waits
+        wait_for(lambda: [v for v in d.version_timings() if v.version == new.version_id], what="the planned version")
+        assert d.paused and d.executor.paused
         assert not complete(d, "alpha", new.version_id)
         waiting = wait_for(lambda: [r for r in d.replica_matrix() if r.dataset == "alpha" and r.state == "paused"],
                            what="paused cells")  # fmt: skip
         assert waiting[0].target_version == new.version_id and (waiting[0].lag_seconds or 0) > 0
-        assert any(lag.dataset == "alpha" and lag.seconds > 0 for lag in d.stats().lag)
+        timings = [v for v in d.version_timings() if v.dataset == "alpha" and v.version == new.version_id]
+        assert timings and all(v.completed is None for v in timings)  # the State knows since when it is wanted
         d.resume()
         wait_for(lambda: complete(d, "alpha", new.version_id), what="sync after resume")
         assert documents(cfg.clusters["d2"].dataset_url("alpha"), {}) == [x.tolist() for x in alpha_docs + more]
 
         # limits change at run time, with precise errors
         info = d.set_limits(bwlimit="10MiB/s", per_link={"src->d1": "1MiB/s"}, transfers=2)
-        assert (info.transfers, info.bwlimit, info.per_link["src->d1"]) == (2, 10 * 2**20, 2**20)
-        assert d.limits().bwlimit == 10 * 2**20
+        assert (info.transfers, info.global_bps, info.links["src->d1"]) == (2, 10 * 2**20, 2**20)
+        assert d.limits().global_bps == 10 * 2**20
         d.set_limits(bwlimit=None, per_link={"src->d1": None})
-        assert d.limits().bwlimit is None and d.limits().per_link["src->d1"] is None
-        with pytest.raises(UsageError):
+        assert d.limits().global_bps is None and d.limits().links["src->d1"] is None
+        with pytest.raises(NotFoundError, match="unknown link"):
             d.set_limits(per_link={"d1->src": 5})
         with pytest.raises(ConfigError):
             d.set_limits(bwlimit="warp speed")
-        with pytest.raises(UsageError):
+        with pytest.raises(NotFoundError, match="no rule replicates d2 -> d1"):
             d.sync_now(link=("d2", "d1"))
 
         # scrub finds a flipped byte at d1 and repairs it from a healthy replica
@@ -140,11 +141,11 @@ def test_daemon_replicates_and_obeys_controls(tmp_path: Path) -> None:
         os.remove(src_alpha.full(lost))
         d.sync_now("alpha")
         errors = wait_for(lambda: [e for e in d.errors() if e.shard == lost and e.cluster == "d2"], what="error")
-        assert not errors[0].retryable and "missing" in errors[0].message
+        assert not errors[0].retryable and "missing" in errors[0].reason
         assert not complete(d, "alpha", third.version_id)
         src_alpha.write_bytes(lost, saved)
         assert d.retry(errors[0].id) == 1
-        with pytest.raises(KeyError):
+        with pytest.raises(NotFoundError, match="no open error with id"):
             d.retry(10**9)
         d.retry()
         wait_for(lambda: complete(d, "alpha", third.version_id), what="sync after retry")
@@ -172,7 +173,7 @@ def test_ferry_serve_stops_on_sigterm(tmp_path: Path) -> None:
     assert proc.returncode == 0, err
     assert "daemon stopped" in err and "signal 15" in err
     assert documents(str(tmp_path / "d1" / "gamma"), {}) == [x.tolist() for x in docs]
-    from service.state import DB_NAME
+    from service.replication_state import DB_NAME
 
     assert (tmp_path / "state" / DB_NAME).exists() and result.shards > 0
 

@@ -164,7 +164,7 @@ def test_pause_and_resume_by_keyboard(page, tmp_path: Path, monkeypatch: pytest.
         page.click("#btn-limits")
         page.fill("#lim-global", "3")
         page.keyboard.press("Enter")
-        wait_until(lambda: svc.daemon.limits().bwlimit == 3 * 2**20, timeout=10, what="the new limit")
+        wait_until(lambda: svc.daemon.limits().global_bps == 3 * 2**20, timeout=10, what="the new limit")
         page.wait_for_selector("#sum-limit:has-text('3.00 MiB/s')", timeout=10_000)
 
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from helpers import make_docs, pack
 
-import service.quickcheck as quickcheck
+import service.noop_check as noop_check
 from service.cli import main
-from service.quickcheck import S3Get, plan_s3_get, sign_v4
+from service.s3_get import S3Get, plan_s3_get, sign_v4
 
 KEYS = {"key": "AKIDEXAMPLE", "secret": "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"}
 
@@ -119,18 +119,18 @@ def test_sync_noop_to_s3_reads_two_manifests_and_reports_like_the_full_path(
     assert first["copied"] > 0 and first["published"]
 
     reads: list[str] = []
-    real_read = quickcheck._read_manifest
+    real_read = noop_check.read_manifest
 
     def counted(url: str, options: Any) -> bytes | None:
         reads.append(url)
         return real_read(url, options)
 
-    monkeypatch.setattr(quickcheck, "_read_manifest", counted)
+    monkeypatch.setattr(noop_check, "read_manifest", counted)
     fast = _sync(capsys, src, dst, s3_backend)
     assert reads == [src, dst]  # exactly the two manifest reads
     assert fast["up_to_date"] is True
 
-    monkeypatch.setattr(quickcheck, "up_to_date_header", lambda *a: None)  # the engine's own no-op
+    monkeypatch.setattr(noop_check, "up_to_date_header", lambda *a: None)  # the engine's own no-op
     full = _sync(capsys, src, dst, s3_backend)
     assert {k: v for k, v in fast.items() if k != "seconds"} == {k: v for k, v in full.items() if k != "seconds"}
 

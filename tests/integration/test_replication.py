@@ -9,12 +9,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from faults import faulty_location
 from helpers import documents, make_docs, pack
 
 from service.engine import Engine, PassResult, listing
 from service.executor import Executor
-from service.faults import faulty_location
-from service.state import State
+from service.replication_state import State
 from shard_tools.dataset import open_dataset
 from shard_tools.manifest import Manifest, ShardTable
 from shard_tools.publish import publish_version
@@ -158,7 +158,7 @@ def test_pulls_from_replica_when_source_fails(file_backend: Any) -> None:
     assert eng.sync_pass("ds", "src", "near", {"src": src, "near": near}).published
     res = eng.sync_pass("ds", "src", "far", {"src": faulty_location(src, flip=1.0), "near": near, "far": far})
     assert res.published and res.corrupt_detected == 0  # near is tried first: the flipping source is not needed
-    assert {h.src for h in eng.state.history(limit=1000) if h.dst == "far"} == {"near"}
+    assert {h.source for h in eng.state.history(limit=1000) if h.destination == "far"} == {"near"}
 
 
 def test_bandwidth_limit_is_respected(file_backend: Any) -> None:

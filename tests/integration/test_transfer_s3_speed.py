@@ -12,12 +12,19 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from faults import faulty_location
 
 import service.transfer as transfer
-from service.faults import faulty_location
+from service import http_pool, object_store, s3_presigned
+from service.object_store import skip_double_checksums
 from shard_tools.digest import digest_bytes
 from shard_tools.errors import ShardDigestError, ShardFormatError
 from shard_tools.store import resolve
+
+
+@pytest.fixture(autouse=True)
+def _one_checksum() -> None:
+    skip_double_checksums()  # as the daemon and `ferry sync` do before they open a store
 
 
 def _shard(loc: Any, path: str, size: int) -> str:
@@ -43,7 +50,7 @@ def test_small_shard_is_one_put_and_large_is_verified_multipart(
     assert digest_bytes(dst.read_bytes("shards/a.bin")) == d
 
     # above the single-PUT size: multipart, completed only when the digest matched
-    monkeypatch.setattr(transfer, "SINGLE_PUT_MAX", 5 * 2**20)
+    monkeypatch.setattr(object_store, "SINGLE_PUT_MAX", 5 * 2**20)
     size = 11 * 2**20 + 5
     d = _shard(src, "shards/b.bin", size)
     with pytest.raises(ShardDigestError):
@@ -120,7 +127,7 @@ def test_a_refused_presigned_put_falls_back_to_the_filesystem(
     transfer.copy_shard(src, dst, "shards/f.bin", size, d, chunk_size=2**20)
     assert seen == ["UNSIGNED-PAYLOAD"]  # refused once, then s3fs's own PutObject, unsigned
     assert digest_bytes(dst.read_bytes("shards/f.bin")) == d
-    assert getattr(dst.fs, "_ferry_no_presign", False)  # and later uploads go the s3fs way directly
+    assert not s3_presigned.presign_allowed(dst.fs)  # and later uploads go the s3fs way directly
 
 
 def test_presigned_put_streams_with_memory_bounded_by_one_chunk(file_backend: Any, s3_backend: Any) -> None:
@@ -168,15 +175,15 @@ def test_a_connection_the_server_closed_is_replaced_before_reuse(high_fd: bool) 
         srv.bind(("127.0.0.1", 0))
         srv.listen()
         u = urllib.parse.urlsplit(f"http://127.0.0.1:{srv.getsockname()[1]}/b/k?X-Amz-Signature=x")
-        conn = transfer._connection(u)
+        conn = http_pool.connection(u)
         conn.connect()
         peer, _ = srv.accept()
         assert conn.sock is not None and (conn.sock.fileno() >= 1024) == high_fd
-        assert transfer._connection(u) is conn and conn.sock is not None  # open and idle: kept
+        assert http_pool.connection(u) is conn and conn.sock is not None  # open and idle: kept
         peer.close()  # the server's idle timeout
         deadline = time.monotonic() + 5
         while conn.sock is not None and time.monotonic() < deadline:
-            transfer._connection(u)
+            http_pool.connection(u)
             time.sleep(0.01)
         assert conn.sock is None  # closed here; http.client reconnects on the next request
-        transfer._drop_connection(u, conn)
+        http_pool.drop(u, conn)

@@ -14,7 +14,6 @@ from helpers import TOKEN, TOKEN_ENV, make_config, wait_until
 
 from service.api.daemon_backend import DaemonBackend
 from service.api.models import EventOut
-from service.api.settings import ApiSettings
 from service.daemon import Daemon
 
 
@@ -36,12 +35,9 @@ def test_a_burst_of_events_arrives_in_order_with_few_wakeups(tmp_path: Path, mon
     daemon = Daemon(config)
     counting = CountingQueue(10_000)
 
-    def subscribe(maxsize: int = 1000) -> CountingQueue:
-        daemon.events._subs.append(counting)
-        return counting
-
-    monkeypatch.setattr(daemon.events, "subscribe", subscribe)
-    backend = DaemonBackend(daemon, ApiSettings.from_config(config.api))
+    real_subscribe = daemon.events.subscribe
+    monkeypatch.setattr(daemon.events, "subscribe", lambda maxsize=1000: real_subscribe(into=counting))
+    backend = DaemonBackend(daemon, config.api)
     got: list[EventOut] = []
     lock = threading.Lock()
 

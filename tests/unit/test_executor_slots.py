@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from service.executor import Executor, Job, JobResult, _Slots
+from service.executor import Executor, Job, JobResult
 from service.planner import ShardRef
+from service.slots import Slots
 
 
 class Gauge:
@@ -31,7 +32,7 @@ class Gauge:
 
 
 def test_slots_bound_concurrency_and_hand_over_every_slot() -> None:
-    slots = _Slots(2)
+    slots = Slots(2)
     gauge = Gauge()
 
     def worker() -> None:
@@ -51,7 +52,7 @@ def test_slots_bound_concurrency_and_hand_over_every_slot() -> None:
 
 
 def test_resize_pause_close_wake_waiters() -> None:
-    slots = _Slots(1)
+    slots = Slots(1)
     assert slots.acquire()
     got: list[bool] = []
     waiter = threading.Thread(target=lambda: got.append(slots.acquire()))
@@ -84,12 +85,12 @@ def test_a_worker_keeps_its_slot_from_job_to_job(monkeypatch: pytest.MonkeyPatch
     """Jobs run on as many threads as there are slots: no hand-over (a thread wake-up) after every shard."""
     ran_on: list[str] = []
 
-    def run_one(self: Executor, job: Job, locations: object) -> JobResult:
+    def run_one(self: Executor, job: Job, locations: object, record: object = None) -> JobResult:
         ran_on.append(threading.current_thread().name)
         time.sleep(0.001)
         return JobResult(job, ok=True)
 
-    monkeypatch.setattr(Executor, "_run_one", run_one)
+    monkeypatch.setattr(Executor, "run_job", run_one)
     results = Executor(transfers=2).run(_jobs(40), {})
     assert len(results) == 40 and all(r.ok for r in results)
     assert len(set(ran_on)) == 2, sorted(set(ran_on))
@@ -100,13 +101,13 @@ def test_pause_and_resize_take_effect_between_jobs(monkeypatch: pytest.MonkeyPat
     gauge = Gauge()
     started = threading.Event()
 
-    def run_one(self: Executor, job: Job, locations: object) -> JobResult:
+    def run_one(self: Executor, job: Job, locations: object, record: object = None) -> JobResult:
         started.set()
         with gauge:
             time.sleep(0.01)
         return JobResult(job, ok=True)
 
-    monkeypatch.setattr(Executor, "_run_one", run_one)
+    monkeypatch.setattr(Executor, "run_job", run_one)
     done: list[int] = []
     runner = threading.Thread(target=lambda: done.append(len(ex.run(_jobs(30), {}))))
     runner.start()
@@ -128,12 +129,12 @@ def test_a_stopped_executor_cancels_what_nobody_started(monkeypatch: pytest.Monk
     ex = Executor(transfers=1)
     started, gate = threading.Event(), threading.Event()
 
-    def run_one(self: Executor, job: Job, locations: object) -> JobResult:
+    def run_one(self: Executor, job: Job, locations: object, record: object = None) -> JobResult:
         started.set()
         gate.wait(5)
         return JobResult(job, ok=True)
 
-    monkeypatch.setattr(Executor, "_run_one", run_one)
+    monkeypatch.setattr(Executor, "run_job", run_one)
     out: list[list[JobResult]] = []
     runner = threading.Thread(target=lambda: out.append(ex.run(_jobs(5), {})))
     runner.start()
@@ -141,7 +142,7 @@ def test_a_stopped_executor_cancels_what_nobody_started(monkeypatch: pytest.Monk
     stopper = threading.Thread(target=ex.shutdown, args=(5.0,))
     stopper.start()
     deadline = time.monotonic() + 5
-    while not ex._slots.closed and time.monotonic() < deadline:
+    while not ex.stopping and time.monotonic() < deadline:
         time.sleep(0.005)
     gate.set()  # the job in flight finishes after the stop
     runner.join(10)

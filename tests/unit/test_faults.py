@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from faults import faulty_location
 from helpers import documents, make_docs, pack
 
 from service.engine import Engine, listing
 from service.executor import Executor
-from service.faults import faulty_location
-from service.state import State
+from service.replication_state import State
 from service.stats import Stats
 from shard_tools.errors import FerryError
 from shard_tools.store import TEMP_MARKER, resolve

@@ -56,7 +56,7 @@ def make_corpus(tokens: int, seed: int) -> list[np.ndarray]:
 
 def write_config(root: Path, port: int, bwlimit: str, token_env: str) -> Path:
     """ferry.toml for two local clusters, east → west."""
-    text = f"""# written by `make demo` (service/demo.py)
+    text = f"""# written by `make demo` (tools/demo.py)
 state_dir = "state"
 poll_interval = 1
 
@@ -157,8 +157,8 @@ def stream_demo(url: str, cache: Path, steps: int, seq_len: int = 256, batch_siz
     return same
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m service.demo", description=__doc__.split("\n\n")[0])
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python tools/demo.py", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--data", default="demo-data", help="working directory (recreated; default ./demo-data)")
     p.add_argument("--port", type=int, default=8765, help="dashboard port (a free one is used when busy)")
     p.add_argument("--tokens", type=int, default=12_000_000, help="corpus size in tokens (default 12M)")
@@ -167,73 +167,109 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20, help="loader steps to stream (default 20)")
     p.add_argument("--no-wait", action="store_true", help="exit when the demo is done instead of serving until Ctrl-C")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for replication")
-    args = p.parse_args(argv)
+    return p
 
+
+class _Run:
+    """One demo run: its arguments, working directory, corpus and clock."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from shard_tools.packing import PackOptions
+
+        self.args = args
+        self.root = Path(args.data).resolve()
+        for sub in ("east", "west", "state", "cache"):
+            shutil.rmtree(self.root / sub, ignore_errors=True)
+        (self.root / "east").mkdir(parents=True, exist_ok=True)
+        (self.root / "west").mkdir(parents=True, exist_ok=True)
+        self.t0 = time.perf_counter()
+        self.east_url = str(self.root / "east" / DATASET)
+        self.west_url = str(self.root / "west" / DATASET)
+        self.opts = PackOptions(vocab_size=VOCAB, eos_id=EOS, shard_size=args.shard_size, name=DATASET, progress=False)
+        say(f"generating a {args.tokens / 1e6:.0f}M-token corpus …")
+        self.docs = make_corpus(args.tokens, seed=1)
+
+    def elapsed(self) -> str:
+        return f"{time.perf_counter() - self.t0:.1f}s"
+
+    def pack_version(self, first: bool) -> Any:
+        """Three quarters of the corpus as the first version at east; the rest appended as the second."""
+        from shard_tools.packing import PackOptions, pack_documents
+
+        cut = len(self.docs) * 3 // 4
+        if first:
+            return pack_documents(self.docs[:cut], self.east_url, self.opts)
+        return pack_documents(self.docs[cut:], self.east_url, PackOptions(**{**self.opts.__dict__, "append": True}))
+
+    def start_serve(self) -> tuple[subprocess.Popen[bytes], str, str, Path]:
+        """``ferry serve`` on the demo's config: (process, base URL, token, token file)."""
+        port = self.args.port if self.args.port and _port_free(self.args.port) else _free_port()
+        token_env = "FERRY_DEMO_TOKEN"
+        token = os.environ.get(token_env) or secrets.token_urlsafe(18)
+        token_file = self.root / "api-token"
+        token_file.write_text(token + "\n")
+        token_file.chmod(0o600)
+        config = write_config(self.root, port, self.args.bwlimit, token_env)
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "shard_tools.cli", "serve", "--config", str(config)],
+            cwd=self.root,
+            env={**os.environ, token_env: token},
+        )
+        return serve, f"http://127.0.0.1:{port}", token, token_file
+
+
+def _west_has(client: Any, version: str) -> Callable[[], bool]:
+    """A check that west publishes ``version``, printing west's progress each time it is asked."""
+
+    def check() -> bool:
+        try:
+            cell = client.replicas().cell(DATASET, "west")
+        except ServiceError:
+            return False
+        if cell is None:
+            return False
+        say(f"  west: {cell.percent:5.1f}% ({cell.verified_shards}/{cell.total_shards} shards, {cell.state})")
+        return bool(cell.published_version == version)
+
+    return check
+
+
+def _stop(serve: subprocess.Popen[bytes]) -> None:
+    if serve.poll() is None:
+        serve.send_signal(signal.SIGINT)
+        try:
+            serve.wait(30)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+            serve.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
     from client.service_client import ServiceClient
-    from shard_tools.packing import PackOptions, pack_documents
 
-    root = Path(args.data).resolve()
-    for sub in ("east", "west", "state", "cache"):
-        shutil.rmtree(root / sub, ignore_errors=True)
-    (root / "east").mkdir(parents=True, exist_ok=True)
-    (root / "west").mkdir(parents=True, exist_ok=True)
-
-    t0 = time.perf_counter()
-    say(f"generating a {args.tokens / 1e6:.0f}M-token corpus …")
-    docs = make_corpus(args.tokens, seed=1)
-    opts = PackOptions(vocab_size=VOCAB, eos_id=EOS, shard_size=args.shard_size, name=DATASET, progress=False)
-    east_url = str(root / "east" / DATASET)
-    res = pack_documents(docs[: len(docs) * 3 // 4], east_url, opts)
+    run = _Run(_parser().parse_args(argv))
+    args = run.args
+    res = run.pack_version(first=True)
     say(
         f"packed {res.documents} documents, {res.tokens / 1e6:.1f}M tokens into {res.shards} shards "
-        f"({res.stored_bytes / 2**20:.1f} MiB) at east: {east_url}  [{time.perf_counter() - t0:.1f}s]"
+        f"({res.stored_bytes / 2**20:.1f} MiB) at east: {run.east_url}  [{run.elapsed()}]"
     )
-
-    port = args.port if args.port and _port_free(args.port) else _free_port()
-    token_env = "FERRY_DEMO_TOKEN"
-    token = os.environ.get(token_env) or secrets.token_urlsafe(18)
-    token_file = root / "api-token"
-    token_file.write_text(token + "\n")
-    token_file.chmod(0o600)
-    config = write_config(root, port, args.bwlimit, token_env)
-    env = {**os.environ, token_env: token}
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "shard_tools.cli", "serve", "--config", str(config)], cwd=root, env=env
-    )
-    base = f"http://127.0.0.1:{port}"
+    serve, base, token, token_file = run.start_serve()
     client = ServiceClient(base, token=token)
     code = 1
     try:
         _wait("the API", client.healthy, 30, serve)
         say(f"dashboard: {base}/   (control token in {token_file})")
         say(f"ferry serve is replicating east → west at ≤ {args.bwlimit}; try: ferry status --server {base}")
-
-        def west_has(version: str) -> Callable[[], bool]:
-            def check() -> bool:
-                try:
-                    cell = client.replicas().cell(DATASET, "west")
-                except ServiceError:
-                    return False
-                if cell is None:
-                    return False
-                say(f"  west: {cell.percent:5.1f}% ({cell.verified_shards}/{cell.total_shards} shards, {cell.state})")
-                return cell.published_version == version
-
-            return check
-
-        _wait("west to hold a complete replica", west_has(res.version_id), args.timeout, serve)
-        west_url = str(root / "west" / DATASET)
-        say(f"west replica published: {west_url}  [{time.perf_counter() - t0:.1f}s]")
-
+        _wait("west to hold a complete replica", _west_has(client, res.version_id), args.timeout, serve)
+        say(f"west replica published: {run.west_url}  [{run.elapsed()}]")
         say(f"streaming {args.steps} steps from the west replica with TokenLoader …")
-        same = stream_demo(west_url, root / "cache", args.steps)
-
-        res2 = pack_documents(docs[len(docs) * 3 // 4 :], east_url, PackOptions(**{**opts.__dict__, "append": True}))
+        code = 0 if stream_demo(run.west_url, run.root / "cache", args.steps) else 1
+        res2 = run.pack_version(first=False)
         say(f"published a second version at east ({res2.new_shards} new shards): watch it replicate on the dashboard")
-        code = 0 if same else 1
         if args.no_wait:
-            _wait("the second version at west", west_has(res2.version_id), args.timeout, serve)
-            say(f"done in {time.perf_counter() - t0:.1f}s")
+            _wait("the second version at west", _west_has(client, res2.version_id), args.timeout, serve)
+            say(f"done in {run.elapsed()}")
             return code
         say(f"dashboard stays up at {base}/ — press Ctrl-C to stop")
         serve.wait()
@@ -241,13 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         say("stopping")
     finally:
         client.close()
-        if serve.poll() is None:
-            serve.send_signal(signal.SIGINT)
-            try:
-                serve.wait(30)
-            except subprocess.TimeoutExpired:
-                serve.kill()
-                serve.wait()
+        _stop(serve)
     return code
 
 

@@ -1,23 +1,26 @@
-"""Replication state in an embedded SQLite database (WAL): shard status, replicas, history, events.
+"""Replication state in an embedded SQLite database (WAL): the durable facts of replication.
 
 Tables::
 
-    shard_status  (dataset, version, dest, path) → status pending|verified|failed,
-                  attempts, last_error, retryable, size, updated
+    shard_status  (dataset, version, dest, path) → status verified|failed|pending (pending: reset by
+                  retry), attempts, last_error, retryable, size, updated
                   (version '': a problem of the whole dataset, see ``open_problem``)
     replicas      (dataset, cluster, path) → verified_at   (a verified copy is known there)
     bad           (dataset, cluster, path) → found_at, reason (corrupt copy found by verify/scrub)
     transfers     history: dataset, version, path, src, dst, bytes, started, duration, ok, error
-    versions      (dataset, cluster, version) → first_seen, completed  (lag)
-    events        ts, type, body (JSON)
+    versions      (dataset, cluster, version) → first_seen, completed  (lag and the SLA share)
     scrubs        dataset, cluster, checked, bad, repaired, started, duration
 
+The open errors (/errors, /status, /metrics), the lag of every replica and the SLA share are
+read from here and nowhere else. ``PRAGMA user_version`` is the schema version; ``_migrate``
+brings a state directory of an older release up to it when it is opened.
+
 One connection guarded by a lock serves every thread. The bookkeeping of a completed copy (its
-history row, the verified replica, its status and event) is buffered and committed in batches:
-every ``_BATCH_STATEMENTS`` statements or ``_BATCH_SECONDS`` after the first of them (the
+history row, the verified replica and its status) is buffered and committed in batches:
+every ``BATCH_STATEMENTS`` statements or ``batch_seconds`` after the first of them (the
 ``ferry-state`` thread), whichever comes first, and before any other read or write, so nothing
-ever reads around the buffer. One transaction per shard, each waiting for the interpreter lock
-several times, had become most of a fast local sync's time. A SIGKILL loses at most that
+ever reads around the buffer (one transaction per shard, each waiting for the interpreter lock
+several times, would be most of a fast local sync's time). A SIGKILL loses at most that
 buffer: a restart re-plans from storage, and a shard whose verified mark was lost is re-hashed
 where it lies (not copied again); its history row stays lost. Every other call is its own
 transaction.
@@ -35,11 +38,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from shard_tools.errors import ConfigError
 from shard_tools.threadname import start_named_thread
 
-from .views import ErrorInfo, HistoryEntry, ScrubReport
+from .records import ErrorInfo, HistoryEntry, ScrubReport, VersionTiming
 
-__all__ = ["State", "DB_NAME"]
+__all__ = ["State", "DB_NAME", "SCHEMA_VERSION", "BATCH_STATEMENTS", "BATCH_SECONDS"]
 
 log = logging.getLogger("ferry.state")
 
@@ -64,15 +68,22 @@ CREATE TABLE IF NOT EXISTS transfers (
 CREATE TABLE IF NOT EXISTS versions (
     dataset TEXT NOT NULL, cluster TEXT NOT NULL, version TEXT NOT NULL, first_seen REAL NOT NULL, completed REAL,
     PRIMARY KEY (dataset, cluster, version));
-CREATE TABLE IF NOT EXISTS events (id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL, type TEXT, body TEXT);
 CREATE TABLE IF NOT EXISTS scrubs (
     id INTEGER PRIMARY KEY AUTOINCREMENT, dataset TEXT, cluster TEXT, checked INTEGER, bad TEXT, repaired TEXT,
     started REAL, duration REAL);
 """
-_KEEP_EVENTS = 10_000
+SCHEMA_VERSION = 1
+# What each older schema needs to become the next one: 0 → 1 (release 0.1 → this one) drops what
+# nothing read: the events table (events go to subscribers only) and the 'pending' rows written for
+# every planned shard ('copying' rows of releases before 0.1 with them). Problem rows (version '')
+# stay: a reset problem is 'pending' and is read back by problems().
+_MIGRATIONS: dict[int, str] = {
+    0: "DROP TABLE IF EXISTS events; "
+    "DELETE FROM shard_status WHERE status IN ('pending', 'copying') AND version != '';",
+}
 _KEEP_TRANSFERS = 100_000
-_BATCH_STATEMENTS = 256  # buffered statements (5 per copied shard) that trigger a commit
-_BATCH_SECONDS = 0.1  # the ferry-state thread commits a buffer this long after its first statement
+BATCH_STATEMENTS = 256  # buffered statements (4 per copied shard) that trigger a commit
+BATCH_SECONDS = 0.1  # the ferry-state thread commits a buffer this long after its first statement
 
 
 _MARK_SQL = (
@@ -97,7 +108,9 @@ _PROBLEM_SQL = (
 class State:
     """The daemon's database. ``State(None)`` keeps everything in memory (``ferry sync``)."""
 
-    def __init__(self, state_dir: str | Path | None) -> None:
+    def __init__(self, state_dir: str | Path | None, *, batch_seconds: float = BATCH_SECONDS) -> None:
+        """``batch_seconds``: how long a buffered write may wait for company before it is committed."""
+        self.batch_seconds = batch_seconds
         if state_dir is None:
             target = ":memory:"
         else:
@@ -114,11 +127,25 @@ class State:
         if target != ":memory:":
             self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
-        # versions before 0.2 marked copies in flight 'copying': after a crash those never completed
-        self._db.execute("UPDATE shard_status SET status='pending' WHERE status='copying'")
+        self._migrate()
         self._writes = 0
         self._closed = False
+
+    def _migrate(self) -> None:
+        """Create the tables, and bring an older release's database up to SCHEMA_VERSION (one transaction)."""
+        found = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        if found > SCHEMA_VERSION:
+            self._db.close()
+            raise ConfigError(
+                f"state_dir: the state database was written by a newer ferry (schema {found}, this one knows "
+                f"{SCHEMA_VERSION}): upgrade ferry, or start with an empty state_dir"
+            )
+        script = _SCHEMA + "".join(_MIGRATIONS[v] for v in range(found, SCHEMA_VERSION))
+        self._db.executescript(f"BEGIN; {script} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+
+    def schema_version(self) -> int:
+        """The schema version of the open database (SCHEMA_VERSION once opened)."""
+        return int(self._x("PRAGMA user_version")[0][0])
 
     def close(self) -> None:
         """Commit what is buffered and close the database; idempotent."""
@@ -148,7 +175,7 @@ class State:
 
     def _defer(self, *statements: tuple[str, Sequence[Any]]) -> None:
         """Buffer ``(sql, args)`` statements: committed when the buffer is full, by the next read or write,
-        or by the flusher thread ``_BATCH_SECONDS`` after the first of them, whichever comes first."""
+        or by the flusher thread ``batch_seconds`` after the first of them, whichever comes first."""
         with self._pending_lock:
             if not self._pending:
                 self._pending_since = time.monotonic()
@@ -156,17 +183,17 @@ class State:
                     self._flusher = start_named_thread(self._flush_when_due, "ferry-state")
                 self._pending_added.notify()
             self._pending.extend(statements)
-            full = len(self._pending) >= _BATCH_STATEMENTS
+            full = len(self._pending) >= BATCH_STATEMENTS
         if full:
             self.flush()
 
     def _flush_when_due(self) -> None:
-        """The flusher: commits a buffer once its first statement is ``_BATCH_SECONDS`` old."""
+        """The flusher: commits a buffer once its first statement is ``batch_seconds`` old."""
         while True:
             with self._pending_lock:
                 while not self._pending and not self._closing.is_set():
                     self._pending_added.wait()
-                due = self._pending_since + _BATCH_SECONDS
+                due = self._pending_since + self.batch_seconds
             if self._closing.wait(max(0.0, due - time.monotonic())):
                 return  # close() commits the rest
             try:
@@ -207,15 +234,6 @@ class State:
                 raise
 
     # shard status
-    def set_pending(self, dataset: str, version: str, dest: str, shards: Iterable[tuple[str, int]]) -> None:
-        now = time.time()
-        self._many(
-            "INSERT INTO shard_status (dataset, version, dest, path, size, status, updated) "
-            "VALUES (?, ?, ?, ?, ?, 'pending', ?) ON CONFLICT (dataset, version, dest, path) DO UPDATE SET "
-            "status = CASE WHEN status = 'failed' THEN 'failed' ELSE 'pending' END, updated = excluded.updated",
-            ((dataset, version, dest, p, s, now) for p, s in shards),
-        )
-
     def mark(
         self,
         dataset: str,
@@ -233,19 +251,15 @@ class State:
         rows = self._x(_MARK_SQL, (dataset, version, dest, path, size, status, attempts, error, retryable, time.time()))
         return int(rows[0][0])
 
-    def shard_verified(
-        self, dataset: str, version: str, dest: str, path: str, *, attempts: int, size: int, event: dict[str, Any]
-    ) -> None:
-        """A shard became verified at ``dest``: replica, status and event, committed together (buffered)."""
+    def shard_verified(self, dataset: str, version: str, dest: str, path: str, *, attempts: int, size: int) -> None:
+        """A shard became verified at ``dest``: replica and status, committed together (buffered)."""
         now = time.time()
-        body = {k: v for k, v in event.items() if k not in ("type", "ts")}
         # values checked here, not when the buffer commits (where a bad one would fail the whole batch)
-        ts, kind, text = float(event["ts"]), str(event["type"]), json.dumps(body)
+        size, attempts = int(size), int(attempts)
         self._defer(
             ("INSERT OR REPLACE INTO replicas VALUES (?, ?, ?, ?)", (dataset, dest, path, now)),
             ("DELETE FROM bad WHERE dataset=? AND cluster=? AND path=?", (dataset, dest, path)),
-            (_MARK_SQL_NO_ID, (dataset, version, dest, path, int(size), "verified", int(attempts), None, None, now)),
-            ("INSERT INTO events (ts, type, body) VALUES (?, ?, ?)", (ts, kind, text)),
+            (_MARK_SQL_NO_ID, (dataset, version, dest, path, size, "verified", attempts, None, None, now)),
         )
 
     def failed(self, dataset: str, dest: str) -> set[str]:
@@ -359,34 +373,32 @@ class State:
         )
         return [HistoryEntry(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], bool(r[9]), r[10]) for r in rows]
 
-    def add_event(self, event: dict[str, Any]) -> None:
-        body = {k: v for k, v in event.items() if k not in ("type", "ts")}
-        self._x("INSERT INTO events (ts, type, body) VALUES (?, ?, ?)", (event["ts"], event["type"], json.dumps(body)))
-
-    def events(self, limit: int = 100) -> list[dict[str, Any]]:
-        rows = self._x("SELECT ts, type, body FROM events ORDER BY id DESC LIMIT ?", (limit,))
-        return [{"type": t, "ts": ts, **json.loads(b)} for ts, t, b in rows]
-
     def _trim(self) -> None:
         self._writes += 1
         if self._writes % 1000 == 0:
-            self._x("DELETE FROM events WHERE id < (SELECT MAX(id) FROM events) - ?", (_KEEP_EVENTS,))
             self._x("DELETE FROM transfers WHERE id < (SELECT MAX(id) FROM transfers) - ?", (_KEEP_TRANSFERS,))
 
-    # versions (lag)
-    def seen_version(self, dataset: str, cluster: str, version: str, when: float) -> float:
-        """Record that ``version`` is wanted at ``cluster``; returns when it was first seen."""
-        self._x("INSERT OR IGNORE INTO versions VALUES (?, ?, ?, ?, NULL)", (dataset, cluster, version, when))
+    # versions (lag, SLA share)
+    def seen_version(self, dataset: str, cluster: str, version: str, since: float) -> float:
+        """Record that ``version`` is wanted at ``cluster`` since ``since`` (the earlier of when it was
+        created and first seen); returns the time recorded first."""
+        self._x("INSERT OR IGNORE INTO versions VALUES (?, ?, ?, ?, NULL)", (dataset, cluster, version, since))
         rows = self._x(
             "SELECT first_seen FROM versions WHERE dataset=? AND cluster=? AND version=?", (dataset, cluster, version)
         )
         return float(rows[0][0])
 
     def completed_version(self, dataset: str, cluster: str, version: str) -> None:
+        """``version`` was published at ``cluster`` (now)."""
         self._x(
             "UPDATE versions SET completed=? WHERE dataset=? AND cluster=? AND version=? AND completed IS NULL",
             (time.time(), dataset, cluster, version),
         )
+
+    def version_timings(self) -> list[VersionTiming]:
+        """Every version a pass brought (or is bringing) to a cluster: when it was wanted, when published."""
+        rows = self._x("SELECT dataset, cluster, version, first_seen, completed FROM versions")
+        return [VersionTiming(r[0], r[1], r[2], float(r[3]), None if r[4] is None else float(r[4])) for r in rows]
 
     # scrubs
     def add_scrub(self, report: ScrubReport) -> None:

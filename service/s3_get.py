@@ -1,15 +1,8 @@
-"""The no-op check of ``ferry sync`` without the storage stack: two manifest reads, little imported.
+"""One S3 GET without botocore: where to send it for a set of storage options, and its SigV4 signature.
 
-A no-op resync compares the version ids in the source's and the destination's ``manifest.json``.
-Through fsspec an S3 side costs importing s3fs, aiobotocore, botocore and aiohttp and building
-an S3 client (~0.45 s on our machine), several times the check itself. For local paths and for
-S3 URLs with plain settings (keys from storage options, the environment or static keys in the
-shared credentials file; an explicit or the AWS endpoint), this module reads each
-``manifest.json`` directly: one GET signed with AWS Signature Version 4 over ``http.client``.
-
-It only ever answers "up to date": another version, a missing or unreadable manifest, an HTTP
-error or any setting it does not handle gives None, and ``ferry sync`` takes its full path,
-which decides everything itself. So this module can make a no-op faster, never a sync different.
+It handles the plain settings only (keys from storage options, the environment or static keys in
+the shared credentials file; an explicit or the AWS endpoint); for anything else ``plan_s3_get``
+says None and the caller goes through fsspec.
 """
 
 from __future__ import annotations
@@ -28,12 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shard_tools.errors import FerryError
-from shard_tools.header import MANIFEST_FILE, parse_header
+__all__ = ["S3Get", "plan_s3_get", "sign_v4", "fetch"]
 
-__all__ = ["S3Get", "plan_s3_get", "sign_v4", "up_to_date_header"]
-
-_MAX_HEADER = 64 * 2**20  # a manifest.json header is a few KiB; anything huge is not one
 _TIMEOUT = 10.0
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 # storage options a plain GET honours (the rest, e.g. profile or requester_pays, mean: full path)
@@ -50,36 +39,6 @@ class S3Get:
     path: str  # already URI-encoded
     region: str
     credentials: tuple[str, str, str | None] | None  # (access key id, secret, session token)
-
-
-def up_to_date_header(
-    src_url: str, dst_url: str, src_options: Mapping[str, Any], dst_options: Mapping[str, Any]
-) -> dict[str, Any] | None:
-    """The source's parsed header when the destination already publishes the same version, else None."""
-    try:
-        src = _read_manifest(src_url, src_options)
-        dst = _read_manifest(dst_url, dst_options) if src is not None else None
-        if src is None or dst is None:
-            return None
-        src_doc, dst_doc = parse_header(src), parse_header(dst)
-    except (FerryError, TypeError, KeyError, AttributeError):  # odd options or documents: the full path says why
-        return None
-    return src_doc if src_doc["version_id"] == dst_doc["version_id"] else None
-
-
-def _read_manifest(url: str, options: Mapping[str, Any]) -> bytes | None:
-    scheme = url.split("://", 1)[0] if "://" in url else ""
-    try:
-        if scheme in ("", "file", "local"):  # fsspec's local filesystem has no option that changes a read
-            path = Path(url.split("://", 1)[1] if scheme else url) / MANIFEST_FILE
-            with open(path, "rb") as f:
-                return f.read(_MAX_HEADER + 1)
-        if scheme in ("s3", "s3a"):
-            get = plan_s3_get(url.rstrip("/") + "/" + MANIFEST_FILE, options, os.environ)
-            return None if get is None else _fetch(get)
-    except (OSError, http.client.HTTPException, ValueError):
-        return None
-    return None
 
 
 def plan_s3_get(url: str, options: Mapping[str, Any], env: Mapping[str, str]) -> S3Get | None:
@@ -213,7 +172,8 @@ def _hmac(key: bytes, msg: str) -> bytes:
     return hmac.new(key, msg.encode(), hashlib.sha256).digest()
 
 
-def _fetch(get: S3Get) -> bytes | None:
+def fetch(get: S3Get, max_bytes: int) -> bytes | None:
+    """The body of a signed GET of ``get`` when it is 200 and at most ``max_bytes``, else None."""
     headers = sign_v4(get, datetime.datetime.now(datetime.timezone.utc))
     conn: http.client.HTTPConnection
     if get.scheme == "https":
@@ -226,7 +186,7 @@ def _fetch(get: S3Get) -> bytes | None:
     try:
         conn.request("GET", get.path, headers=headers)  # the signed Host header, not http.client's own
         resp = conn.getresponse()
-        body = resp.read(_MAX_HEADER + 1)
+        body = resp.read(max_bytes + 1)
     finally:
         conn.close()
-    return body if resp.status == 200 and len(body) <= _MAX_HEADER else None
+    return body if resp.status == 200 and len(body) <= max_bytes else None

@@ -2,6 +2,9 @@
 
 Every record is a frozen dataclass of JSON-friendly fields: str, int, float, bool, None,
 lists and dicts of those. Times are Unix seconds (float); sizes are bytes; rates bytes/s.
+Field names are the API's (``service/api/models.py``, whose OpenAPI schema is the reference):
+``source``/``destination`` for the two ends of a copy, ``reason`` for why something failed,
+``rate_bps`` for a rate. Events use the same names.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ __all__ = [
     "TransferInfo",
     "HistoryEntry",
     "ErrorInfo",
-    "LinkLag",
+    "VersionTiming",
     "ErrorCount",
     "StatsSnapshot",
     "LimitsInfo",
@@ -26,12 +29,12 @@ __all__ = [
 
 #: ``type`` values of the event dicts delivered by ``Daemon.subscribe()``.
 EVENT_TYPES = (
-    "progress",  # {dataset, shard, src, dst, bytes_done, bytes_total, rate}
-    "shard_verified",  # {dataset, version, shard, src, dst, bytes, duration_s}
+    "progress",  # {dataset, shard, source, destination, bytes_done, bytes_total, rate_bps}
+    "shard_verified",  # {dataset, version, shard, source, destination, bytes, duration_s}
     "version_published",  # {dataset, version, cluster}
-    "error",  # {id, dataset, version, shard, src, dst, message, retryable, attempts}
+    "error",  # {id, dataset, version, cluster, shard, reason, retryable, attempts}  (cluster: where it failed)
     "scrub",  # {dataset, cluster, checked, bad, repaired}
-    "state",  # {paused: bool} or {limits: {...}} after a control call
+    "state",  # {paused: bool} or {paused, limits: {transfers, global_bps, links}} after a control call
     "pass",  # {dataset, source, destination, copied, failed, published: bool}  (end of one sync pass)
 )
 
@@ -74,7 +77,7 @@ class DatasetInfo:
     name: str
     source: str  # cluster name
     destinations: list[str]
-    version_id: str | None  # the source's current version (None if the source has none yet)
+    version: str | None  # the source's current version id (None if the source has none yet)
     versions: list[str]  # versions seen at the source, oldest first (as far as known)
     shards: int
     bytes: int
@@ -90,11 +93,11 @@ class TransferInfo:
     dataset: str
     version: str
     shard: str
-    src: str  # cluster name (or URL for `ferry sync`)
-    dst: str
+    source: str  # cluster name (or URL for `ferry sync`)
+    destination: str
     bytes_done: int
     bytes_total: int
-    rate: float  # bytes/s over the last seconds
+    rate_bps: float  # bytes/s since the copy started
     started_at: float
 
 
@@ -106,8 +109,8 @@ class HistoryEntry:
     dataset: str
     version: str
     shard: str
-    src: str
-    dst: str
+    source: str
+    destination: str
     bytes: int
     started_at: float
     duration_s: float
@@ -124,17 +127,22 @@ class ErrorInfo:
     version: str
     cluster: str  # destination
     shard: str
-    message: str
+    reason: str
     retryable: bool
     attempts: int
     at: float
 
 
 @dataclass(frozen=True)
-class LinkLag:
+class VersionTiming:
+    """When a version was wanted at a cluster (the earlier of its creation and a pass first seeing it
+    missing there), and when it was published there (None: not yet)."""
+
     dataset: str
     cluster: str
-    seconds: float  # 0.0 when the cluster is complete
+    version: str
+    first_seen: float
+    completed: float | None
 
 
 @dataclass(frozen=True)
@@ -149,28 +157,28 @@ class ErrorCount:
 class StatsSnapshot:
     """Counters for /metrics and the dashboard (rclone accounting style)."""
 
-    bytes_copied: int  # verified bytes written since start
+    copied_bytes_total: int  # verified bytes written since start
     bytes_read: int  # bytes read including failed attempts
     transfers_ok: int
     transfers_failed: int
     corrupt_detected: int
-    rate_instant: float  # bytes/s over the last ~1 s
-    rate_avg: float  # exponential moving average, bytes/s
+    rate_bps: float  # bytes/s over the last ~1 s
+    rate_avg: float  # bytes/s over the last 10 s
     pending_bytes: int
     pending_shards: int
     eta_seconds: float | None
-    in_flight: int
-    paused: bool
+    transfers_in_flight: int
     uptime_seconds: float
-    lag: list[LinkLag]
-    errors: list[ErrorCount]
+    errors: list[ErrorCount]  # failed attempts since start, by kind (open errors: Daemon.errors())
 
 
 @dataclass(frozen=True)
 class LimitsInfo:
+    """The limits in force (ferry.toml's ``[limits]`` transfers, bwlimit and per_link, as changed at run time)."""
+
     transfers: int
-    bwlimit: float | None  # bytes/s, None = unlimited
-    per_link: dict[str, float | None]  # "SRC->DST" -> bytes/s
+    global_bps: float | None  # bytes/s, None = unlimited
+    links: dict[str, float | None]  # "SRC->DST" -> bytes/s
 
 
 @dataclass(frozen=True)
