@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-DEMO = Path(__file__).resolve().parents[1] / "tools" / "demo.py"  # not shipped in the wheel: a repository tool
+DEMO = Path(__file__).resolve().parents[2] / "tools" / "demo.py"  # not shipped in the wheel: a repository tool
 
 
 @pytest.mark.slow
