@@ -1,21 +1,29 @@
-"""Reading samples of one dataset out of memory-mapped shards into preallocated batch arrays.
+"""Reading samples of one dataset out of memory-mapped shards (or frames) into preallocated batch arrays.
 
 Keeps an LRU of open leases (mapped shards) per process, bounded by count and by the
 cache limit in bytes. A token-mode sample is a slice of the stream ``[a, a + L + 1)``
 copied straight from the mapped uint16/uint32 array into int64 rows (two pieces, or
 more with tiny shards, when it crosses shard boundaries).
+
+A format-2 (seekable) shard that is not mapped in this process is read by frames
+(:class:`client.frames.FrameReader`) instead of whole when ``whole_shards`` is off (a global
+shuffle over more than the cache: whole shards would be fetched for a sample each) or when the
+shard is not in the node cache yet (a cold start: the first batch needs only the frames its
+samples touch, while the prefetcher brings whole shards for what follows).
 """
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 
 import numpy as np
 
 from shard_tools.format import ShardView
-from shard_tools.manifest import Manifest
+from shard_tools.manifest import Manifest, ShardInfo
 
 from .cache import Lease, ShardCache
+from .frames import FrameReader
 
 __all__ = ["ShardReader"]
 
@@ -33,10 +41,18 @@ class ShardReader:
         max_open: int = 64,
         max_bytes: int | None = None,
         populate: bool = False,
+        frames: FrameReader | None = None,
+        whole_shards: bool = True,
     ) -> None:
         self.manifest = manifest
         self.cache = cache
         self.populate = populate
+        self.frames = frames
+        self.whole_shards = whole_shards
+        self.dtype = np.dtype(manifest.token_dtype)
+        self._seekable = manifest.shards.index_bytes > 0
+        self._sizes = manifest.shards.tokens
+        self._infos: dict[int, ShardInfo] = {}
         self.max_open = max_open
         self.max_bytes = cache.limit if max_bytes is None else max_bytes
         self.token_offsets = manifest.shards.token_offsets
@@ -67,6 +83,52 @@ class ShardReader:
             old.release()
         return lease.view
 
+    def info(self, s: int) -> ShardInfo:
+        info = self._infos.get(s)
+        if info is None:
+            if len(self._infos) >= 4096:
+                self._infos.clear()
+            info = self._infos[s] = self.manifest.shards[s]
+        return info
+
+    def by_frames(self, s: int) -> bool:
+        """Whether shard ``s`` is read by frames now: format 2, not mapped here, and whole shards not wanted
+        or this one not in the node cache yet."""
+        if self.frames is None or not self._seekable[s] or s in self._leases:
+            return False
+        if not self.whole_shards:
+            return True
+        info = self.info(s)
+        try:
+            return os.stat(self.cache.path(info)).st_size != info.raw_bytes
+        except FileNotFoundError:
+            return True
+
+    def frames_only(self, s: int) -> bool:
+        """Whether shard ``s`` is never fetched whole here (format 2 and whole shards not wanted)."""
+        return self.frames is not None and not self.whole_shards and bool(self._seekable[s])
+
+    def _source(self, s: int, memo: dict[int, np.ndarray | None]) -> np.ndarray | None:
+        """Shard ``s``'s mapped tokens, or None to read it by frames (decided once per gather)."""
+        if s not in memo:
+            memo[s] = None if self.by_frames(s) else self.view(s).tokens
+        return memo[s]
+
+    def _slice(self, s: int, a: int, b: int, memo: dict[int, np.ndarray | None]) -> np.ndarray:
+        tokens = self._source(s, memo)
+        if tokens is not None:
+            return tokens[a:b]
+        assert self.frames is not None
+        return self.frames.tokens(self.info(s), self.dtype, a, b)
+
+    def _doc_offsets(self, s: int, memo: dict[int, np.ndarray | None]) -> np.ndarray:
+        """All document offsets of shard ``s`` (mapped, or by frames)."""
+        if self._source(s, memo) is not None:
+            return self.view(s).offsets
+        assert self.frames is not None
+        info = self.info(s)
+        return self.frames.offsets(info, 0, info.documents)
+
     def shard_of_token(self, starts: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.token_offsets, starts, side="right") - 1
 
@@ -81,20 +143,16 @@ class ShardReader:
         """
         shards = self.shard_of_token(starts)
         locals_ = (starts - self.token_offsets[shards]).tolist()
-        views: dict[int, np.ndarray] = {}
+        memo: dict[int, np.ndarray | None] = {}
         width = length + 1
         for local, s, row in zip(locals_, shards.tolist(), rows.tolist(), strict=True):
-            tokens = views.get(s)
-            if tokens is None:
-                tokens = views[s] = self.view(s).tokens
-            if local + width <= tokens.shape[0]:
-                raw[row] = tokens[local : local + width]
+            if local + width <= self._sizes[s]:
+                raw[row] = self._slice(s, local, local + width, memo)
                 continue
             filled = 0  # crosses into the next shard(s)
             while filled < width:
-                tokens = self.view(s).tokens
-                take = min(width - filled, tokens.shape[0] - local)
-                raw[row, filled : filled + take] = tokens[local : local + take]
+                take = min(width - filled, int(self._sizes[s]) - local)
+                raw[row, filled : filled + take] = self._slice(s, local, local + take, memo)
                 filled += take
                 s, local = s + 1, 0
 
@@ -103,8 +161,9 @@ class ShardReader:
         out: list[int] = []
         end = start + length
         s = int(self.shard_of_token(np.asarray([start]))[0])
+        memo: dict[int, np.ndarray | None] = {}
         while s < len(self.token_offsets) - 1 and int(self.token_offsets[s]) < end:
-            doc_starts = self.view(s).offsets[:-1] + int(self.token_offsets[s])
+            doc_starts = self._doc_offsets(s, memo)[:-1] + int(self.token_offsets[s])
             i = int(np.searchsorted(doc_starts, start, side="right"))
             j = int(np.searchsorted(doc_starts, end, side="left"))
             out.extend((doc_starts[i:j] - start).tolist())
@@ -123,11 +182,16 @@ class ShardReader:
     ) -> None:
         """Row ``rows[i]`` ← document ``docs[i]`` (with its EOS) truncated to ``length + 1`` tokens, padded."""
         shards = self.shard_of_document(docs)
+        memo: dict[int, np.ndarray | None] = {}
         for d, s, row in zip(docs.tolist(), shards.tolist(), rows.tolist(), strict=True):
-            view = self.view(s)
             local = d - int(self.doc_offsets[s])
-            a, b = int(view.offsets[local]), int(view.offsets[local + 1])
-            t = view.tokens[a : min(b, a + length + 1)]
+            if self._source(s, memo) is not None:
+                view = self.view(s)
+                a, b = int(view.offsets[local]), int(view.offsets[local + 1])
+            else:
+                assert self.frames is not None
+                a, b = self.frames.offsets(self.info(s), local, local + 1).tolist()
+            t = self._slice(s, a, min(b, a + length + 1), memo)
             n = max(0, t.shape[0] - 1)
             inputs[row, :n] = t[:-1] if n else t[:0]
             labels[row, :n] = t[1:]
