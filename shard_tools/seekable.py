@@ -211,16 +211,19 @@ def load_index(data: bytes | memoryview, info: ShardInfo) -> FrameIndex:
 
 
 def decode_frames(stored: memoryview, index: FrameIndex, raw_bytes: int, shard: str) -> bytes:
-    """Every frame of whole stored bytes, each checked against the index, into the raw shard."""
+    """Every frame of whole stored bytes, each checked against the index, into the raw shard.
+
+    Memory grows with the output the frames really yield (then one join), not with ``raw_bytes`` up
+    front: a shard whose index claims more than its frames hold costs what they produce before one fails.
+    """
+    parts: list[bytes] = []
     try:
-        out = bytearray(raw_bytes)
+        for k in range(index.frames):
+            offset, length = index.span(k)
+            parts.append(decode_frame(index, k, stored[offset : offset + length], shard))
+        return b"".join(parts)
     except MemoryError as exc:
         raise ShardFormatError(shard, f"cannot allocate {raw_bytes} bytes to decode it on this machine") from exc
-    for k in range(index.frames):
-        offset, length = index.span(k)
-        start = k * index.frame_size
-        out[start : start + int(index.raw_sizes[k])] = decode_frame(index, k, stored[offset : offset + length], shard)
-    return bytes(out)
 
 
 def decompress_seekable(stored: bytes | memoryview, raw_bytes: int, shard: str) -> bytes:

@@ -223,3 +223,27 @@ def test_shard_table_refuses_inconsistent_index_columns(bad: dict[str, object]) 
     table = ShardTable.from_rows(rows)
     with pytest.raises(ManifestError):
         ShardTable.from_ipc(table.to_ipc()).validate()
+
+
+def test_frames_that_lie_about_their_size_cost_what_they_yield_not_what_they_claim() -> None:
+    import tracemalloc
+
+    # 1000 frames whose headers (and a consistent index) claim 512 KiB each, 500 MiB in all, but hold
+    # only a truncated block: the first one fails, and nothing near the claim was ever allocated
+    whole = zstandard.ZstdCompressor(write_content_size=True).compress(np.arange(DEFAULT_FRAME_SIZE // 4).tobytes())
+    frame = whole[:40]
+    count = 1000
+    raw_bytes = count * DEFAULT_FRAME_SIZE
+    entries = b"".join(struct.pack("<II16s", len(frame), DEFAULT_FRAME_SIZE, xxhash.xxh3_128_digest(frame))
+                       for _ in range(count))  # fmt: skip
+    trailer = struct.pack("<IIQQI4s", count, DEFAULT_FRAME_SIZE, 0, 64, 2, b"FSI2")
+    payload = entries + trailer
+    stored = frame * count + struct.pack("<II", 0x184D2A5E, len(payload)) + payload
+    tracemalloc.start()
+    try:
+        with pytest.raises(ShardFormatError, match="frame 0"):
+            decompress(stored, raw_bytes, "t")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20
