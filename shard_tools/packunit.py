@@ -22,7 +22,7 @@ from .errors import TokenRangeError
 from .format import SHARD_SUFFIX, compress, encode_shard_buffer
 from .header import SHARDS_DIR
 from .manifest import ShardInfo
-from .seekable import DEFAULT_FRAME_SIZE, SHARD_SUFFIX_2, encode_seekable, find_index
+from .seekable import DEFAULT_FRAME_SIZE, SHARD_SUFFIX_2, encode_shard_frames
 from .sources import DocBatch, SourceOptions, Unit, read_unit
 from .store import Location, resolve
 from .threadname import start_named_thread
@@ -189,11 +189,12 @@ def store_shard(job: Job, batch: DocBatch, origin: str | None = None) -> ShardIn
     raw = memoryview(buffer)
     index_bytes, index_digest = 0, ""
     if job.stored_format == 2:
-        stored = encode_seekable(buffer, job.level, job.frame_size)
-        index_bytes = find_index(memoryview(stored), "<new>")
-        index_digest = digest_bytes(memoryview(stored)[len(stored) - index_bytes :])
+        encoded = encode_shard_frames(buffer, job.level, job.frame_size)
+        stored, stored_digest = encoded.stored, encoded.stored_digest
+        index_bytes, index_digest = encoded.index_bytes, encoded.index_digest
     else:
         stored = compress(raw, job.level)
+        stored_digest = digest_bytes(stored)
     raw_digest = digest_bytes(raw)
     # the stored format is in the name: both forms of the same content may live in one dataset's history
     suffix = SHARD_SUFFIX_2 if job.stored_format == 2 else SHARD_SUFFIX
@@ -207,7 +208,7 @@ def store_shard(job: Job, batch: DocBatch, origin: str | None = None) -> ShardIn
         tokens=int(batch.offsets[-1]),
         stored_bytes=len(stored),
         raw_bytes=len(raw),
-        stored_digest=digest_bytes(stored),
+        stored_digest=stored_digest,
         raw_digest=raw_digest,
         index_bytes=index_bytes,
         index_digest=index_digest,

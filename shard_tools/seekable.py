@@ -35,7 +35,7 @@ import pyarrow as pa
 import xxhash
 import zstandard
 
-from .digest import digest_bytes
+from .digest import Hasher, digest_bytes
 from .errors import ShardDigestError, ShardFormatError
 from .format import MAX_EXPANSION, SHARD_SUFFIX, decompress
 from .manifest import ShardInfo
@@ -46,6 +46,8 @@ __all__ = [
     "INDEX_MAGIC",
     "FrameIndex",
     "encode_seekable",
+    "encode_shard_frames",
+    "EncodedShard",
     "parse_index",
     "find_index",
     "check_frame",
@@ -112,26 +114,48 @@ def arrow_positions(raw: pa.Buffer) -> tuple[int, int]:
     return offsets_pos, tokens_pos
 
 
+@dataclass(frozen=True)
+class EncodedShard:
+    """A format-2 stored shard and what its manifest row records about it."""
+
+    stored: bytes
+    stored_digest: str
+    index_bytes: int
+    index_digest: str
+
+
 def encode_seekable(raw: pa.Buffer | memoryview | bytes, level: int, frame_size: int = DEFAULT_FRAME_SIZE) -> bytes:
     """The format-2 stored bytes of a raw shard: its frames, then the index (single-threaded: same bytes
     every run)."""
+    return encode_shard_frames(raw, level, frame_size).stored
+
+
+def encode_shard_frames(
+    raw: pa.Buffer | memoryview | bytes, level: int, frame_size: int = DEFAULT_FRAME_SIZE
+) -> EncodedShard:
+    """As :func:`encode_seekable`, with the digests: the stored digest is taken frame by frame while each
+    frame is fresh in the CPU cache (one cold pass over the stored bytes fewer than hashing them after)."""
     if not MIN_FRAME_SIZE <= frame_size <= MAX_FRAME_SIZE:
         raise ShardFormatError("<new>", f"frame size {frame_size} is outside {MIN_FRAME_SIZE}..{MAX_FRAME_SIZE}")
     buf = raw if isinstance(raw, pa.Buffer) else pa.py_buffer(raw)
     offsets_pos, tokens_pos = arrow_positions(buf)
     view = memoryview(buf).cast("B")
     cctx = zstandard.ZstdCompressor(level=level, write_content_size=True)
+    whole = Hasher()
     parts: list[bytes] = []
     entries: list[bytes] = []
     for start in range(0, len(view), frame_size):
         chunk = view[start : start + frame_size]
         frame = cctx.compress(chunk)
         parts.append(frame)
+        whole.update(frame)
         entries.append(_ENTRY.pack(len(frame), len(chunk), xxhash.xxh3_128_digest(frame)))
     trailer = _TRAILER.pack(len(entries), frame_size, offsets_pos, tokens_pos, _VERSION, INDEX_MAGIC)
     payload = b"".join(entries) + trailer
-    parts.append(_HEAD.pack(_SKIPPABLE, len(payload)) + payload)
-    return b"".join(parts)
+    index = _HEAD.pack(_SKIPPABLE, len(payload)) + payload
+    whole.update(index)
+    parts.append(index)
+    return EncodedShard(b"".join(parts), whole.hexdigest(), len(index), digest_bytes(index))
 
 
 def find_index(stored: memoryview, shard: str) -> int:
