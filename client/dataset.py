@@ -274,8 +274,9 @@ class TokenDataset(SampleSource):
             # format-2 shards: read by frames when whole shards are not wanted (the same test) or not cached yet
             frames = frame_reader_for(self.manifest, self.replicas, budget)
             self._reader = ShardReader(
-                self.manifest, self.cache, max_bytes=budget, populate=populate, frames=frames, whole_shards=populate
-            )
+                self.manifest, self.cache, max_bytes=budget, populate=populate, frames=frames, whole_shards=populate,
+                background=self.prefetch_depth > 0,
+            )  # fmt: skip
             self._pid = _FORKS.generation
             self._pool = None
             self._submitted = set()

@@ -7,20 +7,22 @@ more with tiny shards, when it crosses shard boundaries).
 
 A format-2 (seekable) shard that is not mapped in this process is read by frames
 (:class:`client.frames.FrameReader`) instead of whole when ``whole_shards`` is off (a global
-shuffle over more than the cache: whole shards would be fetched for a sample each) or when the
-shard is not in the node cache yet (a cold start: the first batch needs only the frames its
-samples touch, while the prefetcher brings whole shards for what follows).
+shuffle over more than the cache: whole shards would be fetched for a sample each) or, with
+``background`` fetching, while the shard is not in the node cache yet (a cold start: the first
+batch needs only the frames its samples touch while a helper thread brings the whole shard).
 """
 
 from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from shard_tools.format import ShardView
 from shard_tools.manifest import Manifest, ShardInfo
+from shard_tools.threadname import name_os_thread
 
 from .cache import Lease, ShardCache
 from .frames import FrameReader
@@ -43,12 +45,16 @@ class ShardReader:
         populate: bool = False,
         frames: FrameReader | None = None,
         whole_shards: bool = True,
+        background: bool = False,
     ) -> None:
         self.manifest = manifest
         self.cache = cache
         self.populate = populate
         self.frames = frames
         self.whole_shards = whole_shards
+        self.background = background  # a shard read by frames is fetched whole meanwhile (one helper thread)
+        self._pool: ThreadPoolExecutor | None = None
+        self._fetching: set[int] = set()
         self.dtype = np.dtype(manifest.token_dtype)
         self._seekable = manifest.shards.index_bytes > 0
         self._sizes = manifest.shards.tokens
@@ -63,6 +69,9 @@ class ShardReader:
         self._bytes = 0
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
         for lease in self._leases.values():
             lease.release()
         self._leases.clear()
@@ -98,11 +107,27 @@ class ShardReader:
             return False
         if not self.whole_shards:
             return True
+        if not self.background:
+            return False  # nothing would ever bring the whole shard: fetch it now, as format 1
         info = self.info(s)
         try:
-            return os.stat(self.cache.path(info)).st_size != info.raw_bytes
+            if os.stat(self.cache.path(info)).st_size == info.raw_bytes:
+                return False
         except FileNotFoundError:
-            return True
+            pass
+        self._fetch_whole(s, info)
+        return True
+
+    def _fetch_whole(self, s: int, info: ShardInfo) -> None:
+        """Bring shard ``s`` into the node cache in the background (once per process, while it is read by frames)."""
+        if s in self._fetching:
+            return
+        if len(self._fetching) >= 4096:
+            self._fetching.clear()
+        self._fetching.add(s)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ferry-whole", initializer=name_os_thread)
+        self._pool.submit(_quiet_ensure, self.cache, info)
 
     def frames_only(self, s: int) -> bool:
         """Whether shard ``s`` is never fetched whole here (format 2 and whole shards not wanted)."""
@@ -199,3 +224,11 @@ class ShardReader:
             labels[row, n:] = IGNORE_INDEX
             mask[row, :n] = 1
             mask[row, n:] = 0
+
+
+def _quiet_ensure(cache: ShardCache, info: ShardInfo) -> None:
+    # a background fetch: a failure resurfaces (with its real error) when the shard is opened or read by frames
+    try:
+        cache.ensure(info)
+    except Exception:  # noqa: BLE001
+        return
