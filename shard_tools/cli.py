@@ -114,8 +114,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=[1, 2],
         default=None,
         dest="stored_format",
-        help="stored shard format: 1 one zstd frame, 2 seekable frames + frame index (default: %(default)s → the "
-        "packer's default)",
+        help="stored shard format: 2 (default) seekable zstd frames + a frame index, read by frames without the "
+        "whole shard; 1 one zstd frame per shard (readable by older ferry)",
     )
     p.add_argument("--workers", type=int, default=1, help="worker processes (output is identical for any N)")
     p.add_argument(
