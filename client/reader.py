@@ -14,12 +14,14 @@ batch needs only the frames its samples touch while a helper thread brings the w
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from shard_tools.errors import FerryError, ShardError, StorageError
 from shard_tools.format import ShardView
 from shard_tools.manifest import Manifest, ShardInfo
 from shard_tools.threadname import name_os_thread
@@ -30,6 +32,7 @@ from .frames import FrameReader
 __all__ = ["ShardReader"]
 
 IGNORE_INDEX = -100
+log = logging.getLogger(__name__)
 
 
 class ShardReader:
@@ -55,6 +58,7 @@ class ShardReader:
         self.background = background  # a shard read by frames is fetched whole meanwhile (one helper thread)
         self._pool: ThreadPoolExecutor | None = None
         self._fetching: set[int] = set()
+        self._no_frames: set[int] = set()  # shards whose frames failed here: read whole (with replica fallback)
         self.dtype = np.dtype(manifest.token_dtype)
         self._seekable = manifest.shards.index_bytes > 0
         self._sizes = manifest.shards.tokens
@@ -103,7 +107,7 @@ class ShardReader:
     def by_frames(self, s: int) -> bool:
         """Whether shard ``s`` is read by frames now: format 2, not mapped here, and whole shards not wanted
         or this one not in the node cache yet."""
-        if self.frames is None or not self._seekable[s] or s in self._leases:
+        if self.frames is None or not self._seekable[s] or s in self._leases or s in self._no_frames:
             return False
         if not self.whole_shards:
             return True
@@ -144,7 +148,18 @@ class ShardReader:
         if tokens is not None:
             return tokens[a:b]
         assert self.frames is not None
-        return self.frames.tokens(self.info(s), self.dtype, a, b)
+        try:
+            return self.frames.tokens(self.info(s), self.dtype, a, b)
+        except (ShardError, StorageError) as exc:
+            memo[s] = self._whole_instead(s, exc).tokens
+            return self._slice(s, a, b, memo)
+
+    def _whole_instead(self, s: int, exc: FerryError) -> ShardView:
+        """Shard ``s`` mapped whole after a frame of it failed (a bad or missing copy where frames come from):
+        the cache fetches it verified, from the first replica with a good copy, or raises naming them all."""
+        log.warning("%s; reading shard %d whole from the replicas instead of by frames", exc, s)
+        self._no_frames.add(s)
+        return self.view(s)
 
     def _doc_offsets(self, s: int, memo: dict[int, np.ndarray | None]) -> np.ndarray:
         """All document offsets of shard ``s`` (mapped, or by frames)."""
@@ -152,7 +167,22 @@ class ShardReader:
             return self.view(s).offsets
         assert self.frames is not None
         info = self.info(s)
-        return self.frames.offsets(info, 0, info.documents)
+        try:
+            return self.frames.offsets(info, 0, info.documents)
+        except (ShardError, StorageError) as exc:
+            memo[s] = self._whole_instead(s, exc).tokens
+            return self.view(s).offsets
+
+    def _doc_span(self, s: int, local: int, memo: dict[int, np.ndarray | None]) -> tuple[int, int]:
+        """Document ``local`` of shard ``s`` (read by frames) as a token range of the shard."""
+        assert self.frames is not None
+        try:
+            a, b = self.frames.offsets(self.info(s), local, local + 1).tolist()
+            return int(a), int(b)
+        except (ShardError, StorageError) as exc:
+            view = self._whole_instead(s, exc)
+            memo[s] = view.tokens
+            return int(view.offsets[local]), int(view.offsets[local + 1])
 
     def shard_of_token(self, starts: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.token_offsets, starts, side="right") - 1
@@ -214,8 +244,7 @@ class ShardReader:
                 view = self.view(s)
                 a, b = int(view.offsets[local]), int(view.offsets[local + 1])
             else:
-                assert self.frames is not None
-                a, b = self.frames.offsets(self.info(s), local, local + 1).tolist()
+                a, b = self._doc_span(s, local, memo)
             t = self._slice(s, a, min(b, a + length + 1), memo)
             n = max(0, t.shape[0] - 1)
             inputs[row, :n] = t[:-1] if n else t[:0]

@@ -167,10 +167,11 @@ def flip_in_frame(url: str, shard: int, frame: int) -> str:
     return info.path
 
 
-def test_flipped_byte_named_by_verify_and_caught_by_the_loader(tmp_path: Path) -> None:
-    out = str(tmp_path / "ds")
+def test_flipped_byte_named_by_verify_and_caught_by_the_loader(tmp_path: Path, caplog: Any) -> None:
+    out, good = str(tmp_path / "ds"), str(tmp_path / "good")
     inputs, opts = write_input("parquet", tmp_path, make_docs(300, 5))
     pack(inputs, out, PackOptions(shard_size=SHARD, stored_format=2, frame_size=FRAME, **opts))
+    pack(inputs, good, PackOptions(shard_size=SHARD, stored_format=2, frame_size=FRAME, **opts))
     path = flip_in_frame(out, 1, 2)
     done = ferry("verify", out)
     assert done.returncode == 1
@@ -180,9 +181,17 @@ def test_flipped_byte_named_by_verify_and_caught_by_the_loader(tmp_path: Path) -
                       prefetch=0)  # fmt: skip
     ds.reader.whole_shards = False  # read every shard by frames (as a global shuffle over a big dataset does)
     ds.payload(np.arange(2))  # shard 0 is fine
-    with pytest.raises(ShardDigestError, match=f"{path}: frame 2 does not match"):
+    # the bad frame is caught when read; the shard is then fetched whole, which finds no good copy either
+    with pytest.raises(ShardDigestError, match=f"{path}: no replica has a good copy"):
         ds.payload(np.arange(ds.num_samples))
+    assert f"shard {path}: frame 2 does not match its digest" in caplog.text
     ds.close()
+    # with a second replica holding a good copy, the same read gives the right samples
+    both = TokenDataset([out, good], seq_len=64, seed=7, shuffle="none", cache_dir=str(tmp_path / "c2"), prefetch=0)
+    both.reader.whole_shards = False
+    ref = samples(good, tmp_path / "c3", "none")
+    assert np.array_equal(np.asarray(both.payload(np.arange(both.num_samples))["windows"]), ref)
+    both.close()
 
 
 def test_cold_first_batch_reads_only_the_frames_it_touches(tmp_path: Path) -> None:
