@@ -12,17 +12,20 @@ LRU block cache bounded in bytes. One per process, used from one thread (like ``
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from shard_tools.errors import ShardFormatError, ShardMissingError, StorageError
+from shard_tools.errors import ShardFormatError, ShardMissingError
 from shard_tools.manifest import ShardInfo
 from shard_tools.seekable import FrameIndex, decode_frame, load_index
 from shard_tools.store import Location, resolve, storage_error
+from shard_tools.threadname import name_os_thread
 
 __all__ = ["RangeRead", "FrameReader", "FrameStats", "replica_range_reader", "frame_reader_for", "DEFAULT_BLOCK_LIMIT"]
 
@@ -81,29 +84,54 @@ def replica_range_reader(replicas: Any) -> RangeRead:
 
 
 class FrameReader:
-    """Frames of format-2 shards, fetched by ranged reads, verified, decoded and cached (``limit`` bytes)."""
+    """Frames of format-2 shards, fetched by ranged reads, verified, decoded and cached (``limit`` bytes).
 
-    def __init__(self, read_range: RangeRead, *, limit: int = DEFAULT_BLOCK_LIMIT) -> None:
+    ``threads``: ranged reads in flight at once when a batch's frames are fetched together
+    (:meth:`prefetch_tokens`): a batch of samples over many shards then costs about one round trip for
+    the indexes and one for the frames, not one per sample.
+    """
+
+    def __init__(self, read_range: RangeRead, *, limit: int = DEFAULT_BLOCK_LIMIT, threads: int = 8) -> None:
         self.read_range = read_range
         self.limit = max(0, int(limit))
+        self.threads = max(1, int(threads))
         self.stats = FrameStats()
         self._indexes: OrderedDict[str, FrameIndex] = OrderedDict()
         self._blocks: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         self._bytes = 0
+        self._lock = threading.Lock()  # the stats, counted from the fetching threads
+        self._pool: ThreadPoolExecutor | None = None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
     def _read(self, info: ShardInfo, offset: int, length: int, what: str) -> bytes:
         try:
             data = self.read_range(info, offset, length)
         except FileNotFoundError as exc:
             raise ShardMissingError(info.path, f"listed in the manifest but missing ({exc})") from exc
-        except StorageError:
-            raise
         if len(data) != length:
             raise ShardFormatError(
                 info.path, f"{what}: read {len(data)} of {length} bytes at {offset}; the shard is truncated"
             )
-        self.stats.bytes_read += length
+        with self._lock:
+            self.stats.bytes_read += length
         return data
+
+    def _fetch_index(self, info: ShardInfo) -> FrameIndex:
+        if info.stored_format != 2:
+            raise ShardFormatError(info.path, "is not a format-2 (seekable) shard: read it whole")
+        data = self._read(info, info.stored_bytes - info.index_bytes, info.index_bytes, "frame index")
+        with self._lock:
+            self.stats.index_reads += 1
+        return load_index(data, info)
+
+    def _keep_index(self, info: ShardInfo, index: FrameIndex) -> None:
+        self._indexes[info.path] = index
+        if len(self._indexes) > _MAX_INDEXES:
+            self._indexes.popitem(last=False)
 
     def index(self, info: ShardInfo) -> FrameIndex:
         """The checked frame index of a format-2 shard (read once per process, kept for the last few thousand)."""
@@ -111,15 +139,23 @@ class FrameReader:
         if index is not None:
             self._indexes.move_to_end(info.path)
             return index
-        if info.stored_format != 2:
-            raise ShardFormatError(info.path, "is not a format-2 (seekable) shard: read it whole")
-        data = self._read(info, info.stored_bytes - info.index_bytes, info.index_bytes, "frame index")
-        self.stats.index_reads += 1
-        index = load_index(data, info)
-        self._indexes[info.path] = index
-        if len(self._indexes) > _MAX_INDEXES:
-            self._indexes.popitem(last=False)
+        index = self._fetch_index(info)
+        self._keep_index(info, index)
         return index
+
+    def _fetch_run(self, info: ShardInfo, index: FrameIndex, run: list[int]) -> list[bytes]:
+        """Consecutive frames ``run`` in one ranged read, each checked and decoded."""
+        start, _ = index.span(run[0])
+        last, last_len = index.span(run[-1])
+        data = memoryview(self._read(info, start, last + last_len - start, f"frames {run[0]}-{run[-1]}"))
+        out = []
+        for k in run:
+            offset, length = index.span(k)
+            out.append(decode_frame(index, k, data[offset - start : offset - start + length], info.path))
+        with self._lock:
+            self.stats.frame_reads += 1
+            self.stats.frames += len(run)
+        return out
 
     def _keep(self, key: tuple[str, int], raw: bytes) -> None:
         self._blocks[key] = raw
@@ -142,17 +178,49 @@ class FrameReader:
                 self.stats.hits += 1
                 out[k] = block
         for run in _runs(missing):
-            start, _ = index.span(run[0])
-            last, last_len = index.span(run[-1])
-            data = memoryview(self._read(info, start, last + last_len - start, f"frames {run[0]}-{run[-1]}"))
-            self.stats.frame_reads += 1
-            for k in run:
-                offset, length = index.span(k)
-                raw = decode_frame(index, k, data[offset - start : offset - start + length], info.path)
-                self.stats.frames += 1
+            for k, raw in zip(run, self._fetch_run(info, index, run), strict=True):
                 self._keep((info.path, k), raw)
                 out[k] = raw
         return [out[k] for k in ks]
+
+    def _parallel(self, fn: Callable[..., Any], calls: list[tuple[Any, ...]]) -> list[Any]:
+        """``fn(*call)`` for every call, ``threads`` at a time; an exception is returned, not raised."""
+
+        def one(call: tuple[Any, ...]) -> Any:
+            try:
+                return fn(*call)
+            except Exception as exc:  # noqa: BLE001 - raised again when the frame is read in order
+                return exc
+
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ferry-frames", initializer=name_os_thread)
+        return list(self._pool.map(one, calls))
+
+    def prefetch_tokens(self, items: Sequence[tuple[ShardInfo, int, int]], dtype: np.dtype) -> None:
+        """Fetch together every index and frame that token ranges ``(info, a, b)`` need and the block cache
+        lacks (indexes first, then the frames), so reading them afterwards hits the cache. Failures are
+        left for that read, which raises them (or the reader's fallback handles them)."""
+        if self.threads <= 1:
+            return
+        infos = {info.path: info for info, _, _ in items}
+        todo = [(info,) for path, info in infos.items() if path not in self._indexes]
+        for (info,), index in zip(todo, self._parallel(self._fetch_index, todo), strict=True):
+            if isinstance(index, FrameIndex):
+                self._keep_index(info, index)
+        runs: list[tuple[ShardInfo, FrameIndex, list[int]]] = []
+        planned: set[tuple[str, int]] = set()
+        for info, a, b in items:
+            index = self._indexes.get(info.path)
+            if index is None or a >= b:
+                continue
+            ks = index.frames_of(index.tokens_pos + a * dtype.itemsize, index.tokens_pos + b * dtype.itemsize)
+            missing = [k for k in ks if (info.path, k) not in self._blocks and (info.path, k) not in planned]
+            planned.update((info.path, k) for k in missing)
+            runs += [(info, index, run) for run in _runs(missing)]
+        for (info, _, run), got in zip(runs, self._parallel(self._fetch_run, runs) if runs else [], strict=True):
+            if isinstance(got, list):
+                for k, raw in zip(run, got, strict=True):
+                    self._keep((info.path, k), raw)
 
     def raw(self, info: ShardInfo, start: int, end: int) -> bytes | memoryview:
         """Raw (decompressed) bytes ``[start, end)`` of a shard."""
@@ -199,7 +267,11 @@ def _runs(ks: list[int]) -> list[list[int]]:
 
 def frame_reader_for(manifest: Any, replicas: Any, budget: int) -> FrameReader | None:
     """A frame reader for a dataset holding format-2 shards (None when it has none), its block cache a
-    quarter of this process's cache budget, between 8 and 256 MiB."""
+    quarter of this process's cache budget, between 8 and 256 MiB. Frames of a batch are fetched 8 at a
+    time from remote replicas (round trips overlap); one at a time from local files (measured faster: the
+    reads cost no wait, and threads only contend for the cores)."""
     if not bool(np.any(manifest.shards.index_bytes > 0)):
         return None
-    return FrameReader(replica_range_reader(replicas), limit=min(DEFAULT_BLOCK_LIMIT, max(8 << 20, budget // 4)))
+    local = all("://" not in u or u.startswith("file://") for u in replicas.urls)
+    limit = min(DEFAULT_BLOCK_LIMIT, max(8 << 20, budget // 4))
+    return FrameReader(replica_range_reader(replicas), limit=limit, threads=1 if local else 8)

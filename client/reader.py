@@ -18,6 +18,7 @@ import logging
 import os
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -76,6 +77,8 @@ class ShardReader:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        if self.frames is not None:
+            self.frames.close()
         for lease in self._leases.values():
             lease.release()
         self._leases.clear()
@@ -173,6 +176,18 @@ class ShardReader:
             memo[s] = self._whole_instead(s, exc).tokens
             return self.view(s).offsets
 
+    def _prefetch_frames(self, shards: list[int], locals_: list[int], width: int, memo: dict[int, Any]) -> None:
+        """Fetch the frames of a batch's samples together (the parts of samples that run into a next shard are
+        left to the sequential read)."""
+        assert self.frames is not None
+        items = [
+            (self.info(s), local, min(local + width, int(self._sizes[s])))
+            for local, s in zip(locals_, shards, strict=True)
+            if self._source(s, memo) is None
+        ]
+        if items:
+            self.frames.prefetch_tokens(items, self.dtype)
+
     def _doc_span(self, s: int, local: int, memo: dict[int, np.ndarray | None]) -> tuple[int, int]:
         """Document ``local`` of shard ``s`` (read by frames) as a token range of the shard."""
         assert self.frames is not None
@@ -200,6 +215,8 @@ class ShardReader:
         locals_ = (starts - self.token_offsets[shards]).tolist()
         memo: dict[int, np.ndarray | None] = {}
         width = length + 1
+        if self.frames is not None and len(starts) > 1:
+            self._prefetch_frames(shards.tolist(), locals_, width, memo)
         for local, s, row in zip(locals_, shards.tolist(), rows.tolist(), strict=True):
             if local + width <= self._sizes[s]:
                 raw[row] = self._slice(s, local, local + width, memo)

@@ -247,3 +247,36 @@ def test_frames_that_lie_about_their_size_cost_what_they_yield_not_what_they_cla
     finally:
         tracemalloc.stop()
     assert peak < 16 << 20
+
+
+def test_a_batch_of_ranges_is_fetched_in_parallel_then_read_from_the_block_cache() -> None:
+    import threading
+
+    shards = [raw_shard(docs=600, seed=s) for s in range(4)]
+    stored = [encode_seekable(raw, 1, FRAME) for raw, _, _ in shards]
+    infos = [ShardInfo(**{**vars(row(raw, st)), "path": f"shards/{i}.s2.arrow.zst"})
+             for i, ((raw, _, _), st) in enumerate(zip(shards, stored, strict=True))]  # fmt: skip
+    by_path = {info.path: st for info, st in zip(infos, stored, strict=True)}
+    lock, in_flight, most = threading.Lock(), [0], [0]
+    four = threading.Event()
+
+    def read_range(info: ShardInfo, offset: int, length: int) -> bytes:
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+            if in_flight[0] >= 4:
+                four.set()
+        four.wait(2.0)  # a slow link: each read waits until four are in flight (bounded)
+        with lock:
+            in_flight[0] -= 1
+        return by_path[info.path][offset : offset + length]
+
+    frames = FrameReader(read_range, threads=4)
+    items = [(info, 100 * i, 100 * i + 2000) for i, info in enumerate(infos)]
+    frames.prefetch_tokens(items, np.dtype("uint16"))
+    assert most[0] >= 4 and frames.stats.index_reads == 4
+    fetched = frames.stats.frame_reads
+    for (info, a, b), (_, tokens, _) in zip(items, shards, strict=True):
+        assert np.array_equal(frames.tokens(info, np.dtype("uint16"), a, b), tokens[a:b])
+    assert frames.stats.frame_reads == fetched and frames.stats.index_reads == 4  # all from the cache
+    frames.close()
