@@ -59,6 +59,7 @@ class ShardReader:
         self.background = background  # a shard read by frames is fetched whole meanwhile (one helper thread)
         self._pool: ThreadPoolExecutor | None = None
         self._fetching: set[int] = set()
+        self._later: list[ShardInfo] = []
         self._no_frames: set[int] = set()  # shards whose frames failed here: read whole (with replica fallback)
         self.dtype = np.dtype(manifest.token_dtype)
         self._seekable = manifest.shards.index_bytes > 0
@@ -132,9 +133,16 @@ class ShardReader:
         if len(self._fetching) >= 4096:
             self._fetching.clear()
         self._fetching.add(s)
+        self._later.append(info)  # started once the samples at hand are read: not competing with them
+
+    def _start_later(self) -> None:
+        if not self._later:
+            return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ferry-whole", initializer=name_os_thread)
-        self._pool.submit(_quiet_ensure, self.cache, info)
+        for info in self._later:
+            self._pool.submit(_quiet_ensure, self.cache, info)
+        self._later = []
 
     def frames_only(self, s: int) -> bool:
         """Whether shard ``s`` is never fetched whole here (format 2 and whole shards not wanted)."""
@@ -227,6 +235,7 @@ class ShardReader:
                 raw[row, filled : filled + take] = self._slice(s, local, local + take, memo)
                 filled += take
                 s, local = s + 1, 0
+        self._start_later()
 
     def boundaries(self, start: int, length: int) -> list[int]:
         """Offsets in ``(0, length)`` where a document starts inside the sample beginning at stream ``start``."""
@@ -240,6 +249,7 @@ class ShardReader:
             j = int(np.searchsorted(doc_starts, end, side="left"))
             out.extend((doc_starts[i:j] - start).tolist())
             s += 1
+        self._start_later()
         return out
 
     def gather_documents(
@@ -270,6 +280,7 @@ class ShardReader:
             labels[row, n:] = IGNORE_INDEX
             mask[row, :n] = 1
             mask[row, n:] = 0
+        self._start_later()
 
 
 def _quiet_ensure(cache: ShardCache, info: ShardInfo) -> None:
