@@ -207,6 +207,8 @@ def test_shard_table_keeps_format_1_columns_and_mixes_formats() -> None:
     assert [s.stored_format for s in mixed] == [1, 1, 2]
     assert mixed[2].index_bytes == 40 and mixed[2].index_digest == _info(3, 40).index_digest
     assert mixed[0].index_digest == "" and mixed[0].index_bytes == 0
+    back = ShardTable.from_ipc(new.concat(old).to_ipc())  # format 1 appended after format 2
+    assert [s.stored_format for s in back] == [2, 1, 1] and back[1].index_digest == ""
 
 
 @pytest.mark.parametrize(
