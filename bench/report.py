@@ -483,6 +483,39 @@ def _charts(res: dict[str, Any], img_dir: Path, python: str | None) -> None:
     Path(f.name).unlink(missing_ok=True)
 
 
+def _seek(res: dict[str, Any]) -> list[str]:
+    """Stored format 2 (seekable frames) against format 1: pack cost, frame sizes, cold first batch."""
+    sk = res.get("seek")
+    if not sk:
+        return []
+    lines = ["## Seekable shards: format 2 against format 1", ""]
+    if "error" in sk and "pack" not in sk:
+        return [*lines, str(sk["error"]), ""]
+    pk = sk.get("pack", {})
+    tps, ratio = pk.get("tokens_per_s", {}), pk.get("ratio", {})
+    lines += [
+        "| format | pack Mtok/s | ratio | cold first batch s (open + batch) | batch alone s | frames read |",
+        "|---|---|---|---|---|---|",
+    ]
+    for t in ("f1", "f2"):
+        fb = sk.get("first_batch", {}).get(t, {})
+        first, alone = ((fb.get(k) or {}).get("median") for k in ("first_batch_s", "batch_s"))
+        frames = (fb.get("frames") or {}).get("median", "—")
+        cells = [t[1:], _m(tps.get(t)), _m(ratio.get(t), 1, 4), _m(first, 1, 3), _m(alone, 1, 3), str(frames)]
+        lines.append("| " + " | ".join(cells) + " |")
+    if "ratio_cost" in pk:
+        lines += ["", f"Format 2 costs {pk['ratio_cost'] * 100:.2f}% ratio, {pk['cpu_speed_cost'] * 100:.2f}% pack "
+                  f"throughput per CPU second ({pk['speed_cost'] * 100:.2f}% wall clock) at zstd {sk.get('level')} "
+                  f"(medians of {sk.get('repeats')}); default format 2: {pk['format_2_by_default']} (needs ≤ 3% "
+                  "and ≤ 5%)."]  # fmt: skip
+    sizes = sk.get("frame_sizes", {})
+    if sizes:
+        lines += ["", "| frames of one shard | ratio | MiB/s |", "|---|---|---|"]
+        lines += [f"| {k} | {v['ratio']:.4f} | {v['mib_per_s']:.0f} |" for k, v in sizes.items() if isinstance(v, dict)]
+    lines.append("")
+    return lines
+
+
 def write(res: dict[str, Any], page: Path, peers_python: str | None, results_rel: str) -> None:
     """Generate the page (and its charts under ``img/`` beside it)."""
     _charts(res, page.parent / "img", peers_python)
@@ -506,6 +539,7 @@ def write(res: dict[str, Any], page: Path, peers_python: str | None, results_rel
         *_service(res),
         *_split(res),
         *_schedule(res),
+        *_seek(res),
         *_profiles(res),
     ]
     page.parent.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ from shard_tools.threadname import name_os_thread
 
 from . import checks
 from .cache import ShardCache, default_cache_dir
+from .frames import frame_reader_for
 from .mixed import MixedDataset
 from .order import SHUFFLE_MODES, SampleOrder, make_order
 from .reader import ShardReader
@@ -270,7 +271,12 @@ class TokenDataset(SampleSource):
             # pre-fault mapped shards when they will be read through: windows read each shard whole, and a
             # dataset that stays mapped is read whole over an epoch; a global shuffle of a big one is not
             populate = self.shuffle != "global" or int(self.manifest.shards.raw_bytes.sum()) <= budget
-            self._reader = ShardReader(self.manifest, self.cache, max_bytes=budget, populate=populate)
+            # format-2 shards: read by frames when whole shards are not wanted (the same test) or not cached yet
+            frames = frame_reader_for(self.manifest, self.replicas, budget)
+            self._reader = ShardReader(
+                self.manifest, self.cache, max_bytes=budget, populate=populate, frames=frames, whole_shards=populate,
+                background=self.prefetch_depth > 0,
+            )  # fmt: skip
             self._pid = _FORKS.generation
             self._pool = None
             self._submitted = set()
@@ -344,7 +350,7 @@ class TokenDataset(SampleSource):
         reader = self.reader
         if self._fits_cache and len(self._submitted) >= len(self.manifest.shards):
             return  # every shard went through the cache in this process and none gets evicted
-        todo = [s for s in self.shards_of(positions) if s not in self._submitted]
+        todo = [s for s in self.shards_of(positions) if s not in self._submitted and not reader.frames_only(s)]
         if not todo:
             return
         if self._pool is None:

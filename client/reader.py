@@ -1,25 +1,39 @@
-"""Reading samples of one dataset out of memory-mapped shards into preallocated batch arrays.
+"""Reading samples of one dataset out of memory-mapped shards (or frames) into preallocated batch arrays.
 
 Keeps an LRU of open leases (mapped shards) per process, bounded by count and by the
 cache limit in bytes. A token-mode sample is a slice of the stream ``[a, a + L + 1)``
 copied straight from the mapped uint16/uint32 array into int64 rows (two pieces, or
 more with tiny shards, when it crosses shard boundaries).
+
+A format-2 (seekable) shard that is not mapped in this process is read by frames
+(:class:`client.frames.FrameReader`) instead of whole when ``whole_shards`` is off (a global
+shuffle over more than the cache: whole shards would be fetched for a sample each) or, with
+``background`` fetching, while the shard is not in the node cache yet (a cold start: the first
+batch needs only the frames its samples touch while a helper thread brings the whole shard).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
+from shard_tools.errors import FerryError, ShardError, StorageError
 from shard_tools.format import ShardView
-from shard_tools.manifest import Manifest
+from shard_tools.manifest import Manifest, ShardInfo
+from shard_tools.threadname import name_os_thread
 
 from .cache import Lease, ShardCache
+from .frames import FrameReader
 
 __all__ = ["ShardReader"]
 
 IGNORE_INDEX = -100
+log = logging.getLogger(__name__)
 
 
 class ShardReader:
@@ -33,10 +47,24 @@ class ShardReader:
         max_open: int = 64,
         max_bytes: int | None = None,
         populate: bool = False,
+        frames: FrameReader | None = None,
+        whole_shards: bool = True,
+        background: bool = False,
     ) -> None:
         self.manifest = manifest
         self.cache = cache
         self.populate = populate
+        self.frames = frames
+        self.whole_shards = whole_shards
+        self.background = background  # a shard read by frames is fetched whole meanwhile (one helper thread)
+        self._pool: ThreadPoolExecutor | None = None
+        self._fetching: set[int] = set()
+        self._later: list[ShardInfo] = []
+        self._no_frames: set[int] = set()  # shards whose frames failed here: read whole (with replica fallback)
+        self.dtype = np.dtype(manifest.token_dtype)
+        self._seekable = manifest.shards.index_bytes > 0
+        self._sizes = manifest.shards.tokens
+        self._infos: dict[int, ShardInfo] = {}
         self.max_open = max_open
         self.max_bytes = cache.limit if max_bytes is None else max_bytes
         self.token_offsets = manifest.shards.token_offsets
@@ -47,6 +75,11 @@ class ShardReader:
         self._bytes = 0
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        if self.frames is not None:
+            self.frames.close()
         for lease in self._leases.values():
             lease.release()
         self._leases.clear()
@@ -67,6 +100,113 @@ class ShardReader:
             old.release()
         return lease.view
 
+    def info(self, s: int) -> ShardInfo:
+        info = self._infos.get(s)
+        if info is None:
+            if len(self._infos) >= 4096:
+                self._infos.clear()
+            info = self._infos[s] = self.manifest.shards[s]
+        return info
+
+    def by_frames(self, s: int) -> bool:
+        """Whether shard ``s`` is read by frames now: format 2, not mapped here, and whole shards not wanted
+        or this one not in the node cache yet."""
+        if self.frames is None or not self._seekable[s] or s in self._leases or s in self._no_frames:
+            return False
+        if not self.whole_shards:
+            return True
+        if not self.background:
+            return False  # nothing would ever bring the whole shard: fetch it now, as format 1
+        info = self.info(s)
+        try:
+            if os.stat(self.cache.path(info)).st_size == info.raw_bytes:
+                return False
+        except FileNotFoundError:
+            pass
+        self._fetch_whole(s, info)
+        return True
+
+    def _fetch_whole(self, s: int, info: ShardInfo) -> None:
+        """Bring shard ``s`` into the node cache in the background (once per process, while it is read by frames)."""
+        if s in self._fetching:
+            return
+        if len(self._fetching) >= 4096:
+            self._fetching.clear()
+        self._fetching.add(s)
+        self._later.append(info)  # started once the samples at hand are read: not competing with them
+
+    def _start_later(self) -> None:
+        if not self._later:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ferry-whole", initializer=name_os_thread)
+        for info in self._later:
+            self._pool.submit(_quiet_ensure, self.cache, info)
+        self._later = []
+
+    def frames_only(self, s: int) -> bool:
+        """Whether shard ``s`` is never fetched whole here (format 2 and whole shards not wanted)."""
+        return self.frames is not None and not self.whole_shards and bool(self._seekable[s])
+
+    def _source(self, s: int, memo: dict[int, np.ndarray | None]) -> np.ndarray | None:
+        """Shard ``s``'s mapped tokens, or None to read it by frames (decided once per gather)."""
+        if s not in memo:
+            memo[s] = None if self.by_frames(s) else self.view(s).tokens
+        return memo[s]
+
+    def _slice(self, s: int, a: int, b: int, memo: dict[int, np.ndarray | None]) -> np.ndarray:
+        tokens = self._source(s, memo)
+        if tokens is not None:
+            return tokens[a:b]
+        assert self.frames is not None
+        try:
+            return self.frames.tokens(self.info(s), self.dtype, a, b)
+        except (ShardError, StorageError) as exc:
+            memo[s] = self._whole_instead(s, exc).tokens
+            return self._slice(s, a, b, memo)
+
+    def _whole_instead(self, s: int, exc: FerryError) -> ShardView:
+        """Shard ``s`` mapped whole after a frame of it failed (a bad or missing copy where frames come from):
+        the cache fetches it verified, from the first replica with a good copy, or raises naming them all."""
+        log.warning("%s; reading shard %d whole from the replicas instead of by frames", exc, s)
+        self._no_frames.add(s)
+        return self.view(s)
+
+    def _doc_offsets(self, s: int, memo: dict[int, np.ndarray | None]) -> np.ndarray:
+        """All document offsets of shard ``s`` (mapped, or by frames)."""
+        if self._source(s, memo) is not None:
+            return self.view(s).offsets
+        assert self.frames is not None
+        info = self.info(s)
+        try:
+            return self.frames.offsets(info, 0, info.documents)
+        except (ShardError, StorageError) as exc:
+            memo[s] = self._whole_instead(s, exc).tokens
+            return self.view(s).offsets
+
+    def _prefetch_frames(self, shards: list[int], locals_: list[int], width: int, memo: dict[int, Any]) -> None:
+        """Fetch the frames of a batch's samples together (the parts of samples that run into a next shard are
+        left to the sequential read)."""
+        assert self.frames is not None
+        items = [
+            (self.info(s), local, min(local + width, int(self._sizes[s])))
+            for local, s in zip(locals_, shards, strict=True)
+            if self._source(s, memo) is None
+        ]
+        if items:
+            self.frames.prefetch_tokens(items, self.dtype)
+
+    def _doc_span(self, s: int, local: int, memo: dict[int, np.ndarray | None]) -> tuple[int, int]:
+        """Document ``local`` of shard ``s`` (read by frames) as a token range of the shard."""
+        assert self.frames is not None
+        try:
+            a, b = self.frames.offsets(self.info(s), local, local + 1).tolist()
+            return int(a), int(b)
+        except (ShardError, StorageError) as exc:
+            view = self._whole_instead(s, exc)
+            memo[s] = view.tokens
+            return int(view.offsets[local]), int(view.offsets[local + 1])
+
     def shard_of_token(self, starts: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.token_offsets, starts, side="right") - 1
 
@@ -81,34 +221,35 @@ class ShardReader:
         """
         shards = self.shard_of_token(starts)
         locals_ = (starts - self.token_offsets[shards]).tolist()
-        views: dict[int, np.ndarray] = {}
+        memo: dict[int, np.ndarray | None] = {}
         width = length + 1
+        if self.frames is not None and len(starts) > 1:
+            self._prefetch_frames(shards.tolist(), locals_, width, memo)
         for local, s, row in zip(locals_, shards.tolist(), rows.tolist(), strict=True):
-            tokens = views.get(s)
-            if tokens is None:
-                tokens = views[s] = self.view(s).tokens
-            if local + width <= tokens.shape[0]:
-                raw[row] = tokens[local : local + width]
+            if local + width <= self._sizes[s]:
+                raw[row] = self._slice(s, local, local + width, memo)
                 continue
             filled = 0  # crosses into the next shard(s)
             while filled < width:
-                tokens = self.view(s).tokens
-                take = min(width - filled, tokens.shape[0] - local)
-                raw[row, filled : filled + take] = tokens[local : local + take]
+                take = min(width - filled, int(self._sizes[s]) - local)
+                raw[row, filled : filled + take] = self._slice(s, local, local + take, memo)
                 filled += take
                 s, local = s + 1, 0
+        self._start_later()
 
     def boundaries(self, start: int, length: int) -> list[int]:
         """Offsets in ``(0, length)`` where a document starts inside the sample beginning at stream ``start``."""
         out: list[int] = []
         end = start + length
         s = int(self.shard_of_token(np.asarray([start]))[0])
+        memo: dict[int, np.ndarray | None] = {}
         while s < len(self.token_offsets) - 1 and int(self.token_offsets[s]) < end:
-            doc_starts = self.view(s).offsets[:-1] + int(self.token_offsets[s])
+            doc_starts = self._doc_offsets(s, memo)[:-1] + int(self.token_offsets[s])
             i = int(np.searchsorted(doc_starts, start, side="right"))
             j = int(np.searchsorted(doc_starts, end, side="left"))
             out.extend((doc_starts[i:j] - start).tolist())
             s += 1
+        self._start_later()
         return out
 
     def gather_documents(
@@ -123,11 +264,15 @@ class ShardReader:
     ) -> None:
         """Row ``rows[i]`` ← document ``docs[i]`` (with its EOS) truncated to ``length + 1`` tokens, padded."""
         shards = self.shard_of_document(docs)
+        memo: dict[int, np.ndarray | None] = {}
         for d, s, row in zip(docs.tolist(), shards.tolist(), rows.tolist(), strict=True):
-            view = self.view(s)
             local = d - int(self.doc_offsets[s])
-            a, b = int(view.offsets[local]), int(view.offsets[local + 1])
-            t = view.tokens[a : min(b, a + length + 1)]
+            if self._source(s, memo) is not None:
+                view = self.view(s)
+                a, b = int(view.offsets[local]), int(view.offsets[local + 1])
+            else:
+                a, b = self._doc_span(s, local, memo)
+            t = self._slice(s, a, min(b, a + length + 1), memo)
             n = max(0, t.shape[0] - 1)
             inputs[row, :n] = t[:-1] if n else t[:0]
             labels[row, :n] = t[1:]
@@ -135,3 +280,12 @@ class ShardReader:
             labels[row, n:] = IGNORE_INDEX
             mask[row, :n] = 1
             mask[row, n:] = 0
+        self._start_later()
+
+
+def _quiet_ensure(cache: ShardCache, info: ShardInfo) -> None:
+    # a background fetch: a failure resurfaces (with its real error) when the shard is opened or read by frames
+    try:
+        cache.ensure(info)
+    except Exception:  # noqa: BLE001
+        return

@@ -109,6 +109,15 @@ def _add_pack(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lines", action="store_true", help="text files: one document per line (default: per file)")
     p.add_argument("--shard-size", default="128MiB", help="target raw bytes per shard (default: 128MiB)")
     p.add_argument("--compression", default="zstd:1", help="zstd:LEVEL, 1..22 (default: zstd:1)")
+    p.add_argument(
+        "--format",
+        type=int,
+        choices=[1, 2],
+        default=None,
+        dest="stored_format",
+        help="stored shard format: 2 (default) seekable zstd frames + a frame index, read by frames without the "
+        "whole shard; 1 one zstd frame per shard (readable by older ferry)",
+    )
     p.add_argument("--workers", type=int, default=1, help="worker processes (output is identical for any N)")
     p.add_argument(
         "--executor",
@@ -207,6 +216,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         text_per_line=args.lines,
         shard_size=parse_size(args.shard_size),
         compression_level=_compression_level(args.compression),
+        **({} if args.stored_format is None else {"stored_format": args.stored_format}),
         workers=args.workers,
         executor=args.executor,
         ray_address=args.ray_address,

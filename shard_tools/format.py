@@ -3,8 +3,10 @@
 A raw shard is an Arrow IPC *file* holding one record batch whose column ``tokens``
 is ``list<uint16>`` (vocabulary ≤ 65536) or ``list<uint32>``; one list per document.
 Further columns (``loss_mask``, ``source``…) are allowed and kept. The schema carries
-``ferry.format = 1`` in its metadata. The stored form is the raw file compressed as one
-zstd frame with the content size in its header (``*.arrow.zst``).
+``ferry.format = 1`` in its metadata (the version of this Arrow content, the same in both stored
+formats). The stored form (``*.arrow.zst``) is, in stored format 1, the raw file compressed as one
+zstd frame with the content size in its header; in stored format 2, a sequence of independently
+compressed frames and a frame index (:mod:`shard_tools.seekable`). :func:`decompress` reads both.
 
 Readers validate eagerly: schema, dtype, document and token counts, and (by the caller)
 digests. A decompressed shard in a local file is memory-mapped and read zero-copy.
@@ -25,6 +27,7 @@ from .header import TOKEN_DTYPE_NAMES
 
 __all__ = [
     "FORMAT_VERSION",
+    "STORED_FORMATS",
     "SHARD_SUFFIX",
     "TOKEN_DTYPES",
     "ShardView",
@@ -39,6 +42,8 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
+#: Stored formats: 1 = one zstd frame, 2 = seekable frames + frame index (shard_tools.seekable).
+STORED_FORMATS = (1, 2)
 SHARD_SUFFIX = ".arrow.zst"
 _META_KEY = b"ferry.format"
 TOKEN_DTYPES: dict[str, pa.DataType] = {name: pa.from_numpy_dtype(np.dtype(name)) for name in TOKEN_DTYPE_NAMES}
@@ -134,11 +139,13 @@ MAX_EXPANSION = zstandard.BLOCKSIZE_MAX // 4
 _PREALLOC_EXPANSION = 64
 _PREALLOC_BYTES = 8 << 20
 _STREAM_STEP = 1024  # stored bytes per step: at most 32 MiB of output each
+_SEEKABLE_TAG = b"FSI2"  # the last bytes of a format-2 stored shard (shard_tools.seekable.INDEX_MAGIC)
 _TRAILING = "bytes after the end of its zstd frame (a shard is one frame); the shard is corrupt or was tampered with"
 
 
 def decompress(stored: bytes | memoryview, raw_bytes: int, shard: str) -> bytes:
-    """Decompress a stored shard, checking it is one zstd frame of exactly ``raw_bytes`` bytes.
+    """Decompress a stored shard, checking it is one zstd frame of exactly ``raw_bytes`` bytes (format 1),
+    or, when it ends with a format-2 frame index, frames checked against that index, each as below.
 
     Nothing is allocated on the word of the manifest or the frame header alone:
 
@@ -162,6 +169,10 @@ def decompress(stored: bytes | memoryview, raw_bytes: int, shard: str) -> bytes:
             f"manifest says {raw_bytes} raw bytes from {len(view)} stored bytes, more than any zstd frame "
             f"expands (at most {MAX_EXPANSION}:1): a decompression bomb or a corrupt manifest",
         )
+    if bytes(view[-4:]) == _SEEKABLE_TAG:  # format 2: every frame checked and bounded the same way
+        from .seekable import decompress_seekable
+
+        return decompress_seekable(view, raw_bytes, shard)
     _check_frame_header(view, raw_bytes, shard)
     try:
         if raw_bytes and raw_bytes <= max(_PREALLOC_EXPANSION * len(view), _PREALLOC_BYTES):
@@ -323,6 +334,15 @@ def _read_one_batch(
     return reader, batch
 
 
+def _numpy(arr: pa.Array) -> np.ndarray:
+    """A null-free integer array as numpy over its Arrow data buffer, zero-copy (``Array.to_numpy`` imports
+    pandas on first use: 0.2 s of a cold start)."""
+    dtype = np.dtype(arr.type.to_pandas_dtype()).newbyteorder("<")
+    if len(arr) == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
+
+
 def parse_shard(
     source: pa.Buffer | pa.NativeFile | bytes,
     *,
@@ -350,11 +370,11 @@ def parse_shard(
         raise ShardFormatError(shard, f"token dtype is {found}, manifest says {dtype}")
     if column.null_count:
         raise ShardFormatError(shard, "'tokens' has null documents")
-    offsets = column.offsets.to_numpy()
+    offsets = _numpy(column.offsets)
     values = column.values
     if values.null_count:
         raise ShardFormatError(shard, "'tokens' has null token ids")
-    flat = values.to_numpy(zero_copy_only=True)[offsets[0] : offsets[-1]]
+    flat = _numpy(values)[offsets[0] : offsets[-1]]
     offsets = offsets - offsets[0] if offsets[0] else offsets
     if documents is not None and len(column) != documents:
         raise ShardFormatError(shard, f"{len(column)} documents, manifest says {documents}")

@@ -5,18 +5,25 @@ Layout of a dataset root::
     manifest.json              the current version (a copy of versions/<id>.json), written last
     versions/<id>.json         every published version, immutable
     tables/<digest>.arrow      shard tables, content-addressed, immutable
-    shards/<digest>.arrow.zst  shards, content-addressed, immutable
+    shards/<digest>.arrow.zst  shards, content-addressed, immutable (stored format 2: <digest>.s2.arrow.zst)
 
 The JSON header names the shard table by path and digest. The *version id* is the
 digest of the canonical body: the header without ``version_id``, ``created_at`` and
 ``tool_version``, serialised with sorted keys and no whitespace. So the same content
 gets the same id however and whenever it was packed, and any edit of the header or
 the table is detected when it is read.
+
+A shard's stored format is in its row: format 1 (one zstd frame) has ``index_bytes == 0`` and an empty
+``index_digest``; format 2 (seekable frames, :mod:`shard_tools.seekable`) records the size and digest of
+the frame index at the end of its stored bytes. A table with only format-1 shards keeps the original
+seven columns (so its bytes, and the version id of a format-1 pack, are what they always were); a table
+holding any format-2 shard has the two index columns as well.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -51,6 +58,8 @@ _TABLE_SCHEMA = pa.schema(
     + [(c, pa.int64()) for c in _INT_COLUMNS]
     + [("stored_digest", pa.string()), ("raw_digest", pa.string())]
 )
+_INDEX_COLUMNS = [("index_bytes", pa.int64()), ("index_digest", pa.string())]
+_TABLE_SCHEMA_2 = pa.schema(list(_TABLE_SCHEMA) + [pa.field(n, t) for n, t in _INDEX_COLUMNS])
 
 
 @dataclass(frozen=True)
@@ -76,25 +85,35 @@ class ShardInfo:
     raw_bytes: int
     stored_digest: str
     raw_digest: str
+    index_bytes: int = 0  # format 2: size of the frame index at the end of the stored bytes
+    index_digest: str = ""  # format 2: its digest
+
+    @property
+    def stored_format(self) -> int:
+        """1: one zstd frame; 2: seekable frames with a frame index."""
+        return 2 if self.index_bytes else 1
 
 
 class ShardTable:
     """The shard table, column by column (numpy for numbers), cheap at a million rows."""
 
     def __init__(self, table: pa.Table) -> None:
-        if not table.schema.equals(_TABLE_SCHEMA):
-            raise ManifestError(f"shard table schema is {table.schema}, expected {_TABLE_SCHEMA}")
+        if not (table.schema.equals(_TABLE_SCHEMA) or table.schema.equals(_TABLE_SCHEMA_2)):
+            raise ManifestError(f"shard table schema is {table.schema}, expected {_TABLE_SCHEMA} (+ index columns)")
         self._table = table.combine_chunks()
+        self.seekable = table.schema.equals(_TABLE_SCHEMA_2)
         self.documents = self._column_int("documents")
         self.tokens = self._column_int("tokens")
         self.stored_bytes = self._column_int("stored_bytes")
         self.raw_bytes = self._column_int("raw_bytes")
+        zeros = np.zeros(len(self.documents), dtype=np.int64)
+        self.index_bytes = self._column_int("index_bytes") if self.seekable else zeros
 
     def _column_int(self, name: str) -> np.ndarray:
         arr = self._table.column(name)
         if arr.null_count:
             raise ManifestError(f"shard table column {name!r} has nulls")
-        values: np.ndarray = arr.to_numpy()
+        values = _ints(arr)
         if len(values) and int(values.min()) < 0:
             row = int(np.argmax(values < 0))  # name the first bad row: the table may hold a million
             path = self._table.column("path")[row].as_py()
@@ -107,15 +126,26 @@ class ShardTable:
     @classmethod
     def from_rows(cls, rows: Iterable[ShardInfo]) -> ShardTable:
         rows = list(rows)
-        data: dict[str, list[Any]] = {name: [getattr(r, name) for r in rows] for name in _TABLE_SCHEMA.names}
-        return cls(pa.Table.from_pydict(data, schema=_TABLE_SCHEMA))
+        schema = _TABLE_SCHEMA_2 if any(r.index_bytes for r in rows) else _TABLE_SCHEMA
+        data: dict[str, list[Any]] = {name: [getattr(r, name) for r in rows] for name in schema.names}
+        return cls(pa.Table.from_pydict(data, schema=schema))
+
+    def _with_index_columns(self) -> pa.Table:
+        if self.seekable:
+            return self._table
+        n = len(self)
+        return self._table.append_column("index_bytes", pa.array(np.zeros(n, dtype=np.int64))).append_column(
+            "index_digest", pa.array([""] * n, type=pa.string())
+        )
 
     @classmethod
     def empty(cls) -> ShardTable:
         return cls.from_rows([])
 
     def concat(self, other: ShardTable) -> ShardTable:
-        return ShardTable(pa.concat_tables([self._table, other._table]))
+        if self.seekable == other.seekable:
+            return ShardTable(pa.concat_tables([self._table, other._table]))
+        return ShardTable(pa.concat_tables([self._with_index_columns(), other._with_index_columns()]))
 
     def __len__(self) -> int:
         return self._table.num_rows
@@ -130,6 +160,17 @@ class ShardTable:
             [str(d) for d in self._table.column("stored_digest").to_pylist()],
             [str(d) for d in self._table.column("raw_digest").to_pylist()],
         )
+
+    @cached_property
+    def _index_digests(self) -> list[str]:
+        if not self.seekable:
+            return [""] * len(self)
+        return [str(d) for d in self._table.column("index_digest").to_pylist()]
+
+    def _index_digest(self, i: int) -> str:
+        if "_index_digests" in self.__dict__:
+            return self._index_digests[i]
+        return str(self._table.column("index_digest")[i].as_py()) if self.index_bytes[i] else ""
 
     def __getitem__(self, i: int) -> ShardInfo:
         n = len(self)
@@ -149,10 +190,12 @@ class ShardTable:
             raw_bytes=int(self.raw_bytes[i]),
             stored_digest=stored_digest,
             raw_digest=raw_digest,
+            index_bytes=int(self.index_bytes[i]),
+            index_digest=self._index_digest(i),
         )
 
     def __iter__(self) -> Iterator[ShardInfo]:
-        self.paths, self._digests  # noqa: B018 - build the lists once: fast rows for a full scan
+        self.paths, self._digests, self._index_digests  # noqa: B018 - build the lists once: fast rows for a scan
         return (self[i] for i in range(len(self)))
 
     @cached_property
@@ -177,6 +220,8 @@ class ShardTable:
             for c in ("stored_digest", "raw_digest")
         ]
         no_nulls = all(self._table.column(c).null_count == 0 for c in _STR_COLUMNS)
+        if self.seekable:
+            self._validate_index_columns()
         if no_nulls and pc.any(bad_path).as_py() is not True and all(ok_digests):
             return
         stored, raw = self._digests
@@ -188,10 +233,30 @@ class ShardTable:
         for d in raw:
             check_digest_string(d)
 
+    def _validate_index_columns(self) -> None:
+        """Format 2 rows name a digest and an index inside the stored bytes; format 1 rows neither."""
+        col = self._table.column("index_digest")
+        if col.null_count:
+            raise ManifestError("shard table column 'index_digest' has nulls; the manifest is corrupt")
+        # a digest or nothing on every row, a digest exactly where there is an index (all without
+        # to_numpy on Arrow arrays, which imports pandas: 0.2 s of a cold start)
+        forms = pc.all(pc.match_substring_regex(col, _DIGEST_RE[:1] + "(" + _DIGEST_RE[1:-1] + ")?$")).as_py()
+        has_digest = _ints(pc.utf8_length(col)) > 0
+        bad = np.flatnonzero(((self.index_bytes > 0) != has_digest) | (self.index_bytes > self.stored_bytes))
+        if forms is False:  # the slow path only on failure, to name the row
+            ok = re.compile(_DIGEST_RE)
+            bad = np.union1d(bad, [i for i, d in enumerate(self._index_digests) if d and not ok.match(d)])
+        if len(bad):
+            row = int(bad[0])
+            raise ManifestError(
+                f"shard table row {row} ({self.paths[row]}): index_bytes {int(self.index_bytes[row])} and "
+                f"index_digest {col[row].as_py()!r} disagree; the manifest is corrupt or was tampered with"
+            )
+
     def to_ipc(self) -> bytes:
         sink = pa.BufferOutputStream()
         options = pa.ipc.IpcWriteOptions(compression="zstd")
-        with pa.ipc.new_file(sink, _TABLE_SCHEMA, options=options) as writer:
+        with pa.ipc.new_file(sink, self._table.schema, options=options) as writer:
             writer.write_table(self._table)
         return sink.getvalue().to_pybytes()
 
@@ -320,6 +385,16 @@ class Manifest:
         if manifest.totals != doc["totals"]:
             raise ManifestError(f"manifest totals {doc['totals']} do not match its shard table {manifest.totals}")
         return manifest
+
+
+def _ints(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A null-free integer Arrow column as numpy, read from its data buffer (``to_numpy`` imports pandas)."""
+    chunk = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    dtype = np.dtype(chunk.type.to_pandas_dtype()).newbyteorder("<")
+    if len(chunk) == 0:
+        return np.zeros(0, dtype=dtype)
+    data = chunk.buffers()[1]
+    return np.frombuffer(data, dtype=dtype, count=len(chunk), offset=chunk.offset * dtype.itemsize)
 
 
 def _replace_version(m: Manifest, version_id: str) -> Manifest:

@@ -24,11 +24,12 @@ from . import __version__
 from .dataset import load_manifest
 from .errors import DatasetNotFoundError, UsageError
 from .executors import EXECUTORS, run_units
-from .format import dtype_for_vocab
+from .format import STORED_FORMATS, dtype_for_vocab
 from .manifest import Manifest, ShardInfo, ShardTable, Tokenizer
 from .packunit import Job, UnitResult, pack_batches
 from .parts import DatasetHeader, PartRecord, parse_part_spec, read_parts, run_id_for, write_part
 from .publish import publish_version
+from .seekable import DEFAULT_FRAME_SIZE, MAX_FRAME_SIZE, MIN_FRAME_SIZE
 from .sources import DocBatch, SourceOptions, Unit, plan_units
 from .sources.base import batch_from_lists
 from .store import Location, resolve
@@ -48,7 +49,10 @@ __all__ = [
 ]
 
 DEFAULT_SHARD_SIZE = 128 * 2**20
-DEFAULT_LEVEL = 1  # same ratio as level 3 on token streams at ~7x the speed (shared/FINDINGS.md)
+DEFAULT_LEVEL = 1  # on token streams, about level 3's ratio at a fraction of its time (shared/FINDINGS.md)
+# Seekable frames by default: on the benchmark corpus they cost less ratio and pack throughput than
+# the 3% / 5% allowed against one frame (measured by the bench suite "seek"; docs/BENCHMARKS.md).
+DEFAULT_STORED_FORMAT = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +73,8 @@ class PackOptions:
     text_per_line: bool = False
     shard_size: int = DEFAULT_SHARD_SIZE
     compression_level: int = DEFAULT_LEVEL
+    stored_format: int = DEFAULT_STORED_FORMAT  # --format: 1 one zstd frame, 2 seekable frames (seekable.py)
+    frame_size: int = DEFAULT_FRAME_SIZE  # raw bytes per frame in format 2
     workers: int = 1
     executor: str = "local"  # "local" (in-process / process pool) or "ray"
     ray_address: str | None = None
@@ -82,6 +88,10 @@ class PackOptions:
             raise UsageError(f"--shard-size {self.shard_size} is too small (at least 1 KiB)")
         if not 1 <= self.compression_level <= 22:
             raise UsageError(f"zstd level {self.compression_level} is outside 1..22")
+        if self.stored_format not in STORED_FORMATS:
+            raise UsageError(f"--format {self.stored_format}: choose 1 (one zstd frame) or 2 (seekable frames)")
+        if not MIN_FRAME_SIZE <= self.frame_size <= MAX_FRAME_SIZE:
+            raise UsageError(f"frame size {self.frame_size} is outside {MIN_FRAME_SIZE}..{MAX_FRAME_SIZE} bytes")
         if self.workers < 1:
             raise UsageError("--workers must be at least 1")
         if self.executor not in EXECUTORS:
@@ -172,6 +182,8 @@ def _job(out_url: str, opts: PackOptions, header: DatasetHeader, source: SourceO
         vocab_size=header.tokenizer.vocab_size,
         eos_id=header.tokenizer.eos_id if header.eos_appended else None,
         level=opts.compression_level,
+        stored_format=opts.stored_format,
+        frame_size=opts.frame_size,
     )
 
 

@@ -22,6 +22,7 @@ from .errors import TokenRangeError
 from .format import SHARD_SUFFIX, compress, encode_shard_buffer
 from .header import SHARDS_DIR
 from .manifest import ShardInfo
+from .seekable import DEFAULT_FRAME_SIZE, SHARD_SUFFIX_2, encode_shard_frames
 from .sources import DocBatch, SourceOptions, Unit, read_unit
 from .store import Location, resolve
 from .threadname import start_named_thread
@@ -40,6 +41,8 @@ class Job:
     vocab_size: int
     eos_id: int | None  # appended to each document when not None
     level: int
+    stored_format: int = 1  # 1: one zstd frame; 2: seekable frames + frame index (shard_tools.seekable)
+    frame_size: int = DEFAULT_FRAME_SIZE  # raw bytes per frame in format 2
     prefetch: bool = field(default=True, compare=False)  # read the next batch while compressing
 
 
@@ -182,10 +185,20 @@ def store_shard(job: Job, batch: DocBatch, origin: str | None = None) -> ShardIn
     """Encode, compress and store one shard under its raw digest; returns its manifest row. With
     ``origin`` (the input file) and the batch's rows, the shard records where each document came from."""
     extra = origin_columns(batch, origin) if job.source.origin else {}
-    raw = memoryview(encode_shard_buffer(batch.tokens, batch.offsets, job.dtype, extra))
-    stored = compress(raw, job.level)
+    buffer = encode_shard_buffer(batch.tokens, batch.offsets, job.dtype, extra)
+    raw = memoryview(buffer)
+    index_bytes, index_digest = 0, ""
+    if job.stored_format == 2:
+        encoded = encode_shard_frames(buffer, job.level, job.frame_size)
+        stored, stored_digest = encoded.stored, encoded.stored_digest
+        index_bytes, index_digest = encoded.index_bytes, encoded.index_digest
+    else:
+        stored = compress(raw, job.level)
+        stored_digest = digest_bytes(stored)
     raw_digest = digest_bytes(raw)
-    path = f"{SHARDS_DIR}/{raw_digest.split(':', 1)[1]}{SHARD_SUFFIX}"
+    # the stored format is in the name: both forms of the same content may live in one dataset's history
+    suffix = SHARD_SUFFIX_2 if job.stored_format == 2 else SHARD_SUFFIX
+    path = f"{SHARDS_DIR}/{raw_digest.split(':', 1)[1]}{suffix}"
     # Always (re)write: an existing object of that name may be a corrupt leftover, and
     # an atomic replace with identical bytes is harmless to readers.
     _out(job).write_bytes(path, stored)
@@ -195,8 +208,10 @@ def store_shard(job: Job, batch: DocBatch, origin: str | None = None) -> ShardIn
         tokens=int(batch.offsets[-1]),
         stored_bytes=len(stored),
         raw_bytes=len(raw),
-        stored_digest=digest_bytes(stored),
+        stored_digest=stored_digest,
         raw_digest=raw_digest,
+        index_bytes=index_bytes,
+        index_digest=index_digest,
     )
 
 

@@ -119,6 +119,8 @@ def run_id_for(units: list[Unit], header: DatasetHeader, job: Job, parts: int) -
         "columns": [src.tokens_column, src.text_column, src.text_per_line],
         "parts": parts,
     }
+    if job.stored_format != 1:  # parts of one run share one stored form (format 1 run ids stay as they were)
+        doc["stored"] = [job.stored_format, job.frame_size]
     return digest_bytes(json.dumps(doc, sort_keys=True).encode()).split(":", 1)[1][:16]
 
 

@@ -121,3 +121,13 @@ def test_killed_part_publishes_nothing_partial(tmp_path: Path) -> None:
     assert subprocess.run([*ferry, "--merge", "--parts", "2"], capture_output=True, timeout=60).returncode == 0
     assert verify(out).ok
     assert open_dataset(out).version_id == pack(inputs, str(tmp_path / "local"), OPTS).version_id
+
+
+def test_parts_packed_in_another_stored_format_are_not_merged_into_one_run(tmp_path: Path) -> None:
+    """A part re-run with --format 1 beside parts in format 2 is another run: the merge names what is missing."""
+    inputs = corpus(tmp_path, files=2)
+    out = str(tmp_path / "fan")
+    pack_part(inputs, out, 0, 2, replace(OPTS, stored_format=2))
+    pack_part(inputs, out, 1, 2, replace(OPTS, stored_format=1))
+    with pytest.raises(UsageError, match="run"):
+        merge_parts(out, OPTS)

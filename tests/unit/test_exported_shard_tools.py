@@ -28,7 +28,7 @@ EXPECTED_EXPORTS = {
 
 EXPECTED_FLAGS = {
     "pack": {
-        "--append", "--compression", "--eos-id", "--eos-token", "--executor", "--input-format", "--json",
+        "--append", "--compression", "--format", "--eos-id", "--eos-token", "--executor", "--input-format", "--json",
         "--lines", "--merge", "--name", "--no-eos", "--no-origin", "--out", "--part", "--parts", "--ray-address",
         "--run-id",
         "--shard-size", "--split", "--storage-option", "--text-column", "--tokenizer", "--tokens-column",

@@ -1,0 +1,260 @@
+"""Format 2 stored shards: independently compressed zstd frames and a frame index, both directions.
+
+The raw shard (the Arrow IPC file of :mod:`shard_tools.format`) is unchanged; only its stored form
+differs from format 1 (one zstd frame). A format-2 stored shard is (integers little-endian)::
+
+    frame 0 | frame 1 | ... | frame n-1 | index
+
+- frame ``k``: one zstd frame, content size recorded, of raw bytes ``[k*F, min((k+1)*F, raw_bytes))``;
+  ``F`` is the frame size (:data:`DEFAULT_FRAME_SIZE`, 512 KiB, unless packed otherwise), so every frame
+  but the last holds exactly ``F`` raw bytes and a raw offset maps to its frame by division.
+- index: one zstd *skippable* frame (ignored by every zstd decoder: ``zstd -d`` of a format-2 shard gives
+  the raw Arrow file), modelled on zstd's seekable format but with a 128-bit digest per frame::
+
+      u32 0x184D2A5E                 skippable-frame magic
+      u32 payload bytes              24 * n + 32
+      n × (u32 stored size, u32 raw size, 16 bytes xxh128 of the stored frame)
+      u32 n, u32 F, u64 offsets_pos, u64 tokens_pos, u32 2 (version), 4 bytes b"FSI2"
+
+  ``offsets_pos`` / ``tokens_pos``: where the ``tokens`` column's int32 list offsets and its first token
+  id lie in the raw file, so a document or token range maps to raw bytes (then frames) by arithmetic.
+
+The manifest pins the index (per-shard ``index_bytes`` and ``index_digest``), the index pins every frame:
+a reader fetches the index once (one ranged read of the shard's tail), then any frame alone, and checks
+each against its digest before decompressing it (with the bounds of :func:`shard_tools.format.decompress`).
+The stored and raw digests of the manifest keep their meaning (whole stored bytes, whole Arrow file).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+import zstandard
+
+from .digest import Hasher, digest_bytes
+from .errors import ShardDigestError, ShardFormatError
+from .format import MAX_EXPANSION, SHARD_SUFFIX, decompress
+from .manifest import ShardInfo
+
+__all__ = [
+    "DEFAULT_FRAME_SIZE",
+    "SHARD_SUFFIX_2",
+    "INDEX_MAGIC",
+    "FrameIndex",
+    "encode_seekable",
+    "encode_shard_frames",
+    "EncodedShard",
+    "parse_index",
+    "find_index",
+    "check_frame",
+    "decode_frame",
+    "decompress_seekable",
+    "load_index",
+    "decode_frames",
+    "arrow_positions",
+]
+
+DEFAULT_FRAME_SIZE = 512 << 10  # measured: same ratio as one frame at zstd 1-3, packs faster (see README)
+MIN_FRAME_SIZE = 4 << 10
+MAX_FRAME_SIZE = 64 << 20
+INDEX_MAGIC = b"FSI2"
+SHARD_SUFFIX_2 = ".s2" + SHARD_SUFFIX  # shards/<raw digest>.s2.arrow.zst
+_SKIPPABLE = 0x184D2A5E
+_ENTRY = struct.Struct("<II16s")
+_TRAILER = struct.Struct("<IIQQI4s")
+_HEAD = struct.Struct("<II")
+_VERSION = 2
+
+
+@dataclass(frozen=True)
+class FrameIndex:
+    """A checked frame index: frame ``k`` is stored at ``stored_offsets[k]`` (``stored_sizes[k]`` bytes)
+    and holds raw bytes ``[k * frame_size, k * frame_size + raw_sizes[k])``."""
+
+    frame_size: int
+    stored_sizes: np.ndarray
+    raw_sizes: np.ndarray
+    stored_offsets: np.ndarray
+    digests: bytes  # 16 bytes per frame
+    offsets_pos: int
+    tokens_pos: int
+
+    @property
+    def frames(self) -> int:
+        return len(self.stored_sizes)
+
+    def span(self, k: int) -> tuple[int, int]:
+        """(offset, length) of frame ``k`` in the stored shard."""
+        return int(self.stored_offsets[k]), int(self.stored_sizes[k])
+
+    def frames_of(self, start: int, end: int) -> range:
+        """Frames holding raw bytes ``[start, end)`` (``end > start``)."""
+        return range(start // self.frame_size, (end - 1) // self.frame_size + 1)
+
+    def digest(self, k: int) -> bytes:
+        return self.digests[16 * k : 16 * k + 16]
+
+
+def arrow_positions(raw: pa.Buffer) -> tuple[int, int]:
+    """(offsets_pos, tokens_pos) of a raw shard: where its ``tokens`` list offsets and first token id lie."""
+    batch = pa.ipc.open_file(raw).get_batch(0)
+    column = batch.column(batch.schema.get_field_index("tokens"))
+    offsets_buf, values_buf = column.buffers()[1], column.values.buffers()[1]
+    if offsets_buf is None or values_buf is None:
+        raise ShardFormatError("<new>", "the tokens column has no offsets or values buffer")
+    if len(column) and column.offsets[0].as_py() != 0:  # ferry writes none; readers map offsets as token ids
+        raise ShardFormatError("<new>", "the tokens column's offsets do not start at 0")
+    itemsize = column.type.value_type.bit_width // 8
+    offsets_pos = offsets_buf.address - raw.address + 4 * column.offset
+    tokens_pos = values_buf.address - raw.address + itemsize * column.values.offset
+    return offsets_pos, tokens_pos
+
+
+@dataclass(frozen=True)
+class EncodedShard:
+    """A format-2 stored shard and what its manifest row records about it."""
+
+    stored: bytes
+    stored_digest: str
+    index_bytes: int
+    index_digest: str
+
+
+def encode_seekable(raw: pa.Buffer | memoryview | bytes, level: int, frame_size: int = DEFAULT_FRAME_SIZE) -> bytes:
+    """The format-2 stored bytes of a raw shard: its frames, then the index (single-threaded: same bytes
+    every run)."""
+    return encode_shard_frames(raw, level, frame_size).stored
+
+
+def encode_shard_frames(
+    raw: pa.Buffer | memoryview | bytes, level: int, frame_size: int = DEFAULT_FRAME_SIZE
+) -> EncodedShard:
+    """As :func:`encode_seekable`, with the digests: the stored digest is taken frame by frame while each
+    frame is fresh in the CPU cache (one cold pass over the stored bytes fewer than hashing them after)."""
+    if not MIN_FRAME_SIZE <= frame_size <= MAX_FRAME_SIZE:
+        raise ShardFormatError("<new>", f"frame size {frame_size} is outside {MIN_FRAME_SIZE}..{MAX_FRAME_SIZE}")
+    buf = raw if isinstance(raw, pa.Buffer) else pa.py_buffer(raw)
+    offsets_pos, tokens_pos = arrow_positions(buf)
+    view = memoryview(buf).cast("B")
+    cctx = zstandard.ZstdCompressor(level=level, write_content_size=True)
+    whole = Hasher()
+    parts: list[bytes] = []
+    entries: list[bytes] = []
+    for start in range(0, len(view), frame_size):
+        chunk = view[start : start + frame_size]
+        frame = cctx.compress(chunk)
+        parts.append(frame)
+        whole.update(frame)
+        entries.append(_ENTRY.pack(len(frame), len(chunk), xxhash.xxh3_128_digest(frame)))
+    trailer = _TRAILER.pack(len(entries), frame_size, offsets_pos, tokens_pos, _VERSION, INDEX_MAGIC)
+    payload = b"".join(entries) + trailer
+    index = _HEAD.pack(_SKIPPABLE, len(payload)) + payload
+    whole.update(index)
+    parts.append(index)
+    return EncodedShard(b"".join(parts), whole.hexdigest(), len(index), digest_bytes(index))
+
+
+def find_index(stored: memoryview, shard: str) -> int:
+    """Size of the index at the end of whole stored bytes (from its trailer; checked by :func:`parse_index`)."""
+    if len(stored) < _HEAD.size + _TRAILER.size:
+        raise ShardFormatError(shard, "too short for a format-2 frame index; the shard is truncated")
+    frames = struct.unpack_from("<I", stored, len(stored) - _TRAILER.size)[0]
+    return int(_HEAD.size + _ENTRY.size * frames + _TRAILER.size)
+
+
+def parse_index(data: bytes | memoryview, *, shard: str, stored_bytes: int, raw_bytes: int) -> FrameIndex:
+    """Check an index (the tail of a format-2 shard) against the shard's sizes; ShardFormatError if it lies.
+
+    Everything is bounded before use: the frame count by the index length, every frame inside the
+    shard and before the index, raw sizes summing to ``raw_bytes`` in frames of exactly the frame size
+    (the last shorter), no frame expanding beyond what zstd can, Arrow positions inside the raw file.
+    """
+    view = memoryview(data).cast("B")
+    if len(view) < _HEAD.size + _TRAILER.size:
+        raise ShardFormatError(shard, f"frame index of {len(view)} bytes is truncated")
+    magic, payload = _HEAD.unpack_from(view, 0)
+    count, frame_size, offsets_pos, tokens_pos, version, tag = _TRAILER.unpack_from(view, len(view) - _TRAILER.size)
+    if magic != _SKIPPABLE or tag != INDEX_MAGIC or version != _VERSION:
+        raise ShardFormatError(shard, "no format-2 frame index at the end of the shard (truncated or corrupt)")
+    if payload != len(view) - _HEAD.size or payload != _ENTRY.size * count + _TRAILER.size:
+        raise ShardFormatError(shard, f"frame index of {len(view)} bytes does not hold its {count} frames (truncated)")
+    if not MIN_FRAME_SIZE <= frame_size <= MAX_FRAME_SIZE or count != -(-raw_bytes // frame_size):
+        raise ShardFormatError(shard, f"frame index says {count} frames of {frame_size} bytes for {raw_bytes} raw")
+    table = np.frombuffer(view, dtype=np.dtype([("s", "<u4"), ("r", "<u4"), ("d", "V16")]), count=count, offset=8)
+    stored_sizes, raw_sizes = table["s"].astype(np.int64), table["r"].astype(np.int64)
+    expected = np.full(count, frame_size, dtype=np.int64)
+    if count:
+        expected[-1] = raw_bytes - frame_size * (count - 1)
+    if not np.array_equal(raw_sizes, expected):
+        raise ShardFormatError(shard, f"frame index raw sizes are not frames of {frame_size} bytes")
+    offsets = np.zeros(count + 1, dtype=np.int64)
+    np.cumsum(stored_sizes, out=offsets[1:])
+    if int(offsets[-1]) + len(view) != stored_bytes or (count and int(stored_sizes.min()) < 9):
+        raise ShardFormatError(
+            shard,
+            f"frame index points outside the shard ({int(offsets[-1])} frame bytes + {len(view)} index "
+            f"bytes, shard has {stored_bytes})",
+        )
+    if count and bool(np.any(raw_sizes > MAX_EXPANSION * stored_sizes)):
+        raise ShardFormatError(shard, "frame index claims a frame expands beyond what zstd can (a decompression bomb)")
+    if not (0 <= offsets_pos < raw_bytes and 0 <= tokens_pos <= raw_bytes):
+        raise ShardFormatError(shard, "frame index points outside the raw Arrow file")
+    digests = b"".join(table["d"].tolist()) if count else b""
+    return FrameIndex(frame_size, stored_sizes, raw_sizes, offsets[:-1], digests, offsets_pos, tokens_pos)
+
+
+def check_frame(index: FrameIndex, k: int, data: bytes | memoryview, shard: str) -> None:
+    """Raise unless ``data`` is exactly frame ``k`` as the index pins it (size and digest)."""
+    if len(data) != int(index.stored_sizes[k]):
+        raise ShardFormatError(shard, f"frame {k} is {len(data)} bytes, the index says {int(index.stored_sizes[k])}")
+    if xxhash.xxh3_128_digest(data) != index.digest(k):
+        raise ShardDigestError(shard, f"frame {k} does not match its digest in the frame index (corrupt copy)")
+
+
+def decode_frame(index: FrameIndex, k: int, data: bytes | memoryview, shard: str, *, verify: bool = True) -> bytes:
+    """The raw bytes of frame ``k`` (checked against the index first when ``verify``)."""
+    if verify:
+        check_frame(index, k, data, shard)
+    return decompress(data, int(index.raw_sizes[k]), f"{shard} frame {k}")
+
+
+def load_index(data: bytes | memoryview, info: ShardInfo) -> FrameIndex:
+    """The frame index of a format-2 shard as its manifest row pins it: size, structure, then digest."""
+    if len(data) != info.index_bytes:
+        raise ShardFormatError(
+            info.path, f"frame index read is {len(data)} bytes, manifest says {info.index_bytes} (truncated shard?)"
+        )
+    index = parse_index(data, shard=info.path, stored_bytes=info.stored_bytes, raw_bytes=info.raw_bytes)
+    if digest_bytes(data) != info.index_digest:
+        raise ShardDigestError(info.path, "frame index does not match its digest in the manifest (corrupt copy)")
+    return index
+
+
+def decode_frames(stored: memoryview, index: FrameIndex, raw_bytes: int, shard: str) -> bytes:
+    """Every frame of whole stored bytes, each checked against the index, into the raw shard.
+
+    Memory grows with the output the frames really yield (then one join), not with ``raw_bytes`` up
+    front: a shard whose index claims more than its frames hold costs what they produce before one fails.
+    """
+    parts: list[bytes] = []
+    try:
+        for k in range(index.frames):
+            offset, length = index.span(k)
+            parts.append(decode_frame(index, k, stored[offset : offset + length], shard))
+        return b"".join(parts)
+    except MemoryError as exc:
+        raise ShardFormatError(shard, f"cannot allocate {raw_bytes} bytes to decode it on this machine") from exc
+
+
+def decompress_seekable(stored: bytes | memoryview, raw_bytes: int, shard: str) -> bytes:
+    """Decompress whole format-2 stored bytes into the raw shard, frame by frame, each frame bounded."""
+    view = memoryview(stored).cast("B")
+    size = find_index(view, shard)
+    if size > len(view):
+        raise ShardFormatError(shard, f"frame index of {size} bytes is longer than the shard ({len(view)})")
+    index = parse_index(view[len(view) - size :], shard=shard, stored_bytes=len(view), raw_bytes=raw_bytes)
+    return decode_frames(view, index, raw_bytes, shard)

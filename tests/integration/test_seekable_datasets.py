@@ -1,0 +1,240 @@
+"""Format-2 (seekable) datasets end to end: pack → sync → verify → load, beside format 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from client.dataset import TokenDataset
+from client.loader import TokenLoader
+from service.engine import Engine
+from service.executor import Executor
+from service.replication_state import State
+from shard_tools.dataset import open_dataset
+from shard_tools.errors import ShardDigestError
+from shard_tools.megatron import write_megatron
+from shard_tools.packing import PackOptions, pack
+from shard_tools.seekable import MIN_FRAME_SIZE, find_index, parse_index
+from shard_tools.store import resolve
+from shard_tools.verification import verify
+
+VOCAB, EOS = 1000, 999
+SHARD = 16 << 10  # several shards per input, several frames per shard
+FRAME = MIN_FRAME_SIZE
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_docs(n: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, EOS, size=int(rng.integers(1, 400))) for _ in range(n)]
+
+
+def write_input(kind: str, tmp: Path, docs: list[np.ndarray]) -> tuple[list[str], dict[str, Any]]:
+    """One input file of ``kind`` holding ``docs``, and the pack options it needs."""
+    tokens = {"vocab_size": VOCAB, "eos_id": EOS}
+    if kind == "parquet":
+        pq.write_table(pa.table({"tokens": pa.array([d.tolist() for d in docs])}), tmp / "in.parquet")
+        return [str(tmp / "in.parquet")], tokens
+    if kind == "jsonl":
+        (tmp / "in.jsonl").write_text("".join(json.dumps({"tokens": d.tolist()}) + "\n" for d in docs))
+        return [str(tmp / "in.jsonl")], tokens
+    if kind == "npy":
+        np.save(tmp / "in.npy", np.concatenate([np.append(d, EOS) for d in docs]).astype(np.uint16))
+        return [str(tmp / "in.npy")], tokens
+    if kind == "megatron":
+        write_megatron(str(tmp / "corpus"), docs, np.dtype(np.uint16))
+        return [str(tmp / "corpus.bin")], tokens
+    if kind == "arrow":
+        table = pa.table({"tokens": pa.array([d.tolist() for d in docs], type=pa.list_(pa.int32()))})
+        with pa.ipc.new_stream(str(tmp / "in.arrow"), table.schema) as writer:
+            writer.write_table(table)
+        return [str(tmp / "in.arrow")], tokens
+    text = "".join(bytes((d % 200 + 32).astype(np.uint8)).decode("latin-1").replace("\n", " ") + "\n" for d in docs)
+    (tmp / "in.txt").write_text(text, encoding="utf-8")
+    return [str(tmp / "in.txt")], {"tokenizer": "bytes", "text_per_line": True}
+
+
+def sync(src_url: str, dst_url: str, dst_options: dict[str, Any]) -> None:
+    eng = Engine(Executor(transfers=4, backoff=(0.001, 0.01)), State(None))
+    res = eng.sync_pass("ds", "a", "b", {"a": resolve(src_url), "b": resolve(dst_url, dst_options)})
+    assert res.ok and res.published
+
+
+def samples(url: str, cache: Path, shuffle: str, options: dict[str, Any] | None = None, **kw: Any) -> np.ndarray:
+    ds = TokenDataset(url, seq_len=64, seed=7, shuffle=shuffle, cache_dir=str(cache), storage_options=options, **kw)
+    try:
+        return np.asarray(ds.payload(np.arange(ds.num_samples))["windows"])
+    finally:
+        ds.close()
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl", "npy", "megatron", "arrow", "text"])
+def test_every_input_format_packs_to_format_2_identically(kind: str, tmp_path: Path) -> None:
+    inputs, opts = write_input(kind, tmp_path, make_docs(150, 1))
+    urls = {}
+    for fmt in (1, 2):
+        urls[fmt] = str(tmp_path / f"f{fmt}")
+        pack(inputs, urls[fmt], PackOptions(shard_size=SHARD, stored_format=fmt, frame_size=FRAME, **opts))
+    one, two = open_dataset(urls[1]), open_dataset(urls[2])
+    assert {s.stored_format for s in one.manifest.shards} == {1} and {s.stored_format for s in two.manifest.shards} == {
+        2
+    }
+    # the same Arrow content: same raw digests, document for document
+    assert [s.raw_digest for s in one.manifest.shards] == [s.raw_digest for s in two.manifest.shards]
+    assert [d.tolist() for d in one.documents()] == [d.tolist() for d in two.documents()]
+    synced = str(tmp_path / "synced")
+    sync(urls[2], synced, {})
+    assert verify(synced).ok
+    for shuffle in ("global", "window"):
+        a = samples(urls[1], tmp_path / f"c1{shuffle}", shuffle)
+        b = samples(synced, tmp_path / f"c2{shuffle}", shuffle, cache_limit=SHARD)  # a small cache: frames
+        assert np.array_equal(a, b)
+
+
+def test_sync_verify_and_load_format_2_on_every_backend(backend: Any, tmp_path: Path) -> None:
+    inputs, opts = write_input("parquet", tmp_path, make_docs(300, 2))
+    src = str(tmp_path / "src")
+    pack(inputs, src, PackOptions(shard_size=SHARD, stored_format=2, frame_size=FRAME, **opts))
+    dst = backend.url("ds")
+    sync(src, dst, backend.storage_options)
+    # the stored bytes travel unchanged
+    src_loc, dst_loc = resolve(src), resolve(dst, backend.storage_options)
+    for info in open_dataset(src).manifest.shards:
+        assert dst_loc.read_bytes(info.path) == src_loc.read_bytes(info.path)
+    report = verify(dst, storage_options=backend.storage_options)
+    assert report.ok and report.checked == report.shards > 3
+    ref = samples(src, tmp_path / "ref", "global")
+    # a cache smaller than the dataset: global shuffle reads frames over the backend's ranged reads
+    ds = TokenDataset(dst, seq_len=64, seed=7, cache_dir=str(tmp_path / "c"), cache_limit=SHARD,
+                      storage_options=backend.storage_options)  # fmt: skip
+    got = np.asarray(ds.payload(np.arange(ds.num_samples))["windows"])
+    assert np.array_equal(got, ref)
+    assert ds.reader.frames is not None and ds.reader.frames.stats.index_reads > 0 and ds.cache.fetches == 0
+    ds.close()
+
+
+def ferry(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "shard_tools.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=120)  # fmt: skip
+
+
+def test_mixed_formats_append_loads_and_verifies(tmp_path: Path) -> None:
+    first, second = make_docs(200, 3), make_docs(200, 4)
+    out = str(tmp_path / "ds")
+    pack(write_input("parquet", tmp_path, first)[0], out,
+         PackOptions(shard_size=SHARD, stored_format=1, vocab_size=VOCAB, eos_id=EOS))  # fmt: skip
+    (tmp_path / "more").mkdir()
+    more = write_input("jsonl", tmp_path / "more", second)[0]
+    done = ferry("pack", *more, "--out", out, "--append", "--format", "2", "--shard-size", str(SHARD),
+                 "--vocab-size", str(VOCAB), "--eos-id", str(EOS))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    ds = open_dataset(out)
+    formats = [s.stored_format for s in ds.manifest.shards]
+    assert formats[0] == 1 and formats[-1] == 2 and formats == sorted(formats)
+    assert [d.tolist() for d in ds.documents()] == [d.tolist() for d in first + second]
+    assert ferry("verify", out).returncode == 0
+    whole = samples(out, tmp_path / "c-whole", "window")
+    framed = samples(out, tmp_path / "c-frames", "global", cache_limit=SHARD)
+    ref_ds = TokenDataset(out, seq_len=64, seed=7, shuffle="global", cache_dir=str(tmp_path / "c-ref"))
+    assert np.array_equal(framed, np.asarray(ref_ds.payload(np.arange(ref_ds.num_samples))["windows"]))
+    assert whole.shape == framed.shape
+    ref_ds.close()
+    # the older version (format 1 only) still reads and verifies
+    assert verify(out, version=ds.manifest.parent).ok
+    assert ferry("pack", *more, "--out", str(tmp_path / "x"), "--format", "3", "--vocab-size", "9").returncode == 2
+
+
+def flip_in_frame(url: str, shard: int, frame: int) -> str:
+    """Flip one byte in the middle of ``frame`` of format-2 shard ``shard``; returns the shard path."""
+    info = open_dataset(url).manifest.shards[shard]
+    path = os.path.join(url, info.path)
+    body = bytearray(Path(path).read_bytes())
+    n = find_index(memoryview(body), info.path)
+    index = parse_index(body[-n:], shard=info.path, stored_bytes=len(body), raw_bytes=info.raw_bytes)
+    offset, length = index.span(frame)
+    body[offset + length // 2] ^= 0x40
+    Path(path).write_bytes(bytes(body))
+    return info.path
+
+
+def test_flipped_byte_named_by_verify_and_caught_by_the_loader(tmp_path: Path, caplog: Any) -> None:
+    out, good = str(tmp_path / "ds"), str(tmp_path / "good")
+    inputs, opts = write_input("parquet", tmp_path, make_docs(300, 5))
+    pack(inputs, out, PackOptions(shard_size=SHARD, stored_format=2, frame_size=FRAME, **opts))
+    pack(inputs, good, PackOptions(shard_size=SHARD, stored_format=2, frame_size=FRAME, **opts))
+    path = flip_in_frame(out, 1, 2)
+    done = ferry("verify", out)
+    assert done.returncode == 1
+    assert f"BAD {path}: shard {path}: frame 2 does not match its digest" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 2  # one shard named, then the summary; no traceback
+    ds = TokenDataset(out, seq_len=64, seed=7, shuffle="none", cache_dir=str(tmp_path / "c"), cache_limit=SHARD,
+                      prefetch=0)  # fmt: skip
+    ds.reader.whole_shards = False  # read every shard by frames (as a global shuffle over a big dataset does)
+    ds.payload(np.arange(2))  # shard 0 is fine
+    # the bad frame is caught when read; the shard is then fetched whole, which finds no good copy either
+    with pytest.raises(ShardDigestError, match=f"{path}: no replica has a good copy"):
+        ds.payload(np.arange(ds.num_samples))
+    assert f"shard {path}: frame 2 does not match its digest" in caplog.text
+    ds.close()
+    # with a second replica holding a good copy, the same read gives the right samples
+    both = TokenDataset([out, good], seq_len=64, seed=7, shuffle="none", cache_dir=str(tmp_path / "c2"), prefetch=0)
+    both.reader.whole_shards = False
+    ref = samples(good, tmp_path / "c3", "none")
+    assert np.array_equal(np.asarray(both.payload(np.arange(both.num_samples))["windows"]), ref)
+    both.close()
+
+
+def test_cold_first_batch_reads_only_the_frames_it_touches(tmp_path: Path) -> None:
+    out = str(tmp_path / "ds")
+    inputs, opts = write_input("parquet", tmp_path, make_docs(2000, 6))
+    pack(inputs, out, PackOptions(shard_size=4 * SHARD, stored_format=2, frame_size=FRAME, **opts))
+    seq = 64
+    # the default prefetch: the shards read by frames are also fetched whole, by a helper thread; here the
+    # fetches are recorded instead, so that none lands in the cache in the middle of the batch
+    ds = TokenDataset(out, seq_len=seq, seed=3, shuffle="global", cache_dir=str(tmp_path / "c"))
+    scheduled: list[int] = []
+    ds.reader._fetch_whole = lambda s, info: scheduled.append(s)  # type: ignore[method-assign]
+    positions = np.arange(16)
+    batch = np.asarray(ds.payload(positions)["windows"])
+    # which frames those samples touch, computed here from the manifest and the frame indexes
+    m = ds.manifest
+    touched: set[tuple[int, int]] = set()
+    for start in (ds.sample_ids(positions) * seq).tolist():
+        for tok in (start, start + seq):
+            s = int(np.searchsorted(m.shards.token_offsets, tok, side="right")) - 1
+            index = ds.reader.frames.index(m.shards[s])  # type: ignore[union-attr]
+            local = tok - int(m.shards.token_offsets[s])
+            touched.add((s, (index.tokens_pos + 2 * local) // index.frame_size))
+    stats = ds.reader.frames.stats  # type: ignore[union-attr]
+    total_frames = sum(-(-s.raw_bytes // FRAME) for s in m.shards)
+    assert stats.frames == len(touched) < total_frames // 4
+    assert stats.index_reads == len({s for s, _ in touched}) == len(scheduled)
+    assert sorted(scheduled) == sorted({s for s, _ in touched}) and ds.cache.fetches == 0
+    ref = TokenDataset(out, seq_len=seq, seed=3, shuffle="global", cache_dir=str(tmp_path / "c-ref"))
+    ref.reader.frames = None  # whole shards through the cache, as format 1 reads them
+    assert np.array_equal(batch, np.asarray(ref.payload(positions)["windows"]))
+    ds.close()
+    ref.close()
+
+
+def test_loader_over_format_2_equals_format_1(tmp_path: Path) -> None:
+    inputs, opts = write_input("parquet", tmp_path, make_docs(400, 8))
+    batches = {}
+    for fmt in (1, 2):
+        url = str(tmp_path / f"f{fmt}")
+        pack(inputs, url, PackOptions(shard_size=SHARD, stored_format=fmt, frame_size=FRAME, **opts))
+        ds = TokenDataset(url, seq_len=32, seed=1, shuffle="window", window=2, cache_dir=str(tmp_path / f"c{fmt}"))
+        loader = TokenLoader(ds, batch_size=4)
+        batches[fmt] = [b["input_ids"].numpy().copy() for _, b in zip(range(20), loader, strict=False)]
+        ds.close()
+    assert all(np.array_equal(a, b) for a, b in zip(batches[1], batches[2], strict=True))
