@@ -179,20 +179,19 @@ class ShardCache:
             self._verified.discard(info.raw_digest)
             with _guard(path, "remove the stale copy"), contextlib.suppress(FileNotFoundError):
                 os.unlink(path)  # wrong size or digest; processes that mapped it keep their (checked) copy
-            raw = self.replicas.fetch(info)  # checked against both manifest digests
-            self._write(path, raw)
+            self._download(info, path)  # checked against both manifest digests as it streams
             self._verified.add(info.raw_digest)
             self.fetches += 1
         self.evict(keep=path)
 
-    @staticmethod
-    def _write(path: str, raw: bytes) -> None:
-        """Write ``raw`` to ``path`` atomically (a temp name, then a rename)."""
+    def _download(self, info: ShardInfo, path: str) -> None:
+        """Stream the shard into a temp name beside ``path``, then rename it into place."""
         tmp = temp_name(path)
         try:
+            # an OSError here is the cache file's: a replica's failures arrive as ferry errors
             with _guard(path, "write"):
-                with open(tmp, "wb") as f:
-                    f.write(raw)
+                with open(tmp, "wb+") as f:
+                    self.replicas.fetch_into(info, f)
                 os.replace(tmp, path)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -227,7 +226,7 @@ class ShardCache:
             for e in it:
                 with contextlib.suppress(FileNotFoundError):
                     if TEMP_MARKER in e.name:
-                        # a temp file is written in one go right after its download; an old one is an orphan
+                        # a temp file grows while its download streams in; one untouched this long is an orphan
                         if e.stat().st_mtime < stale:
                             os.unlink(e.path)
                     elif e.name.endswith(_SUFFIX):
