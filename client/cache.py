@@ -38,6 +38,7 @@ from shard_tools.manifest import ShardInfo
 from shard_tools.store import TEMP_MARKER, temp_name
 
 from .replicas import Replicas
+from .stats import COUNTERS
 
 __all__ = ["ShardCache", "Lease", "default_cache_dir"]
 
@@ -204,6 +205,8 @@ class ShardCache:
             fd = _open_lock(self._lock(info, "use"))
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH)  # from here on no process evicts it
+                if attempt == 0:
+                    COUNTERS.add("cache", "hits" if self._present(info) else "misses", 1)
                 self.ensure(info, bad=attempt > 0)
                 path = self.path(info)
                 with _guard(path, "touch", missing_ok=True):

@@ -56,6 +56,8 @@ class TokenDataset(SampleSource):
         storage_options: fsspec options, one mapping for all URLs or one per URL.
         version: read this published version instead of the current one.
         prefetch: shard prefetch depth, in batches ahead of the read position.
+        fetch: how shards are fetched from remote replicas (:class:`client.fetch.FetchOptions` or a mapping of
+            its fields: ``part_size``, ``connections``, ``deadline_floor``, ``deadline_slack``, ...).
         verify_cache: check each cached shard's raw digest when a process first maps it.
 
     Every argument is checked before the manifest is read: a wrong type or range is a one-line
@@ -78,6 +80,7 @@ class TokenDataset(SampleSource):
         version: str | None = None,
         prefetch: int = DEFAULT_PREFETCH,
         verify_cache: bool = True,
+        fetch: Mapping[str, Any] | None = None,
     ) -> None:
         from .replicas import Replicas
 
@@ -94,7 +97,7 @@ class TokenDataset(SampleSource):
         limit = _cache_limit(cache_limit)
         if version is not None:
             checks.text("version", version)
-        self.replicas = Replicas(url, storage_options)
+        self.replicas = Replicas(url, storage_options, fetch=fetch)
         self.manifest: Manifest = self.replicas.load_manifest(version)
         self.token_dtype = np.dtype(self.manifest.token_dtype)
         self.pad_id = self._pad_id(pad)
@@ -365,6 +368,7 @@ class TokenDataset(SampleSource):
             self._reader.close()
         self._reader = None
         self._submitted = set()
+        self.replicas.close()
 
 
 class _ForkCounter:

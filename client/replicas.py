@@ -276,9 +276,7 @@ class Replicas:
                 kinds.add(ShardMissingError)
                 if lost.missing == len(lost.errors) or not used:
                     break  # nobody has it (or nobody answered): another round changes nothing
-            served |= used
-            if served >= set(range(len(self.urls))):
-                break
+            served |= used  # the next round asks the others first (all again when none is left)
         kind = kinds.pop() if len(kinds) == 1 else ShardMissingError
         raise kind(info.path, "no replica has a good copy: " + "; ".join(errors))
 
