@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -55,7 +55,11 @@ class TokenDataset(SampleSource):
         pad_id: padding id in document mode, below the vocabulary size (default: the tokenizer's EOS id, else 0).
         storage_options: fsspec options, one mapping for all URLs or one per URL.
         version: read this published version instead of the current one.
-        prefetch: shard prefetch depth, in batches ahead of the read position.
+        prefetch: shard prefetch depth, in batches ahead of the read position (at least; 0: no prefetch).
+        prefetch_bytes: prefetch the shards of the next batches, across window and epoch boundaries, until they
+            hold this many raw bytes; never more than the share of the cache not in use. ``"auto"`` (the
+            default): half of this process's share of the cache when the first replica is remote, 0 (only
+            ``prefetch`` batches) when it is a local filesystem.
         fetch: how shards are fetched from remote replicas (:class:`client.fetch.FetchOptions` or a mapping of
             its fields: ``part_size``, ``connections``, ``deadline_floor``, ``deadline_slack``, ...).
         verify_cache: check each cached shard's raw digest when a process first maps it.
@@ -81,6 +85,7 @@ class TokenDataset(SampleSource):
         prefetch: int = DEFAULT_PREFETCH,
         verify_cache: bool = True,
         fetch: Mapping[str, Any] | None = None,
+        prefetch_bytes: int | str | None = "auto",
     ) -> None:
         from .replicas import Replicas
 
@@ -91,6 +96,9 @@ class TokenDataset(SampleSource):
         self.window = checks.integer("window", window, 1)
         self.mode = checks.choice("mode", mode, MODES)
         self.prefetch_depth = checks.integer("prefetch", prefetch, 0)
+        self.prefetch_bytes: int | None = None
+        if prefetch_bytes is not None and prefetch_bytes != "auto":
+            self.prefetch_bytes = checks.size("prefetch_bytes", prefetch_bytes) if prefetch_bytes != 0 else 0
         verify = checks.flag("verify_cache", verify_cache)
         pad = None if pad_id is None else checks.integer("pad_id", pad_id, 0, 2**63)
         directory = _cache_dir(cache_dir)
@@ -99,6 +107,8 @@ class TokenDataset(SampleSource):
             checks.text("version", version)
         self.replicas = Replicas(url, storage_options, fetch=fetch)
         self.manifest: Manifest = self.replicas.load_manifest(version)
+        if self.prefetch_bytes is None and self.replicas.local(0):
+            self.prefetch_bytes = 0  # auto: a local first replica is fetched at disk speed, depth is enough
         self.token_dtype = np.dtype(self.manifest.token_dtype)
         self.pad_id = self._pad_id(pad)
         self.cache = ShardCache(directory, limit, self.replicas, dtype=self.manifest.token_dtype, verify=verify)
@@ -120,6 +130,7 @@ class TokenDataset(SampleSource):
         self._pid = -1
         self._pool: ThreadPoolExecutor | None = None
         self._submitted: set[int] = set()
+        self._scan: _Scan | None = None
 
     def __repr__(self) -> str:
         return (
@@ -129,7 +140,7 @@ class TokenDataset(SampleSource):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_reader=None, _pid=-1, _pool=None, _submitted=set())
+        state.update(_reader=None, _pid=-1, _pool=None, _submitted=set(), _scan=None)
         return state
 
     def _pad_id(self, pad_id: int | None) -> int:
@@ -277,6 +288,7 @@ class TokenDataset(SampleSource):
             self._pid = _FORKS.generation
             self._pool = None
             self._submitted = set()
+            self._scan = None
         return self._reader
 
     def sample_ids(self, positions: np.ndarray) -> np.ndarray:
@@ -344,23 +356,58 @@ class TokenDataset(SampleSource):
     def prefetch(self, positions: np.ndarray) -> None:
         if self.prefetch_depth == 0 or len(positions) == 0:
             return
-        reader = self.reader
         if self._fits_cache and len(self._submitted) >= len(self.manifest.shards):
             return  # every shard went through the cache in this process and none gets evicted
         todo = [s for s in self.shards_of(positions) if s not in self._submitted]
         if not todo:
             return
+        if len(self._submitted) > _RECENT:
+            self._submitted.clear()  # forget old submissions: their shards may have been evicted since
+        self._submitted.update(todo)
+        self._submit(todo)
+
+    def prefetch_ahead(self, plan: tuple[int, ...], i: int, positions_of: Callable[[int], np.ndarray]) -> None:
+        """Prefetch, in the order they are first read, the shards of this process's batches after its ``i``-th
+        (``positions_of(j)``: the stream positions of its ``j``-th batch, past this epoch too) until they
+        hold ``prefetch_bytes`` bytes or the part of the cache not in use, and at least ``prefetch`` batches.
+
+        The scan resumes where it stopped (at most a few dozen batches per call), so its cost per batch is
+        constant; ``plan`` names the sequence, a new one starts a new scan."""
+        if self.prefetch_depth == 0:
+            return
+        reader = self.reader
+        scan = self._scan
+        if scan is None or scan.plan != plan:
+            scan = self._scan = _Scan(plan, i)
+        scan.advance(i)
+        budget = max(0, reader.max_bytes - reader._bytes)  # what this process may map, less what it has mapped
+        horizon = min(budget // 2 if self.prefetch_bytes is None else self.prefetch_bytes, budget)
+        sizes = self.manifest.shards.raw_bytes
+        todo: list[int] = []
+        for _ in range(_SCAN_STEP):
+            if scan.cursor - i > _SCAN_LIMIT:
+                break
+            if scan.cursor - i >= self.prefetch_depth and scan.bytes >= horizon:
+                break
+            scan.cursor += 1
+            for s in self.shards_of(positions_of(scan.cursor)):
+                if s not in scan.ahead:
+                    scan.ahead[s] = (scan.cursor, int(sizes[s]))
+                    scan.bytes += int(sizes[s])
+                    todo.append(s)
+        if todo:
+            self._submit(todo)
+
+    def _submit(self, shards: list[int]) -> None:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(
                 max_workers=2, thread_name_prefix="ferry-prefetch", initializer=name_os_thread
             )
-        if len(self._submitted) > _RECENT:
-            self._submitted.clear()  # forget old submissions: their shards may have been evicted since
-        for s in todo:
-            self._submitted.add(s)
-            self._pool.submit(_quiet_ensure, reader.cache, self.manifest.shards[s])
+        for s in shards:
+            self._pool.submit(_quiet_ensure, self.reader.cache, self.manifest.shards[s])
 
     def close(self) -> None:
+        self._scan = None
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
@@ -369,6 +416,29 @@ class TokenDataset(SampleSource):
         self._reader = None
         self._submitted = set()
         self.replicas.close()
+
+
+class _Scan:
+    """Where the prefetch scan of one batch sequence stands: shards first read after the current batch."""
+
+    def __init__(self, plan: tuple[int, ...], i: int) -> None:
+        self.plan, self.cursor = plan, i
+        self.ahead: dict[int, tuple[int, int]] = {}  # shard -> (batch that first reads it, raw bytes), in order
+        self.bytes = 0
+
+    def advance(self, i: int) -> None:
+        """Batch ``i`` is being read: its shards (and earlier ones) leave the horizon."""
+        while self.ahead:
+            s, (first, size) = next(iter(self.ahead.items()))
+            if first > i:
+                break
+            del self.ahead[s]
+            self.bytes -= size
+        self.cursor = max(self.cursor, i)
+
+
+_SCAN_STEP = 64  # batches scanned ahead per batch built, at most
+_SCAN_LIMIT = 1 << 20  # batches ahead, at most
 
 
 class _ForkCounter:

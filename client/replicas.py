@@ -117,6 +117,13 @@ class Replicas:
                 self._pools = _Pools(self.fetch_options.connections)
             return self._pools
 
+    def local(self, i: int) -> bool:
+        """Whether replica ``i`` is on a local filesystem (resolving it reads nothing)."""
+        try:
+            return self._location(i).local
+        except StorageError:
+            return False
+
     def close(self) -> None:
         """Stop this process's fetch threads (they are started again when needed)."""
         if self._pools is not None and self._pid == os.getpid():
