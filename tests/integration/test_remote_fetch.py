@@ -21,6 +21,7 @@ from client import TokenDataset, TokenLoader
 from client.cache import ShardCache
 from client.replicas import Replicas
 from shard_tools.dataset import open_dataset
+from shard_tools.errors import ShardMissingError
 from shard_tools.packing import PackOptions, pack_documents
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,3 +153,21 @@ def test_fetching_a_shard_holds_a_few_parts_not_the_shard(moto_endpoint: str, ne
     assert cache.fetches == 1
     assert peak < 3 << 20 and peak < info.raw_bytes / 2, (peak, info.stored_bytes, info.raw_bytes)
     assert len([r for r in net.requests if "/shards/" in r.path]) >= 10
+
+
+def test_a_replica_that_never_answers_fails_in_bounded_time_with_a_ferry_error_from_workers(
+    dataset: dict[str, str], net: Netem, tmp_path: Path
+) -> None:
+    net.hang("/replica-b/ds/shards/", count=10**6)
+    ds = TokenDataset(
+        dataset["b"],
+        seq_len=32,
+        cache_dir=str(tmp_path / "c"),
+        storage_options=_options(net),
+        fetch={**FAST, "deadline_floor": 0.3},
+    )
+    t0 = time.perf_counter()
+    with pytest.raises(ShardMissingError, match="deadline"):
+        for _ in TokenLoader(ds, batch_size=8, num_workers=2, rank=0, world_size=1):
+            pass
+    assert time.perf_counter() - t0 < 20
