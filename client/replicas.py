@@ -40,7 +40,7 @@ from .stats import COUNTERS
 
 __all__ = ["Replicas"]
 
-_MANIFEST_HINT = 64 << 10  # expected size of a manifest header, for its deadline
+_MANIFEST_HINT = 1 << 20  # a manifest header is read as one ranged GET of this many bytes (it is far smaller)
 
 
 class _Pools:
@@ -224,9 +224,7 @@ class Replicas:
         """The manifest from the first replica that serves a valid one (in time)."""
         rel = MANIFEST_FILE if version is None else version_path(version)
         try:
-            i, header = self._read(
-                rel, None, _MANIFEST_HINT, self._manifest_order, check=lambda _i, d: Manifest.parse_header(d)
-            )
+            i, header = self._read(rel, (0, _MANIFEST_HINT), _MANIFEST_HINT, self._manifest_order, check=self._header)
         except RaceLost as lost:
             if lost.missing == len(lost.errors):
                 what = (
@@ -236,6 +234,13 @@ class Replicas:
                 )
                 raise DatasetNotFoundError(f"{what}: {self._lost(lost)}") from None
             raise DatasetError(f"cannot read the dataset manifest from any replica: {self._lost(lost)}") from None
+        if len(header) == _MANIFEST_HINT:  # longer than the hint: read it whole from the same replica
+            order = [i, *[j for j in self._manifest_order if j != i]]
+            check = self._header_whole
+            try:
+                i, header = self._read(rel, None, _MANIFEST_HINT, order, check=check)
+            except RaceLost as lost:
+                raise DatasetError(f"cannot read the dataset manifest from any replica: {self._lost(lost)}") from None
         table = Manifest.parse_header(header)["shard_table"]
 
         def matches(_i: int, data: bytes) -> None:
@@ -243,13 +248,27 @@ class Replicas:
                 raise ManifestError(f"shard table {table['path']} does not match its digest in the manifest")
 
         order = [i, *[j for j in self._manifest_order if j != i]]
+        span = (0, table["bytes"])
         try:
-            _, data = self._read(table["path"], None, table["bytes"], order, check=matches)
+            _, data = (
+                self._read(table["path"], span, table["bytes"], order, check=matches) if table["bytes"] else (i, b"")
+            )
         except RaceLost as lost:
             raise ManifestError(
                 f"cannot read the shard table {table['path']} named by the manifest: {self._lost(lost)}"
             ) from None
         return Manifest.from_json(header, data)
+
+    @staticmethod
+    def _header_whole(_i: int, data: bytes) -> None:
+        Manifest.parse_header(data)
+
+    @staticmethod
+    def _header(_i: int, data: bytes) -> None:
+        """A manifest header is read as its first ``_MANIFEST_HINT`` bytes (a ranged GET: s3fs sends no HEAD
+        first); one that fills them is checked when read again whole."""
+        if len(data) < _MANIFEST_HINT:
+            Manifest.parse_header(data)
 
     # --- shards ---------------------------------------------------------------------------------------------
 

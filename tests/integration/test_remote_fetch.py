@@ -171,3 +171,17 @@ def test_a_replica_that_never_answers_fails_in_bounded_time_with_a_ferry_error_f
         for _ in TokenLoader(ds, batch_size=8, num_workers=2, rank=0, world_size=1):
             pass
     assert time.perf_counter() - t0 < 20
+
+
+def test_a_manifest_longer_than_the_first_ranged_read_is_read_whole(
+    dataset: dict[str, str], net: Netem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import client.replicas
+
+    whole = Replicas(dataset["b"], _options(net)).load_manifest()
+    assert net.count("manifest.json") == 1 and net.count("", method="HEAD") == 0  # one ranged GET, no HEAD
+    monkeypatch.setattr(client.replicas, "_MANIFEST_HINT", 64)
+    net.clear()
+    short = Replicas(dataset["b"], _options(net)).load_manifest()
+    assert short.version_id == whole.version_id and short.shards.paths == whole.shards.paths
+    assert net.count("manifest.json") == 2  # the first 64 bytes, then all of it
