@@ -27,6 +27,7 @@ __all__ = ["run"]
 BATCH, SEQ_LEN, SEED = 16, 2048, 1234
 STEP_S = 0.02
 CACHE_SHARDS = 4
+WINDOW = 2  # ferry's shuffle window: the window in use plus the next one prefetched fill the cache
 RTTS = (0.0, 0.030)
 CONN_RATE, TOTAL_RATE = 40e6, 200e6
 BUCKETS = {"ferry": "bench-ferry", "litdata": "bench-litdata", "mosaic": "bench-mosaic"}
@@ -87,6 +88,7 @@ def _one(ctx: Context, net: Netem, tool: str, runner: Runner, step: float, rtt: 
         "seed": SEED,
         "workers": workers,
         "step_s": step,
+        "window": WINDOW,
         "max_seconds": 4.0 if ctx.quick else 10.0,
     }
     before = net.body_bytes()
@@ -105,9 +107,29 @@ def _short(res: dict[str, Any]) -> str:
     return ", ".join(f"{k}={res[k]:.3g}" for k in keys if isinstance(res.get(k), (int, float)))
 
 
+def _ensure_packed(ctx: Context, tools: dict[str, tuple[Runner, str]]) -> None:
+    """The load suite's packing, MosaicML's through the torchvision stand-in of ``remote_mosaic.py``."""
+    suite_load._ensure_packed(ctx, {t: v for t, v in tools.items() if t != "mosaic"})
+    if "mosaic" in tools and not os.path.exists(os.path.join(tools["mosaic"][1], "index.json")):
+        c = ctx.corpus
+        args = {
+            "inputs": c.files,
+            "out": tools["mosaic"][1],
+            "level": 1,
+            "workers": 1,
+            "shard_size": suite_pack.SHARD_SIZE,
+            "vocab_size": c.spec.vocab_size,
+            "eos_id": c.spec.eos_id,
+            "seq_len": SEQ_LEN,
+        }
+        res = _call(ctx, Runner("mosaic", "remote_mosaic_pack.py", tools["mosaic"][0].python), args)
+        if "error" in res:
+            log(f"remote: packing for mosaic failed: {res['error']}")
+
+
 def run(ctx: Context) -> dict[str, Any]:
     tools = _tools(ctx)
-    suite_load._ensure_packed(ctx, {t: (r, p) for t, (r, p) in tools.items()})
+    _ensure_packed(ctx, tools)
     limit = Runner("limit", "remote_limit.py", ctx.ferry_python)
     cases: list[dict[str, Any]] = []
     with moto_server(ctx.ferry_python) as upstream:

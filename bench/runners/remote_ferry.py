@@ -15,7 +15,7 @@ def _build(a: dict[str, Any]) -> TokenLoader:
         seq_len=a["seq_len"],
         seed=a["seed"],
         shuffle="window",
-        window=a.get("window", 4),
+        window=a.get("window", 2),
         cache_dir=a["cache_dir"],
         cache_limit=a["cache_limit"],
         storage_options={"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": a["endpoint"]}},

@@ -4,15 +4,20 @@ chunk order and samples within the chunks in its cache shuffled, its closest to 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 import torch
 from _remoteloop import main
 from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
+from litdata.streaming import downloader
 
 
 def _build(a: dict[str, Any]) -> StreamingDataLoader:
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    # its object_store (obstore) downloader refuses plain HTTP; the endpoint here is loopback
+    downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"
     ds = StreamingDataset(
         input_dir=a["url"],
         cache_dir=a["cache_dir"],

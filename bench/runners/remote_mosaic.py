@@ -4,16 +4,34 @@
 from __future__ import annotations
 
 import os
+import sys
+import types
 from typing import Any
 
 import numpy as np
 import torch
 from _remoteloop import main
-from streaming import StreamingDataLoader, StreamingDataset
-from streaming.base.util import clean_stale_shared_memory
+
+
+def _torchvision_or_stub() -> None:
+    """streaming imports its image datasets (and so torchvision) on import; where the installed torchvision
+    does not match torch (PyPI's CUDA build beside a CPU torch) ``streaming.vision`` is stubbed out: the
+    token path never uses it."""
+    try:
+        import torchvision  # noqa: F401
+    except (ImportError, RuntimeError):
+        for name in [m for m in sys.modules if m.startswith("torchvision")]:
+            del sys.modules[name]
+        sys.modules["streaming.vision"] = types.ModuleType("streaming.vision")
+
+
+_torchvision_or_stub()
+from streaming import StreamingDataLoader, StreamingDataset  # noqa: E402
+from streaming.base.util import clean_stale_shared_memory  # noqa: E402
 
 
 def _build(a: dict[str, Any]) -> StreamingDataLoader:
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
     os.environ["S3_ENDPOINT_URL"] = a["endpoint"]
     clean_stale_shared_memory()
     ds = StreamingDataset(
