@@ -25,6 +25,7 @@ import errno
 import fcntl
 import mmap
 import os
+import threading
 import time
 import weakref
 from collections.abc import Iterator
@@ -138,10 +139,20 @@ class ShardCache:
         self.dtype = dtype
         self.verify = verify
         self.fetches = 0  # shards this process downloaded (for tests and stats)
+        self._count_lock = threading.Lock()
         self._verified: set[str] = set()  # raw digests this process wrote or checked
         locks = os.path.join(self.directory, ".locks")
         with _guard(locks, "create the cache directory"):
             os.makedirs(locks, exist_ok=True)
+
+    def __getstate__(self) -> dict[str, object]:
+        state = self.__dict__.copy()
+        del state["_count_lock"]  # a lock does not pickle: each process makes its own
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._count_lock = threading.Lock()
 
     def path(self, info: ShardInfo) -> str:
         return os.path.join(self.directory, info.raw_digest.split(":", 1)[1] + _SUFFIX)
@@ -182,7 +193,8 @@ class ShardCache:
                 os.unlink(path)  # wrong size or digest; processes that mapped it keep their (checked) copy
             self._download(info, path)  # checked against both manifest digests as it streams
             self._verified.add(info.raw_digest)
-            self.fetches += 1
+            with self._count_lock:  # prefetch threads fetch too: += is not atomic across threads
+                self.fetches += 1
         self.evict(keep=path)
 
     def _download(self, info: ShardInfo, path: str) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -25,7 +25,7 @@ from shard_tools.threadname import name_os_thread
 from . import checks
 from .cache import ShardCache, default_cache_dir
 from .mixed import MixedDataset
-from .order import SHUFFLE_MODES, SampleOrder, make_order
+from .order import SHUFFLE_MODES, SampleOrder, WindowOrder, make_order
 from .reader import ShardReader
 from .source import MODES, SampleSource
 from .state import fingerprint
@@ -122,7 +122,8 @@ class TokenDataset(SampleSource):
         if self.num_samples == 0:
             url, length = self.replicas.urls[0], self.seq_len
             raise DatasetError(f"dataset {url} has {total_tokens} tokens: not one sample of seq_len {length} + 1")
-        self.order: SampleOrder = make_order(self.shuffle, self._first_samples(), self.seed, self.window)
+        self._first = self._first_samples()
+        self.order: SampleOrder = make_order(self.shuffle, self._first, self.seed, self.window)
         # earlier versions of a run continued on this one: [version, samples, shards, epochs] (see client.state)
         self._eras: list[list[Any]] = []
         self._segments: list[tuple[int, int, int, SampleOrder]] = [(0, 0, self.num_samples, self.order)]
@@ -371,7 +372,7 @@ class TokenDataset(SampleSource):
         (``positions_of(j)``: the stream positions of its ``j``-th batch, past this epoch too) until they
         hold ``prefetch_bytes`` bytes or the part of the cache not in use, and at least ``prefetch`` batches.
 
-        The scan resumes where it stopped (at most a few dozen batches per call), so its cost per batch is
+        The scan resumes where it stopped (at most 16 batches per call), so its cost per batch is
         constant; ``plan`` names the sequence, a new one starts a new scan."""
         if self.prefetch_depth == 0:
             return
@@ -382,11 +383,19 @@ class TokenDataset(SampleSource):
         scan.advance(i)
         budget = max(0, reader.max_bytes - reader._bytes)  # what this process may map, less what it has mapped
         horizon = min(budget // 2 if self.prefetch_bytes is None else self.prefetch_bytes, budget)
+        if horizon and self.shuffle in ("window", "none") and len(self._segments) == 1:
+            # the order names the coming shards window by window: no need to walk the batches
+            want = self._coming_shards(int(positions_of(i).min()), horizon, set(reader._leases))
+            todo = [s for s in want if s not in scan.sent]
+            scan.sent = set(want)  # one that leaves and comes back (next epoch) is sent again
+            if todo:
+                self._submit(todo)
+            return
         sizes = self.manifest.shards.raw_bytes
-        todo: list[int] = []
+        todo = []
         for _ in range(_SCAN_STEP):
-            if scan.cursor - i > _SCAN_LIMIT:
-                break
+            if scan.cursor - i > _SCAN_LIMIT or len(scan.ahead) >= len(sizes):
+                break  # as far as it may look, or every shard is ahead already (a dataset below the horizon)
             if scan.cursor - i >= self.prefetch_depth and scan.bytes >= horizon:
                 break
             scan.cursor += 1
@@ -397,6 +406,40 @@ class TokenDataset(SampleSource):
                     todo.append(s)
         if todo:
             self._submit(todo)
+
+    def _coming_shards(self, position: int, horizon: int, mapped: set[int]) -> list[int]:
+        """Shards not in ``mapped`` that the stream reads from ``position`` on, in order, until they hold
+        ``horizon`` bytes: the rest of the current window (``none``: of the dataset), then the next ones,
+        into the next epochs; each shard with its successor, where samples that cross its end continue."""
+        sizes = self.manifest.shards.raw_bytes
+        count = len(sizes)
+        out: dict[int, None] = {}
+        total = 0
+        epoch, within = divmod(position, self.num_samples)
+        for e in range(epoch, epoch + 2):
+            for group in self._groups(e, within if e == epoch else 0):
+                for s in group:
+                    for t in (s, s + 1):
+                        if t < count and t not in out and t not in mapped:
+                            out[t] = None
+                            total += int(sizes[t])
+                if total >= horizon or len(out) + len(mapped) >= count:
+                    return list(out)
+        return list(out)
+
+    def _groups(self, epoch: int, within: int) -> Iterator[list[int]]:
+        """The shards of epoch ``epoch`` from position ``within`` on, a window (``none``: a shard) at a time."""
+        if self.shuffle == "none":
+            first = self._first
+            s = max(0, int(np.searchsorted(first, within, side="right")) - 1)
+            for t in range(s, len(first) - 1):
+                yield [t]
+            return
+        assert isinstance(self.order, WindowOrder)
+        order, _cum, starts = self.order._layout(epoch)
+        w = max(0, int(np.searchsorted(starts, within, side="right")) - 1)
+        for k in range(w, len(starts) - 1):
+            yield order[k * self.window : (k + 1) * self.window].tolist()
 
     def _submit(self, shards: list[int]) -> None:
         if self._pool is None:
@@ -425,6 +468,7 @@ class _Scan:
         self.plan, self.cursor = plan, i
         self.ahead: dict[int, tuple[int, int]] = {}  # shard -> (batch that first reads it, raw bytes), in order
         self.bytes = 0
+        self.sent: set[int] = set()  # by the window path: the coming shards already submitted
 
     def advance(self, i: int) -> None:
         """Batch ``i`` is being read: its shards (and earlier ones) leave the horizon."""
@@ -437,7 +481,7 @@ class _Scan:
         self.cursor = max(self.cursor, i)
 
 
-_SCAN_STEP = 64  # batches scanned ahead per batch built, at most
+_SCAN_STEP = 16  # batches scanned ahead per batch built, at most (the scan outruns the loop 16:1)
 _SCAN_LIMIT = 1 << 20  # batches ahead, at most
 
 

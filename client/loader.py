@@ -272,6 +272,8 @@ class TokenLoader:
 
     def _raw_stats(self) -> dict[str, Any]:
         grown = subtract(COUNTERS.snapshot(), self._counters_at_start)
+        # replicas only other loaders of this process talked to grew by nothing: leave them out
+        grown["replicas"] = {u: r for u, r in grown.get("replicas", {}).items() if r["requests"] or r["hedged"]}
         return merge(grown, {"loop": self._watch.counters()})
 
     def _local(self, plan: _Plan) -> Generator[Batch, None, None]:

@@ -49,6 +49,8 @@ def main(
         "batches": n,
         "seconds": wall,
         "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+        # from construction on, first batch included: what a job starting cold sees over the run
+        "overall_tokens_per_s": (tokens + a["batch_size"] * a["seq_len"]) / (first + wall),
         "stall_s": stall,
         "stall_share": stall / wall if wall > 0 else 0.0,
         **peak_rss_mb(),

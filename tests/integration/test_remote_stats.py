@@ -77,6 +77,6 @@ def test_stats_add_up(remote: str, moto_endpoint: str, tmp_path: Path, workers: 
     assert stats["cache_hits"] + stats["cache_misses"] > 0
     assert rep["latency_p50_s"] is not None and rep["latency_p50_s"] >= 0.01  # at least the added round trip
     text = loader.prometheus()
-    line = next(ln for ln in text.splitlines() if ln.startswith("ferry_loader_fetch_bytes_total{"))
+    line = next(ln for ln in text.splitlines() if ln.startswith(f'ferry_loader_fetch_bytes_total{{replica="{remote}"'))
     assert float(line.rsplit(" ", 1)[1]) == rep["bytes"]
     assert f"ferry_loader_batches_total {batches}" in text
