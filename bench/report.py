@@ -383,6 +383,56 @@ def _split(res: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _overall(runs: list[dict[str, Any]]) -> str:
+    """Tokens/s from construction on (first batch included); derived where a run did not report it."""
+    for r in runs:
+        if "error" not in r and "overall_tokens_per_s" not in r and r.get("seconds"):
+            r["overall_tokens_per_s"] = (r["tokens_per_s"] * r["seconds"] + 16 * 2048) / (
+                r["first_batch_s"] + r["seconds"]
+            )
+    return _cell(runs, "overall_tokens_per_s")
+
+
+def _remote(res: dict[str, Any]) -> list[str]:
+    """Training from S3 through the netem proxy: cold start, throughput, stalls, bytes, memory; and the limit."""
+    rm = res.get("remote")
+    if not rm:
+        return []
+    lines = ["## Training from a remote replica (moto behind the netem proxy)", ""]
+    if "error" in rm:
+        return [*lines, rm["error"], ""]
+    link = rm.get("link", {})
+    lines += [
+        f"Batch {rm.get('batch_size')} x {rm.get('seq_len', 0) + 1}, cold caches of {rm.get('cache_shards')} shards, "
+        f"{link.get('conn_rate', 0) / 1e6:.0f} MB/s per connection, {link.get('total_rate', 0) / 1e6:.0f} MB/s in all.",
+        "",
+        "| RTT | step | tool | first batch s | tokens/s after it | tokens/s overall | stall share | "
+        "downloaded ÷ delivered | peak RSS MiB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for case in rm.get("cases", []):
+        rtt = f"{case.get('rtt_s', 0) * 1e3:.0f} ms"
+        if "limit" in case:
+            lim = case["limit"]
+            text = lim.get("error") or f"{lim.get('mb_per_s', 0):.0f} MB/s = {_m(lim.get('tokens_per_s'))}M tokens/s"
+            lines.append(f"| {rtt} | — | bare ranged GETs (limit) | — | {text} | — | — | 1 | — |")
+            continue
+        step = f"{case.get('step_s', 0) * 1e3:.0f} ms"
+        for tool, runs in case.get("runs", {}).items():
+            err = next((str(r["error"]) for r in runs if "error" in r), None)
+            if err and not any("error" not in r for r in runs):
+                lines.append(f"| {rtt} | {step} | {tool} | {err[:120]} | | | | | |")
+                continue
+            lines.append(
+                f"| {rtt} | {step} | {tool} | {_cell(runs, 'first_batch_s', 1, 2)} | {_cell(runs, 'tokens_per_s')}M | "
+                f"{_overall(runs)}M | "
+                f"{_cell(runs, 'stall_share', 0.01, 1)}% | {_cell(runs, 'downloaded_per_delivered', 1, 2)} | "
+                f"{_cell(runs, 'peak_rss_mb', 1, 0)} |"
+            )
+    lines.append("")
+    return lines
+
+
 def _schedule(res: dict[str, Any]) -> list[str]:
     """Loader throughput with a mixture schedule against a single-phase mixture; resume cost by phases."""
     sc = res.get("schedule")
@@ -540,6 +590,7 @@ def write(res: dict[str, Any], page: Path, peers_python: str | None, results_rel
         *_split(res),
         *_schedule(res),
         *_seek(res),
+        *_remote(res),
         *_profiles(res),
     ]
     page.parent.mkdir(parents=True, exist_ok=True)

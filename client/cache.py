@@ -25,6 +25,7 @@ import errno
 import fcntl
 import mmap
 import os
+import threading
 import time
 import weakref
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ from shard_tools.manifest import ShardInfo
 from shard_tools.store import TEMP_MARKER, temp_name
 
 from .replicas import Replicas
+from .stats import COUNTERS
 
 __all__ = ["ShardCache", "Lease", "default_cache_dir"]
 
@@ -137,10 +139,37 @@ class ShardCache:
         self.dtype = dtype
         self.verify = verify
         self.fetches = 0  # shards this process downloaded (for tests and stats)
+        self._count_lock = threading.Lock()
         self._verified: set[str] = set()  # raw digests this process wrote or checked
+        self._deferred: list[CacheError] = []  # node-cache failures of background fetches, raised by the reader
         locks = os.path.join(self.directory, ".locks")
         with _guard(locks, "create the cache directory"):
             os.makedirs(locks, exist_ok=True)
+
+    def __getstate__(self) -> dict[str, object]:
+        state = self.__dict__.copy()
+        del state["_count_lock"]  # a lock does not pickle: each process makes its own
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._count_lock = threading.Lock()
+
+    def ensure_in_background(self, info: ShardInfo) -> None:
+        """:meth:`ensure` for a prefetch thread. A replica's failure resurfaces, with its real error, when the
+        shard is opened; a failure of the node cache itself (a full disk, a broken directory) is kept for
+        :meth:`raise_deferred`, since a shard read by frames may never be opened whole."""
+        try:
+            self.ensure(info)
+        except CacheError as exc:
+            self._deferred.append(exc)
+        except Exception:  # noqa: BLE001
+            return
+
+    def raise_deferred(self) -> None:
+        """Raise the first node-cache failure of a background fetch, if one happened."""
+        if self._deferred:
+            raise self._deferred[0]
 
     def path(self, info: ShardInfo) -> str:
         return os.path.join(self.directory, info.raw_digest.split(":", 1)[1] + _SUFFIX)
@@ -179,20 +208,20 @@ class ShardCache:
             self._verified.discard(info.raw_digest)
             with _guard(path, "remove the stale copy"), contextlib.suppress(FileNotFoundError):
                 os.unlink(path)  # wrong size or digest; processes that mapped it keep their (checked) copy
-            raw = self.replicas.fetch(info)  # checked against both manifest digests
-            self._write(path, raw)
+            self._download(info, path)  # checked against both manifest digests as it streams
             self._verified.add(info.raw_digest)
-            self.fetches += 1
+            with self._count_lock:  # prefetch threads fetch too: += is not atomic across threads
+                self.fetches += 1
         self.evict(keep=path)
 
-    @staticmethod
-    def _write(path: str, raw: bytes) -> None:
-        """Write ``raw`` to ``path`` atomically (a temp name, then a rename)."""
+    def _download(self, info: ShardInfo, path: str) -> None:
+        """Stream the shard into a temp name beside ``path``, then rename it into place."""
         tmp = temp_name(path)
         try:
+            # an OSError here is the cache file's: a replica's failures arrive as ferry errors
             with _guard(path, "write"):
-                with open(tmp, "wb") as f:
-                    f.write(raw)
+                with open(tmp, "wb+") as f:
+                    self.replicas.fetch_into(info, f)
                 os.replace(tmp, path)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -205,6 +234,8 @@ class ShardCache:
             fd = _open_lock(self._lock(info, "use"))
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH)  # from here on no process evicts it
+                if attempt == 0:
+                    COUNTERS.add("cache", "hits" if self._present(info) else "misses", 1)
                 self.ensure(info, bad=attempt > 0)
                 path = self.path(info)
                 with _guard(path, "touch", missing_ok=True):
@@ -227,7 +258,7 @@ class ShardCache:
             for e in it:
                 with contextlib.suppress(FileNotFoundError):
                     if TEMP_MARKER in e.name:
-                        # a temp file is written in one go right after its download; an old one is an orphan
+                        # a temp file grows while its download streams in; one untouched this long is an orphan
                         if e.stat().st_mtime < stale:
                             os.unlink(e.path)
                     elif e.name.endswith(_SUFFIX):

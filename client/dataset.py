@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -26,7 +26,7 @@ from . import checks
 from .cache import ShardCache, default_cache_dir
 from .frames import frame_reader_for
 from .mixed import MixedDataset
-from .order import SHUFFLE_MODES, SampleOrder, make_order
+from .order import SHUFFLE_MODES, SampleOrder, WindowOrder, make_order
 from .reader import ShardReader
 from .source import MODES, SampleSource
 from .state import fingerprint
@@ -56,7 +56,13 @@ class TokenDataset(SampleSource):
         pad_id: padding id in document mode, below the vocabulary size (default: the tokenizer's EOS id, else 0).
         storage_options: fsspec options, one mapping for all URLs or one per URL.
         version: read this published version instead of the current one.
-        prefetch: shard prefetch depth, in batches ahead of the read position.
+        prefetch: shard prefetch depth, in batches ahead of the read position (at least; 0: no prefetch).
+        prefetch_bytes: prefetch the shards of the next batches, across window and epoch boundaries, until they
+            hold this many raw bytes; never more than the share of the cache not in use. ``"auto"`` (the
+            default): half of this process's share of the cache when the first replica is remote, 0 (only
+            ``prefetch`` batches) when it is a local filesystem.
+        fetch: how shards are fetched from remote replicas (:class:`client.fetch.FetchOptions` or a mapping of
+            its fields: ``part_size``, ``connections``, ``deadline_floor``, ``deadline_slack``, ...).
         verify_cache: check each cached shard's raw digest when a process first maps it.
 
     Every argument is checked before the manifest is read: a wrong type or range is a one-line
@@ -79,6 +85,8 @@ class TokenDataset(SampleSource):
         version: str | None = None,
         prefetch: int = DEFAULT_PREFETCH,
         verify_cache: bool = True,
+        fetch: Mapping[str, Any] | None = None,
+        prefetch_bytes: int | str | None = "auto",
     ) -> None:
         from .replicas import Replicas
 
@@ -89,14 +97,19 @@ class TokenDataset(SampleSource):
         self.window = checks.integer("window", window, 1)
         self.mode = checks.choice("mode", mode, MODES)
         self.prefetch_depth = checks.integer("prefetch", prefetch, 0)
+        self.prefetch_bytes: int | None = None
+        if prefetch_bytes is not None and prefetch_bytes != "auto":
+            self.prefetch_bytes = checks.size("prefetch_bytes", prefetch_bytes) if prefetch_bytes != 0 else 0
         verify = checks.flag("verify_cache", verify_cache)
         pad = None if pad_id is None else checks.integer("pad_id", pad_id, 0, 2**63)
         directory = _cache_dir(cache_dir)
         limit = _cache_limit(cache_limit)
         if version is not None:
             checks.text("version", version)
-        self.replicas = Replicas(url, storage_options)
+        self.replicas = Replicas(url, storage_options, fetch=fetch)
         self.manifest: Manifest = self.replicas.load_manifest(version)
+        if self.prefetch_bytes is None and self.replicas.local(0):
+            self.prefetch_bytes = 0  # auto: a local first replica is fetched at disk speed, depth is enough
         self.token_dtype = np.dtype(self.manifest.token_dtype)
         self.pad_id = self._pad_id(pad)
         self.cache = ShardCache(directory, limit, self.replicas, dtype=self.manifest.token_dtype, verify=verify)
@@ -110,7 +123,8 @@ class TokenDataset(SampleSource):
         if self.num_samples == 0:
             url, length = self.replicas.urls[0], self.seq_len
             raise DatasetError(f"dataset {url} has {total_tokens} tokens: not one sample of seq_len {length} + 1")
-        self.order: SampleOrder = make_order(self.shuffle, self._first_samples(), self.seed, self.window)
+        self._first = self._first_samples()
+        self.order: SampleOrder = make_order(self.shuffle, self._first, self.seed, self.window)
         # earlier versions of a run continued on this one: [version, samples, shards, epochs] (see client.state)
         self._eras: list[list[Any]] = []
         self._segments: list[tuple[int, int, int, SampleOrder]] = [(0, 0, self.num_samples, self.order)]
@@ -118,6 +132,7 @@ class TokenDataset(SampleSource):
         self._pid = -1
         self._pool: ThreadPoolExecutor | None = None
         self._submitted: set[int] = set()
+        self._scan: _Scan | None = None
 
     def __repr__(self) -> str:
         return (
@@ -127,7 +142,7 @@ class TokenDataset(SampleSource):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_reader=None, _pid=-1, _pool=None, _submitted=set())
+        state.update(_reader=None, _pid=-1, _pool=None, _submitted=set(), _scan=None)
         return state
 
     def _pad_id(self, pad_id: int | None) -> int:
@@ -280,6 +295,7 @@ class TokenDataset(SampleSource):
             self._pid = _FORKS.generation
             self._pool = None
             self._submitted = set()
+            self._scan = None
         return self._reader
 
     def sample_ids(self, positions: np.ndarray) -> np.ndarray:
@@ -347,23 +363,103 @@ class TokenDataset(SampleSource):
     def prefetch(self, positions: np.ndarray) -> None:
         if self.prefetch_depth == 0 or len(positions) == 0:
             return
-        reader = self.reader
         if self._fits_cache and len(self._submitted) >= len(self.manifest.shards):
             return  # every shard went through the cache in this process and none gets evicted
+        reader = self.reader
         todo = [s for s in self.shards_of(positions) if s not in self._submitted and not reader.frames_only(s)]
         if not todo:
             return
+        if len(self._submitted) > _RECENT:
+            self._submitted.clear()  # forget old submissions: their shards may have been evicted since
+        self._submitted.update(todo)
+        self._submit(todo)
+
+    def prefetch_ahead(self, plan: tuple[int, ...], i: int, positions_of: Callable[[int], np.ndarray]) -> None:
+        """Prefetch, in the order they are first read, the shards of this process's batches after its ``i``-th
+        (``positions_of(j)``: the stream positions of its ``j``-th batch, past this epoch too) until they
+        hold ``prefetch_bytes`` bytes or the part of the cache not in use, and at least ``prefetch`` batches.
+
+        The scan resumes where it stopped (at most 16 batches per call), so its cost per batch is
+        constant; ``plan`` names the sequence, a new one starts a new scan."""
+        if self.prefetch_depth == 0:
+            return
+        reader = self.reader
+        scan = self._scan
+        if scan is None or scan.plan != plan:
+            scan = self._scan = _Scan(plan, i)
+        scan.advance(i)
+        budget = max(0, reader.max_bytes - reader._bytes)  # what this process may map, less what it has mapped
+        horizon = min(budget // 2 if self.prefetch_bytes is None else self.prefetch_bytes, budget)
+        if horizon and self.shuffle in ("window", "none") and len(self._segments) == 1:
+            # the order names the coming shards window by window: no need to walk the batches
+            want = self._coming_shards(int(positions_of(i).min()), horizon, set(reader._leases))
+            todo = [s for s in want if s not in scan.sent]
+            scan.sent = set(want)  # one that leaves and comes back (next epoch) is sent again
+            if todo:
+                self._submit(todo)
+            return
+        sizes = self.manifest.shards.raw_bytes
+        todo = []
+        for _ in range(_SCAN_STEP):
+            if scan.cursor - i > _SCAN_LIMIT or len(scan.ahead) >= len(sizes):
+                break  # as far as it may look, or every shard is ahead already (a dataset below the horizon)
+            if scan.cursor - i >= self.prefetch_depth and scan.bytes >= horizon:
+                break
+            scan.cursor += 1
+            for s in self.shards_of(positions_of(scan.cursor)):
+                if s not in scan.ahead:
+                    scan.ahead[s] = (scan.cursor, int(sizes[s]))
+                    scan.bytes += int(sizes[s])
+                    todo.append(s)
+        if todo:
+            self._submit(todo)
+
+    def _coming_shards(self, position: int, horizon: int, mapped: set[int]) -> list[int]:
+        """Shards not in ``mapped`` that the stream reads from ``position`` on, in order, until they hold
+        ``horizon`` bytes: the rest of the current window (``none``: of the dataset), then the next ones,
+        into the next epochs; each shard with its successor, where samples that cross its end continue."""
+        sizes = self.manifest.shards.raw_bytes
+        count = len(sizes)
+        out: dict[int, None] = {}
+        total = 0
+        epoch, within = divmod(position, self.num_samples)
+        for e in range(epoch, epoch + 2):
+            for group in self._groups(e, within if e == epoch else 0):
+                for s in group:
+                    for t in (s, s + 1):
+                        if t < count and t not in out and t not in mapped:
+                            out[t] = None
+                            total += int(sizes[t])
+                if total >= horizon or len(out) + len(mapped) >= count:
+                    return list(out)
+        return list(out)
+
+    def _groups(self, epoch: int, within: int) -> Iterator[list[int]]:
+        """The shards of epoch ``epoch`` from position ``within`` on, a window (``none``: a shard) at a time."""
+        if self.shuffle == "none":
+            first = self._first
+            s = max(0, int(np.searchsorted(first, within, side="right")) - 1)
+            for t in range(s, len(first) - 1):
+                yield [t]
+            return
+        assert isinstance(self.order, WindowOrder)
+        order, _cum, starts = self.order._layout(epoch)
+        w = max(0, int(np.searchsorted(starts, within, side="right")) - 1)
+        for k in range(w, len(starts) - 1):
+            yield order[k * self.window : (k + 1) * self.window].tolist()
+
+    def _submit(self, shards: list[int]) -> None:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(
                 max_workers=2, thread_name_prefix="ferry-prefetch", initializer=name_os_thread
             )
-        if len(self._submitted) > _RECENT:
-            self._submitted.clear()  # forget old submissions: their shards may have been evicted since
-        for s in todo:
-            self._submitted.add(s)
-            self._pool.submit(_quiet_ensure, reader.cache, self.manifest.shards[s])
+        reader = self.reader
+        for s in shards:
+            if not reader.frames_only(s):
+                self._pool.submit(reader.cache.ensure_in_background, self.manifest.shards[s])
 
     def close(self) -> None:
+        self._scan = None
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
@@ -371,6 +467,31 @@ class TokenDataset(SampleSource):
             self._reader.close()
         self._reader = None
         self._submitted = set()
+        self.replicas.close()
+
+
+class _Scan:
+    """Where the prefetch scan of one batch sequence stands: shards first read after the current batch."""
+
+    def __init__(self, plan: tuple[int, ...], i: int) -> None:
+        self.plan, self.cursor = plan, i
+        self.ahead: dict[int, tuple[int, int]] = {}  # shard -> (batch that first reads it, raw bytes), in order
+        self.bytes = 0
+        self.sent: set[int] = set()  # by the window path: the coming shards already submitted
+
+    def advance(self, i: int) -> None:
+        """Batch ``i`` is being read: its shards (and earlier ones) leave the horizon."""
+        while self.ahead:
+            s, (first, size) = next(iter(self.ahead.items()))
+            if first > i:
+                break
+            del self.ahead[s]
+            self.bytes -= size
+        self.cursor = max(self.cursor, i)
+
+
+_SCAN_STEP = 16  # batches scanned ahead per batch built, at most (the scan outruns the loop 16:1)
+_SCAN_LIMIT = 1 << 20  # batches ahead, at most
 
 
 class _ForkCounter:
@@ -399,10 +520,3 @@ def _cache_limit(cache_limit: Any) -> int:
     env = os.environ.get("FERRY_CACHE_LIMIT")
     return checks.size("$FERRY_CACHE_LIMIT", env) if env else checks.size("cache_limit", DEFAULT_CACHE_LIMIT)
 
-
-def _quiet_ensure(cache: ShardCache, info: Any) -> None:
-    # background prefetch: a failure here resurfaces (with its real error) when the shard is opened
-    try:
-        cache.ensure(info)
-    except Exception:  # noqa: BLE001
-        return

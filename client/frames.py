@@ -1,8 +1,8 @@
 """Reading format-2 shards by frames: the index once, then only the frames a token or document range touches.
 
 A :class:`FrameReader` is given a ranged-read callable ``read_range(info, offset, length) -> bytes``
-(:func:`replica_range_reader` by default: fsspec ``cat_file(path, start=, end=)`` on the first replica
-that answers). Per shard it reads the frame index once (one ranged read of the shard's tail, checked
+(:meth:`client.replicas.Replicas.read_range` in the loader: the first replica that has the bytes, with
+deadlines and hedging). Per shard it reads the frame index once (one ranged read of the shard's tail, checked
 against the manifest's ``index_bytes`` / ``index_digest``), maps a raw byte range to frames, reads the
 missing ones (adjacent frames in one ranged read), checks each against the index's digest before
 decompressing it (the bounds of :func:`shard_tools.format.decompress`), and keeps decoded frames in an
@@ -11,10 +11,9 @@ LRU block cache bounded in bytes. One per process, used from one thread (like ``
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -24,10 +23,9 @@ import numpy as np
 from shard_tools.errors import ShardFormatError, ShardMissingError
 from shard_tools.manifest import ShardInfo
 from shard_tools.seekable import FrameIndex, decode_frame, load_index
-from shard_tools.store import Location, resolve, storage_error
 from shard_tools.threadname import name_os_thread
 
-__all__ = ["RangeRead", "FrameReader", "FrameStats", "replica_range_reader", "frame_reader_for", "DEFAULT_BLOCK_LIMIT"]
+__all__ = ["RangeRead", "FrameReader", "FrameStats", "frame_reader_for", "DEFAULT_BLOCK_LIMIT"]
 
 #: ``read_range(info, offset, length)``: ``length`` stored bytes of shard ``info`` from ``offset``.
 RangeRead = Callable[[ShardInfo, int, int], bytes]
@@ -44,43 +42,6 @@ class FrameStats:
     frames: int = 0  # frames fetched and decoded
     bytes_read: int = 0
     hits: int = 0  # frames found in the block cache
-
-
-class _ReplicaRanges:
-    """Ranged reads from the first of several dataset URLs that answers (picklable: resolves per process)."""
-
-    def __init__(self, urls: Sequence[str], options: Sequence[Mapping[str, Any]]) -> None:
-        self.urls, self.options = list(urls), [dict(o) for o in options]
-        self._locations: dict[int, Location] = {}
-        self._pid = os.getpid()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_locations": {}}
-
-    def _location(self, i: int) -> Location:
-        if self._pid != os.getpid():
-            self._locations, self._pid = {}, os.getpid()
-        if i not in self._locations:
-            self._locations[i] = resolve(self.urls[i], self.options[i])
-        return self._locations[i]
-
-    def __call__(self, info: ShardInfo, offset: int, length: int) -> bytes:
-        errors: list[str] = []
-        for i in range(len(self.urls)):
-            loc = self._location(i)
-            try:
-                return bytes(loc.fs.cat_file(loc.full(info.path), start=offset, end=offset + length))
-            except FileNotFoundError:
-                errors.append(f"{self.urls[i]}: missing")
-            except Exception as exc:  # noqa: BLE001 - any backend failure: try the next replica
-                errors.append(f"{self.urls[i]}: {storage_error(str(exc), exc)}")
-        raise ShardMissingError(info.path, f"no replica served bytes {offset}+{length}: " + "; ".join(errors))
-
-
-def replica_range_reader(replicas: Any) -> RangeRead:
-    """The default ranged read for a ``client.replicas.Replicas``: fsspec ``cat_file`` with a byte range,
-    replicas in the given order. (Replace by the replicas' own ranged read, with deadlines, where there is one.)"""
-    return _ReplicaRanges(replicas.urls, replicas.options)
 
 
 class FrameReader:
@@ -274,4 +235,4 @@ def frame_reader_for(manifest: Any, replicas: Any, budget: int) -> FrameReader |
         return None
     local = all("://" not in u or u.startswith("file://") for u in replicas.urls)
     limit = min(DEFAULT_BLOCK_LIMIT, max(8 << 20, budget // 4))
-    return FrameReader(replica_range_reader(replicas), limit=limit, threads=1 if local else 8)
+    return FrameReader(replicas.read_range, limit=limit, threads=1 if local else 8)

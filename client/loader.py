@@ -10,8 +10,10 @@ after the batches before it. The state counts batches *delivered* to the caller.
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
+import time
 import traceback
 from collections.abc import Generator, Iterator, Mapping
 from typing import Any, NoReturn
@@ -27,12 +29,15 @@ from .partition import batches_until, global_batch_size, rank_positions, worker_
 from .replan import resume
 from .source import SampleSource, to_batch
 from .state import make_state, parse_state
+from .stats import COUNTERS, merge, render_prometheus, subtract, summarise
 
 __all__ = ["TokenLoader", "default_rank_world", "rank_world"]
 
 Batch = dict[str, torch.Tensor]
 _GROUP = 4  # batches per DataLoader item from a worker
 SHAPE_LIMIT = 2**24  # batch_size and world_size: stream positions then stay far inside int64
+_STALL_WINDOW_S = 30.0  # stall share is judged over this much wall time
+_log = logging.getLogger("ferry.loader")
 
 
 def default_rank_world() -> tuple[int, int]:
@@ -63,11 +68,23 @@ class _Plan:
     def positions(self, k: int) -> np.ndarray:
         return rank_positions(self.start, k, self.batch_size, self.world_size, self.rank)
 
-    def build(self, ds: SampleSource, k: int, ahead: range) -> dict[str, Any]:
-        """The payload of batch ``k`` (compact numpy arrays; :func:`to_batch` makes the tensors)."""
-        for j in ahead:  # shards for later batches of this process start downloading now
-            if j < self.count:
-                ds.prefetch(self.positions(j))
+    def build(self, ds: SampleSource, k: int, ahead: range, mine: range | None = None) -> dict[str, Any]:
+        """The payload of batch ``k`` (compact numpy arrays; :func:`to_batch` makes the tensors).
+
+        ``mine``: this process's batches; a dataset that can prefetch by a horizon in bytes walks them on
+        (past this plan's end too: the next epoch is known), otherwise the ``ahead`` batches are prefetched."""
+        horizon = getattr(ds, "prefetch_ahead", None)
+        if horizon is not None and mine is not None:
+            first, stride = mine.start, mine.step
+
+            def positions_of(j: int) -> np.ndarray:
+                return self.positions(first + j * stride)
+
+            horizon((self.start, self.rank, first, stride), (k - first) // stride, positions_of)
+        else:
+            for j in ahead:  # shards for later batches of this process start downloading now
+                if j < self.count:
+                    ds.prefetch(self.positions(j))
         return ds.payload(self.positions(k), boundaries=self.boundaries)
 
     @staticmethod
@@ -112,8 +129,9 @@ class _Failure:
 _Item = list[tuple[int, dict[str, Any] | _Failure]]
 
 
-class _WorkerStream(IterableDataset[_Item]):
-    """Runs in a DataLoader worker: yields lists of ``(k, payload)`` for this worker's share of the plan.
+class _WorkerStream(IterableDataset[tuple[_Item, dict[str, Any]]]):
+    """Runs in a DataLoader worker: yields lists of ``(k, payload)`` for this worker's share of the plan,
+    each with the growth of the worker's :data:`~client.stats.COUNTERS` since the previous one.
 
     Payloads are numpy arrays in the token dtype (4x smaller than int64 for uint16 ids); they
     travel pickled through the worker's pipe, which beats a new shared-memory segment per tensor.
@@ -124,24 +142,26 @@ class _WorkerStream(IterableDataset[_Item]):
     def __init__(self, ds: SampleSource, plan: _Plan, num_workers: int, group: int) -> None:
         self.ds, self.plan, self.num_workers, self.group = ds, plan, num_workers, group
 
-    def __iter__(self) -> Iterator[_Item]:
+    def __iter__(self) -> Iterator[tuple[_Item, dict[str, Any]]]:
         info = get_worker_info()
         worker = info.id if info is not None else 0
         mine = worker_batches(self.plan.count, self.num_workers, worker)
         depth = self.ds.prefetch_depth
         item: _Item = []
+        sent = COUNTERS.snapshot()  # a forked worker starts with its parent's counters: send only growth
         for i, k in enumerate(mine):
             try:
-                item.append((k, self.plan.build(self.ds, k, _Plan.ahead(mine, i, depth))))
+                item.append((k, self.plan.build(self.ds, k, _Plan.ahead(mine, i, depth), mine)))
             except FerryError as exc:
                 failure = _Failure.of(exc, worker)
                 if failure is None:
                     raise
-                yield [*item, (k, failure)]
+                yield [*item, (k, failure)], subtract(COUNTERS.snapshot(), sent)
                 return
             if len(item) == self.group or i == len(mine) - 1:
-                yield item
-                item = []
+                now = COUNTERS.snapshot()
+                yield item, subtract(now, sent)
+                sent, item = now, []
 
 
 class TokenLoader:
@@ -155,6 +175,9 @@ class TokenLoader:
         pin_memory: pin batches (only where CUDA is available; ignored otherwise).
         return_doc_boundaries: add ``cu_seqlens`` (int32, over the flattened batch) and ``position_ids``.
         prefetch_factor: batches each worker builds ahead (DataLoader's own prefetching).
+        stall_warning: log a warning when the loop waited on data more than this share of the last 30 s.
+
+    ``stats()`` says what it did (see :mod:`client.stats`); ``prometheus()`` is the same as Prometheus text.
     """
 
     def __init__(
@@ -168,6 +191,7 @@ class TokenLoader:
         return_doc_boundaries: bool = False,
         *,
         prefetch_factor: int = 2,
+        stall_warning: float = 0.1,
     ) -> None:
         if not isinstance(dataset, SampleSource):
             raise UsageError(f"dataset must be a TokenDataset or MixedDataset, got {checks.show(dataset)}")
@@ -183,6 +207,10 @@ class TokenLoader:
         if self.return_doc_boundaries and dataset.mode != "tokens":
             raise UsageError("return_doc_boundaries needs mode='tokens' (document mode gives attention_mask)")
         self._position = 0  # stream position of the next global batch not yet delivered
+        if isinstance(stall_warning, bool) or not isinstance(stall_warning, (int, float)) or not 0 < stall_warning <= 1:
+            raise UsageError(f"stall_warning must be a share in (0, 1], got {checks.show(stall_warning)}")
+        self._watch = _StallWatch(float(stall_warning))
+        self._counters_at_start = COUNTERS.snapshot()
 
     @property
     def global_batch_size(self) -> int:
@@ -211,19 +239,48 @@ class TokenLoader:
         plan = self._plan()
         g = self.global_batch_size
         source = self._local(plan) if self.num_workers == 0 else self._workers(plan)
+        width = (self.dataset.seq_len + 1) * np.dtype(self.dataset.token_dtype).itemsize
+        watch = self._watch
         try:
-            for k, batch in enumerate(source):
+            mark = time.perf_counter()
+            for k in range(plan.count + 1):
+                batch = next(source, None)
+                now = time.perf_counter()
+                watch.step(now - mark, waited=now - watch.resumed if k else now - mark)
+                mark = now
+                if batch is None:
+                    break
                 # count the batch as consumed the moment it is handed over, not when it was built
                 self._position = plan.start + (k + 1) * g
+                watch.delivered(len(next(iter(batch.values()))) * width)
                 yield batch
+                watch.resumed = time.perf_counter()
         finally:
             source.close()  # an abandoned iterator stops its worker processes now
+
+    def stats(self) -> dict[str, Any]:
+        """What this loader did so far: stall (time ``next()`` waited) and its share of the wall time, bytes
+        delivered and downloaded (their ratio), cache hits, and per replica requests, bytes, latency
+        percentiles, hedged and failed requests. Counters of DataLoader workers are included (each sends
+        its growth with its batches); ``raw`` holds the counters themselves."""
+        raw = self._raw_stats()
+        return {**summarise(raw), "first_batch_s": self._watch.first_batch_s, "raw": raw}
+
+    def prometheus(self, prefix: str = "ferry_loader") -> str:
+        """:meth:`stats` in the Prometheus text format (for a training script's /metrics)."""
+        return render_prometheus(self._raw_stats(), prefix)
+
+    def _raw_stats(self) -> dict[str, Any]:
+        grown = subtract(COUNTERS.snapshot(), self._counters_at_start)
+        # replicas only other loaders of this process talked to grew by nothing: leave them out
+        grown["replicas"] = {u: r for u, r in grown.get("replicas", {}).items() if r["requests"] or r["hedged"]}
+        return merge(grown, {"loop": self._watch.counters()})
 
     def _local(self, plan: _Plan) -> Generator[Batch, None, None]:
         depth = self.dataset.prefetch_depth
         mine = range(plan.count)
         for k in mine:
-            batch = to_batch(plan.build(self.dataset, k, _Plan.ahead(mine, k, depth)))
+            batch = to_batch(plan.build(self.dataset, k, _Plan.ahead(mine, k, depth), mine))
             yield _pin(batch) if self.pin_memory else batch
 
     def _workers(self, plan: _Plan) -> Generator[Batch, None, None]:
@@ -239,7 +296,8 @@ class TokenLoader:
         want = 0
         items = iter(loader)
         try:
-            for item in items:
+            for item, grown in items:
+                COUNTERS.absorb(grown)  # the worker's fetches and cache hits count in this process's stats
                 pending.update(item)
                 while want in pending:  # workers may finish out of turn; deliver in order of k
                     payload = pending.pop(want)
@@ -281,6 +339,52 @@ class TokenLoader:
         replan = checks.flag("replan", replan)
         dataset, position = resume(self._configured, saved, strict=strict, replan=replan)
         self.dataset, self._position, self._skips = dataset, position, saved.skips
+
+
+class _StallWatch:
+    """Time the training loop spent waiting in ``next()`` against wall time; warns when the share is high."""
+
+    def __init__(self, threshold: float) -> None:
+        self.threshold = threshold
+        self.stall_s = self.wall_s = 0.0
+        self.batches = self.delivered_bytes = 0
+        self.first_batch_s: float | None = None
+        self.resumed = 0.0
+        self._window = [0.0, 0.0]  # stall, wall since the last judgement
+        self._warned = False
+
+    def step(self, wall: float, *, waited: float) -> None:
+        """``wall`` seconds since the previous step, of which the last ``waited`` were spent in ``next()``."""
+        waited = min(max(waited, 0.0), wall)
+        if self.first_batch_s is None:
+            self.first_batch_s = waited
+        self.stall_s += waited
+        self.wall_s += wall
+        self._window[0] += waited
+        self._window[1] += wall
+        if self._window[1] >= _STALL_WINDOW_S:
+            share = self._window[0] / self._window[1]
+            if share > self.threshold:
+                _log.warning(
+                    "ferry loader: the training loop waited on data %.0f%% of the last %.0f s (%.1f s); raise "
+                    "prefetch_bytes or fetch connections, or look at loader.stats() for a slow replica",
+                    100 * share,
+                    self._window[1],
+                    self._window[0],
+                )
+            self._window = [0.0, 0.0]
+
+    def delivered(self, nbytes: int) -> None:
+        self.batches += 1
+        self.delivered_bytes += nbytes
+
+    def counters(self) -> dict[str, Any]:
+        return {
+            "stall_s": self.stall_s,
+            "wall_s": self.wall_s,
+            "batches": self.batches,
+            "delivered_bytes": self.delivered_bytes,
+        }
 
 
 def rank_world(rank: Any, world_size: Any) -> tuple[int, int]:

@@ -60,7 +60,6 @@ class ShardReader:
         self._pool: ThreadPoolExecutor | None = None
         self._fetching: set[int] = set()
         self._later: list[ShardInfo] = []
-        self._background_errors: list[CacheError] = []  # appended by the background thread, read here
         self._no_frames: set[int] = set()  # shards whose frames failed here: read whole (with replica fallback)
         self.dtype = np.dtype(manifest.token_dtype)
         self._seekable = manifest.shards.index_bytes > 0
@@ -118,7 +117,7 @@ class ShardReader:
             return True
         if not self.background:
             return False  # nothing would ever bring the whole shard: fetch it now, as format 1
-        self._raise_background_error()
+        self.cache.raise_deferred()  # a full disk is the job's to see, not only a slower run
         info = self.info(s)
         try:
             if os.stat(self.cache.path(info)).st_size == info.raw_bytes:
@@ -129,13 +128,6 @@ class ShardReader:
             return False  # the cache directory itself is unusable: the whole-shard path names it (CacheError)
         self._fetch_whole(s, info)
         return True
-
-    def _raise_background_error(self) -> None:
-        """A node-cache failure of a background whole-shard fetch (a full disk, a broken cache directory) is
-        the training job's to see, not only a slower run: it is raised at the next read. Replica failures
-        stay quiet there, since frames keep being read and a whole read names them."""
-        if self._background_errors:
-            raise self._background_errors[0]
 
     def _fetch_whole(self, s: int, info: ShardInfo) -> None:
         """Bring shard ``s`` into the node cache in the background (once per process, while it is read by frames)."""
@@ -152,7 +144,7 @@ class ShardReader:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ferry-whole", initializer=name_os_thread)
         for info in self._later:
-            self._pool.submit(_quiet_ensure, self.cache, info, self._background_errors)
+            self._pool.submit(self.cache.ensure_in_background, info)
         self._later = []
 
     def frames_only(self, s: int) -> bool:
@@ -293,13 +285,3 @@ class ShardReader:
             mask[row, n:] = 0
         self._start_later()
 
-
-def _quiet_ensure(cache: ShardCache, info: ShardInfo, cache_errors: list[CacheError]) -> None:
-    # a background fetch: a replica failure resurfaces (with its real error) when the shard is opened or
-    # read by frames; a failure of the node cache itself is kept for the reader to raise
-    try:
-        cache.ensure(info)
-    except CacheError as exc:
-        cache_errors.append(exc)
-    except Exception:  # noqa: BLE001
-        return

@@ -1,33 +1,59 @@
 """The replicas of one dataset: read its manifest and its stored shards from the first healthy one.
 
-Replicas are given nearest first. A replica that fails (unreachable, missing shard,
-digest mismatch) is tried last from then on in this process. Every stored shard is
-checked against the manifest (size, stored digest, decompressed size and raw digest)
-before its raw bytes are returned. Filesystems are resolved lazily per process, so
-the object can be pickled into DataLoader workers.
+Replicas are given nearest first. Every request has a deadline (see :mod:`client.fetch`); past it the
+same request goes to the next replica too, the first good answer wins and the others are cancelled,
+and the slow replica is tried last from then on in this process. A replica that fails a read is tried
+last for later reads of the same kind; one that merely lacks an object (a partial replica, e.g. the
+daemon's destination still being filled, which may have no manifest yet) keeps its place, so shards it
+holds keep being read from it. Every stored shard is checked against the manifest (size, stored digest,
+decompressed size and raw digest) as it streams into the cache. Filesystems, thread pools and
+connections are per process, so the object can be pickled into DataLoader workers.
 """
 
 from __future__ import annotations
 
+import io
 import os
+import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, BinaryIO
 
-from shard_tools.dataset import decode_stored_shard, load_manifest
+from shard_tools.digest import digest_bytes
 from shard_tools.errors import (
     DatasetError,
     DatasetNotFoundError,
+    ManifestError,
     ShardError,
     ShardMissingError,
     StorageError,
     UsageError,
 )
+from shard_tools.header import MANIFEST_FILE, version_path
 from shard_tools.manifest import Manifest, ShardInfo
 from shard_tools.store import Location, resolve
+from shard_tools.threadname import name_os_thread
 
 from .checks import show
+from .fetch import FetchOptions, Link, Missing, RaceLost, ShardSink, race, start_read
+from .stats import COUNTERS
 
 __all__ = ["Replicas"]
+
+_MANIFEST_HINT = 1 << 20  # a manifest header is read as one ranged GET of this many bytes (it is far smaller)
+
+
+class _Pools:
+    """This process's threads: ``parts`` runs ranged reads of shards (``connections`` at a time), ``io``
+    runs reads of filesystems without an event loop (local files)."""
+
+    def __init__(self, connections: int) -> None:
+        self.parts = ThreadPoolExecutor(connections, thread_name_prefix="ferry-fetch", initializer=name_os_thread)
+        self.io = ThreadPoolExecutor(2 * connections, thread_name_prefix="ferry-io", initializer=name_os_thread)
+
+    def shutdown(self) -> None:
+        self.parts.shutdown(wait=False, cancel_futures=True)
+        self.io.shutdown(wait=False, cancel_futures=True)
 
 
 class Replicas:
@@ -37,6 +63,8 @@ class Replicas:
         self,
         urls: str | Sequence[str],
         storage_options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        *,
+        fetch: FetchOptions | Mapping[str, Any] | None = None,
     ) -> None:
         self.urls = _urls(urls)
         if storage_options is None or isinstance(storage_options, Mapping):
@@ -51,65 +79,265 @@ class Replicas:
                     f"storage_options has {len(self.options)} mappings for {len(self.urls)} URLs: "
                     "give one mapping for all, or one per URL"
                 )
-        self._order = list(range(len(self.urls)))
+        self.fetch_options = FetchOptions.of(dict(fetch) if isinstance(fetch, Mapping) else fetch)
+        self._order = list(range(len(self.urls)))  # for shard reads
+        self._manifest_order = list(range(len(self.urls)))
+        self._links = [Link(self.fetch_options) for _ in self.urls]
         self._locations: dict[int, Location] = {}
+        self._pools: _Pools | None = None
+        self._lock = threading.Lock()
         self._pid = os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_locations"] = {}  # filesystems are re-resolved in the receiving process
+        state.update(_locations={}, _pools=None, _lock=None)  # re-made in the receiving process
         return state
 
-    def _location(self, i: int) -> Location:
-        if self._pid != os.getpid():  # forked: do not share another process's connections
-            self._locations = {}
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def _fresh(self) -> None:
+        if self._pid != os.getpid():  # forked: do not share another process's connections or threads
+            self._locations, self._pools, self._lock = {}, None, threading.Lock()
             self._pid = os.getpid()
+
+    def _location(self, i: int) -> Location:
+        self._fresh()
         loc = self._locations.get(i)
         if loc is None:
             loc = resolve(self.urls[i], self.options[i])
             self._locations[i] = loc
         return loc
 
-    def _demote(self, i: int) -> None:
-        self._order.remove(i)
-        self._order.append(i)
+    def _pool(self) -> _Pools:
+        self._fresh()
+        with self._lock:
+            if self._pools is None:
+                self._pools = _Pools(self.fetch_options.connections)
+            return self._pools
+
+    def local(self, i: int) -> bool:
+        """Whether replica ``i`` is on a local filesystem (resolving it reads nothing)."""
+        try:
+            return self._location(i).local
+        except StorageError:
+            return False
+
+    def close(self) -> None:
+        """Stop this process's fetch threads (they are started again when needed)."""
+        if self._pools is not None and self._pid == os.getpid():
+            self._pools.shutdown()
+        self._pools = None
+
+    def _demote(self, i: int, order: list[int] | None = None) -> None:
+        with self._lock:
+            for o in (self._order, self._manifest_order) if order is None else (order,):
+                if i in o:
+                    o.remove(i)
+                    o.append(i)
+
+    # --- one request, raced across replicas -------------------------------------------------------------------
+
+    def _read(
+        self,
+        rel: str,
+        span: tuple[int, int] | None,
+        nbytes: int,
+        order: list[int],
+        *,
+        check: Any = None,
+        exclude: frozenset[int] = frozenset(),
+    ) -> tuple[int, bytes]:
+        """Bytes ``span = (start, end)`` of ``rel`` (all of it when None) from the first replica (of
+        ``order``) that answers well in time; :class:`RaceLost` when none does."""
+        with self._lock:
+            tries = [i for i in order if i not in exclude] or list(order)
+        pools = self._pool()
+        start, end = span if span is not None else (None, None)
+        opts = self.fetch_options
+
+        def begin(i: int) -> Future[bytes]:
+            try:
+                return start_read(self._location(i), rel, start, end, pools.io)
+            except Exception as exc:  # noqa: BLE001 — an unusable URL fails its attempt, not the race
+                fut: Future[bytes] = Future()
+                fut.set_exception(exc)
+                return fut
+
+        def deadline(i: int) -> float:
+            return opts.deadline_floor + opts.deadline_slack * self._links[i].expected(nbytes)
+
+        def good(i: int, data: bytes, elapsed: float) -> None:
+            try:
+                if check is not None:
+                    check(i, data)
+            except Exception:
+                COUNTERS.request(self.urls[i], len(data), elapsed, "failed")
+                raise
+            COUNTERS.request(self.urls[i], len(data), elapsed, "ok")
+            self._links[i].observe(len(data), elapsed)
+
+        def hedge(i: int) -> None:
+            COUNTERS.hedged(self.urls[i])
+            self._demote(i)
+
+        def failed(i: int, exc: BaseException, elapsed: float) -> str:
+            if isinstance(exc, (FileNotFoundError, Missing)):
+                COUNTERS.request(self.urls[i], 0, elapsed, "missing")
+                return "missing"
+            if not isinstance(exc, (ShardError, ManifestError)):  # a bad answer was counted by good()
+                COUNTERS.request(self.urls[i], 0, elapsed, "failed")
+            self._demote(i, order)
+            return "failed"
+
+        spare = tries[0] if len(tries) == 1 else None
+        return race(tries, begin, deadline, good, hedge, failed, spare)
+
+    def _lost(self, lost: RaceLost) -> str:
+        return "; ".join(f"{self.urls[i]}: {text}" for i, text in lost.errors)
+
+    def read_range(self, path_or_info: str | ShardInfo, start: int, length: int) -> bytes:
+        """Bytes ``[start, start + length)`` of a stored object (a shard, by its row or relative path), from
+        the first replica that has them, with deadlines and hedging. Exactly ``length`` bytes or an error:
+        ShardMissingError when no replica has the object, StorageError when none answered in time."""
+        rel = path_or_info.path if isinstance(path_or_info, ShardInfo) else path_or_info
+        if start < 0 or length < 0:
+            raise UsageError(f"read_range of {rel}: start and length must be non-negative, got {start}, {length}")
+        if length == 0:
+            return b""
+
+        def exact(i: int, data: bytes) -> None:
+            if len(data) != length:
+                raise ShardError(rel, f"{self.urls[i]} returned {len(data)} of bytes [{start}, {start + length})")
+
+        try:
+            return self._read(rel, (start, start + length), length, self._order, check=exact)[1]
+        except RaceLost as lost:
+            if lost.missing == len(lost.errors):
+                raise ShardMissingError(rel, "no replica has it: " + self._lost(lost)) from None
+            raise StorageError(f"cannot read bytes [{start}, {start + length}) of {rel}: {self._lost(lost)}") from None
+
+    # --- manifests ------------------------------------------------------------------------------------------
 
     def load_manifest(self, version: str | None = None) -> Manifest:
-        """The manifest from the first replica that serves a valid one."""
-        errors: list[str] = []
-        not_found = 0
-        for i in list(self._order):
+        """The manifest from the first replica that serves a valid one (in time)."""
+        rel = MANIFEST_FILE if version is None else version_path(version)
+        try:
+            i, header = self._read(rel, (0, _MANIFEST_HINT), _MANIFEST_HINT, self._manifest_order, check=self._header)
+        except RaceLost as lost:
+            if lost.missing == len(lost.errors):
+                what = (
+                    f"no ferry dataset at any of {self.urls}"
+                    if version is None
+                    else f"version {version} is not published at any of {self.urls}"
+                )
+                raise DatasetNotFoundError(f"{what}: {self._lost(lost)}") from None
+            raise DatasetError(f"cannot read the dataset manifest from any replica: {self._lost(lost)}") from None
+        if len(header) == _MANIFEST_HINT:  # longer than the hint: read it whole from the same replica
+            order = [i, *[j for j in self._manifest_order if j != i]]
+            check = self._header_whole
             try:
-                return load_manifest(self._location(i), version)
-            except DatasetNotFoundError as exc:
-                not_found += 1
-                errors.append(f"{self.urls[i]}: {exc}")
-            except (DatasetError, StorageError) as exc:
-                errors.append(f"{self.urls[i]}: {exc}")
-            self._demote(i)
-        detail = "; ".join(errors)
-        if not_found == len(self.urls):
-            raise DatasetNotFoundError(f"no ferry dataset at any of {self.urls}: {detail}")
-        raise DatasetError(f"cannot read the dataset manifest from any replica: {detail}")
+                i, header = self._read(rel, None, _MANIFEST_HINT, order, check=check)
+            except RaceLost as lost:
+                raise DatasetError(f"cannot read the dataset manifest from any replica: {self._lost(lost)}") from None
+        table = Manifest.parse_header(header)["shard_table"]
+
+        def matches(_i: int, data: bytes) -> None:
+            if len(data) != table["bytes"] or digest_bytes(data) != table["digest"]:
+                raise ManifestError(f"shard table {table['path']} does not match its digest in the manifest")
+
+        order = [i, *[j for j in self._manifest_order if j != i]]
+        span = (0, table["bytes"])
+        try:
+            _, data = (
+                self._read(table["path"], span, table["bytes"], order, check=matches) if table["bytes"] else (i, b"")
+            )
+        except RaceLost as lost:
+            raise ManifestError(
+                f"cannot read the shard table {table['path']} named by the manifest: {self._lost(lost)}"
+            ) from None
+        return Manifest.from_json(header, data)
+
+    @staticmethod
+    def _header_whole(_i: int, data: bytes) -> None:
+        Manifest.parse_header(data)
+
+    @staticmethod
+    def _header(_i: int, data: bytes) -> None:
+        """A manifest header is read as its first ``_MANIFEST_HINT`` bytes (a ranged GET: s3fs sends no HEAD
+        first); one that fills them is checked when read again whole."""
+        if len(data) < _MANIFEST_HINT:
+            Manifest.parse_header(data)
+
+    # --- shards ---------------------------------------------------------------------------------------------
 
     def fetch(self, info: ShardInfo) -> bytes:
         """The verified raw (decompressed) bytes of a shard, from the first replica that has a good copy."""
+        out = io.BytesIO()
+        self.fetch_into(info, out)
+        return out.getvalue()
+
+    def fetch_into(self, info: ShardInfo, out: BinaryIO) -> None:
+        """Stream a shard's verified raw bytes into ``out`` (a file opened ``wb+``), as parallel ranged reads.
+
+        A copy that fails a check is read again from the other replicas (those that served it are left out
+        for this shard only: a partial replica keeps serving its other shards), up to once per replica."""
         errors: list[str] = []
         kinds: set[type[ShardError]] = set()
-        for i in list(self._order):
+        served: set[int] = set()
+        for _ in range(len(self.urls) + 1):
+            out.seek(0)
+            out.truncate()
+            used: set[int] = set()
             try:
-                stored = self._location(i).read_bytes(info.path)
-                return decode_stored_shard(info, stored)
-            except FileNotFoundError:
-                errors.append(f"{self.urls[i]}: missing")
+                self._stream(info, out, frozenset(served), used)
+                COUNTERS.add("cache", "shards_fetched", 1)
+                return
+            except ShardError as exc:
+                errors.append(f"{'+'.join(self.urls[i] for i in sorted(used))}: {exc}")
+                kinds.add(type(exc))
+            except RaceLost as lost:
+                errors.append(self._lost(lost))
                 kinds.add(ShardMissingError)
-            except (ShardError, StorageError) as exc:
-                errors.append(f"{self.urls[i]}: {exc}")
-                kinds.add(type(exc) if isinstance(exc, ShardError) else ShardMissingError)
-            self._demote(i)
-        # every replica bad the same way (e.g. ShardFormatError: the manifest row itself lies): say so
+                if lost.missing == len(lost.errors) or not used:
+                    break  # nobody has it (or nobody answered): another round changes nothing
+            served |= used  # the next round asks the others first (all again when none is left)
         kind = kinds.pop() if len(kinds) == 1 else ShardMissingError
         raise kind(info.path, "no replica has a good copy: " + "; ".join(errors))
+
+    def _stream(self, info: ShardInfo, out: BinaryIO, exclude: frozenset[int], used: set[int]) -> None:
+        """One pass over the shard: parts read ``connections`` at a time, fed in order to a :class:`ShardSink`."""
+        size, part = info.stored_bytes, self.fetch_options.part_size
+        spans = [(a, min(a + part, size)) for a in range(0, size, part)]
+        if spans:  # one byte past the end: a longer object than the manifest says is caught by the sink
+            spans[-1] = (spans[-1][0], size + 1)
+        sink = ShardSink(info, out)
+        pools = self._pool()
+        window = self.fetch_options.connections
+        pending: list[Future[tuple[int, bytes]]] = []
+
+        def part_of(a: int, b: int) -> tuple[int, bytes]:
+            return self._read(info.path, (a, b), b - a, self._order, exclude=exclude)
+
+        try:
+            for k in range(len(spans)):
+                while len(pending) < window and k + len(pending) < len(spans):
+                    a, b = spans[k + len(pending)]
+                    pending.append(pools.parts.submit(part_of, a, b))
+                i, data = pending.pop(0).result()
+                used.add(i)
+                want = spans[k][1] - spans[k][0] - (k == len(spans) - 1)
+                if len(data) < want:
+                    raise ShardError(
+                        info.path,
+                        f"{self.urls[i]} returned {len(data)} of {want} bytes at {spans[k][0]} (truncated copy)",
+                    )
+                sink.feed(data)
+            sink.finish()
+        finally:
+            for fut in pending:
+                fut.cancel()
 
 
 def _urls(urls: Any) -> list[str]:

@@ -1,0 +1,33 @@
+"""Runner: ferry ``TokenDataset("s3://...")`` through the proxy, ``shuffle="window"``, a bounded cold cache."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from _remoteloop import main
+
+from client import TokenDataset, TokenLoader
+
+
+def _build(a: dict[str, Any]) -> TokenLoader:
+    ds = TokenDataset(
+        a["url"],
+        seq_len=a["seq_len"],
+        seed=a["seed"],
+        shuffle="window",
+        window=a.get("window", 2),
+        cache_dir=a["cache_dir"],
+        cache_limit=a["cache_limit"],
+        storage_options={"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": a["endpoint"]}},
+        fetch=a.get("fetch"),
+    )
+    return TokenLoader(ds, batch_size=a["batch_size"], num_workers=a["workers"], rank=0, world_size=1)
+
+
+def _stats(loader: TokenLoader) -> dict[str, Any]:
+    s = loader.stats()
+    return {"ferry_stats": {k: v for k, v in s.items() if k not in ("raw", "replicas")}}
+
+
+if __name__ == "__main__":
+    main(_build, lambda b: b["input_ids"], _stats)

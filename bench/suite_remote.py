@@ -1,0 +1,180 @@
+"""Remote: training from object storage over a slow link — ferry vs litdata vs MosaicML, and the link's limit.
+
+Each tool's level-1 pack output (~64 MiB shards, from the pack suite or packed here) is uploaded to its own
+bucket on one moto server; every read goes through the same :mod:`netem` proxy (per-connection and total
+bandwidth caps, a round trip per request) at each RTT. Batch 16 x 2049, a simulated step of ``STEP_S``
+per batch with one DataLoader worker (and, for the throughput, no step and no worker), a window shuffle
+(the peers' ``shuffle=True``), cold caches bounded to ``CACHE_SHARDS`` shards. Bytes downloaded are what
+the proxy sent during the run; delivered are the token bytes of the batches (uint16). The limit: bare
+parallel ranged GETs of ferry's stored shards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import suite_load
+import suite_pack
+from harness import RUNNERS, Context, Runner, log, run_json, summary
+from netem import Netem, moto_server
+
+__all__ = ["run"]
+
+BATCH, SEQ_LEN, SEED = 16, 2048, 1234
+STEP_S = 0.02
+CACHE_SHARDS = 8  # MosaicML refuses less than 4x its largest shard counted twice (raw + zip): ~4 of ferry's
+WINDOW = 2  # ferry's shuffle window
+RTTS = (0.0, 0.030)
+CONN_RATE, TOTAL_RATE = 40e6, 200e6
+BUCKETS = {"ferry": "bench-ferry", "litdata": "bench-litdata", "mosaic": "bench-mosaic"}
+
+
+def _upload(endpoint: str, local: str, bucket: str) -> None:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(
+        key="testing", secret="testing", client_kwargs={"endpoint_url": endpoint}, skip_instance_cache=True
+    )
+    if not fs.exists(bucket):
+        fs.mkdir(bucket)
+    for path in Path(local).rglob("*"):
+        if path.is_file():
+            fs.put_file(str(path), f"{bucket}/ds/{path.relative_to(local).as_posix()}")
+
+
+def _tools(ctx: Context) -> dict[str, tuple[Runner, str]]:
+    out = {"ferry": (Runner("ferry", "remote_ferry.py", ctx.ferry_python), suite_pack.out_dir(ctx, "ferry", 1, 1))}
+    if ctx.peers_python:
+        out["litdata"] = (
+            Runner("litdata", "remote_litdata.py", ctx.peers_python),
+            suite_pack.out_dir(ctx, "litdata", 1, 1),
+        )
+        out["mosaic"] = (
+            Runner("mosaic", "remote_mosaic.py", ctx.peers_python),
+            suite_pack.out_dir(ctx, "mosaic", 1, 1),
+        )
+    return out
+
+
+def _ferry_objects(local: str) -> tuple[list[tuple[str, int]], int]:
+    from shard_tools.dataset import open_dataset
+
+    shards = open_dataset(local).manifest.shards
+    objects = [(f"{BUCKETS['ferry']}/ds/{shards[i].path}", int(shards[i].stored_bytes)) for i in range(len(shards))]
+    return objects, int(shards.tokens.sum())
+
+
+def _call(ctx: Context, runner: Runner, args: dict[str, Any]) -> dict[str, Any]:
+    """Run a runner with this checkout's ferry first on the path (not whichever ferry the venv installed)."""
+    env = ctx.env()
+    env["PYTHONPATH"] = os.pathsep.join([str(RUNNERS), str(ctx.repo)])
+    return run_json([runner.python, str(RUNNERS / runner.script), json.dumps(args)], env, 300)
+
+
+def _one(
+    ctx: Context, net: Netem, tool: str, runner: Runner, step: float, rtt: float, workers: int, warm: bool = False
+) -> dict[str, Any]:
+    cache = ctx.data / "cache" / f"remote-{tool}"
+    if not warm:
+        shutil.rmtree(cache, ignore_errors=True)  # cold
+    args = {
+        "url": f"s3://{BUCKETS[tool]}/ds",
+        "endpoint": net.url,
+        "cache_dir": str(cache),
+        "cache_limit": CACHE_SHARDS * suite_pack.SHARD_SIZE,
+        "seq_len": SEQ_LEN,
+        "batch_size": BATCH,
+        "seed": SEED,
+        "workers": workers,
+        "step_s": step,
+        "window": WINDOW,
+        "max_seconds": 4.0 if ctx.quick else 10.0,
+    }
+    before = net.body_bytes()
+    res = _call(ctx, runner, args)
+    downloaded = net.body_bytes() - before
+    if "batches" in res:
+        delivered = (res["batches"] + 1) * BATCH * (SEQ_LEN + 1) * 2
+        res["downloaded_bytes"] = downloaded
+        res["downloaded_per_delivered"] = downloaded / delivered
+    what = f"{tool} (warm cache)" if warm else tool
+    log(f"remote rtt={rtt * 1e3:.0f}ms step={step * 1e3:.0f}ms {what}: {res.get('error') or _short(res)}")
+    return res
+
+
+def _short(res: dict[str, Any]) -> str:
+    keys = ("first_batch_s", "tokens_per_s", "stall_share", "downloaded_per_delivered", "peak_rss_mb")
+    return ", ".join(f"{k}={res[k]:.3g}" for k in keys if isinstance(res.get(k), (int, float)))
+
+
+def _ensure_packed(ctx: Context, tools: dict[str, tuple[Runner, str]]) -> None:
+    """The load suite's packing, MosaicML's through the torchvision stand-in of ``remote_mosaic.py``."""
+    suite_load._ensure_packed(ctx, {t: v for t, v in tools.items() if t != "mosaic"})
+    if "mosaic" in tools and not os.path.exists(os.path.join(tools["mosaic"][1], "index.json")):
+        c = ctx.corpus
+        args = {
+            "inputs": c.files,
+            "out": tools["mosaic"][1],
+            "level": 1,
+            "workers": 1,
+            "shard_size": suite_pack.SHARD_SIZE,
+            "vocab_size": c.spec.vocab_size,
+            "eos_id": c.spec.eos_id,
+            "seq_len": SEQ_LEN,
+        }
+        res = _call(ctx, Runner("mosaic", "remote_mosaic_pack.py", tools["mosaic"][0].python), args)
+        if "error" in res:
+            log(f"remote: packing for mosaic failed: {res['error']}")
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    tools = _tools(ctx)
+    _ensure_packed(ctx, tools)
+    limit = Runner("limit", "remote_limit.py", ctx.ferry_python)
+    cases: list[dict[str, Any]] = []
+    with moto_server(ctx.ferry_python) as upstream:
+        for tool, (_runner, local) in tools.items():
+            _upload(upstream, local, BUCKETS[tool])
+        objects, tokens = _ferry_objects(tools["ferry"][1])
+        for rtt in RTTS:
+            with Netem(upstream, rtt=rtt, conn_rate=CONN_RATE, total_rate=TOTAL_RATE, lifetime=3600) as net:
+                for step in (STEP_S, 0.0):
+                    case: dict[str, Any] = {"rtt_s": rtt, "step_s": step, "runs": {}}
+                    for r in range(ctx.repeats):
+                        order = list(tools)[r % len(tools) :] + list(tools)[: r % len(tools)]
+                        for tool in order:
+                            # with a step, one DataLoader worker builds batches while the loop "trains"
+                            res = _one(ctx, net, tool, tools[tool][0], step, rtt, 1 if step else 0)
+                            case["runs"].setdefault(tool, []).append(res)
+                    if step and "ferry" in tools:  # the same again from the warm cache: the loop's own cost
+                        res = _one(ctx, net, "ferry", tools["ferry"][0], step, rtt, 1, warm=True)
+                        case["runs"]["ferry (warm cache)"] = [res]
+                    case["summary"] = {
+                        t: {
+                            k: summary(rs, k)
+                            for k in (
+                                "first_batch_s",
+                                "tokens_per_s",
+                                "stall_share",
+                                "downloaded_per_delivered",
+                                "peak_rss_mb",
+                            )
+                        }
+                        for t, rs in case["runs"].items()
+                    }
+                    cases.append(case)
+                lim = _call(ctx, limit, {"endpoint": net.url, "objects": objects, "tokens": tokens, "connections": 8})
+                log(f"remote rtt={rtt * 1e3:.0f}ms limit: {lim.get('error') or _short(lim)}")
+                cases.append({"rtt_s": rtt, "limit": lim})
+    return {
+        "batch_size": BATCH,
+        "seq_len": SEQ_LEN,
+        "cache_shards": CACHE_SHARDS,
+        "shard_size": suite_pack.SHARD_SIZE,
+        "link": {"conn_rate": CONN_RATE, "total_rate": TOTAL_RATE},
+        "cases": cases,
+    }

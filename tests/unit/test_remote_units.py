@@ -1,0 +1,156 @@
+"""The pure parts of remote fetching: the hedged race, the streaming shard sink, options and stats."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import threading
+import time
+from concurrent.futures import Future
+
+import numpy as np
+import pytest
+
+from client.fetch import FetchOptions, Link, RaceLost, ShardSink, race
+from client.stats import Counters, merge, render_prometheus, subtract, summarise
+from shard_tools.digest import digest_bytes
+from shard_tools.errors import ShardDigestError, ShardFormatError, ShardMissingError, StorageError, UsageError
+from shard_tools.format import compress, encode_shard
+from shard_tools.manifest import ShardInfo
+
+
+def _answer(value: bytes | BaseException, after: float = 0.0) -> Future[bytes]:
+    fut: Future[bytes] = Future()
+
+    def settle() -> None:
+        if fut.set_running_or_notify_cancel():
+            if isinstance(value, BaseException):
+                fut.set_exception(value)
+            else:
+                fut.set_result(value)
+
+    if after:
+        threading.Timer(after, settle).start()
+    else:
+        settle()
+    return fut
+
+
+def _race(answers: dict[int, Future[bytes]], tries: list[int], deadline: float = 0.2, spare: int | None = None):
+    started: list[int] = []
+    hedged: list[int] = []
+    errors: list[str] = []
+
+    def start(i: int) -> Future[bytes]:
+        started.append(i)
+        return answers[i] if i not in started[:-1] else _answer(b"again")
+
+    def failed(i: int, exc: BaseException, _s: float) -> str:
+        errors.append(type(exc).__name__)
+        return "missing" if isinstance(exc, FileNotFoundError) else "failed"
+
+    out = race(tries, start, lambda _i: deadline, lambda *_: None, hedged.append, failed, spare)
+    return out, started, hedged, errors
+
+
+def test_a_hung_first_replica_costs_one_deadline_and_is_cancelled() -> None:
+    hung: Future[bytes] = Future()
+    t0 = time.perf_counter()
+    (winner, data), started, hedged, _ = _race({0: hung, 1: _answer(b"ok", 0.01)}, [0, 1])
+    assert (winner, data) == (1, b"ok") and started == [0, 1] and hedged == [0]
+    assert 0.2 <= time.perf_counter() - t0 < 0.5
+    assert hung.cancelled()
+
+
+def test_an_error_moves_on_at_once_and_a_late_first_answer_still_wins() -> None:
+    t0 = time.perf_counter()
+    (winner, _), started, hedged, errors = _race({0: _answer(FileNotFoundError()), 1: _answer(b"b")}, [0, 1])
+    assert winner == 1 and hedged == [] and errors == ["FileNotFoundError"] and time.perf_counter() - t0 < 0.1
+    slow_b: Future[bytes] = Future()
+    (winner, data), _, hedged, _ = _race({0: _answer(b"a", 0.3), 1: slow_b}, [0, 1])
+    assert (winner, data) == (0, b"a") and hedged == [0] and slow_b.cancelled()
+
+
+def test_a_single_replica_is_asked_once_more_then_the_race_is_lost() -> None:
+    hung: Future[bytes] = Future()
+    (winner, data), started, _, _ = _race({0: hung}, [0], spare=0)
+    assert (winner, data, started) == (0, b"again", [0, 0])
+    with pytest.raises(RaceLost) as lost:
+        _race({0: Future(), 1: Future()}, [0, 1], deadline=0.05)
+    assert lost.value.timed_out == 2 and "deadline" in str(lost.value)
+
+
+def _stored(raw: bytes) -> tuple[ShardInfo, bytes]:
+    stored = compress(raw, 3)
+    info = ShardInfo("shards/x.arrow.zst", 1, 0, len(stored), len(raw), digest_bytes(stored), digest_bytes(raw))
+    return info, stored
+
+
+def _feed(info: ShardInfo, stored: bytes, part: int = 1000) -> bytes:
+    out = io.BytesIO()
+    sink = ShardSink(info, out)
+    for a in range(0, len(stored), part):
+        sink.feed(stored[a : a + part])
+    sink.finish()
+    return out.getvalue()
+
+
+def test_the_sink_streams_a_shard_through_its_checks() -> None:
+    raw = encode_shard(np.arange(50_000) % 1000, np.array([0, 20_000, 50_000]), "uint16")
+    info, stored = _stored(raw)
+    assert _feed(info, stored) == raw
+    flipped = bytearray(stored)
+    flipped[len(stored) // 2] ^= 0xFF
+    with pytest.raises((ShardDigestError, ShardFormatError)):
+        _feed(info, bytes(flipped))
+    with pytest.raises(ShardFormatError, match="truncated"):
+        _feed(info, stored[:-10])
+    with pytest.raises(ShardFormatError, match="longer"):
+        _feed(info, stored + b"x")
+    with pytest.raises(ShardFormatError, match="raw bytes"):
+        _feed(
+            ShardInfo(info.path, 1, 0, info.stored_bytes, info.raw_bytes + 1, info.stored_digest, info.raw_digest),
+            stored,
+        )
+    with pytest.raises(ShardFormatError, match="decompression bomb"):
+        ShardSink(ShardInfo(info.path, 1, 0, 10, 10**12, info.stored_digest, info.raw_digest), io.BytesIO())
+
+
+def test_fetch_options_are_checked() -> None:
+    assert FetchOptions.of({"part_size": "1MiB", "connections": 2}).part_size == 1 << 20
+    for bad in ({"part_size": 10}, {"connections": 0}, {"deadline_floor": -1}, {"nope": 1}, [1]):
+        with pytest.raises(UsageError):
+            FetchOptions.of(bad)
+    link = Link(FetchOptions())
+    for _ in range(20):
+        link.observe(1000, 0.03)
+        link.observe(8 << 20, 0.03 + (8 << 20) / 40e6)
+    assert link.latency == pytest.approx(0.03, rel=0.05) and link.rate == pytest.approx(40e6, rel=0.1)
+
+
+def test_stats_add_up_across_processes_and_render() -> None:
+    a, b = Counters(), Counters()
+    base = a.snapshot()
+    a.request("s3://x", 100, 0.015, "ok")
+    b.request("s3://x", 50, 3.0, "ok")
+    b.request("s3://x", 0, 1.0, "timed_out")
+    b.hedged("s3://x")
+    a.absorb(pickle.loads(pickle.dumps(subtract(b.snapshot(), Counters().snapshot()))))
+    raw = merge(subtract(a.snapshot(), base), {"loop": {"stall_s": 1.0, "wall_s": 4.0, "delivered_bytes": 300}})
+    s = summarise(raw)
+    rep = s["replicas"]["s3://x"]
+    assert (rep["requests"], rep["bytes"], rep["hedged"], rep["timed_out"]) == (3, 150, 1, 1)
+    assert rep["latency_p50_s"] == 0.02 and rep["latency_p99_s"] == 5.0
+    assert s["stall_share"] == 0.25 and s["downloaded_per_delivered"] == 0.5 and s["failed"] == 1
+    text = render_prometheus(raw)
+    assert 'ferry_loader_fetch_latency_seconds_bucket{replica="s3://x",le="+Inf"} 2' in text
+    assert "ferry_loader_stall_seconds_total 1" in text
+
+
+def test_ferry_errors_of_fetching_survive_pickling() -> None:
+    for err in (
+        ShardMissingError("shards/x", "no replica has a good copy: deadline"),
+        StorageError("slow", retryable=True),
+    ):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and str(back) == str(err)
