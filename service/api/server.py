@@ -74,6 +74,11 @@ class RunningServer:
     _app: Any
     _stopped: bool = field(default=False)
 
+    @property
+    def app(self) -> Any:
+        """The ASGI app being served (a ``FastReadsApp``)."""
+        return self._app
+
     def stop(self, timeout: float = 10.0) -> None:
         """End open event streams, stop accepting, join the thread, stop the backend's helper threads."""
         if self._stopped:
