@@ -11,7 +11,7 @@ import pytest
 
 import service.transfer as transfer
 from shard_tools.digest import digest_bytes
-from shard_tools.errors import ShardDigestError, ShardFormatError
+from shard_tools.errors import ShardDigestError, ShardFormatError, StorageError
 from shard_tools.store import resolve
 
 
@@ -65,7 +65,7 @@ def test_falls_back_to_the_mmap_loop_when_the_kernel_refuses(
 def test_other_kernel_errors_fail_the_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src, dst, data = _setup(tmp_path, 2**20)
     _counting(monkeypatch, fail=errno.EIO)
-    with pytest.raises(Exception, match="Input/output error"):
+    with pytest.raises(StorageError, match="Input/output error"):
         transfer.copy_shard(src, dst, "shards/a.bin", 2**20, digest_bytes(data), chunk_size=2**18)
     assert not dst.exists("shards/a.bin") and not os.listdir(tmp_path / "dst" / "shards")
 
