@@ -430,6 +430,36 @@ def _remote(res: dict[str, Any]) -> list[str]:
                 f"{_cell(runs, 'peak_rss_mb', 1, 0)} |"
             )
     lines.append("")
+    return [*lines, *_remote_global(rm)]
+
+
+def _remote_global(rm: dict[str, Any]) -> list[str]:
+    """ferry's shuffle="global" over a dataset many times its cache (frames, not shards), same link."""
+    cases = rm.get("global") or []
+    if not cases:
+        return []
+    over = cases[0].get("global_over")
+    lines = [
+        f'shuffle="global" over a dataset {over}x the cache (ferry reads format-2 frames; the peers have no per-sample '
+        "global shuffle over a cache below their shard working set, so there is no row of theirs):",
+        "",
+        "| RTT | step | dataset | first batch s | tokens/s after it | stall share | downloaded ÷ delivered | "
+        "peak RSS MiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for case in cases:
+        rtt, step = f"{case.get('rtt_s', 0) * 1e3:.0f} ms", f"{case.get('step_s', 0) * 1e3:.0f} ms"
+        for tool, runs in case.get("runs", {}).items():
+            err = next((str(r["error"]) for r in runs if "error" in r), None)
+            if err and not any("error" not in r for r in runs):
+                lines.append(f"| {rtt} | {step} | {tool} | {err[:120]} | | | | |")
+                continue
+            lines.append(
+                f"| {rtt} | {step} | {tool} | {_cell(runs, 'first_batch_s', 1, 2)} | {_cell(runs, 'tokens_per_s')}M | "
+                f"{_cell(runs, 'stall_share', 0.01, 1)}% | {_cell(runs, 'downloaded_per_delivered', 1, 2)} | "
+                f"{_cell(runs, 'peak_rss_mb', 1, 0)} |"
+            )
+    lines.append("")
     return lines
 
 

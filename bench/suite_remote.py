@@ -31,6 +31,9 @@ WINDOW = 2  # ferry's shuffle window
 RTTS = (0.0, 0.030)
 CONN_RATE, TOTAL_RATE = 40e6, 200e6
 BUCKETS = {"ferry": "bench-ferry", "litdata": "bench-litdata", "mosaic": "bench-mosaic"}
+# shuffle="global" over a dataset GLOBAL_OVER times the cache: frames of the default size, and small ones
+GLOBAL_OVER = 50
+GLOBAL_FRAMES = {"ferry global": None, "ferry global, 32 KiB frames": 32 << 10}
 
 
 def _upload(endpoint: str, local: str, bucket: str) -> None:
@@ -106,6 +109,74 @@ def _one(
     return res
 
 
+def _pack_small_frames(ctx: Context, frame_size: int) -> str:
+    """The benchmark corpus packed again with ``frame_size`` raw bytes per format-2 frame (Python-only knob)."""
+    from dataclasses import replace
+
+    from shard_tools.packing import PackOptions, pack
+
+    out = ctx.data / f"remote-frames-{frame_size >> 10}k"
+    if not (out / "manifest.json").exists():
+        c = ctx.corpus
+        opts = PackOptions(vocab_size=c.spec.vocab_size, eos_id=c.spec.eos_id, shard_size=suite_pack.SHARD_SIZE)
+        pack(c.files, str(out), replace(opts, frame_size=frame_size))
+    return str(out)
+
+
+def _global(ctx: Context, net: Netem, runner: Runner, bucket: str, step: float, rtt: float) -> dict[str, Any]:
+    """ferry, shuffle="global", over a dataset GLOBAL_OVER times its cache: it reads frames, not shards."""
+    from shard_tools.dataset import open_dataset
+
+    raw = int(open_dataset(suite_pack.out_dir(ctx, "ferry", 1, 1)).manifest.shards.raw_bytes.sum())
+    cache = ctx.data / "cache" / "remote-global"
+    shutil.rmtree(cache, ignore_errors=True)
+    args = {
+        "url": f"s3://{bucket}/ds",
+        "endpoint": net.url,
+        "cache_dir": str(cache),
+        "cache_limit": max(1 << 20, raw // GLOBAL_OVER),
+        "shuffle": "global",
+        "seq_len": SEQ_LEN,
+        "batch_size": BATCH,
+        "seed": SEED,
+        "workers": 1 if step else 0,
+        "step_s": step,
+        "max_seconds": 4.0 if ctx.quick else 10.0,
+    }
+    before = net.body_bytes()
+    res = _call(ctx, runner, args)
+    if "batches" in res:
+        res["downloaded_bytes"] = net.body_bytes() - before
+        res["downloaded_per_delivered"] = res["downloaded_bytes"] / ((res["batches"] + 1) * BATCH * (SEQ_LEN + 1) * 2)
+    log(f"remote rtt={rtt * 1e3:.0f}ms step={step * 1e3:.0f}ms global {bucket}: {res.get('error') or _short(res)}")
+    return res
+
+
+def _global_cases(ctx: Context, upstream: str, runner: Runner) -> list[dict[str, Any]]:
+    buckets = {}
+    for what, frame_size in GLOBAL_FRAMES.items():
+        bucket = BUCKETS["ferry"] if frame_size is None else f"bench-ferry-{frame_size >> 10}k"
+        if frame_size is not None:
+            _upload(upstream, _pack_small_frames(ctx, frame_size), bucket)
+        buckets[what] = bucket
+    cases = []
+    rtt = RTTS[-1]
+    with Netem(upstream, rtt=rtt, conn_rate=CONN_RATE, total_rate=TOTAL_RATE, lifetime=3600) as net:
+        for step in (STEP_S, 0.0):
+            case: dict[str, Any] = {"rtt_s": rtt, "step_s": step, "global_over": GLOBAL_OVER, "runs": {}}
+            for what, bucket in buckets.items():
+                case["runs"][what] = [_global(ctx, net, runner, bucket, step, rtt) for _ in range(ctx.repeats)]
+            case["summary"] = {
+                t: {
+                    k: summary(rs, k)
+                    for k in ("first_batch_s", "tokens_per_s", "stall_share", "downloaded_per_delivered", "peak_rss_mb")
+                }
+                for t, rs in case["runs"].items()
+            }
+            cases.append(case)
+    return cases
+
+
 def _short(res: dict[str, Any]) -> str:
     keys = ("first_batch_s", "tokens_per_s", "stall_share", "downloaded_per_delivered", "peak_rss_mb")
     return ", ".join(f"{k}={res[k]:.3g}" for k in keys if isinstance(res.get(k), (int, float)))
@@ -170,6 +241,7 @@ def run(ctx: Context) -> dict[str, Any]:
                 lim = _call(ctx, limit, {"endpoint": net.url, "objects": objects, "tokens": tokens, "connections": 8})
                 log(f"remote rtt={rtt * 1e3:.0f}ms limit: {lim.get('error') or _short(lim)}")
                 cases.append({"rtt_s": rtt, "limit": lim})
+        global_cases = _global_cases(ctx, upstream, tools["ferry"][0])
     return {
         "batch_size": BATCH,
         "seq_len": SEQ_LEN,
@@ -177,4 +249,5 @@ def run(ctx: Context) -> dict[str, Any]:
         "shard_size": suite_pack.SHARD_SIZE,
         "link": {"conn_rate": CONN_RATE, "total_rate": TOTAL_RATE},
         "cases": cases,
+        "global": global_cases,
     }

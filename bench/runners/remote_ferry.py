@@ -1,4 +1,4 @@
-"""Runner: ferry ``TokenDataset("s3://...")`` through the proxy, ``shuffle="window"``, a bounded cold cache."""
+"""Runner: ferry ``TokenDataset("s3://...")`` through the proxy, window (or global) shuffle, a bounded cold cache."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def _build(a: dict[str, Any]) -> TokenLoader:
         a["url"],
         seq_len=a["seq_len"],
         seed=a["seed"],
-        shuffle="window",
+        shuffle=a.get("shuffle", "window"),
         window=a.get("window", 2),
         cache_dir=a["cache_dir"],
         cache_limit=a["cache_limit"],
