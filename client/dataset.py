@@ -371,7 +371,6 @@ class TokenDataset(SampleSource):
             return
         if len(self._submitted) > _RECENT:
             self._submitted.clear()  # forget old submissions: their shards may have been evicted since
-        self._submitted.update(todo)
         self._submit(todo)
 
     def prefetch_ahead(self, plan: tuple[int, ...], i: int, positions_of: Callable[[int], np.ndarray]) -> None:
@@ -383,16 +382,18 @@ class TokenDataset(SampleSource):
         constant; ``plan`` names the sequence, a new one starts a new scan."""
         if self.prefetch_depth == 0:
             return
+        if self._fits_cache and len(self._submitted) >= len(self.manifest.shards):
+            return  # every shard went through the cache in this process and none gets evicted
         reader = self.reader
         scan = self._scan
         if scan is None or scan.plan != plan:
             scan = self._scan = _Scan(plan, i)
         scan.advance(i)
-        budget = max(0, reader.max_bytes - reader._bytes)  # what this process may map, less what it has mapped
+        budget = max(0, reader.max_bytes - reader.mapped_bytes)  # what this process may map, less what it has mapped
         horizon = min(budget // 2 if self.prefetch_bytes is None else self.prefetch_bytes, budget)
         if horizon and self.shuffle in ("window", "none") and len(self._segments) == 1:
             # the order names the coming shards window by window: no need to walk the batches
-            want = self._coming_shards(int(positions_of(i).min()), horizon, set(reader._leases))
+            want = self._coming_shards(int(positions_of(i).min()), horizon, reader.mapped_shards())
             todo = [s for s in want if s not in scan.sent]
             scan.sent = set(want)  # one that leaves and comes back (next epoch) is sent again
             if todo:
@@ -455,8 +456,10 @@ class TokenDataset(SampleSource):
             )
         reader = self.reader
         for s in shards:
-            if not reader.frames_only(s):
-                self._pool.submit(reader.cache.ensure_in_background, self.manifest.shards[s])
+            if reader.mapped(s) or reader.frames_only(s) or (self._fits_cache and s in self._submitted):
+                continue  # in the cache already (mapped here, or fetched once and never evicted), or never whole
+            self._submitted.add(s)
+            self._pool.submit(reader.cache.ensure_in_background, reader.info(s))
 
     def close(self) -> None:
         self._scan = None

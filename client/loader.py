@@ -148,6 +148,7 @@ class _WorkerStream(IterableDataset[tuple[_Item, dict[str, Any]]]):
         mine = worker_batches(self.plan.count, self.num_workers, worker)
         depth = self.ds.prefetch_depth
         item: _Item = []
+        seen = COUNTERS.changes
         sent = COUNTERS.snapshot()  # a forked worker starts with its parent's counters: send only growth
         for i, k in enumerate(mine):
             try:
@@ -159,6 +160,11 @@ class _WorkerStream(IterableDataset[tuple[_Item, dict[str, Any]]]):
                 yield [*item, (k, failure)], subtract(COUNTERS.snapshot(), sent)
                 return
             if len(item) == self.group or i == len(mine) - 1:
+                if COUNTERS.changes == seen:
+                    yield item, {}  # nothing fetched or counted since the last item: no copy, nothing to add
+                    item = []
+                    continue
+                seen = COUNTERS.changes
                 now = COUNTERS.snapshot()
                 yield item, subtract(now, sent)
                 sent, item = now, []

@@ -64,6 +64,7 @@ class ShardReader:
         self.dtype = np.dtype(manifest.token_dtype)
         self._seekable = manifest.shards.index_bytes > 0
         self._sizes = manifest.shards.tokens
+        self._size_list: list[int] = self._sizes.tolist()  # per-sample bounds checks on Python ints, not numpy scalars
         self._infos: dict[int, ShardInfo] = {}
         self.max_open = max_open
         self.max_bytes = cache.limit if max_bytes is None else max_bytes
@@ -99,6 +100,17 @@ class ShardReader:
             self._bytes -= old.nbytes
             old.release()
         return lease.view
+
+    @property
+    def mapped_bytes(self) -> int:
+        """Raw bytes of the shards this process has mapped now."""
+        return self._bytes
+
+    def mapped(self, s: int) -> bool:
+        return s in self._leases
+
+    def mapped_shards(self) -> set[int]:
+        return set(self._leases)
 
     def info(self, s: int) -> ShardInfo:
         info = self._infos.get(s)
@@ -226,15 +238,19 @@ class ShardReader:
         locals_ = (starts - self.token_offsets[shards]).tolist()
         memo: dict[int, np.ndarray | None] = {}
         width = length + 1
+        shard_list = shards.tolist()
         if self.frames is not None and len(starts) > 1:
-            self._prefetch_frames(shards.tolist(), locals_, width, memo)
-        for local, s, row in zip(locals_, shards.tolist(), rows.tolist(), strict=True):
-            if local + width <= self._sizes[s]:
-                raw[row] = self._slice(s, local, local + width, memo)
+            self._prefetch_frames(shard_list, locals_, width, memo)
+        sizes = self._size_list
+        for local, s, row in zip(locals_, shard_list, rows.tolist(), strict=True):
+            end = local + width
+            if end <= sizes[s]:
+                tokens = memo[s] if s in memo else self._source(s, memo)  # per sample: kept cheap
+                raw[row] = tokens[local:end] if tokens is not None else self._slice(s, local, end, memo)
                 continue
             filled = 0  # crosses into the next shard(s)
             while filled < width:
-                take = min(width - filled, int(self._sizes[s]) - local)
+                take = min(width - filled, sizes[s] - local)
                 raw[row, filled : filled + take] = self._slice(s, local, local + take, memo)
                 filled += take
                 s, local = s + 1, 0

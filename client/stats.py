@@ -32,11 +32,13 @@ class Counters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._data: dict[str, Any] = {"replicas": {}, "cache": {"hits": 0, "misses": 0, "shards_fetched": 0}}
+        self.changes = 0  # bumped by every update: a worker whose counters did not move sends nothing
 
     def request(self, url: str, nbytes: int, seconds: float, outcome: str) -> None:
         """One request to a replica: ``outcome`` is ok, failed, missing or timed_out (then cancelled)."""
         slot = next((i for i, b in enumerate(LATENCY_BOUNDS) if seconds <= b), len(LATENCY_BOUNDS))
         with self._lock:
+            self.changes += 1
             rep = self._data["replicas"].setdefault(url, _empty_replica())
             rep["requests"] += 1
             rep["bytes"] += nbytes
@@ -49,10 +51,12 @@ class Counters:
     def hedged(self, url: str) -> None:
         """A request to ``url`` passed its deadline and was sent to another replica too."""
         with self._lock:
+            self.changes += 1
             self._data["replicas"].setdefault(url, _empty_replica())["hedged"] += 1
 
     def add(self, section: str, key: str, value: float) -> None:
         with self._lock:
+            self.changes += 1
             part = self._data.setdefault(section, {})
             part[key] = part.get(key, 0) + value
 
@@ -62,7 +66,10 @@ class Counters:
 
     def absorb(self, delta: dict[str, Any]) -> None:
         """Add another process's growth (a worker's delta) to these counters."""
+        if not delta:
+            return
         with self._lock:
+            self.changes += 1
             merge(self._data, delta)
 
 
