@@ -364,7 +364,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     # No ferry command does linear algebra; numpy's OpenBLAS would otherwise start a spinning
-    # thread per core at import (~0.1 CPU-s per run, measured with perf on 2 cores). A user's value wins.
+    # thread per core at import (CPU time every run pays for nothing). A user's value wins.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     argv = list(sys.argv[1:] if argv is None else argv)
     first = next((a for a in argv if not a.startswith("-")), None)

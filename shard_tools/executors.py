@@ -23,7 +23,7 @@ from .orphans import exit_with_parent
 from .packunit import Job, UnitResult, pack_unit
 from .sources import Unit
 
-__all__ = ["EXECUTORS", "run_units"]
+__all__ = ["EXECUTORS", "run_units", "worker_context"]
 
 EXECUTORS = ("local", "ray")
 RAY_MAX_RETRIES = 3
@@ -44,7 +44,7 @@ def run_units(
 
 def _pool(job: Job, units: Sequence[Unit], workers: int) -> Iterator[UnitResult]:
     with cf.ProcessPoolExecutor(
-        max_workers=min(workers, len(units)), mp_context=_context(), initializer=_init_worker
+        max_workers=min(workers, len(units)), mp_context=worker_context(), initializer=_init_worker
     ) as pool:
         futures = [pool.submit(_pack_unit_in_worker, job, u) for u in units]
         try:
@@ -86,7 +86,7 @@ def _pack_unit_in_worker(job: Job, unit: Unit) -> UnitResult:
         _packing = False
 
 
-def _context() -> multiprocessing.context.BaseContext:
+def worker_context() -> multiprocessing.context.BaseContext:
     """A fork server where available: it imports the packer once and forks workers from that
     clean, single-threaded process (cheap start, no copies of this process' threads or handles);
     plain spawn elsewhere."""

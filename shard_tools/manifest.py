@@ -180,7 +180,7 @@ class ShardTable:
         if "paths" in self.__dict__ and "_digests" in self.__dict__:
             path, (stored, raw) = self.paths[i], self._digests
             stored_digest, raw_digest = stored[i], raw[i]
-        else:  # one row: read the Arrow columns, not whole-table Python lists (0.35 s, 270 MiB at 1M rows)
+        else:  # one row: read the Arrow columns, not whole-table Python lists (slow and large at 1M rows)
             path, stored_digest, raw_digest = (str(self._table.column(c)[i].as_py()) for c in _STR_COLUMNS)
         return ShardInfo(
             path=path,
@@ -208,7 +208,7 @@ class ShardTable:
 
     def validate(self) -> None:
         """Check every path and digest string (done once when a manifest is loaded)."""
-        # Vectorised check first (a per-row Python loop cost ~3 s at 1M shards); the loop
+        # Vectorised check first (a per-row Python loop is slow at a million shards); the loop
         # below then runs only on failure, to name the offending value.
         path_col = self._table.column("path")
         bad_path = pc.or_(
@@ -239,7 +239,7 @@ class ShardTable:
         if col.null_count:
             raise ManifestError("shard table column 'index_digest' has nulls; the manifest is corrupt")
         # a digest or nothing on every row, a digest exactly where there is an index (all without
-        # to_numpy on Arrow arrays, which imports pandas: 0.2 s of a cold start)
+        # to_numpy on Arrow arrays, which imports pandas, a visible part of a cold start)
         forms = pc.all(pc.match_substring_regex(col, _DIGEST_RE[:1] + "(" + _DIGEST_RE[1:-1] + ")?$")).as_py()
         has_digest = _ints(pc.utf8_length(col)) > 0
         bad = np.flatnonzero(((self.index_bytes > 0) != has_digest) | (self.index_bytes > self.stored_bytes))

@@ -15,7 +15,7 @@ from .base import DocBatch, SourceOptions, Unit, batch_from_lists
 
 __all__ = ["read_npy"]
 
-_BLOCK = 1 << 24  # tokens scanned for EOS at a time: bounded memory on huge streams
+SCAN_BLOCK = 1 << 24  # tokens scanned for EOS at a time: bounded memory on huge streams
 _MAGIC = b"\x93NUMPY"
 _INT64_MAX = 2**63 - 1
 # 3.0 differs from 2.0 only in encoding field names as UTF-8, which does not change whether the
@@ -96,8 +96,8 @@ def _split_stream(arr: np.ndarray, eos_id: int) -> Iterator[DocBatch]:
     """Documents end at each EOS (dropped; packing appends its own); a tail without EOS is a document."""
     start = 0  # start of the current (unfinished) document
     n = arr.shape[0]
-    for block_start in range(0, n, _BLOCK):
-        block = np.asarray(arr[block_start : block_start + _BLOCK])
+    for block_start in range(0, n, SCAN_BLOCK):
+        block = np.asarray(arr[block_start : block_start + SCAN_BLOCK])
         ends = np.flatnonzero(block == eos_id) + block_start
         if len(ends) == 0:
             continue

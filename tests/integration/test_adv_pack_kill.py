@@ -31,7 +31,7 @@ FERRY_SPAWN = [
     sys.executable,
     "-c",
     "import multiprocessing, sys; import shard_tools.executors as ex; from shard_tools.cli import main; "
-    "ex._context = lambda: multiprocessing.get_context('spawn'); sys.exit(main())",
+    "ex.worker_context = lambda: multiprocessing.get_context('spawn'); sys.exit(main())",
 ]
 # zstd level 19 on 2,000 random ids per document: a few seconds of work per worker.
 PACK_ARGS = ["--vocab-size", "50257", "--eos-id", "50256", "--shard-size", "64KiB", "--compression", "zstd:19"]

@@ -167,7 +167,7 @@ def test_npy_stream_split_on_eos(tmp_path: Path) -> None:
 def test_npy_stream_blocks_and_tail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import shard_tools.sources.npy as npy_source
 
-    monkeypatch.setattr(npy_source, "_BLOCK", 97)  # documents straddle scan blocks
+    monkeypatch.setattr(npy_source, "SCAN_BLOCK", 97)  # documents straddle scan blocks
     docs = make_docs(60, 6)
     stream = np.concatenate([np.append(d, EOS) for d in docs] + [np.array([5, 6, 7])]).astype(np.int32)
     np.save(tmp_path / "s.npy", stream)
