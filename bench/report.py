@@ -418,19 +418,22 @@ def _remote(res: dict[str, Any]) -> list[str]:
             lines.append(f"| {rtt} | — | bare ranged GETs (limit) | — | {text} | — | — | 1 | — |")
             continue
         step = f"{case.get('step_s', 0) * 1e3:.0f} ms"
-        for tool, runs in case.get("runs", {}).items():
-            err = next((str(r["error"]) for r in runs if "error" in r), None)
-            if err and not any("error" not in r for r in runs):
-                lines.append(f"| {rtt} | {step} | {tool} | {err[:120]} | | | | | |")
-                continue
-            lines.append(
-                f"| {rtt} | {step} | {tool} | {_cell(runs, 'first_batch_s', 1, 2)} | {_cell(runs, 'tokens_per_s')}M | "
-                f"{_overall(runs)}M | "
-                f"{_cell(runs, 'stall_share', 0.01, 1)}% | {_cell(runs, 'downloaded_per_delivered', 1, 2)} | "
-                f"{_cell(runs, 'peak_rss_mb', 1, 0)} |"
-            )
+        lines += [_remote_row(rtt, step, tool, runs, overall=True) for tool, runs in case.get("runs", {}).items()]
     lines.append("")
     return [*lines, *_remote_global(rm)]
+
+
+def _remote_row(rtt: str, step: str, tool: str, runs: list[dict[str, Any]], *, overall: bool) -> str:
+    """One row of a remote table (an error in the first cell when every run failed)."""
+    err = next((str(r["error"]) for r in runs if "error" in r), None)
+    if err and not any("error" not in r for r in runs):
+        return f"| {rtt} | {step} | {tool} | {err[:120]} |" + " |" * (5 if overall else 4)
+    mid = f" {_overall(runs)}M |" if overall else ""
+    return (
+        f"| {rtt} | {step} | {tool} | {_cell(runs, 'first_batch_s', 1, 2)} | {_cell(runs, 'tokens_per_s')}M |{mid} "
+        f"{_cell(runs, 'stall_share', 0.01, 1)}% | {_cell(runs, 'downloaded_per_delivered', 1, 2)} | "
+        f"{_cell(runs, 'peak_rss_mb', 1, 0)} |"
+    )
 
 
 def _remote_global(rm: dict[str, Any]) -> list[str]:
@@ -449,16 +452,7 @@ def _remote_global(rm: dict[str, Any]) -> list[str]:
     ]
     for case in cases:
         rtt, step = f"{case.get('rtt_s', 0) * 1e3:.0f} ms", f"{case.get('step_s', 0) * 1e3:.0f} ms"
-        for tool, runs in case.get("runs", {}).items():
-            err = next((str(r["error"]) for r in runs if "error" in r), None)
-            if err and not any("error" not in r for r in runs):
-                lines.append(f"| {rtt} | {step} | {tool} | {err[:120]} | | | | |")
-                continue
-            lines.append(
-                f"| {rtt} | {step} | {tool} | {_cell(runs, 'first_batch_s', 1, 2)} | {_cell(runs, 'tokens_per_s')}M | "
-                f"{_cell(runs, 'stall_share', 0.01, 1)}% | {_cell(runs, 'downloaded_per_delivered', 1, 2)} | "
-                f"{_cell(runs, 'peak_rss_mb', 1, 0)} |"
-            )
+        lines += [_remote_row(rtt, step, tool, runs, overall=False) for tool, runs in case.get("runs", {}).items()]
     lines.append("")
     return lines
 
