@@ -115,8 +115,8 @@ def _add_pack(sub: argparse._SubParsersAction) -> None:
         choices=[1, 2],
         default=None,
         dest="stored_format",
-        help="stored shard format: 2 (default) seekable zstd frames + a frame index, read by frames without the "
-        "whole shard; 1 one zstd frame per shard (readable by older ferry)",
+        help="stored shard format: 1 (default) one zstd frame per shard; 2 seekable zstd frames + a frame index, "
+        "read by frames without the whole shard (global shuffle, cold starts; older ferry cannot read it)",
     )
     p.add_argument("--workers", type=int, default=1, help="worker processes (output is identical for any N)")
     p.add_argument(

@@ -23,6 +23,7 @@ from client.replicas import Replicas
 from shard_tools.dataset import open_dataset
 from shard_tools.errors import ShardMissingError
 from shard_tools.packing import PackOptions, pack_documents
+from shard_tools.seekable import MIN_FRAME_SIZE
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -54,6 +55,19 @@ def dataset(tmp_path_factory: pytest.TempPathFactory, moto_endpoint: str) -> dic
     }
 
 
+@pytest.fixture(scope="module")
+def seekable(tmp_path_factory: pytest.TempPathFactory, moto_endpoint: str) -> dict[str, str]:
+    """The same documents in stored format 2 (frames of the minimum size), so reads go by frames."""
+    local = pack_test_dataset(
+        str(tmp_path_factory.mktemp("remote2") / "ds"),
+        1500,
+        shard_size=32 << 10,
+        stored_format=2,
+        frame_size=MIN_FRAME_SIZE,
+    )
+    return {"a": _upload(moto_endpoint, local, "replica-a2"), "b": _upload(moto_endpoint, local, "replica-b2")}
+
+
 @pytest.fixture
 def net(moto_endpoint: str) -> Iterator[Netem]:
     with Netem(moto_endpoint, rtt=0.005, conn_rate=0, total_rate=0, lifetime=120) as proxy:
@@ -83,13 +97,19 @@ def _rows(urls: list[str], net: Netem, cache: Path, **kw: Any) -> tuple[np.ndarr
     return rows, time.perf_counter() - t0
 
 
-@pytest.mark.parametrize("hang", ["/replica-a/", "/replica-a/ds/shards/"], ids=["everything", "shards"])
+@pytest.mark.parametrize(
+    ("stored", "hang"),
+    [(1, "/replica-a/"), (1, "/replica-a/ds/shards/"), (2, "/replica-a2/"), (2, "/replica-a2/ds/shards/")],
+    ids=["everything", "shards", "frames-everything", "frames"],
+)
 def test_a_hung_first_replica_costs_one_deadline(
-    dataset: dict[str, str], net: Netem, tmp_path: Path, hang: str
+    dataset: dict[str, str], seekable: dict[str, str], net: Netem, tmp_path: Path, stored: int, hang: str
 ) -> None:
-    healthy, healthy_s = _rows([dataset["b"]], net, tmp_path / "c0")
+    """Whole shards (format 1) and frames of format 2, which a cold start reads through the same deadlines."""
+    data = dataset if stored == 1 else seekable
+    healthy, healthy_s = _rows([data["b"]], net, tmp_path / "c0")
     net.hang(hang, count=10**6)
-    rows, hung_s = _rows([dataset["a"], dataset["b"]], net, tmp_path / "c1")
+    rows, hung_s = _rows([data["a"], data["b"]], net, tmp_path / "c1")
     np.testing.assert_array_equal(rows, healthy)
     hung = [r for r in net.requests if r.hung]
     assert hung, "the proxy hung no request: the test did not test anything"
