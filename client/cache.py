@@ -177,7 +177,8 @@ class ShardCache:
     def _lock(self, info: ShardInfo, kind: str) -> str:
         return os.path.join(self.directory, ".locks", f"{info.raw_digest.split(':', 1)[1]}.{kind}")
 
-    def _present(self, info: ShardInfo) -> bool:
+    def present(self, info: ShardInfo) -> bool:
+        """Whether the shard's file is in the cache at its full size (not yet checked against its digest)."""
         try:
             return os.stat(self.path(info)).st_size == info.raw_bytes
         except FileNotFoundError:
@@ -185,7 +186,7 @@ class ShardCache:
 
     def _good(self, info: ShardInfo) -> bool:
         """Present with the right size and, when verifying, its raw digest checked once by this process."""
-        if not self._present(info):
+        if not self.present(info):
             return False
         if not self.verify or info.raw_digest in self._verified:
             return True
@@ -235,7 +236,7 @@ class ShardCache:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH)  # from here on no process evicts it
                 if attempt == 0:
-                    COUNTERS.add("cache", "hits" if self._present(info) else "misses", 1)
+                    COUNTERS.add("cache", "hits" if self.present(info) else "misses", 1)
                 self.ensure(info, bad=attempt > 0)
                 path = self.path(info)
                 with _guard(path, "touch", missing_ok=True):

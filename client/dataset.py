@@ -444,10 +444,7 @@ class TokenDataset(SampleSource):
                 yield [t]
             return
         assert isinstance(self.order, WindowOrder)
-        order, _cum, starts = self.order._layout(epoch)
-        w = max(0, int(np.searchsorted(starts, within, side="right")) - 1)
-        for k in range(w, len(starts) - 1):
-            yield order[k * self.window : (k + 1) * self.window].tolist()
+        yield from self.order.windows_from(epoch, within)
 
     def _submit(self, shards: list[int]) -> None:
         if self._pool is None:

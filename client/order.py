@@ -21,6 +21,7 @@ time) and memoised, so the per-batch cost is an index lookup; nothing of size ``
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Protocol
 
 import numpy as np
@@ -131,6 +132,13 @@ class WindowOrder(_ChunkedOrder):
             if len(self._layouts) > 2:
                 self._layouts.popitem(last=False)
         return layout
+
+    def windows_from(self, epoch: int, position: int) -> Iterator[list[int]]:
+        """The shards of each window of ``epoch``, in reading order, from the window holding ``position``."""
+        order, _cum, starts = self._layout(epoch)
+        w = max(0, int(np.searchsorted(starts, position, side="right")) - 1)
+        for k in range(w, len(starts) - 1):
+            yield order[k * self.window : (k + 1) * self.window].tolist()
 
     def window_starts(self, epoch: int) -> np.ndarray:
         """The position where each window of ``epoch`` begins, then the end: positions

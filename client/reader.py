@@ -15,7 +15,6 @@ batch needs only the frames its samples touch while a helper thread brings the w
 from __future__ import annotations
 
 import logging
-import os
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -132,10 +131,8 @@ class ShardReader:
         self.cache.raise_deferred()  # a full disk is the job's to see, not only a slower run
         info = self.info(s)
         try:
-            if os.stat(self.cache.path(info)).st_size == info.raw_bytes:
+            if self.cache.present(info):
                 return False
-        except FileNotFoundError:
-            pass
         except OSError:
             return False  # the cache directory itself is unusable: the whole-shard path names it (CacheError)
         self._fetch_whole(s, info)
