@@ -519,4 +519,3 @@ def _cache_limit(cache_limit: Any) -> int:
         return checks.size("cache_limit", cache_limit)
     env = os.environ.get("FERRY_CACHE_LIMIT")
     return checks.size("$FERRY_CACHE_LIMIT", env) if env else checks.size("cache_limit", DEFAULT_CACHE_LIMIT)
-

@@ -140,11 +140,14 @@ def race(
     on_hedge: Callable[[int], None],
     on_error: Callable[[int, BaseException, float], str],
     spare: int | None = None,
+    on_unanswered: Callable[[list[int]], None] | None = None,
 ) -> tuple[int, bytes]:
     """Ask ``tries[0]``; on an error ask the next at once, past a deadline ask the next too; first good
     answer wins, the rest are cancelled. ``check`` raises on a bad answer; ``on_error`` classifies an
     error (``missing`` / ``failed``). ``spare``: a replica asked once more when the last one passes its
-    deadline (a single replica: a new connection). Raises :class:`RaceLost`."""
+    deadline (a single replica: a new connection). ``on_unanswered`` is told, when the race ends, the
+    replicas that passed their deadline and never answered (a hung replica, not merely a slow one).
+    Raises :class:`RaceLost`."""
     running: dict[Future[bytes], _Attempt] = {}
     errors: list[tuple[int, str]] = []
     kinds: set[type[Exception]] = set()
@@ -193,6 +196,9 @@ def race(
     finally:
         for fut in running:
             fut.cancel()  # the losers: an S3 task is cancelled and its connection closed
+        unanswered = sorted({a.replica for a in running.values() if a.deadline == float("inf")})
+        if unanswered and on_unanswered is not None:
+            on_unanswered(unanswered)
 
 
 class _RawOut:

@@ -297,4 +297,3 @@ class ShardReader:
             mask[row, :n] = 1
             mask[row, n:] = 0
         self._start_later()
-

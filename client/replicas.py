@@ -2,7 +2,8 @@
 
 Replicas are given nearest first. Every request has a deadline (see :mod:`client.fetch`); past it the
 same request goes to the next replica too, the first good answer wins and the others are cancelled,
-and the slow replica is tried last from then on in this process. A replica that fails a read is tried
+and the slow replica is tried last from then on in this process; one that never answered (hung) stays
+behind every replica that did answer, even one slow once since, until it answers. A replica that fails a read is tried
 last for later reads of the same kind; one that merely lacks an object (a partial replica, e.g. the
 daemon's destination still being filled, which may have no manifest yet) keeps its place, so shards it
 holds keep being read from it. Every stored shard is checked against the manifest (size, stored digest,
@@ -83,6 +84,7 @@ class Replicas:
         self._order = list(range(len(self.urls)))  # for shard reads
         self._manifest_order = list(range(len(self.urls)))
         self._links = [Link(self.fetch_options) for _ in self.urls]
+        self._hung: set[int] = set()  # passed a deadline and never answered: behind the others until it does
         self._locations: dict[int, Location] = {}
         self._pools: _Pools | None = None
         self._lock = threading.Lock()
@@ -131,11 +133,19 @@ class Replicas:
         self._pools = None
 
     def _demote(self, i: int, order: list[int] | None = None) -> None:
+        """Replica ``i`` last, but ahead of the hung ones (unless it is one of them)."""
         with self._lock:
             for o in (self._order, self._manifest_order) if order is None else (order,):
                 if i in o:
                     o.remove(i)
-                    o.append(i)
+                    hung = [k for k, j in enumerate(o) if j in self._hung]
+                    o.insert(len(o) if i in self._hung or not hung else hung[0], i)
+
+    def _unanswered(self, replicas: list[int]) -> None:
+        with self._lock:
+            self._hung.update(replicas)
+        for i in replicas:
+            self._demote(i)
 
     # --- one request, raced across replicas -------------------------------------------------------------------
 
@@ -177,6 +187,9 @@ class Replicas:
                 raise
             COUNTERS.request(self.urls[i], len(data), elapsed, "ok")
             self._links[i].observe(len(data), elapsed)
+            if i in self._hung:
+                with self._lock:
+                    self._hung.discard(i)
 
         def hedge(i: int) -> None:
             COUNTERS.hedged(self.urls[i])
@@ -192,7 +205,7 @@ class Replicas:
             return "failed"
 
         spare = tries[0] if len(tries) == 1 else None
-        return race(tries, begin, deadline, good, hedge, failed, spare)
+        return race(tries, begin, deadline, good, hedge, failed, spare, self._unanswered)
 
     def _lost(self, lost: RaceLost) -> str:
         return "; ".join(f"{self.urls[i]}: {text}" for i, text in lost.errors)

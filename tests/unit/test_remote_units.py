@@ -80,6 +80,30 @@ def test_a_single_replica_is_asked_once_more_then_the_race_is_lost() -> None:
     assert lost.value.timed_out == 2 and "deadline" in str(lost.value)
 
 
+def test_a_hung_replica_stays_behind_one_that_was_slow_once(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """Replica 0 never answers; replica 1 then answers one read late (past its deadline, so it is hedged to
+    replica 0 again). The read after that still goes to replica 1 first: being slow once does not put a
+    replica behind one that hung."""
+    from client import replicas as module
+
+    urls = [str(tmp_path / "a"), str(tmp_path / "b")]
+    replicas = module.Replicas(urls, fetch={"deadline_floor": 0.2, "deadline_slack": 0.01})
+    asked: list[int] = []
+    late = {1: 0.3}  # replica 1's second read answers after 0.3 s
+
+    def start_read(loc, _rel, start, end, _pool):  # noqa: ANN001, ANN202 — stands in for client.fetch.start_read
+        i = urls.index(loc.url)
+        asked.append(i)
+        if i == 0:
+            return Future()  # hung: accepts, never answers
+        return _answer(b"x" * (end - start), late.get(asked.count(1) - 1, 0.0))
+
+    monkeypatch.setattr(module, "start_read", start_read)
+    for _ in range(3):
+        assert replicas.read_range("data", 0, 10) == b"x" * 10
+    assert asked == [0, 1, 1, 0, 1], asked
+
+
 def _stored(raw: bytes) -> tuple[ShardInfo, bytes]:
     stored = compress(raw, 3)
     info = ShardInfo("shards/x.arrow.zst", 1, 0, len(stored), len(raw), digest_bytes(stored), digest_bytes(raw))
