@@ -37,10 +37,12 @@ class CorpusSpec:
     eos_id: int = EOS_ID
     median_doc_tokens: int = MEDIAN_DOC_TOKENS
     zipf_s: float = ZIPF_S
+    tokens_per_file: int = TOKENS_PER_FILE  # ferry puts each input file in shards of its own
 
     @property
     def key(self) -> str:
-        return f"corpus-{self.tokens}-{self.seed}"
+        per_file = "" if self.tokens_per_file == TOKENS_PER_FILE else f"-{self.tokens_per_file}pf"
+        return f"corpus-{self.tokens}-{self.seed}{per_file}"
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,7 @@ def ensure_corpus(data_dir: Path, spec: CorpusSpec, log: bool = True) -> Corpus:
     cdf = _zipf_cdf(spec.vocab_size - 1, spec.zipf_s)  # EOS is never drawn
     # A fixed shuffle of ranks to ids, so frequent ids are spread over the vocabulary as in real tokenizers.
     ids = np.random.default_rng(spec.seed).permutation(spec.vocab_size - 1).astype(np.uint16)
-    nfiles = max(1, -(-spec.tokens // TOKENS_PER_FILE))
+    nfiles = max(1, -(-spec.tokens // spec.tokens_per_file))
     per_file = [spec.tokens // nfiles + (1 if i < spec.tokens % nfiles else 0) for i in range(nfiles)]
     files: list[str] = []
     documents = 0

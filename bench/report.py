@@ -407,15 +407,15 @@ def _remote(res: dict[str, Any]) -> list[str]:
         f"{link.get('conn_rate', 0) / 1e6:.0f} MB/s per connection, {link.get('total_rate', 0) / 1e6:.0f} MB/s in all.",
         "",
         "| RTT | step | tool | first batch s | tokens/s after it | tokens/s overall | stall share | "
-        "downloaded ÷ delivered | peak RSS MiB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "downloaded ÷ delivered | peak RSS MiB | cores busy |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for case in rm.get("cases", []):
         rtt = f"{case.get('rtt_s', 0) * 1e3:.0f} ms"
         if "limit" in case:
             lim = case["limit"]
             text = lim.get("error") or f"{lim.get('mb_per_s', 0):.0f} MB/s = {_m(lim.get('tokens_per_s'))}M tokens/s"
-            lines.append(f"| {rtt} | — | bare ranged GETs (limit) | — | {text} | — | — | 1 | — |")
+            lines.append(f"| {rtt} | — | bare ranged GETs (limit) | — | {text} | — | — | 1 | — | — |")
             continue
         step = f"{case.get('step_s', 0) * 1e3:.0f} ms"
         lines += [_remote_row(rtt, step, tool, runs, overall=True) for tool, runs in case.get("runs", {}).items()]
@@ -427,12 +427,12 @@ def _remote_row(rtt: str, step: str, tool: str, runs: list[dict[str, Any]], *, o
     """One row of a remote table (an error in the first cell when every run failed)."""
     err = next((str(r["error"]) for r in runs if "error" in r), None)
     if err and not any("error" not in r for r in runs):
-        return f"| {rtt} | {step} | {tool} | {err[:120]} |" + " |" * (5 if overall else 4)
+        return f"| {rtt} | {step} | {tool} | {err[:120]} |" + " |" * (6 if overall else 5)
     mid = f" {_overall(runs)}M |" if overall else ""
     return (
         f"| {rtt} | {step} | {tool} | {_cell(runs, 'first_batch_s', 1, 2)} | {_cell(runs, 'tokens_per_s')}M |{mid} "
         f"{_cell(runs, 'stall_share', 0.01, 1)}% | {_cell(runs, 'downloaded_per_delivered', 1, 2)} | "
-        f"{_cell(runs, 'peak_rss_mb', 1, 0)} |"
+        f"{_cell(runs, 'peak_rss_mb', 1, 0)} | {_cell(runs, 'cores_busy', 1, 2)} |"
     )
 
 
@@ -443,12 +443,12 @@ def _remote_global(rm: dict[str, Any]) -> list[str]:
         return []
     over = cases[0].get("global_over")
     lines = [
-        f'shuffle="global" over a dataset {over}x the cache (ferry reads format-2 frames; the peers have no per-sample '
-        "global shuffle over a cache below their shard working set, so there is no row of theirs):",
+        f'shuffle="global" over a dataset {over}x the cache (ferry reads format-2 frames; the peers at the same '
+        "cache with their closest shuffles: litdata's shuffle=True, MosaicML's all-to-all naive shuffle):",
         "",
         "| RTT | step | dataset | first batch s | tokens/s after it | stall share | downloaded ÷ delivered | "
-        "peak RSS MiB |",
-        "|---|---|---|---|---|---|---|---|",
+        "peak RSS MiB | cores busy |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for case in cases:
         rtt, step = f"{case.get('rtt_s', 0) * 1e3:.0f} ms", f"{case.get('step_s', 0) * 1e3:.0f} ms"

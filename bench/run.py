@@ -32,6 +32,13 @@ SUITES = ["pack", "load", "scaling", "sync", "service", "schedule", "split", "se
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", type=int, default=None, help="corpus size in tokens (default 50M; --quick 2M)")
+    p.add_argument(
+        "--file-tokens",
+        type=int,
+        default=None,
+        help="tokens per corpus input file (default 8M: ferry's shards ~14 MiB, one input file each; "
+        "33.4M gives ~64 MiB shards like the peers')",
+    )
     p.add_argument("--quick", action="store_true", help="small smoke run: fewer cases, 1 repeat")
     p.add_argument("--repeats", type=int, default=None, help="repeats per measurement (default 3; --quick 1)")
     p.add_argument("--only", default=",".join(SUITES), help=f"comma list of suites ({','.join(SUITES)})")
@@ -85,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     tokens = args.tokens or (2_000_000 if args.quick else 50_000_000)
     log(f"corpus: {tokens / 1e6:.0f}M tokens")
     t0 = time.perf_counter()
-    ctx.corpus = ensure_corpus(data, CorpusSpec(tokens=tokens))
+    spec = CorpusSpec(tokens, tokens_per_file=args.file_tokens) if args.file_tokens else CorpusSpec(tokens)
+    ctx.corpus = ensure_corpus(data, spec)
     corpus_s = time.perf_counter() - t0
     sync_mib = args.sync_mib or (64 if args.quick else 1024)
     if "sync" in suites:  # its data set too, while pip may still be unpacking

@@ -33,7 +33,29 @@ CONN_RATE, TOTAL_RATE = 40e6, 200e6
 BUCKETS = {"ferry": "bench-ferry", "litdata": "bench-litdata", "mosaic": "bench-mosaic"}
 # shuffle="global" over a dataset GLOBAL_OVER times the cache: frames of the default size, and small ones
 GLOBAL_OVER = 50
-GLOBAL_FRAMES = {"ferry global": None, "ferry global, 32 KiB frames": 32 << 10}
+GLOBAL_FRAMES = {"ferry global": None, "ferry global, 32 KiB frames": 32 << 10, "ferry global, 4 KiB frames": 4 << 10}
+# the peers' closest equivalents at the same cache: litdata's shuffle=True, MosaicML's all-to-all "naive" shuffle
+GLOBAL_PEERS = {
+    "litdata shuffle=True": ("litdata", {}),
+    "MosaicML naive shuffle": ("mosaic", {"shuffle_algo": "naive"}),
+}
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine, from /proc/stat ((0, 0) where there is none)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def _cores_busy(before: tuple[int, int], after: tuple[int, int]) -> float | None:
+    """Cores the machine kept busy between two readings (proxy, moto server and the loader together)."""
+    total = after[1] - before[1]
+    return (after[0] - before[0]) / total * (os.cpu_count() or 1) if total > 0 else None
 
 
 def _upload(endpoint: str, local: str, bucket: str) -> None:
@@ -97,9 +119,10 @@ def _one(
         "window": WINDOW,
         "max_seconds": 4.0 if ctx.quick else 10.0,
     }
-    before = net.body_bytes()
+    before, ticks = net.body_bytes(), _cpu_ticks()
     res = _call(ctx, runner, args)
     downloaded = net.body_bytes() - before
+    res["cores_busy"] = _cores_busy(ticks, _cpu_ticks())
     if "batches" in res:
         delivered = (res["batches"] + 1) * BATCH * (SEQ_LEN + 1) * 2
         res["downloaded_bytes"] = downloaded
@@ -123,19 +146,21 @@ def _pack_small_frames(ctx: Context, frame_size: int) -> str:
     return str(out)
 
 
-def _global(ctx: Context, net: Netem, runner: Runner, bucket: str, step: float, rtt: float) -> dict[str, Any]:
-    """ferry, shuffle="global", over a dataset GLOBAL_OVER times its cache: it reads frames, not shards."""
+def _global(
+    ctx: Context, net: Netem, runner: Runner, bucket: str, step: float, rtt: float, extra: dict[str, Any]
+) -> dict[str, Any]:
+    """shuffle="global" (ferry: it reads frames, not shards; a peer: ``extra``, its closest) over a dataset
+    GLOBAL_OVER times the cache."""
     from shard_tools.dataset import open_dataset
 
     raw = int(open_dataset(suite_pack.out_dir(ctx, "ferry", 1, 1)).manifest.shards.raw_bytes.sum())
     cache = ctx.data / "cache" / "remote-global"
     shutil.rmtree(cache, ignore_errors=True)
-    args = {
+    args = {**extra,
         "url": f"s3://{bucket}/ds",
         "endpoint": net.url,
         "cache_dir": str(cache),
         "cache_limit": max(1 << 20, raw // GLOBAL_OVER),
-        "shuffle": "global",
         "seq_len": SEQ_LEN,
         "batch_size": BATCH,
         "seed": SEED,
@@ -143,8 +168,9 @@ def _global(ctx: Context, net: Netem, runner: Runner, bucket: str, step: float, 
         "step_s": step,
         "max_seconds": 4.0 if ctx.quick else 10.0,
     }
-    before = net.body_bytes()
+    before, ticks = net.body_bytes(), _cpu_ticks()
     res = _call(ctx, runner, args)
+    res["cores_busy"] = _cores_busy(ticks, _cpu_ticks())
     if "batches" in res:
         res["downloaded_bytes"] = net.body_bytes() - before
         res["downloaded_per_delivered"] = res["downloaded_bytes"] / ((res["batches"] + 1) * BATCH * (SEQ_LEN + 1) * 2)
@@ -152,24 +178,34 @@ def _global(ctx: Context, net: Netem, runner: Runner, bucket: str, step: float, 
     return res
 
 
-def _global_cases(ctx: Context, upstream: str, runner: Runner) -> list[dict[str, Any]]:
-    buckets = {}
+def _global_cases(ctx: Context, upstream: str, tools: dict[str, tuple[Runner, str]]) -> list[dict[str, Any]]:
+    plans: dict[str, tuple[Runner, str, dict[str, Any]]] = {}
     for what, frame_size in GLOBAL_FRAMES.items():
         bucket = BUCKETS["ferry"] if frame_size is None else f"bench-ferry-{frame_size >> 10}k"
         if frame_size is not None:
             _upload(upstream, _pack_small_frames(ctx, frame_size), bucket)
-        buckets[what] = bucket
+        plans[what] = (tools["ferry"][0], bucket, {"shuffle": "global"})
+    for what, (tool, extra) in GLOBAL_PEERS.items():
+        if tool in tools:
+            plans[what] = (tools[tool][0], BUCKETS[tool], extra)
     cases = []
     rtt = RTTS[-1]
     with Netem(upstream, rtt=rtt, conn_rate=CONN_RATE, total_rate=TOTAL_RATE, lifetime=3600) as net:
         for step in (STEP_S, 0.0):
             case: dict[str, Any] = {"rtt_s": rtt, "step_s": step, "global_over": GLOBAL_OVER, "runs": {}}
-            for what, bucket in buckets.items():
-                case["runs"][what] = [_global(ctx, net, runner, bucket, step, rtt) for _ in range(ctx.repeats)]
+            for what, (runner, bucket, extra) in plans.items():
+                case["runs"][what] = [_global(ctx, net, runner, bucket, step, rtt, extra) for _ in range(ctx.repeats)]
             case["summary"] = {
                 t: {
                     k: summary(rs, k)
-                    for k in ("first_batch_s", "tokens_per_s", "stall_share", "downloaded_per_delivered", "peak_rss_mb")
+                    for k in (
+                        "first_batch_s",
+                        "tokens_per_s",
+                        "stall_share",
+                        "downloaded_per_delivered",
+                        "peak_rss_mb",
+                        "cores_busy",
+                    )
                 }
                 for t, rs in case["runs"].items()
             }
@@ -233,6 +269,7 @@ def run(ctx: Context) -> dict[str, Any]:
                                 "stall_share",
                                 "downloaded_per_delivered",
                                 "peak_rss_mb",
+                                "cores_busy",
                             )
                         }
                         for t, rs in case["runs"].items()
@@ -241,7 +278,7 @@ def run(ctx: Context) -> dict[str, Any]:
                 lim = _call(ctx, limit, {"endpoint": net.url, "objects": objects, "tokens": tokens, "connections": 8})
                 log(f"remote rtt={rtt * 1e3:.0f}ms limit: {lim.get('error') or _short(lim)}")
                 cases.append({"rtt_s": rtt, "limit": lim})
-        global_cases = _global_cases(ctx, upstream, tools["ferry"][0])
+        global_cases = _global_cases(ctx, upstream, tools)
     return {
         "batch_size": BATCH,
         "seq_len": SEQ_LEN,

@@ -29,7 +29,7 @@ from harness import Context, alternate, log, run_json, summary
 __all__ = ["run"]
 
 LEVEL = 1  # ferry pack's default level
-FRAME_SIZES = [256 << 10, 512 << 10, 1 << 20]
+FRAME_SIZES = [4 << 10, 32 << 10, 256 << 10, 512 << 10, 1 << 20]
 SEQ_LEN, BATCH = 2048, 16
 MAX_RATIO_COST, MAX_SPEED_COST = 0.03, 0.05
 

@@ -1,5 +1,6 @@
-"""Runner: MosaicML ``StreamingDataset(remote="s3://...")`` through the proxy (its default shuffle,
-``cache_limit`` as ferry's). The endpoint comes from ``S3_ENDPOINT_URL``, as streaming documents. Peers' venv."""
+"""Runner: MosaicML ``StreamingDataset(remote="s3://...")`` through the proxy (its default shuffle, or
+``shuffle_algo`` when given; ``cache_limit`` as ferry's). The endpoint comes from ``S3_ENDPOINT_URL``, as
+streaming documents. Peers' venv."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ def _build(a: dict[str, Any]) -> StreamingDataLoader:
         remote=a["url"],
         local=a["cache_dir"],
         shuffle=True,
+        shuffle_algo=a.get("shuffle_algo", "py1e"),  # py1e: streaming's default
         shuffle_seed=a["seed"],
         batch_size=a["batch_size"],
         cache_limit=a["cache_limit"],

@@ -154,6 +154,27 @@ def test_mixed_formats_append_loads_and_verifies(tmp_path: Path) -> None:
     assert ferry("pack", *more, "--out", str(tmp_path / "x"), "--format", "3", "--vocab-size", "9").returncode == 2
 
 
+def test_frame_size_is_chosen_on_the_command_line(tmp_path: Path) -> None:
+    docs = make_docs(120, 5)
+    inputs = write_input("jsonl", tmp_path, docs)[0]
+    common = ["--vocab-size", str(VOCAB), "--eos-id", str(EOS), "--shard-size", str(SHARD)]
+    out = str(tmp_path / "small")
+    done = ferry("pack", *inputs, "--out", out, "--format", "2", "--frame-size", "4KiB", *common)
+    assert done.returncode == 0, done.stderr
+    ds = open_dataset(out)
+    info = ds.manifest.shards[0]
+    body = ds.read_stored(0)
+    n = find_index(memoryview(body), info.path)
+    index = parse_index(body[-n:], shard=info.path, stored_bytes=len(body), raw_bytes=info.raw_bytes)
+    assert index.frame_size == 4096 and index.frames == -(-info.raw_bytes // 4096)
+    assert [d.tolist() for d in ds.documents()] == [d.tolist() for d in docs]
+    assert ferry("verify", out).returncode == 0
+    wrong = ferry("pack", *inputs, "--out", str(tmp_path / "f1"), "--frame-size", "4KiB", *common)
+    assert wrong.returncode == 2 and "--format 2 only" in wrong.stderr
+    tiny = ferry("pack", *inputs, "--out", str(tmp_path / "f2"), "--format", "2", "--frame-size", "1KiB", *common)
+    assert tiny.returncode == 2 and "outside" in tiny.stderr
+
+
 def flip_in_frame(url: str, shard: int, frame: int) -> str:
     """Flip one byte in the middle of ``frame`` of format-2 shard ``shard``; returns the shard path."""
     info = open_dataset(url).manifest.shards[shard]

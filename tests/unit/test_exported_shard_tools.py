@@ -28,7 +28,8 @@ EXPECTED_EXPORTS = {
 
 EXPECTED_FLAGS = {
     "pack": {
-        "--append", "--compression", "--format", "--eos-id", "--eos-token", "--executor", "--input-format", "--json",
+        "--append", "--compression", "--format", "--frame-size", "--eos-id", "--eos-token", "--executor",
+        "--input-format", "--json",
         "--lines", "--merge", "--name", "--no-eos", "--no-origin", "--out", "--part", "--parts", "--ray-address",
         "--run-id",
         "--shard-size", "--split", "--storage-option", "--text-column", "--tokenizer", "--tokens-column",
