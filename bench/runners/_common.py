@@ -28,9 +28,23 @@ def args() -> dict[str, Any]:
     return dict(json.loads(sys.argv[1])) if len(sys.argv) > 1 else {}
 
 
+def _own_peak_kib() -> float:
+    """This process image's peak RSS (KiB): ``VmHWM``, which starts afresh at exec. ``ru_maxrss`` does not:
+    Linux carries it over from the forked parent's image, so every runner would report at least the RSS
+    the benchmark driver had when it started the runner."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
 def peak_rss_mb() -> dict[str, float]:
     """Peak resident set size of this process and of its largest finished child (MiB, Linux KiB units)."""
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    own = _own_peak_kib() / 1024
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     return {"peak_rss_mb": round(own, 1), "peak_rss_children_mb": round(kids, 1)}
 
