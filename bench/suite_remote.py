@@ -30,10 +30,20 @@ CACHE_SHARDS = 8  # MosaicML refuses less than 4x its largest shard counted twic
 WINDOW = 2  # ferry's shuffle window
 RTTS = (0.0, 0.030)
 CONN_RATE, TOTAL_RATE = 40e6, 200e6
-BUCKETS = {"ferry": "bench-ferry", "litdata": "bench-litdata", "mosaic": "bench-mosaic"}
+BUCKETS = {
+    "ferry": "bench-ferry",
+    "ferry format 2": "bench-ferry-f2",
+    "litdata": "bench-litdata",
+    "mosaic": "bench-mosaic",
+}
 # shuffle="global" over a dataset GLOBAL_OVER times the cache: frames of the default size, and small ones
 GLOBAL_OVER = 50
-GLOBAL_FRAMES = {"ferry global": None, "ferry global, 32 KiB frames": 32 << 10, "ferry global, 4 KiB frames": 4 << 10}
+GLOBAL_FRAMES = {
+    "ferry global": 512 << 10,
+    "ferry global, 32 KiB frames": 32 << 10,
+    "ferry global, 4 KiB frames": 4 << 10,
+}
+F2 = "ferry format 2"  # the same corpus in stored format 2 (512 KiB frames): a cold start reads frames first
 # the peers' closest equivalents at the same cache: litdata's shuffle=True, MosaicML's all-to-all "naive" shuffle
 GLOBAL_PEERS = {
     "litdata shuffle=True": ("litdata", {}),
@@ -72,7 +82,8 @@ def _upload(endpoint: str, local: str, bucket: str) -> None:
 
 
 def _tools(ctx: Context) -> dict[str, tuple[Runner, str]]:
-    out = {"ferry": (Runner("ferry", "remote_ferry.py", ctx.ferry_python), suite_pack.out_dir(ctx, "ferry", 1, 1))}
+    ferry = Runner("ferry", "remote_ferry.py", ctx.ferry_python)
+    out = {"ferry": (ferry, suite_pack.out_dir(ctx, "ferry", 1, 1)), F2: (ferry, str(_frames_dir(ctx, 512 << 10)))}
     if ctx.peers_python:
         out["litdata"] = (
             Runner("litdata", "remote_litdata.py", ctx.peers_python),
@@ -132,17 +143,26 @@ def _one(
     return res
 
 
-def _pack_small_frames(ctx: Context, frame_size: int) -> str:
-    """The benchmark corpus packed again with ``frame_size`` raw bytes per format-2 frame (Python-only knob)."""
-    from dataclasses import replace
+def _frames_dir(ctx: Context, frame_size: int) -> Path:
+    return ctx.data / f"remote-frames-{frame_size >> 10}k"
 
+
+def _pack_frames(ctx: Context, frame_size: int) -> str:
+    """The benchmark corpus packed again in stored format 2 with ``frame_size`` raw bytes per frame."""
     from shard_tools.packing import PackOptions, pack
 
-    out = ctx.data / f"remote-frames-{frame_size >> 10}k"
+    out = _frames_dir(ctx, frame_size)
     if not (out / "manifest.json").exists():
         c = ctx.corpus
-        opts = PackOptions(vocab_size=c.spec.vocab_size, eos_id=c.spec.eos_id, shard_size=suite_pack.SHARD_SIZE)
-        pack(c.files, str(out), replace(opts, frame_size=frame_size))
+        opts = PackOptions(
+            vocab_size=c.spec.vocab_size,
+            eos_id=c.spec.eos_id,
+            shard_size=suite_pack.SHARD_SIZE,
+            stored_format=2,
+            frame_size=frame_size,
+            progress=False,
+        )
+        pack(c.files, str(out), opts)
     return str(out)
 
 
@@ -156,7 +176,8 @@ def _global(
     raw = int(open_dataset(suite_pack.out_dir(ctx, "ferry", 1, 1)).manifest.shards.raw_bytes.sum())
     cache = ctx.data / "cache" / "remote-global"
     shutil.rmtree(cache, ignore_errors=True)
-    args = {**extra,
+    args = {
+        **extra,
         "url": f"s3://{bucket}/ds",
         "endpoint": net.url,
         "cache_dir": str(cache),
@@ -181,9 +202,9 @@ def _global(
 def _global_cases(ctx: Context, upstream: str, tools: dict[str, tuple[Runner, str]]) -> list[dict[str, Any]]:
     plans: dict[str, tuple[Runner, str, dict[str, Any]]] = {}
     for what, frame_size in GLOBAL_FRAMES.items():
-        bucket = BUCKETS["ferry"] if frame_size is None else f"bench-ferry-{frame_size >> 10}k"
-        if frame_size is not None:
-            _upload(upstream, _pack_small_frames(ctx, frame_size), bucket)
+        bucket = BUCKETS[F2] if frame_size == 512 << 10 else f"bench-ferry-{frame_size >> 10}k"
+        if bucket != BUCKETS[F2]:
+            _upload(upstream, _pack_frames(ctx, frame_size), bucket)
         plans[what] = (tools["ferry"][0], bucket, {"shuffle": "global"})
     for what, (tool, extra) in GLOBAL_PEERS.items():
         if tool in tools:
@@ -220,7 +241,8 @@ def _short(res: dict[str, Any]) -> str:
 
 def _ensure_packed(ctx: Context, tools: dict[str, tuple[Runner, str]]) -> None:
     """The load suite's packing, MosaicML's through the torchvision stand-in of ``remote_mosaic.py``."""
-    suite_load._ensure_packed(ctx, {t: v for t, v in tools.items() if t != "mosaic"})
+    suite_load._ensure_packed(ctx, {t: v for t, v in tools.items() if t not in ("mosaic", F2)})
+    _pack_frames(ctx, 512 << 10)
     if "mosaic" in tools and not os.path.exists(os.path.join(tools["mosaic"][1], "index.json")):
         c = ctx.corpus
         args = {
