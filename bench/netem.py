@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 __all__ = ["Netem", "Request", "moto_server", "free_port", "wait_for_port"]
 
@@ -370,13 +371,15 @@ def wait_for_port(port: int, timeout: float = 30.0) -> None:
 
 
 @contextlib.contextmanager
-def moto_server(python: str = sys.executable) -> Iterator[str]:
-    """A moto S3 server on 127.0.0.1 for the ``with`` block; yields its endpoint URL."""
+def moto_server(python: str = sys.executable, *, ranged: bool = True) -> Iterator[str]:
+    """A moto S3 server on 127.0.0.1 for the ``with`` block; yields its endpoint URL. ``ranged``: a ranged
+    GET reads only its range, as S3 does (``moto_ranged.py``); moto as shipped reads the whole object."""
     port = free_port()
     env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
     env.pop("AWS_CA_BUNDLE", None)
+    server = [str(Path(__file__).with_name("moto_ranged.py"))] if ranged else ["-m", "moto.server"]
     proc = subprocess.Popen(
-        [python, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        [python, *server, "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=env,

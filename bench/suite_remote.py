@@ -1,5 +1,8 @@
 """Remote: training from object storage over a slow link — ferry vs litdata vs MosaicML, and the link's limit.
 
+The S3 server is moto with ranged GETs answered in time proportional to the range, as S3 does
+(``moto_ranged.py``; moto as shipped copies the whole object for every ranged GET).
+
 Each tool's level-1 pack output (~64 MiB shards, from the pack suite or packed here) is uploaded to its own
 bucket on one moto server; every read goes through the same :mod:`netem` proxy (per-connection and total
 bandwidth caps, a round trip per request) at each RTT. Batch 16 x 2049, a simulated step of ``STEP_S``
@@ -147,6 +150,11 @@ def _frames_dir(ctx: Context, frame_size: int) -> Path:
     return ctx.data / f"remote-frames-{frame_size >> 10}k"
 
 
+def _handoff_args(ctx: Context) -> dict[str, Any]:
+    return {"batch_size": BATCH, "seq_len": SEQ_LEN, "workers": 1, "step_s": STEP_S,
+            "max_seconds": 4.0 if ctx.quick else 10.0}  # fmt: skip
+
+
 def _pack_frames(ctx: Context, frame_size: int) -> str:
     """The benchmark corpus packed again in stored format 2 with ``frame_size`` raw bytes per frame."""
     from shard_tools.packing import PackOptions, pack
@@ -282,6 +290,10 @@ def run(ctx: Context) -> dict[str, Any]:
                     if step and "ferry" in tools:  # the same again from the warm cache: the loop's own cost
                         res = _one(ctx, net, "ferry", tools["ferry"][0], step, rtt, 1, warm=True)
                         case["runs"]["ferry (warm cache)"] = [res]
+                        # the floor: a DataLoader worker handing over ready batches, no data read at all
+                        res = _call(ctx, Runner("handoff", "remote_handoff.py", ctx.ferry_python), _handoff_args(ctx))
+                        log(f"remote step={step * 1e3:.0f}ms DataLoader handoff: {res.get('error') or _short(res)}")
+                        case["runs"]["DataLoader handoff alone (floor)"] = [res]
                     case["summary"] = {
                         t: {
                             k: summary(rs, k)
