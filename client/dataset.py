@@ -19,7 +19,7 @@ import numpy as np
 from torch.utils.data import get_worker_info
 
 from shard_tools.errors import DatasetError, FerryError, StateError, UsageError
-from shard_tools.manifest import Manifest
+from shard_tools.manifest import Manifest, ShardInfo
 from shard_tools.threadname import name_os_thread
 
 from . import checks
@@ -452,11 +452,27 @@ class TokenDataset(SampleSource):
                 max_workers=2, thread_name_prefix="ferry-prefetch", initializer=name_os_thread
             )
         reader = self.reader
+        later: list[ShardInfo] = []
         for s in shards:
             if reader.mapped(s) or reader.frames_only(s) or (self._fits_cache and s in self._submitted):
                 continue  # in the cache already (mapped here, or fetched once and never evicted), or never whole
             self._submitted.add(s)
-            self._pool.submit(reader.cache.ensure_in_background, reader.info(s))
+            if reader.read_by_frames_first(s):
+                later.append(reader.info(s))
+            else:
+                self._pool.submit(reader.cache.ensure_in_background, reader.info(s))
+        if later:
+            reader.defer(lambda: self._submit_now(later))
+
+    def _submit_now(self, infos: list[ShardInfo]) -> None:
+        pool = self._pool
+        if pool is None:
+            return  # closed meanwhile: nothing to prefetch for
+        try:
+            for info in infos:
+                pool.submit(self.reader.cache.ensure_in_background, info)
+        except RuntimeError:
+            pass  # shut down meanwhile (close() from another thread)
 
     def close(self) -> None:
         self._scan = None

@@ -66,6 +66,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_export(sub)
 
 
+def _add_stored_form(p: argparse.ArgumentParser) -> None:
+    """``ferry pack``'s options of the stored shards: size, compression, format and frame size."""
+    p.add_argument("--shard-size", default="128MiB", help="target raw bytes per shard (default: 128MiB)")
+    p.add_argument("--compression", default="zstd:1", help="zstd:LEVEL, 1..22 (default: zstd:1)")
+    p.add_argument(
+        "--format",
+        type=int,
+        choices=[1, 2],
+        default=None,
+        dest="stored_format",
+        help="stored shard format: 1 (default) one zstd frame per shard; 2 seekable zstd frames + a frame index, "
+        "read by frames without the whole shard (global shuffle, cold starts; older ferry cannot read it)",
+    )
+    p.add_argument(
+        "--frame-size",
+        help="raw bytes per frame of --format 2 (default 512KiB; 4KiB..64MiB): a sample read by frames costs about "
+        "one frame, so frames near the sample size (e.g. 4KiB for 2048 uint16 tokens) suit global shuffle from "
+        "remote, at some compression ratio",
+    )
+
+
 def _add_pack(sub: argparse._SubParsersAction) -> None:
     """``ferry pack`` and every one of its options."""
     p = sub.add_parser(
@@ -107,23 +128,7 @@ def _add_pack(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokens-column", default="tokens", help="token-id list column/field (default: tokens)")
     p.add_argument("--text-column", default="text", help="text column/field (default: text)")
     p.add_argument("--lines", action="store_true", help="text files: one document per line (default: per file)")
-    p.add_argument("--shard-size", default="128MiB", help="target raw bytes per shard (default: 128MiB)")
-    p.add_argument("--compression", default="zstd:1", help="zstd:LEVEL, 1..22 (default: zstd:1)")
-    p.add_argument(
-        "--format",
-        type=int,
-        choices=[1, 2],
-        default=None,
-        dest="stored_format",
-        help="stored shard format: 1 (default) one zstd frame per shard; 2 seekable zstd frames + a frame index, "
-        "read by frames without the whole shard (global shuffle, cold starts; older ferry cannot read it)",
-    )
-    p.add_argument(
-        "--frame-size",
-        help="raw bytes per frame of --format 2 (default 512KiB; 4KiB..64MiB): a sample read by frames costs about "
-        "one frame, so frames near the sample size (e.g. 4KiB for 2048 uint16 tokens) suit global shuffle from "
-        "remote, at some compression ratio",
-    )
+    _add_stored_form(p)
     p.add_argument("--workers", type=int, default=1, help="worker processes (output is identical for any N)")
     p.add_argument(
         "--executor",

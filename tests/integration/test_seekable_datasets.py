@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -246,6 +247,32 @@ def test_cold_first_batch_reads_only_the_frames_it_touches(tmp_path: Path) -> No
     assert np.array_equal(batch, np.asarray(ref.payload(positions)["windows"]))
     ds.close()
     ref.close()
+
+
+def test_prefetch_of_whole_shards_waits_for_the_frames_of_the_batch_at_hand(tmp_path: Path, monkeypatch: Any) -> None:
+    """A cold first batch reads its frames first; the whole shards the prefetch wants are submitted after
+    (before, they competed with those frames: 0.10 s instead of 0.02 s on 64 MiB shards)."""
+    import client.dataset as dataset_module
+
+    out = str(tmp_path / "ds")
+    inputs, opts = write_input("parquet", tmp_path, make_docs(2000, 6))
+    pack(inputs, out, PackOptions(shard_size=4 * SHARD, stored_format=2, frame_size=FRAME, **opts))
+    frames_read_at_submit: list[int] = []
+
+    class Recording(ThreadPoolExecutor):
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            frames_read_at_submit.append(ds.reader.frames.stats.frames)  # type: ignore[union-attr]
+            return super().submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(dataset_module, "ThreadPoolExecutor", Recording)
+    ds = TokenDataset(out, seq_len=64, seed=3, shuffle="global", cache_dir=str(tmp_path / "c"))
+    it = iter(TokenLoader(ds, batch_size=16))
+    next(it)
+    assert ds.reader.frames is not None and ds.reader.frames.stats.frames > 0
+    assert frames_read_at_submit and min(frames_read_at_submit) > 0, frames_read_at_submit
+    rest = sum(1 for _ in it)  # the epoch still completes, the prefetched shards landing in the cache
+    assert rest > 0 and ds.cache.fetches > 0
+    ds.close()
 
 
 def test_loader_over_format_2_equals_format_1(tmp_path: Path) -> None:
