@@ -135,7 +135,9 @@ class _WorkerStream(IterableDataset[tuple[_Item, dict[str, Any]]]):
 
     Payloads are numpy arrays in the token dtype (4x smaller than int64 for uint16 ids); they
     travel pickled through the worker's pipe, which beats a new shared-memory segment per tensor.
-    ``group`` batches travel together, which spreads DataLoader's fixed cost per item. A ferry
+    ``group`` batches travel together, which spreads DataLoader's fixed cost per item; the first goes
+    alone, so a cold start waits for one batch, not for ``group`` (whose later batches may wait on
+    whole shards the prefetch brings). A ferry
     error ends the worker's share with a :class:`_Failure` in place of batch ``k``.
     """
 
@@ -159,7 +161,7 @@ class _WorkerStream(IterableDataset[tuple[_Item, dict[str, Any]]]):
                     raise
                 yield [*item, (k, failure)], subtract(COUNTERS.snapshot(), sent)
                 return
-            if len(item) == self.group or i == len(mine) - 1:
+            if len(item) == self.group or i == 0 or i == len(mine) - 1:  # the first batch goes alone: the loop waits
                 if COUNTERS.changes == seen:
                     yield item, {}  # nothing fetched or counted since the last item: no copy, nothing to add
                     item = []

@@ -79,3 +79,27 @@ def test_an_abandoned_iterator_stops_its_worker_processes_when_closed(url_cache:
         assert loader.state_dict()["consumed"] == 2
     finally:
         gc.enable()
+
+
+def test_a_worker_sends_its_first_batch_alone(url_cache: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers send batches in groups, but the first goes alone: a cold start waits for one batch, not for
+    a group whose later batches may wait on whole shards being fetched (here: made slow on purpose)."""
+    import time
+
+    url, _ = url_cache
+    payload = TokenDataset.payload
+
+    def slow_after_the_first(self: TokenDataset, positions: Any, **kw: Any) -> Any:
+        if int(np.min(positions)) >= 8:  # every batch but the first (batch_size 8, one rank)
+            time.sleep(0.8)
+        return payload(self, positions, **kw)
+
+    monkeypatch.setattr(TokenDataset, "payload", slow_after_the_first)  # inherited by the forked worker
+    ds = TokenDataset(url, seq_len=16, seed=1, shuffle="window", window=2)
+    loader = TokenLoader(ds, batch_size=8, num_workers=1, rank=0, world_size=1)
+    t0 = time.perf_counter()
+    it = iter(loader)
+    next(it)
+    first = time.perf_counter() - t0
+    del it
+    assert first < 1.6, f"the first batch took {first:.2f} s: it waited for the slow batches of its group"
