@@ -19,7 +19,7 @@ import numpy as np
 from torch.utils.data import get_worker_info
 
 from shard_tools.errors import DatasetError, FerryError, StateError, UsageError
-from shard_tools.manifest import Manifest, ShardInfo
+from shard_tools.manifest import Manifest
 from shard_tools.threadname import name_os_thread
 
 from . import checks
@@ -290,7 +290,7 @@ class TokenDataset(SampleSource):
             frames = frame_reader_for(self.manifest, self.replicas, budget)
             self._reader = ShardReader(
                 self.manifest, self.cache, max_bytes=budget, populate=populate, frames=frames, whole_shards=populate,
-                background=self.prefetch_depth > 0,
+                background=self.prefetch_depth > 0, wait_for_started=self.shuffle != "global",
             )  # fmt: skip
             self._pid = _FORKS.generation
             self._pool = None
@@ -452,25 +452,26 @@ class TokenDataset(SampleSource):
                 max_workers=2, thread_name_prefix="ferry-prefetch", initializer=name_os_thread
             )
         reader = self.reader
-        later: list[ShardInfo] = []
+        later: list[int] = []
         for s in shards:
             if reader.mapped(s) or reader.frames_only(s) or (self._fits_cache and s in self._submitted):
                 continue  # in the cache already (mapped here, or fetched once and never evicted), or never whole
             self._submitted.add(s)
             if reader.read_by_frames_first(s):
-                later.append(reader.info(s))
+                later.append(s)
             else:
                 self._pool.submit(reader.cache.ensure_in_background, reader.info(s))
         if later:
             reader.defer(lambda: self._submit_now(later))
 
-    def _submit_now(self, infos: list[ShardInfo]) -> None:
-        pool = self._pool
-        if pool is None:
+    def _submit_now(self, shards: list[int]) -> None:
+        pool, reader = self._pool, self._reader
+        if pool is None or reader is None:
             return  # closed meanwhile: nothing to prefetch for
         try:
-            for info in infos:
-                pool.submit(self.reader.cache.ensure_in_background, info)
+            for s in shards:
+                pool.submit(reader.cache.ensure_in_background, reader.info(s))
+                reader.started(s)
         except RuntimeError:
             pass  # shut down meanwhile (close() from another thread)
 

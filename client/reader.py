@@ -50,6 +50,7 @@ class ShardReader:
         frames: FrameReader | None = None,
         whole_shards: bool = True,
         background: bool = False,
+        wait_for_started: bool = False,
     ) -> None:
         self.manifest = manifest
         self.cache = cache
@@ -57,9 +58,13 @@ class ShardReader:
         self.frames = frames
         self.whole_shards = whole_shards
         self.background = background  # a shard read by frames is fetched whole meanwhile (one helper thread)
+        # window / in-order reads: once a shard's whole fetch has started, later batches wait for it instead of
+        # reading frames, which cost far more bytes per sample and slow that very fetch
+        self.wait_for_started = wait_for_started
+        self._started: set[int] = set()
         self._pool: ThreadPoolExecutor | None = None
         self._fetching: set[int] = set()
-        self._later: list[ShardInfo] = []
+        self._later: list[tuple[int, ShardInfo]] = []
         self._deferred: list[Callable[[], None]] = []  # jobs run once the samples at hand are read
         self._no_frames: set[int] = set()  # shards whose frames failed here: read whole (with replica fallback)
         self.dtype = np.dtype(manifest.token_dtype)
@@ -137,6 +142,8 @@ class ShardReader:
                 return False
         except OSError:
             return False  # the cache directory itself is unusable: the whole-shard path names it (CacheError)
+        if self.wait_for_started and s in self._started:
+            return False  # its whole fetch is under way: wait for it
         self._fetch_whole(s, info)
         return True
 
@@ -147,7 +154,13 @@ class ShardReader:
         if len(self._fetching) >= 4096:
             self._fetching.clear()
         self._fetching.add(s)
-        self._later.append(info)  # started once the samples at hand are read: not competing with them
+        self._later.append((s, info))  # started once the samples at hand are read: not competing with them
+
+    def started(self, s: int) -> None:
+        """Shard ``s`` is being fetched whole (by this reader or the dataset's prefetch)."""
+        if len(self._started) >= 4096:
+            self._started.clear()
+        self._started.add(s)
 
     def read_by_frames_first(self, s: int) -> bool:
         """Whether a cold read of shard ``s`` starts with frames (format 2 and a frame reader): then
@@ -169,8 +182,9 @@ class ShardReader:
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ferry-whole", initializer=name_os_thread)
-        for info in self._later:
+        for s, info in self._later:
             self._pool.submit(self.cache.ensure_in_background, info)
+            self.started(s)
         self._later = []
 
     def frames_only(self, s: int) -> bool:

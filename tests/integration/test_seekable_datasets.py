@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from client.dataset import TokenDataset
 from client.loader import TokenLoader
@@ -273,6 +274,43 @@ def test_prefetch_of_whole_shards_waits_for_the_frames_of_the_batch_at_hand(tmp_
     rest = sum(1 for _ in it)  # the epoch still completes, the prefetched shards landing in the cache
     assert rest > 0 and ds.cache.fetches > 0
     ds.close()
+
+
+def test_window_batches_wait_for_a_started_whole_fetch_instead_of_reading_frames(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """After a cold first batch by frames, the window's shards are being fetched whole: the next batches
+    wait for them rather than read more frames (which cost far more bytes per sample and slow the fetch)."""
+    import time
+
+    from client.cache import ShardCache
+
+    out = str(tmp_path / "ds")
+    inputs, opts = write_input("parquet", tmp_path, make_docs(2000, 6))
+    pack(inputs, out, PackOptions(shard_size=4 * SHARD, stored_format=2, frame_size=FRAME, **opts))
+    download = ShardCache._download
+
+    def slow(self: ShardCache, info: Any, path: str) -> None:
+        time.sleep(0.3)  # a remote replica: the whole shard takes a while
+        download(self, info, path)
+
+    monkeypatch.setattr(ShardCache, "_download", slow)
+    ds = TokenDataset(out, seq_len=64, seed=3, shuffle="window", window=2, cache_dir=str(tmp_path / "c"))
+    it = iter(TokenLoader(ds, batch_size=16))
+    first = next(it)["input_ids"]
+    frames = ds.reader.frames
+    assert frames is not None and frames.stats.frames > 0  # the cold first batch was read by frames
+    after_first = frames.stats.frames
+    rest = [next(it)["input_ids"] for _ in range(5)]
+    assert frames.stats.frames == after_first, (after_first, frames.stats.frames)
+    ref = TokenDataset(out, seq_len=64, seed=3, shuffle="window", window=2, cache_dir=str(tmp_path / "c-ref"))
+    ref.reader.frames = None
+    ref_it = iter(TokenLoader(ref, batch_size=16))
+    for got in [first, *rest]:
+        assert torch.equal(got, next(ref_it)["input_ids"])
+    del it, ref_it
+    ds.close()
+    ref.close()
 
 
 def test_loader_over_format_2_equals_format_1(tmp_path: Path) -> None:
