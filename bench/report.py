@@ -35,7 +35,7 @@ def _cell(runs: list[dict[str, Any]], key: str, scale: float = 1e6, digits: int 
     s = summary(runs, key)
     if s is None:
         err = first_error(runs)
-        return f"failed: {err[:80]}" if err else "—"
+        return f"failed: {' '.join(err.replace('|', ' ').split())[:80]}" if err else "—"
     if s["n"] == 1:
         return _m(s["median"], scale, digits)
     return f"{_m(s['median'], scale, digits)} ({_m(s['min'], scale, digits)}–{_m(s['max'], scale, digits)})"
@@ -427,7 +427,9 @@ def _remote_row(rtt: str, step: str, tool: str, runs: list[dict[str, Any]], *, o
     """One row of a remote table (an error in the first cell when every run failed)."""
     err = next((str(r["error"]) for r in runs if "error" in r), None)
     if err and not any("error" not in r for r in runs):
-        return f"| {rtt} | {step} | {tool} | {err[:120]} |" + " |" * (6 if overall else 5)
+        segments = [seg.strip() for seg in err.split("|") if seg.strip()]  # a traceback's lines, joined by |
+        text = next((seg for seg in reversed(segments) if "Error" in seg), segments[-1] if segments else err)[:160]
+        return f"| {rtt} | {step} | {tool} | failed: {text} |" + " |" * (6 if overall else 5)
     mid = f" {_overall(runs)}M |" if overall else ""
     return (
         f"| {rtt} | {step} | {tool} | {_cell(runs, 'first_batch_s', 1, 2)} | {_cell(runs, 'tokens_per_s')}M |{mid} "
