@@ -114,7 +114,9 @@ def test_a_hung_first_replica_costs_one_deadline(
     hung = [r for r in net.requests if r.hung]
     assert hung, "the proxy hung no request: the test did not test anything"
     deadline = FAST["deadline_floor"] + FAST["deadline_slack"] * 0.2  # prior round trip + a small request
-    assert hung_s - healthy_s < deadline + 0.6, (hung_s, healthy_s, len(hung))
+    # one deadline, with room for one stall of this process on a loaded machine (seen: ~0.5 s in either run);
+    # a deadline per shard would cost 5 or more (5 shards), and a second round of hung requests fails the check below
+    assert hung_s - healthy_s < 2 * deadline + 0.6, (hung_s, healthy_s, len(hung))
     # the hung replica was asked once per request in flight at the time, then not again
     first = min(r.started for r in hung)
     assert all(r.started - first < deadline + 0.3 for r in hung), [r.started - first for r in hung]
