@@ -153,6 +153,7 @@ def race(
     kinds: set[type[Exception]] = set()
     missing = timed_out = 0
     queue = list(tries)
+    winner: int | None = None
     try:
         for _ in range(4 * len(tries) + 4):  # each round starts, finishes or times out an attempt
             if not running and queue:
@@ -171,6 +172,7 @@ def race(
                 try:
                     data = fut.result()
                     check(att.replica, data, elapsed)
+                    winner = att.replica
                     return att.replica, data
                 except Exception as exc:  # noqa: BLE001 — every failure of one replica is a reason to try the next
                     kind = on_error(att.replica, exc, elapsed)
@@ -196,7 +198,8 @@ def race(
     finally:
         for fut in running:
             fut.cancel()  # the losers: an S3 task is cancelled and its connection closed
-        unanswered = sorted({a.replica for a in running.values() if a.deadline == float("inf")})
+        # the replica that answered (perhaps on another connection) is not hung, however late its other attempt
+        unanswered = sorted({a.replica for a in running.values() if a.deadline == float("inf")} - {winner})
         if unanswered and on_unanswered is not None:
             on_unanswered(unanswered)
 

@@ -163,6 +163,10 @@ class Replicas:
         ``order``) that answers well in time; :class:`RaceLost` when none does."""
         with self._lock:
             tries = [i for i in order if i not in exclude] or list(order)
+            answering = [i for i in tries if i not in self._hung]
+            if answering and len(answering) < len(tries):
+                # a hedge goes to a new connection of the first replica before one that never answered
+                tries = [*answering[:1], *answering, *[i for i in tries if i in self._hung]]
         pools = self._pool()
         start, end = span if span is not None else (None, None)
         opts = self.fetch_options
