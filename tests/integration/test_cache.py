@@ -65,8 +65,11 @@ def test_s3_with_a_small_cache_gives_the_local_stream(s3_backend: Backend, local
     assert remote.version_id == local.version_id  # same content, same version id
     np.testing.assert_array_equal(epoch_rows(remote, workers=2), epoch_rows(local))  # workers fetch over S3 too
     used = sum(p.stat().st_size for p in cached_files(cache))
-    assert used <= limit + int(manifest.shards.raw_bytes.max())
-    assert len(cached_files(cache)) < shards  # evicted as it went
+    # a soft bound: each of the 2 workers keeps its window's 2 shards and a successor (samples that cross a
+    # shard's end) in use, and those are never evicted; seen: 4 full shards and the small last one left
+    in_use = 2 * (2 + 1) * int(manifest.shards.raw_bytes.max())
+    assert used <= max(limit, in_use) + int(manifest.shards.raw_bytes.max())
+    assert len(cached_files(cache)) < shards // 2  # evicted as it went
 
 
 def test_a_corrupted_or_half_written_cache_file_is_fetched_again(local_url: str, tmp_path: Path) -> None:
