@@ -224,26 +224,21 @@ def _global_cases(ctx: Context, upstream: str, tools: dict[str, tuple[Runner, st
             case: dict[str, Any] = {"rtt_s": rtt, "step_s": step, "global_over": GLOBAL_OVER, "runs": {}}
             for what, (runner, bucket, extra) in plans.items():
                 case["runs"][what] = [_global(ctx, net, runner, bucket, step, rtt, extra) for _ in range(ctx.repeats)]
-            case["summary"] = {
-                t: {
-                    k: summary(rs, k)
-                    for k in (
-                        "first_batch_s",
-                        "tokens_per_s",
-                        "stall_share",
-                        "downloaded_per_delivered",
-                        "peak_rss_mb",
-                        "cores_busy",
-                    )
-                }
-                for t, rs in case["runs"].items()
-            }
+            case["summary"] = _summaries(case["runs"])
             cases.append(case)
     return cases
 
 
+SUMMARY_KEYS = ("first_batch_s", "tokens_per_s", "stall_share", "downloaded_per_delivered", "peak_rss_mb", "cores_busy")
+
+
+def _summaries(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per tool, the summary (median, spread) of each measure over its runs."""
+    return {t: {k: summary(rs, k) for k in SUMMARY_KEYS} for t, rs in runs.items()}
+
+
 def _short(res: dict[str, Any]) -> str:
-    keys = ("first_batch_s", "tokens_per_s", "stall_share", "downloaded_per_delivered", "peak_rss_mb")
+    keys = SUMMARY_KEYS[:-1]  # the log line: what the run measured, without the machine's load
     return ", ".join(f"{k}={res[k]:.3g}" for k in keys if isinstance(res.get(k), (int, float)))
 
 
@@ -294,20 +289,7 @@ def run(ctx: Context) -> dict[str, Any]:
                         res = _call(ctx, Runner("handoff", "remote_handoff.py", ctx.ferry_python), _handoff_args(ctx))
                         log(f"remote step={step * 1e3:.0f}ms DataLoader handoff: {res.get('error') or _short(res)}")
                         case["runs"]["DataLoader handoff alone (floor)"] = [res]
-                    case["summary"] = {
-                        t: {
-                            k: summary(rs, k)
-                            for k in (
-                                "first_batch_s",
-                                "tokens_per_s",
-                                "stall_share",
-                                "downloaded_per_delivered",
-                                "peak_rss_mb",
-                                "cores_busy",
-                            )
-                        }
-                        for t, rs in case["runs"].items()
-                    }
+                    case["summary"] = _summaries(case["runs"])
                     cases.append(case)
                 lim = _call(ctx, limit, {"endpoint": net.url, "objects": objects, "tokens": tokens, "connections": 8})
                 log(f"remote rtt={rtt * 1e3:.0f}ms limit: {lim.get('error') or _short(lim)}")
