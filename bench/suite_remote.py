@@ -46,6 +46,10 @@ GLOBAL_FRAMES = {
     "ferry global, 32 KiB frames": 32 << 10,
     "ferry global, 4 KiB frames": 4 << 10,
 }
+HANDOFFS = {  # floors of the stall share: no data read, ready batches of the same shape
+    "dataloader": "DataLoader handoff alone (floor)",
+    "thread": "ready batch from a thread's queue (floor)",
+}
 F2 = "ferry format 2"  # the same corpus in stored format 2 (512 KiB frames): a cold start reads frames first
 # the peers' closest equivalents at the same cache: litdata's shuffle=True, MosaicML's all-to-all "naive" shuffle
 GLOBAL_PEERS = {
@@ -285,10 +289,12 @@ def run(ctx: Context) -> dict[str, Any]:
                     if step and "ferry" in tools:  # the same again from the warm cache: the loop's own cost
                         res = _one(ctx, net, "ferry", tools["ferry"][0], step, rtt, 1, warm=True)
                         case["runs"]["ferry (warm cache)"] = [res]
-                        # the floor: a DataLoader worker handing over ready batches, no data read at all
-                        res = _call(ctx, Runner("handoff", "remote_handoff.py", ctx.ferry_python), _handoff_args(ctx))
-                        log(f"remote step={step * 1e3:.0f}ms DataLoader handoff: {res.get('error') or _short(res)}")
-                        case["runs"]["DataLoader handoff alone (floor)"] = [res]
+                        # floors: ready batches handed over by a DataLoader worker, or taken from a thread's queue
+                        for via, what in HANDOFFS.items():
+                            res = _call(ctx, Runner("handoff", "remote_handoff.py", ctx.ferry_python),
+                                        {**_handoff_args(ctx), "via": via})  # fmt: skip
+                            log(f"remote step={step * 1e3:.0f}ms {what}: {res.get('error') or _short(res)}")
+                            case["runs"][what] = [res]
                     case["summary"] = _summaries(case["runs"])
                     cases.append(case)
                 lim = _call(ctx, limit, {"endpoint": net.url, "objects": objects, "tokens": tokens, "connections": 8})

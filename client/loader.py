@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from shard_tools.errors import FerryError, UsageError
 
 from . import checks
+from .ahead import Ahead
 from .partition import batches_until, global_batch_size, rank_positions, worker_batches
 from .replan import resume
 from .source import SampleSource, to_batch
@@ -35,6 +36,8 @@ __all__ = ["TokenLoader", "default_rank_world", "rank_world"]
 
 Batch = dict[str, torch.Tensor]
 _GROUP = 4  # batches per DataLoader item from a worker
+_AHEAD = 2  # batches the receiving thread makes ready ahead of the loop (with workers)
+_CLOSE_WAIT_S = 5.0  # closing waits this long for the receiving thread to take a worker's item in progress
 SHAPE_LIMIT = 2**24  # batch_size and world_size: stream positions then stay far inside int64
 _STALL_WINDOW_S = 30.0  # stall share is judged over this much wall time
 _log = logging.getLogger("ferry.loader")
@@ -300,22 +303,28 @@ class TokenLoader:
             num_workers=self.num_workers,
             prefetch_factor=self.prefetch_factor,
         )
+        items = iter(loader)
+        ahead = Ahead(self._received(items), _AHEAD)
+        try:
+            yield from ahead  # batches made ready by the thread while the loop ran its step
+        finally:
+            ahead.close(_CLOSE_WAIT_S)  # stopped, or still waiting on a worker: the workers stop either way
+            _stop_workers(items)
+
+    def _received(self, items: Iterator[tuple[_Item, dict[str, Any]]]) -> Generator[Batch, None, None]:
+        """The workers' batches as tensors, in order of ``k`` (run by the :class:`~client.ahead.Ahead` thread)."""
         pending: dict[int, dict[str, Any] | _Failure] = {}
         want = 0
-        items = iter(loader)
-        try:
-            for item, grown in items:
-                COUNTERS.absorb(grown)  # the worker's fetches and cache hits count in this process's stats
-                pending.update(item)
-                while want in pending:  # workers may finish out of turn; deliver in order of k
-                    payload = pending.pop(want)
-                    if isinstance(payload, _Failure):
-                        payload.reraise()
-                    batch = to_batch(payload)
-                    yield _pin(batch) if self.pin_memory else batch
-                    want += 1
-        finally:
-            _stop_workers(items)
+        for item, grown in items:
+            COUNTERS.absorb(grown)  # the worker's fetches and cache hits count in this process's stats
+            pending.update(item)
+            while want in pending:  # workers may finish out of turn; deliver in order of k
+                payload = pending.pop(want)
+                if isinstance(payload, _Failure):
+                    payload.reraise()
+                batch = to_batch(payload)
+                yield _pin(batch) if self.pin_memory else batch
+                want += 1
 
     def trace(self, positions: Any = None, *, step: int | None = None) -> list[dict[str, Any]]:
         """Where samples came from (see :mod:`client.trace`): stream ``positions``, or this rank's batch of

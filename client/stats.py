@@ -10,6 +10,7 @@ the merged histogram). :func:`render_prometheus` writes the text exposition form
 from __future__ import annotations
 
 import copy
+import os
 import threading
 from typing import Any
 
@@ -74,6 +75,15 @@ class Counters:
 
 
 COUNTERS = Counters()
+
+
+def _unlock_in_child() -> None:
+    """A forked child has only the forking thread: a lock another thread held (a loader's receiving thread
+    absorbing a worker's counters) would stay held forever there. The child's counters get a new lock."""
+    COUNTERS._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_unlock_in_child)
 
 
 def merge(into: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:

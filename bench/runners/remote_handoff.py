@@ -1,9 +1,15 @@
-"""Runner: the floor of the stall share — a torch DataLoader whose workers hand over ready batches of the
-same shape (16 x 2049 int64 by default), through the same loop and step as the remote runners. No data is
-read: what remains is the worker-to-loop handoff every DataLoader-based loader pays per batch."""
+"""Runner: floors of the stall share — ready batches of the same shape (16 x 2049 int64 by default) handed to
+the same loop and step as the remote runners, no data read at all.
+
+``via="dataloader"``: a torch DataLoader worker hands them over (what every DataLoader-based loader pays per
+batch). ``via="thread"``: a thread puts them in a ``queue.Queue`` of two and the loop takes one after its
+step (the least any loader can cost in ``next()``: taking a finished object from another thread).
+"""
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +27,20 @@ class _Ready(IterableDataset):
             yield self.batch.clone()
 
 
-def _build(a: dict[str, Any]) -> DataLoader:
+class _FromThread:
+    def __init__(self, batch_size: int, seq_len: int) -> None:
+        self.ready = _Ready(batch_size, seq_len)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        q: queue.Queue[torch.Tensor] = queue.Queue(2)
+        threading.Thread(target=lambda: [q.put(b) for b in self.ready], daemon=True).start()
+        while True:
+            yield q.get()
+
+
+def _build(a: dict[str, Any]) -> Any:
+    if a.get("via", "dataloader") == "thread":
+        return _FromThread(a["batch_size"], a["seq_len"])
     return DataLoader(_Ready(a["batch_size"], a["seq_len"]), batch_size=None, num_workers=a["workers"])
 
 

@@ -6,6 +6,7 @@ import gc
 import multiprocessing
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import numpy as np
@@ -103,3 +104,28 @@ def test_a_worker_sends_its_first_batch_alone(url_cache: tuple[str, str], monkey
     first = time.perf_counter() - t0
     del it
     assert first < 1.6, f"the first batch took {first:.2f} s: it waited for the slow batches of its group"
+
+
+def test_with_workers_batches_are_made_ready_off_the_training_thread(
+    url_cache: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Receiving a worker's item and making its tensors is work the loop would wait on in ``next()``: a
+    thread does it while the loop runs its step, and the batches are the same as without workers."""
+    import client.loader as loader_module
+
+    url, cache = url_cache
+    threads: list[str] = []
+    real = loader_module.to_batch
+
+    def spy(payload: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return real(payload)
+
+    monkeypatch.setattr(loader_module, "to_batch", spy)
+    ds = TokenDataset(url, seq_len=16, cache_dir=cache, seed=3)
+    with_workers = [b["input_ids"] for b in TokenLoader(ds, batch_size=4, num_workers=2)]
+    assert threads and threading.current_thread().name not in threads
+    assert set(threads) == {"ferry-ahead"}
+    alone = [b["input_ids"] for b in TokenLoader(TokenDataset(url, seq_len=16, cache_dir=cache, seed=3), batch_size=4)]
+    assert len(with_workers) == len(alone)
+    assert all(torch.equal(a, b) for a, b in zip(with_workers, alone, strict=True))
