@@ -257,6 +257,28 @@ def resolve(url: str, storage_options: Mapping[str, Any] | None = None) -> Locat
         fs, root = fsspec.core.url_to_fs(url, **with_store_defaults(url, storage_options))
     except (ImportError, ValueError) as exc:
         raise StorageError(f"cannot open {url!r}: {exc}", retryable=False) from exc
+    if url.startswith(_S3_PROTOCOLS):
+        _share_s3_session(fs)
     if is_local(fs):
         root = os.path.abspath(root)
     return Location(fs, root, url.rstrip("/"))
+
+
+_S3_SESSION: list[Any] = []  # this process's botocore session; a forked DataLoader worker inherits it, warm
+
+
+def _share_s3_session(fs: Any) -> None:
+    """Give a new S3 filesystem this process's botocore session.
+
+    A new session parses botocore's service models again: ~0.1 s before the first request of every
+    dataset opened, and of every DataLoader worker. With a shared one a client is made in ~10 ms. Not
+    where the caller chose a session or a profile (``fs.kwargs``), nor once the filesystem has a client.
+    The session is set on the filesystem, not in its storage options, which stay picklable."""
+    if getattr(fs, "session", True) is not None or getattr(fs, "_s3", None) is not None or getattr(fs, "kwargs", None):
+        return
+    if not _S3_SESSION:  # two threads may both make one: harmless, the first stays
+        import aiobotocore.session
+
+        _S3_SESSION.append(aiobotocore.session.AioSession())
+    fs.session = _S3_SESSION[0]
+    fs._session_is_owned = False  # s3fs's flag for a caller's session: a refresh keeps it

@@ -1,9 +1,13 @@
-"""Runner: ferry ``TokenDataset("s3://...")`` through the proxy, window (or global) shuffle, a bounded cold cache."""
+"""Runner: ferry ``TokenDataset("s3://...")`` through the proxy, window (or global) shuffle, a bounded cold cache.
+
+ferry imports its S3 library (s3fs) on first use; it is imported here, before the clock starts, as the
+peers' runners import theirs (litdata's with ``litdata``, boto3 in ``remote_mosaic.py``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import s3fs  # noqa: F401  # before the clock, as the peers' S3 libraries
 from _remoteloop import main
 
 from client import TokenDataset, TokenLoader

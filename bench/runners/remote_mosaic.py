@@ -27,6 +27,7 @@ def _torchvision_or_stub() -> None:
 
 
 _torchvision_or_stub()
+import boto3  # noqa: E402, F401  # streaming imports it on first download: here, before the clock, as every runner
 from streaming import StreamingDataLoader, StreamingDataset  # noqa: E402
 from streaming.base.util import clean_stale_shared_memory  # noqa: E402
 

@@ -207,3 +207,18 @@ def test_a_manifest_longer_than_the_first_ranged_read_is_read_whole(
     short = Replicas(dataset["b"], _options(net)).load_manifest()
     assert short.version_id == whole.version_id and short.shards.paths == whole.shards.paths
     assert net.count("manifest.json") == 2  # the first 64 bytes, then all of it
+
+
+def test_s3_locations_share_one_warm_botocore_session(dataset: dict[str, str], net: Netem) -> None:
+    """A new botocore session parses botocore's service models again (~0.1 s before the first request of
+    every dataset, and of every DataLoader worker); ferry's S3 filesystems share one per process, made
+    before a fork and so inherited warm by workers. A caller's profile keeps its own session."""
+    from shard_tools.store import resolve
+
+    a = resolve(dataset["a"], _options(net)).fs
+    b = resolve(dataset["b"], {**_options(net), "client_kwargs": {"endpoint_url": net.url + "/"}}).fs
+    assert a is not b
+    assert a.session is not None and a.session is b.session
+    assert resolve(dataset["a"], {**_options(net), "profile": "other"}).fs.session is not a.session
+    assert a.ls(dataset["a"].removeprefix("s3://"))  # the shared session makes working clients
+    assert b.ls(dataset["b"].removeprefix("s3://"))
