@@ -345,8 +345,9 @@ class TokenDataset(SampleSource):
         starts = self.sample_ids(positions) * self.seq_len
         return [self.reader.boundaries(a, self.seq_len) for a in starts.tolist()]
 
-    def shards_of(self, positions: np.ndarray) -> list[int]:
-        """Indices of the shards the samples at ``positions`` touch."""
+    def shards_of(self, positions: np.ndarray, *, to_fetch: bool = False) -> list[int]:
+        """Indices of the shards the samples at ``positions`` touch. ``to_fetch``: those to fetch whole, without
+        the shards only a sample's continuation touches whose head is read by frames (format 2)."""
         ids = self.sample_ids(positions)
         reader = self.reader
         if self.mode == "document":
@@ -354,10 +355,10 @@ class TokenDataset(SampleSource):
         starts = ids * self.seq_len
         ends = reader.shard_of_token(np.concatenate([starts, starts + self.seq_len]))
         first, last = ends[: len(starts)].tolist(), ends[len(starts) :].tolist()
-        touched = set(first) | set(last)
+        touched = set(first)
         for a, b in zip(first, last, strict=True):
-            if b - a > 1:  # shards shorter than a sample
-                touched.update(range(a + 1, b))
+            if b > a:  # runs on into the next shard(s)
+                touched.update(t for t in range(a + 1, b + 1) if not (to_fetch and reader.head_by_frames(t)))
         return sorted(touched)
 
     def prefetch(self, positions: np.ndarray) -> None:
@@ -366,7 +367,8 @@ class TokenDataset(SampleSource):
         if self._fits_cache and len(self._submitted) >= len(self.manifest.shards):
             return  # every shard went through the cache in this process and none gets evicted
         reader = self.reader
-        todo = [s for s in self.shards_of(positions) if s not in self._submitted and not reader.frames_only(s)]
+        wanted = self.shards_of(positions, to_fetch=True)
+        todo = [s for s in wanted if s not in self._submitted and not reader.frames_only(s)]
         if not todo:
             return
         if len(self._submitted) > _RECENT:
@@ -407,7 +409,7 @@ class TokenDataset(SampleSource):
             if scan.cursor - i >= self.prefetch_depth and scan.bytes >= horizon:
                 break
             scan.cursor += 1
-            for s in self.shards_of(positions_of(scan.cursor)):
+            for s in self.shards_of(positions_of(scan.cursor), to_fetch=True):
                 if s not in scan.ahead:
                     scan.ahead[s] = (scan.cursor, int(sizes[s]))
                     scan.bytes += int(sizes[s])
@@ -421,16 +423,19 @@ class TokenDataset(SampleSource):
         into the next epochs; each shard with its successor, where samples that cross its end continue."""
         sizes = self.manifest.shards.raw_bytes
         count = len(sizes)
+        reader = self.reader
         out: dict[int, None] = {}
         total = 0
         epoch, within = divmod(position, self.num_samples)
         for e in range(epoch, epoch + 2):
             for group in self._groups(e, within if e == epoch else 0):
-                for s in group:
-                    for t in (s, s + 1):
-                        if t < count and t not in out and t not in mapped:
-                            out[t] = None
-                            total += int(sizes[t])
+                # the window's own shards first (its first batch reads them all), then the successors that only
+                # the sample crossing a shard's end reads, and only where their head is not read by frames
+                nexts = [s + 1 for s in group if s + 1 < count and not reader.head_by_frames(s + 1)]
+                for t in [*group, *nexts]:
+                    if t not in out and t not in mapped:
+                        out[t] = None
+                        total += int(sizes[t])
                 if total >= horizon or len(out) + len(mapped) >= count:
                     return list(out)
         return list(out)

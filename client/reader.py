@@ -187,6 +187,28 @@ class ShardReader:
             self.started(s)
         self._later = []
 
+    def head_by_frames(self, s: int) -> bool:
+        """Whether the head of shard ``s`` that a sample of the shard before runs on into is read by frames
+        (format 2, a frame reader, and ``s`` neither mapped here nor in the node cache): its whole fetch then
+        waits for its own window, and a shard smaller than the cache is not downloaded twice."""
+        if self.frames is None or not self._seekable[s] or s in self._leases or s in self._no_frames:
+            return False
+        try:
+            return not self.cache.present(self.info(s))
+        except OSError:
+            return False
+
+    def _head(self, s: int, take: int, memo: dict[int, np.ndarray | None]) -> np.ndarray:
+        """The first ``take`` tokens of shard ``s``, where a sample of the shard before runs on."""
+        if s in memo or not self.head_by_frames(s):
+            return self._slice(s, 0, take, memo)
+        assert self.frames is not None
+        try:
+            return self.frames.tokens(self.info(s), self.dtype, 0, take)
+        except (ShardError, StorageError) as exc:
+            memo[s] = self._whole_instead(s, exc).tokens
+            return self._slice(s, 0, take, memo)
+
     def frames_only(self, s: int) -> bool:
         """Whether shard ``s`` is never fetched whole here (format 2 and whole shards not wanted)."""
         return self.frames is not None and not self.whole_shards and bool(self._seekable[s])
@@ -279,7 +301,8 @@ class ShardReader:
             filled = 0  # crosses into the next shard(s)
             while filled < width:
                 take = min(width - filled, sizes[s] - local)
-                raw[row, filled : filled + take] = self._slice(s, local, local + take, memo)
+                part = self._slice(s, local, local + take, memo) if filled == 0 else self._head(s, take, memo)
+                raw[row, filled : filled + take] = part
                 filled += take
                 s, local = s + 1, 0
         self._start_later()

@@ -196,7 +196,10 @@ def test_output_into_a_closed_pipe_exits_quietly(tmp_path: Path) -> None:
     pack_documents(docs, str(out), PackOptions(vocab_size=1000, eos_id=999, shard_size=1024))
     proc = subprocess.run(
         f"{sys.executable} -m shard_tools.cli inspect --shards {out} | head -1",
-        shell=True, capture_output=True, text=True, timeout=60,
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.stdout.startswith("dataset")
     assert "Traceback" not in proc.stderr

@@ -236,10 +236,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         with httpx.Client(base_url=svc.url) as http:
             text = wait_until(
                 # the copied bytes are counted when the copy's stats land, which may trail the publish
-                lambda: (t := http.get("/metrics").text)
-                and "ferry_errors{" in t
-                and "ferry_copied_bytes_total{" in t
-                and t,
+                lambda: (
+                    (t := http.get("/metrics").text) and "ferry_errors{" in t and "ferry_copied_bytes_total{" in t and t
+                ),
                 what="an open error and the copied bytes in /metrics",
             )
         yield Live(svc.url, {**exported_metrics(text), **SYNTHETIC})

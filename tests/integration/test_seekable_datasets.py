@@ -324,3 +324,26 @@ def test_loader_over_format_2_equals_format_1(tmp_path: Path) -> None:
         batches[fmt] = [b["input_ids"].numpy().copy() for _, b in zip(range(20), loader, strict=False)]
         ds.close()
     assert all(np.array_equal(a, b) for a, b in zip(batches[1], batches[2], strict=True))
+
+
+def test_a_sample_running_into_a_cold_format_2_shard_reads_its_head_by_frames(tmp_path: Path) -> None:
+    """A window's last sample of a shard runs on into the next shard. In format 2 its head is read by frames:
+    with a cache of less than half the dataset, each shard is fetched whole once an epoch (for its own window),
+    not once more for the sample of the shard before (which doubled the bytes downloaded)."""
+    out = str(tmp_path / "ds")
+    inputs, opts = write_input("parquet", tmp_path, make_docs(3000, 8))
+    pack(inputs, out, PackOptions(shard_size=4 * SHARD, stored_format=2, frame_size=FRAME, **opts))
+    shards = len(open_dataset(out).manifest.shards)
+    assert shards >= 12
+    # no prefetch: every whole fetch is one a batch asked for (the prefetch's own churn in a tiny cache aside)
+    kw: dict[str, Any] = {"seq_len": 64, "seed": 5, "shuffle": "window", "window": 2, "cache_limit": 8 * 4 * SHARD}
+    kw["prefetch"] = 0
+    ds = TokenDataset(out, cache_dir=str(tmp_path / "c"), **kw)
+    got = [b["input_ids"] for b in TokenLoader(ds, batch_size=16)]
+    assert shards <= ds.cache.fetches <= shards + 2, (ds.cache.fetches, shards)  # + the next epoch's first window
+    ref = TokenDataset(out, cache_dir=str(tmp_path / "c-ref"), **kw)
+    ref.reader.frames = None  # whole shards through the cache, as format 1 reads them
+    want = [b["input_ids"] for b in TokenLoader(ref, batch_size=16)]
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    ds.close()
+    ref.close()
