@@ -7,9 +7,9 @@ Each tool's level-1 pack output (~64 MiB shards, from the pack suite or packed h
 bucket on one moto server; every read goes through the same :mod:`netem` proxy (per-connection and total
 bandwidth caps, a round trip per request) at each RTT. Batch 16 x 2049, a simulated step of ``STEP_S``
 per batch with one DataLoader worker (and, for the throughput, no step and no worker), a window shuffle
-(the peers' ``shuffle=True``), cold caches bounded to ``CACHE_SHARDS`` shards. Bytes downloaded are what
-the proxy sent during the run; delivered are the token bytes of the batches (uint16). The limit: bare
-parallel ranged GETs of ferry's stored shards.
+(litdata's ``shuffle=True``, MosaicML's py1e in blocks of the window's shards), cold caches bounded to
+``CACHE_SHARDS`` shards. Bytes downloaded are what the proxy sent during the run; delivered are the token
+bytes of the batches (uint16). The limit: bare parallel ranged GETs of ferry's stored shards.
 """
 
 from __future__ import annotations
@@ -137,6 +137,8 @@ def _one(
         "window": WINDOW,
         "max_seconds": 4.0 if ctx.quick else 10.0,
     }
+    if tool == "mosaic":
+        args.update(_mosaic_window(ctx))
     before, ticks = net.body_bytes(), _cpu_ticks()
     res = _call(ctx, runner, args)
     downloaded = net.body_bytes() - before
@@ -148,6 +150,15 @@ def _one(
     what = f"{tool} (warm cache)" if warm else tool
     log(f"remote rtt={rtt * 1e3:.0f}ms step={step * 1e3:.0f}ms {what}: {res.get('error') or _short(res)}")
     return res
+
+
+def _mosaic_window(ctx: Context) -> dict[str, int]:
+    """MosaicML's closest equivalent of a window shuffle of WINDOW shards: one canonical partition, its py1e
+    shuffle in blocks of WINDOW shards' samples (its defaults, 64 partitions read at once and 256K-sample
+    blocks, need many shards at a time and thrash a cache of CACHE_SHARDS shards once the dataset is larger)."""
+    index = json.loads((Path(suite_pack.out_dir(ctx, "mosaic", 1, 1)) / "index.json").read_text())
+    per_shard = max(int(s["samples"]) for s in index["shards"])
+    return {"num_canonical_nodes": 1, "shuffle_block_size": WINDOW * per_shard}
 
 
 def _frames_dir(ctx: Context, frame_size: int) -> Path:

@@ -291,6 +291,7 @@ class TokenDataset(SampleSource):
             self._reader = ShardReader(
                 self.manifest, self.cache, max_bytes=budget, populate=populate, frames=frames, whole_shards=populate,
                 background=self.prefetch_depth > 0, wait_for_started=self.shuffle != "global",
+                max_open=2 * self.window if self.shuffle == "window" else 64,
             )  # fmt: skip
             self._pid = _FORKS.generation
             self._pool = None

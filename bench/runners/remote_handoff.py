@@ -33,9 +33,27 @@ class _FromThread:
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         q: queue.Queue[torch.Tensor] = queue.Queue(2)
-        threading.Thread(target=lambda: [q.put(b) for b in self.ready], daemon=True).start()
-        while True:
-            yield q.get()
+        stop = threading.Event()
+
+        def fill() -> None:
+            for b in self.ready:
+                while not stop.is_set():
+                    try:
+                        q.put(b, timeout=0.05)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+
+        thread = threading.Thread(target=fill, daemon=True)
+        thread.start()
+        try:
+            while True:
+                yield q.get()
+        finally:  # ended before the interpreter exits: a thread inside torch at exit aborts the process
+            stop.set()
+            thread.join(1.0)
 
 
 def _build(a: dict[str, Any]) -> Any:

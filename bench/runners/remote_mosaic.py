@@ -1,5 +1,6 @@
-"""Runner: MosaicML ``StreamingDataset(remote="s3://...")`` through the proxy (its default shuffle, or
-``shuffle_algo`` when given; ``cache_limit`` as ferry's). The endpoint comes from ``S3_ENDPOINT_URL``, as
+"""Runner: MosaicML ``StreamingDataset(remote="s3://...")`` through the proxy (py1e shuffle in blocks of
+``shuffle_block_size`` samples over ``num_canonical_nodes`` partitions, or ``shuffle_algo`` when given;
+``cache_limit`` as ferry's). The endpoint comes from ``S3_ENDPOINT_URL``, as
 streaming documents. Peers' venv."""
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ def _build(a: dict[str, Any]) -> StreamingDataLoader:
         shuffle=True,
         shuffle_algo=a.get("shuffle_algo", "py1e"),  # py1e: streaming's default
         shuffle_seed=a["seed"],
+        # the window shuffle's equivalent: one partition, shuffled in blocks of the window's shards of samples
+        num_canonical_nodes=a.get("num_canonical_nodes"),
+        shuffle_block_size=a.get("shuffle_block_size"),
         batch_size=a["batch_size"],
         cache_limit=a["cache_limit"],
     )

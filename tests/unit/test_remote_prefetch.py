@@ -110,3 +110,17 @@ def test_a_windows_own_shards_are_prefetched_before_their_successors(local: str,
         assert set(want[: len(first)]) == set(first), (seed, first, want)
         ds.close()
     assert apart >= 2
+
+
+def test_a_window_shuffle_keeps_mapped_only_what_its_window_reads(local: str, tmp_path: Path) -> None:
+    """Shards of windows already read stay in the cache but not mapped: mapped (leased) shards cannot be
+    evicted, so keeping them left the prefetch no room and its shards were evicted before they were read."""
+    ds = _dataset(local, tmp_path, "window")
+    seen: set[int] = set()
+    for j in range(ds.num_samples // BATCH):
+        ds.payload(_positions(j))
+        mapped = set(ds.reader._leases)
+        seen |= mapped
+        assert len(mapped) <= 2 * ds.window, (j, sorted(mapped))
+    assert len(seen) == len(ds.manifest.shards) > 2 * ds.window  # the epoch went through every window
+    ds.close()
