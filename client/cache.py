@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import mmap
 import os
 import threading
@@ -44,6 +45,8 @@ from .stats import COUNTERS
 __all__ = ["ShardCache", "Lease", "default_cache_dir"]
 
 _SUFFIX = ".arrow"
+_HEADS = "heads"  # the first tokens of shards seen, for the sample of the shard before that runs on into one
+_HEAD_CHECK = 16  # bytes of the blake2b digest after a head's tokens
 _STALE_TEMP_S = 600.0
 
 
@@ -250,6 +253,56 @@ class ShardCache:
                 os.close(fd)
                 raise
         raise AssertionError("unreachable")
+
+    def _head_file(self, info: ShardInfo) -> str:
+        return os.path.join(self.directory, _HEADS, os.path.basename(self.path(info))[: -len(_SUFFIX)] + ".head")
+
+    @staticmethod
+    def _head_digest(info: ShardInfo, body: bytes) -> bytes:
+        return hashlib.blake2b(body, digest_size=_HEAD_CHECK, key=info.raw_digest.encode()[:64]).digest()
+
+    def has_head(self, info: ShardInfo, nbytes: int) -> bool:
+        """Whether a head of at least ``nbytes`` raw bytes of the shard is kept (see :meth:`keep_head`)."""
+        try:
+            return os.stat(self._head_file(info)).st_size >= nbytes + _HEAD_CHECK
+        except OSError:
+            return False
+
+    def keep_head(self, info: ShardInfo, head: bytes) -> None:
+        """Keep the first raw bytes of a verified shard beside the cache, with a digest bound to the shard.
+
+        The last sample of a shard runs on into the next one; format 1 can read that head only by fetching
+        the next shard whole. A kept head serves it instead, after the shard itself was evicted. Heads are
+        (seq_len + 1) tokens per shard seen (4 KiB for 2048 uint16 tokens) and stay until the cache
+        directory is removed; a head that cannot be written is no error (the shard is then fetched)."""
+        if self.read_head(info, len(head)) is not None:
+            return  # kept and intact (a damaged one was removed: written again here)
+        path = self._head_file(info)
+        tmp = temp_name(path)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(head + self._head_digest(info, head))
+            os.replace(tmp, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+    def read_head(self, info: ShardInfo, nbytes: int) -> bytes | None:
+        """The first ``nbytes`` raw bytes of the shard from its kept head, checked; None when there is none, it
+        is shorter, or it does not match its digest (then it is removed)."""
+        path = self._head_file(info)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            return None
+        body, digest = data[:-_HEAD_CHECK], data[-_HEAD_CHECK:]
+        if len(data) > _HEAD_CHECK and self._head_digest(info, body) == digest:
+            return body[:nbytes] if len(body) >= nbytes else None
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # damaged: the shard is fetched whole, and its head kept again
+        return None
 
     def usage(self) -> list[tuple[float, int, str]]:
         """(mtime, size, path) of every cached shard file; removes temp files left by crashed processes."""

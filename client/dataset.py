@@ -292,6 +292,7 @@ class TokenDataset(SampleSource):
                 self.manifest, self.cache, max_bytes=budget, populate=populate, frames=frames, whole_shards=populate,
                 background=self.prefetch_depth > 0, wait_for_started=self.shuffle != "global",
                 max_open=2 * self.window if self.shuffle == "window" else 64,
+                head_tokens=self.seq_len + 1 if self.mode == "tokens" else 0,
             )  # fmt: skip
             self._pid = _FORKS.generation
             self._pool = None
@@ -359,7 +360,7 @@ class TokenDataset(SampleSource):
         touched = set(first)
         for a, b in zip(first, last, strict=True):
             if b > a:  # runs on into the next shard(s)
-                touched.update(t for t in range(a + 1, b + 1) if not (to_fetch and reader.head_by_frames(t)))
+                touched.update(t for t in range(a + 1, b + 1) if not (to_fetch and reader.head_without_shard(t)))
         return sorted(touched)
 
     def prefetch(self, positions: np.ndarray) -> None:
@@ -431,8 +432,8 @@ class TokenDataset(SampleSource):
         for e in range(epoch, epoch + 2):
             for group in self._groups(e, within if e == epoch else 0):
                 # the window's own shards first (its first batch reads them all), then the successors that only
-                # the sample crossing a shard's end reads, and only where their head is not read by frames
-                nexts = [s + 1 for s in group if s + 1 < count and not reader.head_by_frames(s + 1)]
+                # the sample crossing a shard's end reads, and only where their head is not read without them
+                nexts = [s + 1 for s in group if s + 1 < count and not reader.head_without_shard(s + 1)]
                 for t in [*group, *nexts]:
                     if t not in out and t not in mapped:
                         out[t] = None

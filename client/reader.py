@@ -51,8 +51,12 @@ class ShardReader:
         whole_shards: bool = True,
         background: bool = False,
         wait_for_started: bool = False,
+        head_tokens: int = 0,
     ) -> None:
         self.manifest = manifest
+        # tokens of each mapped shard kept as its head in the node cache (0: none): a sample's width
+        self.head_tokens = head_tokens
+        self._heads_kept: set[int] = set()
         self.cache = cache
         self.populate = populate
         self.frames = frames
@@ -100,6 +104,9 @@ class ShardReader:
             return lease.view
         lease = self.cache.open(self.manifest.shards[s], populate=self.populate)
         self._leases[s] = lease
+        if self.head_tokens and s not in self._heads_kept:
+            self._heads_kept.add(s)
+            self.cache.keep_head(self.info(s), lease.view.tokens[: self.head_tokens].tobytes())
         self._bytes += lease.nbytes
         while len(self._leases) > 1 and (len(self._leases) > self.max_open or self._bytes > self.max_bytes):
             _, old = self._leases.popitem(last=False)
@@ -190,7 +197,7 @@ class ShardReader:
     def head_by_frames(self, s: int) -> bool:
         """Whether the head of shard ``s`` that a sample of the shard before runs on into is read by frames
         (format 2, a frame reader, and ``s`` neither mapped here nor in the node cache): its whole fetch then
-        waits for its own window, and a shard smaller than the cache is not downloaded twice."""
+        waits for its own window, and a dataset larger than the cache is not downloaded twice."""
         if self.frames is None or not self._seekable[s] or s in self._leases or s in self._no_frames:
             return False
         try:
@@ -198,16 +205,31 @@ class ShardReader:
         except OSError:
             return False
 
+    def head_without_shard(self, s: int) -> bool:
+        """Whether the head of shard ``s`` (what the sample of the shard before runs on into) is read without
+        fetching ``s`` whole: by frames (:meth:`head_by_frames`), or from the head the node cache keeps."""
+        if s in self._leases:
+            return False
+        if self.head_by_frames(s):
+            return True
+        return self.head_tokens > 0 and self.cache.has_head(self.info(s), self.head_tokens * self.dtype.itemsize)
+
     def _head(self, s: int, take: int, memo: dict[int, np.ndarray | None]) -> np.ndarray:
         """The first ``take`` tokens of shard ``s``, where a sample of the shard before runs on."""
-        if s in memo or not self.head_by_frames(s):
+        if s in memo or s in self._leases:
             return self._slice(s, 0, take, memo)
-        assert self.frames is not None
-        try:
-            return self.frames.tokens(self.info(s), self.dtype, 0, take)
-        except (ShardError, StorageError) as exc:
-            memo[s] = self._whole_instead(s, exc).tokens
-            return self._slice(s, 0, take, memo)
+        if self.head_by_frames(s):
+            assert self.frames is not None
+            try:
+                return self.frames.tokens(self.info(s), self.dtype, 0, take)
+            except (ShardError, StorageError) as exc:
+                memo[s] = self._whole_instead(s, exc).tokens
+                return self._slice(s, 0, take, memo)
+        if take <= self.head_tokens:
+            head = self.cache.read_head(self.info(s), take * self.dtype.itemsize)
+            if head is not None:
+                return np.frombuffer(head, dtype=self.dtype)
+        return self._slice(s, 0, take, memo)
 
     def frames_only(self, s: int) -> bool:
         """Whether shard ``s`` is never fetched whole here (format 2 and whole shards not wanted)."""

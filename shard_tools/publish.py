@@ -164,4 +164,3 @@ def descends_from(locs: Sequence[Location], version: str, ancestor: str) -> tupl
             return False, f"versions/{v}.json is missing, so {version} cannot be shown to descend from {ancestor}"
         v = parent
     return False, f"{ancestor} is not an ancestor of {version}"
-

@@ -347,3 +347,44 @@ def test_a_sample_running_into_a_cold_format_2_shard_reads_its_head_by_frames(tm
     assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     ds.close()
     ref.close()
+
+
+def test_format_1_keeps_the_heads_of_shards_so_later_epochs_fetch_each_shard_once(tmp_path: Path) -> None:
+    """Format 1 can read the head of a shard (where the sample of the shard before runs on) only from the
+    whole shard. The node cache keeps the first seq_len + 1 tokens of every shard it maps, so from the second
+    epoch on the crossing samples read those instead of fetching the next shard whole again; a damaged head
+    is not used. The stream is the same as without heads."""
+    out = str(tmp_path / "ds")
+    inputs, opts = write_input("parquet", tmp_path, make_docs(3000, 8))
+    pack(inputs, out, PackOptions(shard_size=4 * SHARD, **opts))  # format 1, the default
+    shards = len(open_dataset(out).manifest.shards)
+    kw: dict[str, Any] = {"seq_len": 64, "seed": 5, "shuffle": "window", "window": 2, "cache_limit": 8 * 4 * SHARD}
+    kw["prefetch"] = 0  # every whole fetch is one a batch asked for
+    ds = TokenDataset(out, cache_dir=str(tmp_path / "c"), **kw)
+    loader = TokenLoader(ds, batch_size=16)
+    first = [b["input_ids"] for b in loader]
+    in_first = ds.cache.fetches
+    second = [b["input_ids"] for b in loader]
+    in_second = ds.cache.fetches - in_first
+    # the first epoch still fetches next shards whose heads it has not seen; the second each shard at most once
+    # (those still cached from the end of the first not at all)
+    assert in_second <= shards + 2 < in_first, (in_first, in_second, shards)
+    ref = TokenDataset(out, cache_dir=str(tmp_path / "c-ref"), **kw)
+    ref.reader.head_tokens = 0  # no heads: every crossing sample maps the next shard
+    ref_loader = TokenLoader(ref, batch_size=16)
+    want = [b["input_ids"] for b in ref_loader] + [b["input_ids"] for b in ref_loader]
+    assert all(torch.equal(a, b) for a, b in zip(first + second, want, strict=True))
+    heads = sorted((tmp_path / "c" / "heads").iterdir())
+    assert len(heads) == shards
+    for head in heads:  # damage every head: none may be used
+        data = bytearray(head.read_bytes())
+        data[0] ^= 0xFF
+        head.write_bytes(bytes(data))
+    again = TokenDataset(out, cache_dir=str(tmp_path / "c"), **kw)
+    positions = np.arange(again.num_samples)
+    assert np.array_equal(again.payload(positions)["windows"], ref.payload(positions)["windows"])
+    kept = [info for info in again.manifest.shards if again.cache.has_head(info, 1)]
+    assert all(again.cache.read_head(info, 1) is not None for info in kept)  # the damaged ones are gone
+    ds.close()
+    ref.close()
+    again.close()
