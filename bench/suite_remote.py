@@ -46,6 +46,7 @@ GLOBAL_FRAMES = {
     "ferry global, 32 KiB frames": 32 << 10,
     "ferry global, 4 KiB frames": 4 << 10,
 }
+CRASH_RETRIES = 2  # a window run that crashed (litdata's chunk eviction raises KeyError at times) runs again
 HANDOFFS = {  # floors of the stall share: no data read, ready batches of the same shape
     "dataloader": "DataLoader handoff alone (floor)",
     "thread": "ready batch from a thread's queue (floor)",
@@ -139,16 +140,23 @@ def _one(
     }
     if tool == "mosaic":
         args.update(_mosaic_window(ctx))
-    before, ticks = net.body_bytes(), _cpu_ticks()
-    res = _call(ctx, runner, args)
-    downloaded = net.body_bytes() - before
-    res["cores_busy"] = _cores_busy(ticks, _cpu_ticks())
-    if "batches" in res:
-        delivered = (res["batches"] + 1) * BATCH * (SEQ_LEN + 1) * 2
-        res["downloaded_bytes"] = downloaded
-        res["downloaded_per_delivered"] = downloaded / delivered
     what = f"{tool} (warm cache)" if warm else tool
-    log(f"remote rtt={rtt * 1e3:.0f}ms step={step * 1e3:.0f}ms {what}: {res.get('error') or _short(res)}")
+    crashes: list[str] = []
+    for _ in range(1 + CRASH_RETRIES):  # a run that crashed is run again, cold; the crashes are kept
+        if crashes and not warm:
+            shutil.rmtree(cache, ignore_errors=True)
+        before, ticks = net.body_bytes(), _cpu_ticks()
+        res = _call(ctx, runner, args)
+        downloaded = net.body_bytes() - before
+        res["cores_busy"] = _cores_busy(ticks, _cpu_ticks())
+        log(f"remote rtt={rtt * 1e3:.0f}ms step={step * 1e3:.0f}ms {what}: {res.get('error') or _short(res)}")
+        if "batches" in res:
+            delivered = (res["batches"] + 1) * BATCH * (SEQ_LEN + 1) * 2
+            res["downloaded_bytes"] = downloaded
+            res["downloaded_per_delivered"] = downloaded / delivered
+            break
+        crashes.append(str(res.get("error", "no result"))[-300:])
+    res["crashes"] = crashes
     return res
 
 
