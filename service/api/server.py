@@ -199,7 +199,9 @@ def _extra(daemon: Any, args: argparse.Namespace) -> Callable[[], None] | None:
     if json_logs:  # every stderr line is a JSON record then
         log.info("dashboard at %s/  (API %s/api/v1/)", running.url, running.url)
     else:
-        print(f"ferry: dashboard at {running.url}/  (API {running.url}/api/v1/)", file=sys.stderr, flush=True)
+        # one write: print() sends the text and its newline apart, and a log line of another thread came between
+        sys.stderr.write(f"ferry: dashboard at {running.url}/  (API {running.url}/api/v1/)\n")
+        sys.stderr.flush()
     return running.stop
 
 
