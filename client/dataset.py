@@ -349,7 +349,7 @@ class TokenDataset(SampleSource):
 
     def shards_of(self, positions: np.ndarray, *, to_fetch: bool = False) -> list[int]:
         """Indices of the shards the samples at ``positions`` touch. ``to_fetch``: those to fetch whole, without
-        the shards only a sample's continuation touches whose head is read by frames (format 2)."""
+        the shards only a sample's continuation touches whose head is read without them (by frames, or kept)."""
         ids = self.sample_ids(positions)
         reader = self.reader
         if self.mode == "document":
@@ -422,7 +422,8 @@ class TokenDataset(SampleSource):
     def _coming_shards(self, position: int, horizon: int, mapped: set[int]) -> list[int]:
         """Shards not in ``mapped`` that the stream reads from ``position`` on, in order, until they hold
         ``horizon`` bytes: the rest of the current window (``none``: of the dataset), then the next ones,
-        into the next epochs; each shard with its successor, where samples that cross its end continue."""
+        into the next epochs; each window's shards, then their successors, where samples that cross an end continue
+        (unless their heads are read without them)."""
         sizes = self.manifest.shards.raw_bytes
         count = len(sizes)
         reader = self.reader

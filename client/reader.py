@@ -219,12 +219,7 @@ class ShardReader:
         if s in memo or s in self._leases:
             return self._slice(s, 0, take, memo)
         if self.head_by_frames(s):
-            assert self.frames is not None
-            try:
-                return self.frames.tokens(self.info(s), self.dtype, 0, take)
-            except (ShardError, StorageError) as exc:
-                memo[s] = self._whole_instead(s, exc).tokens
-                return self._slice(s, 0, take, memo)
+            return self._frame_tokens(s, 0, take, memo)
         if take <= self.head_tokens:
             head = self.cache.read_head(self.info(s), take * self.dtype.itemsize)
             if head is not None:
@@ -245,6 +240,10 @@ class ShardReader:
         tokens = self._source(s, memo)
         if tokens is not None:
             return tokens[a:b]
+        return self._frame_tokens(s, a, b, memo)
+
+    def _frame_tokens(self, s: int, a: int, b: int, memo: dict[int, np.ndarray | None]) -> np.ndarray:
+        """Tokens ``[a, b)`` of shard ``s`` by frames; the shard mapped whole instead when a frame fails."""
         assert self.frames is not None
         try:
             return self.frames.tokens(self.info(s), self.dtype, a, b)
