@@ -580,13 +580,15 @@ def _seek(res: dict[str, Any]) -> list[str]:
         cells = [t[1:], _m(tps.get(t)), _m(ratio.get(t), 1, 4), _m(first, 1, 3), _m(alone, 1, 3), str(frames)]
         lines.append("| " + " | ".join(cells) + " |")
     if "ratio_cost" in pk:
+        median = pk.get("median_cpu_speed_cost")
+        medians = "" if median is None else f"; {median * 100:.2f}% by the medians"
         lines += ["", f"Format 2 costs {pk['ratio_cost'] * 100:.2f}% ratio, {pk['cpu_speed_cost'] * 100:.2f}% pack "
-                  f"throughput per CPU second ({pk['speed_cost'] * 100:.2f}% wall clock) at zstd {sk.get('level')} "
-                  f"(medians of {sk.get('repeats')}); default format 2: {pk['format_2_by_default']} (needs ≤ 3% "
-                  "and ≤ 5%)."]  # fmt: skip
+                  f"throughput per CPU second (best of {sk.get('repeats')} alternated runs{medians}; "
+                  f"{pk['speed_cost'] * 100:.2f}% wall clock) at zstd {sk.get('level')}; format 2 may be the "
+                  f"default: {pk['format_2_by_default']} (needs ≤ 3% and ≤ 5%)."]  # fmt: skip
     sizes = sk.get("frame_sizes", {})
     if sizes:
-        lines += ["", "| frames of one shard | ratio | MiB/s |", "|---|---|---|"]
+        lines += ["", "| frames of one shard | ratio | MiB/s (CPU) |", "|---|---|---|"]
         lines += [f"| {k} | {v['ratio']:.4f} | {v['mib_per_s']:.0f} |" for k, v in sizes.items() if isinstance(v, dict)]
     lines.append("")
     return lines

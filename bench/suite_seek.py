@@ -70,43 +70,61 @@ def _pack_case(ctx: Context) -> Any:
 
 
 def _costs(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Medians per format and what format 2 costs: ratio, wall-clock and CPU-time throughput (the decision
-    uses CPU time, which other work on a shared machine disturbs far less than it does the wall clock)."""
-    med = {k: {t: (summary(r, k) or {}).get("median") for t, r in runs.items()}
-           for k in ("tokens_per_second", "tokens_per_cpu_s", "ratio")}  # fmt: skip
-    tps, cps, ratio = med["tokens_per_second"], med["tokens_per_cpu_s"], med["ratio"]
+    """Medians and bests per format and what format 2 costs: ratio, wall-clock and CPU-time throughput.
+
+    The decision uses the best CPU-time throughput of each format over its alternated runs: other work
+    on a shared machine only ever adds CPU time (cache and memory-bandwidth interference), so the best
+    run is the steadiest estimate of what the format itself costs; the medians are reported beside it."""
+    def stat(key: str, which: str) -> dict[str, Any]:
+        return {t: (summary(r, key) or {}).get(which) for t, r in runs.items()}
+
+    tps, cps, ratio, best_cps = (stat("tokens_per_second", "median"), stat("tokens_per_cpu_s", "median"),
+                                 stat("ratio", "median"), stat("tokens_per_cpu_s", "max"))  # fmt: skip
     spread = {t: summary(r, "tokens_per_second") for t, r in runs.items()}
-    out: dict[str, Any] = {"tokens_per_s": tps, "tokens_per_cpu_s": cps, "ratio": ratio, "spread_tokens_per_s": spread}
-    if all(d.get("f1") and d.get("f2") for d in (tps, cps, ratio)):
+    out: dict[str, Any] = {"tokens_per_s": tps, "tokens_per_cpu_s": cps, "best_tokens_per_cpu_s": best_cps,
+                           "ratio": ratio, "spread_tokens_per_s": spread}  # fmt: skip
+    if all(d.get("f1") and d.get("f2") for d in (tps, cps, ratio, best_cps)):
         out["ratio_cost"] = 1 - ratio["f2"] / ratio["f1"]
         out["speed_cost"] = 1 - tps["f2"] / tps["f1"]
-        out["cpu_speed_cost"] = 1 - cps["f2"] / cps["f1"]
+        out["median_cpu_speed_cost"] = 1 - cps["f2"] / cps["f1"]
+        out["cpu_speed_cost"] = 1 - best_cps["f2"] / best_cps["f1"]
         ok = out["ratio_cost"] <= MAX_RATIO_COST and out["cpu_speed_cost"] <= MAX_SPEED_COST
         out["format_2_by_default"] = ok
     return out
 
 
 def _frame_sizes(url: str) -> dict[str, Any]:
-    """One shard compressed whole and in frames of each size: ratio and MiB/s (best of 3)."""
+    """One shard compressed whole and in frames of each size: ratio and MiB/s of CPU time (best of 5,
+    the cases alternated). Both as ``ferry pack`` stores them: one frame with its stored digest, frames
+    with their digests and index, unjoined."""
     import zstandard
 
     from shard_tools.dataset import open_dataset
-    from shard_tools.seekable import encode_seekable
+    from shard_tools.digest import digest_bytes
+    from shard_tools.format import compress
+    from shard_tools.seekable import encode_shard_frames
 
     ds = open_dataset(url)
     info = ds.manifest.shards[0]
     raw = zstandard.ZstdDecompressor().decompress(ds.read_stored(0), max_output_size=info.raw_bytes)
+
+    def one_frame() -> int:
+        stored = compress(raw, LEVEL)
+        digest_bytes(stored)
+        return len(stored)
+
     out: dict[str, Any] = {"raw_bytes": len(raw)}
-    cases: list[tuple[str, Any]] = [("one frame", lambda: zstandard.ZstdCompressor(level=LEVEL).compress(raw))]
+    cases: list[tuple[str, Any]] = [("one frame", one_frame)]
     for fs in FRAME_SIZES:
-        cases.append((f"{fs >> 10} KiB", lambda fs=fs: encode_seekable(raw, LEVEL, fs)))
-    for name, fn in cases:
-        best, size = float("inf"), 0
-        for _ in range(3):
-            t0 = time.perf_counter()
-            size = len(fn())
-            best = min(best, time.perf_counter() - t0)
-        out[name] = {"ratio": len(raw) / size, "mib_per_s": len(raw) / best / 2**20}
+        cases.append((f"{fs >> 10} KiB", lambda fs=fs: encode_shard_frames(raw, LEVEL, fs).stored_bytes))
+    best, size = dict.fromkeys((n for n, _ in cases), float("inf")), {}
+    for _ in range(5):
+        for name, fn in cases:
+            t0 = time.process_time()
+            size[name] = fn()
+            best[name] = min(best[name], time.process_time() - t0)
+    for name, _ in cases:
+        out[name] = {"ratio": len(raw) / size[name], "mib_per_s": len(raw) / best[name] / 2**20}
     return out
 
 
@@ -123,7 +141,7 @@ def _first_batch_case(ctx: Context, urls: dict[str, str]) -> Any:
 
 
 def run(ctx: Context) -> dict[str, Any]:
-    repeats = max(3, ctx.repeats)  # at least 3 even for --quick: the decision hangs on a few percent
+    repeats = max(7, ctx.repeats)  # at least 7 even for --quick: the decision hangs on a few percent
     runs = alternate(ctx, ["f1", "f2"], _pack_case(ctx), repeats=repeats, what="seek pack")
     result: dict[str, Any] = {"level": LEVEL, "repeats": repeats, "pack": _costs(runs)}
     urls = {t: next((x["url"] for x in rs if "url" in x), "") for t, rs in runs.items()}

@@ -188,13 +188,14 @@ def store_shard(job: Job, batch: DocBatch, origin: str | None = None) -> ShardIn
     buffer = encode_shard_buffer(batch.tokens, batch.offsets, job.dtype, extra)
     raw = memoryview(buffer)
     index_bytes, index_digest = 0, ""
+    stored: bytes | tuple[bytes, ...]
     if job.stored_format == 2:
         encoded = encode_shard_frames(buffer, job.level, job.frame_size)
-        stored, stored_digest = encoded.stored, encoded.stored_digest
+        stored, stored_bytes, stored_digest = encoded.pieces, encoded.stored_bytes, encoded.stored_digest
         index_bytes, index_digest = encoded.index_bytes, encoded.index_digest
     else:
         stored = compress(raw, job.level)
-        stored_digest = digest_bytes(stored)
+        stored_bytes, stored_digest = len(stored), digest_bytes(stored)
     raw_digest = digest_bytes(raw)
     # the stored format is in the name: both forms of the same content may live in one dataset's history
     suffix = SHARD_SUFFIX_2 if job.stored_format == 2 else SHARD_SUFFIX
@@ -206,7 +207,7 @@ def store_shard(job: Job, batch: DocBatch, origin: str | None = None) -> ShardIn
         path=path,
         documents=len(batch.offsets) - 1,
         tokens=int(batch.offsets[-1]),
-        stored_bytes=len(stored),
+        stored_bytes=stored_bytes,
         raw_bytes=len(raw),
         stored_digest=stored_digest,
         raw_digest=raw_digest,

@@ -169,14 +169,15 @@ class Location:
         except Exception as exc:  # noqa: BLE001
             raise StorageError(f"cannot stat {self.url}/{rel}: {exc}") from exc
 
-    def write_bytes(self, rel: str, data: bytes | memoryview) -> None:
-        """Write ``data`` to ``rel`` atomically (readers see the old object or the whole new one)."""
+    def write_bytes(self, rel: str, data: bytes | memoryview | tuple[bytes, ...]) -> None:
+        """Write ``data`` to ``rel`` atomically (readers see the old object or the whole new one); a
+        tuple of pieces is written as their concatenation (a local file piece by piece, unjoined)."""
         path = self.full(rel)
         try:
             if self.local:
                 atomic_local_write(path, data)
             else:
-                self.fs.pipe_file(path, bytes(data))
+                self.fs.pipe_file(path, b"".join(data) if isinstance(data, tuple) else bytes(data))
         except Exception as exc:  # noqa: BLE001
             raise storage_error(f"cannot write {self.url}/{rel}: {exc}", exc) from exc
 
@@ -200,15 +201,17 @@ class Location:
             raise storage_error(f"cannot delete {self.url}/{rel}: {exc}", exc) from exc
 
 
-def atomic_local_write(path: str, data: bytes | memoryview, *, sync_dir: bool = False) -> None:
-    """Temp file beside ``path``, fsync'ed, renamed over it; ``sync_dir`` also makes the rename
-    itself durable (for the objects whose name is the commit: manifest.json, the lease)."""
+def atomic_local_write(path: str, data: bytes | memoryview | tuple[bytes, ...], *, sync_dir: bool = False) -> None:
+    """Temp file beside ``path`` (a tuple of pieces written in order), fsync'ed, renamed over it;
+    ``sync_dir`` also makes the rename itself durable (for the objects whose name is the commit:
+    manifest.json, the lease)."""
     parent = os.path.dirname(path) or "."
     os.makedirs(parent, exist_ok=True)
     tmp = temp_name(path)
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            for piece in data if isinstance(data, tuple) else (data,):
+                f.write(piece)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
