@@ -76,8 +76,9 @@ def _add_stored_form(p: argparse.ArgumentParser) -> None:
         choices=[1, 2],
         default=None,
         dest="stored_format",
-        help="stored shard format: 1 (default) one zstd frame per shard; 2 seekable zstd frames + a frame index, "
-        "read by frames without the whole shard (global shuffle, cold starts; older ferry cannot read it)",
+        help="stored shard format: 2 (default) seekable zstd frames + a frame index, read by frames without the "
+        "whole shard (global shuffle, cold starts from remote; ferry before format 2 cannot read it); 1 one zstd "
+        "frame per shard (what older ferry reads)",
     )
     p.add_argument(
         "--frame-size",
@@ -213,8 +214,8 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         raise UsageError("--merge and --part are separate steps: run each --part I/N, then --merge")
     if not args.inputs and not args.merge:
         raise UsageError("no input files given (ferry pack INPUT... --out URL)")
-    if args.frame_size is not None and args.stored_format != 2:
-        raise UsageError("--frame-size applies to --format 2 only (format 1 stores each shard as one frame)")
+    if args.frame_size is not None and args.stored_format == 1:
+        raise UsageError("--frame-size applies to format 2 only (--format 1 stores each shard as one frame)")
     opts = PackOptions(
         name=args.name,
         tokenizer=args.tokenizer,

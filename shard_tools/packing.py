@@ -50,10 +50,10 @@ __all__ = [
 
 DEFAULT_SHARD_SIZE = 128 * 2**20
 DEFAULT_LEVEL = 1  # on token streams, about level 3's ratio at a fraction of its time (shared/FINDINGS.md)
-# One frame by default: format 2 may be the default only where it costs at most 3% ratio and 5% pack
-# throughput against format 1 at the same level, and the bench suite "seek" measures more than 5%
-# (the README gives the numbers); format 2 is `--format 2`.
-DEFAULT_STORED_FORMAT = 1
+# Seekable frames by default: format 2 may be the default only where it costs at most 3% ratio and 5% pack
+# throughput against format 1 at the same level; the bench suite "seek" measures 0.05% ratio and no
+# throughput cost (the README gives the numbers). `--format 1` is one zstd frame (what ferry before 2 reads).
+DEFAULT_STORED_FORMAT = 2
 
 
 @dataclass(frozen=True, kw_only=True)

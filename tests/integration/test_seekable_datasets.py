@@ -171,8 +171,11 @@ def test_frame_size_is_chosen_on_the_command_line(tmp_path: Path) -> None:
     assert index.frame_size == 4096 and index.frames == -(-info.raw_bytes // 4096)
     assert [d.tolist() for d in ds.documents()] == [d.tolist() for d in docs]
     assert ferry("verify", out).returncode == 0
-    wrong = ferry("pack", *inputs, "--out", str(tmp_path / "f1"), "--frame-size", "4KiB", *common)
-    assert wrong.returncode == 2 and "--format 2 only" in wrong.stderr
+    default = ferry("pack", *inputs, "--out", str(tmp_path / "default"), "--frame-size", "4KiB", *common)
+    assert default.returncode == 0, default.stderr  # format 2 is the default
+    assert open_dataset(str(tmp_path / "default")).manifest.shards[0].stored_format == 2
+    wrong = ferry("pack", *inputs, "--out", str(tmp_path / "f1"), "--format", "1", "--frame-size", "4KiB", *common)
+    assert wrong.returncode == 2 and "format 2 only" in wrong.stderr
     tiny = ferry("pack", *inputs, "--out", str(tmp_path / "f2"), "--format", "2", "--frame-size", "1KiB", *common)
     assert tiny.returncode == 2 and "outside" in tiny.stderr
 
@@ -356,7 +359,7 @@ def test_format_1_keeps_the_heads_of_shards_so_later_epochs_fetch_each_shard_onc
     is not used. The stream is the same as without heads."""
     out = str(tmp_path / "ds")
     inputs, opts = write_input("parquet", tmp_path, make_docs(3000, 8))
-    pack(inputs, out, PackOptions(shard_size=4 * SHARD, **opts))  # format 1, the default
+    pack(inputs, out, PackOptions(shard_size=4 * SHARD, stored_format=1, **opts))
     shards = len(open_dataset(out).manifest.shards)
     kw: dict[str, Any] = {"seq_len": 64, "seed": 5, "shuffle": "window", "window": 2, "cache_limit": 8 * 4 * SHARD}
     kw["prefetch"] = 0  # every whole fetch is one a batch asked for
@@ -388,3 +391,4 @@ def test_format_1_keeps_the_heads_of_shards_so_later_epochs_fetch_each_shard_onc
     ds.close()
     ref.close()
     again.close()
+
