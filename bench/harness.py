@@ -120,7 +120,7 @@ def alternate(
 
 def summary(runs: list[dict[str, Any]], key: str) -> dict[str, float] | None:
     """Median and spread (min, max) of ``key`` over the successful runs, or None."""
-    values = [float(r[key]) for r in runs if key in r and "error" not in r]
+    values = [float(r[key]) for r in runs if r.get(key) is not None and "error" not in r]
     if not values:
         return None
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}

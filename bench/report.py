@@ -407,15 +407,15 @@ def _remote(res: dict[str, Any]) -> list[str]:
         f"{link.get('conn_rate', 0) / 1e6:.0f} MB/s per connection, {link.get('total_rate', 0) / 1e6:.0f} MB/s in all.",
         "",
         "| RTT | step | tool | first batch s | tokens/s after it | tokens/s overall | stall share | "
-        "downloaded ÷ delivered | peak RSS MiB | cores busy |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "stall share, 2nd half | downloaded ÷ delivered | peak RSS MiB | cores busy |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for case in rm.get("cases", []):
         rtt = f"{case.get('rtt_s', 0) * 1e3:.0f} ms"
         if "limit" in case:
             lim = case["limit"]
             text = lim.get("error") or f"{lim.get('mb_per_s', 0):.0f} MB/s = {_m(lim.get('tokens_per_s'))}M tokens/s"
-            lines.append(f"| {rtt} | — | bare ranged GETs (limit) | — | {text} | — | — | 1 | — | — |")
+            lines.append(f"| {rtt} | — | bare ranged GETs (limit) | — | {text} | — | — | — | 1 | — | — |")
             continue
         step = f"{case.get('step_s', 0) * 1e3:.0f} ms"
         lines += [_remote_row(rtt, step, tool, runs, overall=True) for tool, runs in case.get("runs", {}).items()]
@@ -429,11 +429,13 @@ def _remote_row(rtt: str, step: str, tool: str, runs: list[dict[str, Any]], *, o
     if err and not any("error" not in r for r in runs):
         segments = [seg.strip() for seg in err.split("|") if seg.strip()]  # a traceback's lines, joined by |
         text = next((seg for seg in reversed(segments) if "Error" in seg), segments[-1] if segments else err)[:160]
-        return f"| {rtt} | {step} | {tool} | failed: {text} |" + " |" * (6 if overall else 5)
+        return f"| {rtt} | {step} | {tool} | failed: {text} |" + " |" * (7 if overall else 5)
     mid = f" {_overall(runs)}M |" if overall else ""
+    late_cell = _cell(runs, "late_stall_share", 0.01, 1)
+    late = f" {late_cell}{'' if late_cell == '—' else '%'} |" if overall else ""
     return (
         f"| {rtt} | {step} | {tool} | {_cell(runs, 'first_batch_s', 1, 2)} | {_cell(runs, 'tokens_per_s')}M |{mid} "
-        f"{_cell(runs, 'stall_share', 0.01, 1)}% | {_cell(runs, 'downloaded_per_delivered', 1, 2)} | "
+        f"{_cell(runs, 'stall_share', 0.01, 1)}% |{late} {_cell(runs, 'downloaded_per_delivered', 1, 2)} | "
         f"{_cell(runs, 'peak_rss_mb', 1, 0)} | {_cell(runs, 'cores_busy', 1, 2)} |"
     )
 

@@ -3,9 +3,10 @@
 The S3 server is moto with ranged GETs answered in time proportional to the range, as S3 does
 (``moto_ranged.py``; moto as shipped copies the whole object for every ranged GET).
 
-Each tool's level-1 pack output (~64 MiB shards, from the pack suite or packed here) is uploaded to its own
-bucket on one moto server; every read goes through the same :mod:`netem` proxy (per-connection and total
-bandwidth caps, a round trip per request) at each RTT. Batch 16 x 2049, a simulated step of ``STEP_S``
+Each tool's level-1 pack output (~64 MiB shards; ferry's packed here in stored format 2, the default, and
+in format 1; the peers' from the pack suite or packed here) is uploaded to its own bucket on one moto server;
+every read goes through the same :mod:`netem` proxy (per-connection and total bandwidth caps, a round trip
+per request) at each RTT. Batch 16 x 2049, a simulated step of ``STEP_S``
 per batch with one DataLoader worker (and, for the throughput, no step and no worker), a window shuffle
 (litdata's ``shuffle=True``, MosaicML's py1e in blocks of the window's shards), cold caches bounded to
 ``CACHE_SHARDS`` shards. Bytes downloaded are what the proxy sent during the run; delivered are the token
@@ -35,7 +36,7 @@ RTTS = (0.0, 0.030)
 CONN_RATE, TOTAL_RATE = 40e6, 200e6
 BUCKETS = {
     "ferry": "bench-ferry",
-    "ferry format 2": "bench-ferry-f2",
+    "ferry format 1": "bench-ferry-f1",
     "litdata": "bench-litdata",
     "mosaic": "bench-mosaic",
 }
@@ -51,7 +52,7 @@ HANDOFFS = {  # floors of the stall share: no data read, ready batches of the sa
     "dataloader": "DataLoader handoff alone (floor)",
     "thread": "ready batch from a thread's queue (floor)",
 }
-F2 = "ferry format 2"  # the same corpus in stored format 2 (512 KiB frames): a cold start reads frames first
+F1 = "ferry format 1"  # the same corpus in stored format 1 (one zstd frame a shard); "ferry" is format 2, the default
 # the peers' closest equivalents at the same cache: litdata's shuffle=True, MosaicML's all-to-all "naive" shuffle
 GLOBAL_PEERS = {
     "litdata shuffle=True": ("litdata", {}),
@@ -91,7 +92,8 @@ def _upload(endpoint: str, local: str, bucket: str) -> None:
 
 def _tools(ctx: Context) -> dict[str, tuple[Runner, str]]:
     ferry = Runner("ferry", "remote_ferry.py", ctx.ferry_python)
-    out = {"ferry": (ferry, suite_pack.out_dir(ctx, "ferry", 1, 1)), F2: (ferry, str(_frames_dir(ctx, 512 << 10)))}
+    # packed here in each stored format (the pack suite's output is whichever format was the default then)
+    out = {"ferry": (ferry, str(_frames_dir(ctx, 512 << 10))), F1: (ferry, str(_format_1_dir(ctx)))}
     if ctx.peers_python:
         out["litdata"] = (
             Runner("litdata", "remote_litdata.py", ctx.peers_python),
@@ -178,19 +180,25 @@ def _handoff_args(ctx: Context) -> dict[str, Any]:
             "max_seconds": 4.0 if ctx.quick else 10.0}  # fmt: skip
 
 
-def _pack_frames(ctx: Context, frame_size: int) -> str:
-    """The benchmark corpus packed again in stored format 2 with ``frame_size`` raw bytes per frame."""
-    from shard_tools.packing import PackOptions, pack
+def _format_1_dir(ctx: Context) -> Path:
+    return ctx.data / "remote-format-1"
 
-    out = _frames_dir(ctx, frame_size)
+
+def _pack_frames(ctx: Context, frame_size: int) -> str:
+    """The benchmark corpus packed again in stored format 2 with ``frame_size`` raw bytes per frame (0: in
+    format 1, one zstd frame a shard)."""
+    from shard_tools.packing import PackOptions, pack
+    from shard_tools.seekable import DEFAULT_FRAME_SIZE
+
+    out = _frames_dir(ctx, frame_size) if frame_size else _format_1_dir(ctx)
     if not (out / "manifest.json").exists():
         c = ctx.corpus
         opts = PackOptions(
             vocab_size=c.spec.vocab_size,
             eos_id=c.spec.eos_id,
             shard_size=suite_pack.SHARD_SIZE,
-            stored_format=2,
-            frame_size=frame_size,
+            stored_format=2 if frame_size else 1,
+            frame_size=frame_size or DEFAULT_FRAME_SIZE,
             progress=False,
         )
         pack(c.files, str(out), opts)
@@ -204,7 +212,7 @@ def _global(
     GLOBAL_OVER times the cache."""
     from shard_tools.dataset import open_dataset
 
-    raw = int(open_dataset(suite_pack.out_dir(ctx, "ferry", 1, 1)).manifest.shards.raw_bytes.sum())
+    raw = int(open_dataset(str(_frames_dir(ctx, 512 << 10))).manifest.shards.raw_bytes.sum())
     cache = ctx.data / "cache" / "remote-global"
     shutil.rmtree(cache, ignore_errors=True)
     args = {
@@ -233,8 +241,8 @@ def _global(
 def _global_cases(ctx: Context, upstream: str, tools: dict[str, tuple[Runner, str]]) -> list[dict[str, Any]]:
     plans: dict[str, tuple[Runner, str, dict[str, Any]]] = {}
     for what, frame_size in GLOBAL_FRAMES.items():
-        bucket = BUCKETS[F2] if frame_size == 512 << 10 else f"bench-ferry-{frame_size >> 10}k"
-        if bucket != BUCKETS[F2]:
+        bucket = BUCKETS["ferry"] if frame_size == 512 << 10 else f"bench-ferry-{frame_size >> 10}k"
+        if bucket != BUCKETS["ferry"]:
             _upload(upstream, _pack_frames(ctx, frame_size), bucket)
         plans[what] = (tools["ferry"][0], bucket, {"shuffle": "global"})
     for what, (tool, extra) in GLOBAL_PEERS.items():
@@ -252,7 +260,8 @@ def _global_cases(ctx: Context, upstream: str, tools: dict[str, tuple[Runner, st
     return cases
 
 
-SUMMARY_KEYS = ("first_batch_s", "tokens_per_s", "stall_share", "downloaded_per_delivered", "peak_rss_mb", "cores_busy")
+SUMMARY_KEYS = ("first_batch_s", "tokens_per_s", "stall_share", "late_stall_share", "downloaded_per_delivered",
+                "peak_rss_mb", "cores_busy")  # fmt: skip
 
 
 def _summaries(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
@@ -267,8 +276,9 @@ def _short(res: dict[str, Any]) -> str:
 
 def _ensure_packed(ctx: Context, tools: dict[str, tuple[Runner, str]]) -> None:
     """The load suite's packing, MosaicML's through the torchvision stand-in of ``remote_mosaic.py``."""
-    suite_load._ensure_packed(ctx, {t: v for t, v in tools.items() if t not in ("mosaic", F2)})
+    suite_load._ensure_packed(ctx, {t: v for t, v in tools.items() if t not in ("mosaic", "ferry", F1)})
     _pack_frames(ctx, 512 << 10)
+    _pack_frames(ctx, 0)
     if "mosaic" in tools and not os.path.exists(os.path.join(tools["mosaic"][1], "index.json")):
         c = ctx.corpus
         args = {

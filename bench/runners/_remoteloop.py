@@ -2,7 +2,8 @@
 
 ``build(a)`` makes the loader (its construction counts in the time to the first batch); ``ids(batch)``
 touches the batch. After each batch the loop sleeps ``step_s`` (the simulated training step); the time
-spent in ``next()`` after the first batch is the stall. Runs until ``max_batches`` or ``max_seconds``.
+spent in ``next()`` after the first batch is the stall, also reported for the second half of the run alone
+(``late_stall_share``: past the cold start). Runs until ``max_batches`` or ``max_seconds``.
 """
 
 from __future__ import annotations
@@ -25,13 +26,17 @@ def main(
     it = iter(loader)
     ids(next(it))
     first = now() - t0
-    stall = 0.0
+    stall = late_stall = 0.0
     n = 0
     t1 = now()
     step = float(a.get("step_s", 0.02))
+    seconds = float(a.get("max_seconds", 10.0))
+    late = None  # when the second half of the run began (the cold start's window is in by then)
     for _ in range(int(a.get("max_batches", 10**6))):
-        if now() - t1 >= float(a.get("max_seconds", 10.0)):
+        if now() - t1 >= seconds:
             break
+        if late is None and now() - t1 >= seconds / 2:
+            late = now()
         if step:
             time.sleep(step)
         w = now()
@@ -40,9 +45,12 @@ def main(
         except StopIteration:
             break
         stall += now() - w
+        if late is not None:
+            late_stall += now() - w
         ids(batch)
         n += 1
     wall = now() - t1
+    late_wall = now() - late if late is not None else 0.0
     tokens = n * a["batch_size"] * a["seq_len"]
     out = {
         "first_batch_s": first,
@@ -53,6 +61,8 @@ def main(
         "overall_tokens_per_s": (tokens + a["batch_size"] * a["seq_len"]) / (first + wall),
         "stall_s": stall,
         "stall_share": stall / wall if wall > 0 else 0.0,
+        # the second half alone: past the cold start, while the link carries far more than the loop consumes
+        "late_stall_share": late_stall / late_wall if late_wall > 0 else None,
         **peak_rss_mb(),
     }
     if extra is not None:
