@@ -483,6 +483,16 @@ class TokenDataset(SampleSource):
         except RuntimeError:
             pass  # shut down meanwhile (close() from another thread)
 
+    def settle(self) -> None:
+        """Let this process's background fetches end (running ones finish, queued ones are dropped). A
+        DataLoader worker settles after its last batch, so that the counters it sends last count every
+        request it made (its pools are made again if it reads on)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        if self._reader is not None and self._pid == _FORKS.generation:
+            self._reader.settle()
+
     def close(self) -> None:
         self._scan = None
         if self._pool is not None:

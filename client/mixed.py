@@ -198,6 +198,12 @@ class MixedDataset(SampleSource):
         for source, idx, _ in self._split(positions):
             source.prefetch(idx)
 
+    def settle(self) -> None:
+        for d in self.sources:
+            settle = getattr(d, "settle", None)
+            if settle is not None:
+                settle()
+
     def close(self) -> None:
         for d in self.sources:
             d.close()

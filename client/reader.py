@@ -85,6 +85,12 @@ class ShardReader:
         self._leases: OrderedDict[int, Lease] = OrderedDict()
         self._bytes = 0
 
+    def settle(self) -> None:
+        """Let the whole fetches this reader started end (see :meth:`client.dataset.TokenDataset.settle`)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
