@@ -495,9 +495,7 @@ class TokenDataset(SampleSource):
 
     def close(self) -> None:
         self._scan = None
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        self.settle()
         if self._reader is not None and self._pid == _FORKS.generation:
             self._reader.close()
         self._reader = None

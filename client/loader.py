@@ -173,9 +173,7 @@ class _WorkerStream(IterableDataset[tuple[_Item, dict[str, Any]]]):
                 now = COUNTERS.snapshot()
                 yield item, subtract(now, sent)
                 sent, item = now, []
-        settle = getattr(self.ds, "settle", None)
-        if settle is not None:
-            settle()  # the background fetches started for the last batches end, and are counted below
+        self.ds.settle()  # the background fetches started for the last batches end, and are counted below
         if COUNTERS.changes != seen:
             yield [], subtract(COUNTERS.snapshot(), sent)  # what the worker fetched after its last batch
 

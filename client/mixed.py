@@ -200,9 +200,7 @@ class MixedDataset(SampleSource):
 
     def settle(self) -> None:
         for d in self.sources:
-            settle = getattr(d, "settle", None)
-            if settle is not None:
-                settle()
+            d.settle()
 
     def close(self) -> None:
         for d in self.sources:

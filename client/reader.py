@@ -92,9 +92,7 @@ class ShardReader:
             self._pool = None
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        self.settle()
         if self.frames is not None:
             self.frames.close()
         for lease in self._leases.values():

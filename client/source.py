@@ -73,6 +73,9 @@ class SampleSource(IterableDataset[dict[str, torch.Tensor]]):
     def prefetch(self, positions: np.ndarray) -> None:
         """Start fetching, in the background, the shards the samples at ``positions`` will need."""
 
+    def settle(self) -> None:
+        """Let this process's background fetches end (running ones finish, queued ones are dropped)."""
+
     def close(self) -> None:
         """Release mapped shards and background threads of this process."""
 
