@@ -493,6 +493,9 @@ class TokenDataset(SampleSource):
         if self._reader is not None and self._pid == _FORKS.generation:
             self._reader.settle()
 
+    def raise_deferred(self) -> None:
+        self.cache.raise_deferred()
+
     def close(self) -> None:
         self._scan = None
         self.settle()

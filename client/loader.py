@@ -141,7 +141,8 @@ class _WorkerStream(IterableDataset[tuple[_Item, dict[str, Any]]]):
     ``group`` batches travel together, which spreads DataLoader's fixed cost per item; the first goes
     alone, so a cold start waits for one batch, not for ``group`` (whose later batches may wait on
     whole shards the prefetch brings). A ferry
-    error ends the worker's share with a :class:`_Failure` in place of batch ``k``.
+    error ends the worker's share with a :class:`_Failure` in place of batch ``k``; a node-cache failure
+    that only the background fetches of its last batches met comes after them, as batch ``plan.count``.
     """
 
     def __init__(self, ds: SampleSource, plan: _Plan, num_workers: int, group: int) -> None:
@@ -174,8 +175,16 @@ class _WorkerStream(IterableDataset[tuple[_Item, dict[str, Any]]]):
                 yield item, subtract(now, sent)
                 sent, item = now, []
         self.ds.settle()  # the background fetches started for the last batches end, and are counted below
-        if COUNTERS.changes != seen:
-            yield [], subtract(COUNTERS.snapshot(), sent)  # what the worker fetched after its last batch
+        end: _Item = []
+        try:
+            self.ds.raise_deferred()  # a full disk only the last background fetches met: after the last batch
+        except FerryError as exc:
+            failure = _Failure.of(exc, worker)
+            if failure is None:
+                raise
+            end = [(self.plan.count, failure)]
+        if end or COUNTERS.changes != seen:
+            yield end, subtract(COUNTERS.snapshot(), sent)  # what the worker fetched after its last batch
 
 
 class TokenLoader:
@@ -296,6 +305,8 @@ class TokenLoader:
         for k in mine:
             batch = to_batch(plan.build(self.dataset, k, _Plan.ahead(mine, k, depth), mine))
             yield _pin(batch) if self.pin_memory else batch
+        self.dataset.settle()  # the last batches' background fetches end (and are counted), as in a worker
+        self.dataset.raise_deferred()  # a full disk only they met is raised after the last batch
 
     def _workers(self, plan: _Plan) -> Generator[Batch, None, None]:
         self.dataset.close()  # no threads or mapped shards in the parent when the workers fork

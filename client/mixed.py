@@ -202,6 +202,10 @@ class MixedDataset(SampleSource):
         for d in self.sources:
             d.settle()
 
+    def raise_deferred(self) -> None:
+        for d in self.sources:
+            d.raise_deferred()
+
     def close(self) -> None:
         for d in self.sources:
             d.close()

@@ -76,6 +76,10 @@ class SampleSource(IterableDataset[dict[str, torch.Tensor]]):
     def settle(self) -> None:
         """Let this process's background fetches end (running ones finish, queued ones are dropped)."""
 
+    def raise_deferred(self) -> None:
+        """Raise the node-cache failure (``CacheError``, a full disk) that a background fetch of this process
+        met, if one did: the loader calls it after its last batch, where no later read would raise it."""
+
     def close(self) -> None:
         """Release mapped shards and background threads of this process."""
 
