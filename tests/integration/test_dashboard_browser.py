@@ -6,7 +6,10 @@ Screenshots go to ``test-artifacts/`` (git-ignored).
 from __future__ import annotations
 
 import shutil
+import sys
+import threading
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,6 +65,21 @@ def _cell(pg, dataset: str, cluster: str):  # type: ignore[no-untyped-def]
     return pg.locator(f'#matrix tr[data-dataset="{dataset}"] td[data-cluster="{cluster}"]')
 
 
+def _what_the_daemon_says(svc) -> str:  # type: ignore[no-untyped-def]
+    """The daemon's own view and its threads' stacks, for a sync that did not end in time."""
+    frames = sys._current_frames()
+    stacks = [
+        f"{t.name}: "
+        + " <- ".join(f"{f.name}:{f.lineno}" for f in reversed(traceback.extract_stack(frames[t.ident])[-6:]))
+        for t in threading.enumerate()
+        if t.ident in frames and t.name.startswith("ferry")
+    ]
+    return (
+        f"matrix {svc.daemon.replica_matrix()}; transfers {svc.daemon.transfers()}; "
+        f"errors {svc.daemon.errors()}; threads {stacks}"
+    )
+
+
 def test_matrix_and_transfers_update_live_without_reload(page, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     with running_service(tmp_path, monkeypatch, bwlimit="48KiB/s") as svc:
         page.goto(svc.url + "/")
@@ -73,12 +91,14 @@ def test_matrix_and_transfers_update_live_without_reload(page, tmp_path: Path, m
         percents: list[float] = []
         saw_transfer = False
         shot_mid = False
+        state = None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             cell = _cell(page, "corpus", "west")
             if cell.count():
                 percents.append(float(cell.get_attribute("data-percent") or 0))
-                if cell.get_attribute("data-state") == "complete":
+                state = cell.get_attribute("data-state")
+                if state == "complete":
                     break
             if page.locator("#transfers tbody tr").count():
                 saw_transfer = True
@@ -86,7 +106,7 @@ def test_matrix_and_transfers_update_live_without_reload(page, tmp_path: Path, m
                     _shot(page, "syncing")
                     shot_mid = True
             time.sleep(0.1)
-        assert percents and percents[-1] == 100.0, percents[-5:]
+        assert percents and percents[-1] == 100.0, (percents[-5:], state, _what_the_daemon_says(svc))
         partial = [p for p in percents if 0 < p < 100]
         assert len(set(partial)) >= 2, f"the matrix should move through partial states live: {sorted(set(percents))}"
         assert saw_transfer, "a transfer in flight should have been listed"
