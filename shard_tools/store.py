@@ -13,10 +13,13 @@ import errno
 import hashlib
 import os
 import posixpath
+import re
 import socket
+import sys
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -31,6 +34,11 @@ __all__ = [
     "is_local",
     "temp_name",
     "temp_writer",
+    "TempWriter",
+    "WriterId",
+    "Liveness",
+    "this_writer",
+    "writer_liveness",
     "temp_is_stale",
     "atomic_local_write",
     "STALE_TEMP_SECONDS",
@@ -43,7 +51,6 @@ TEMP_MARKER = ".ferry-tmp-"
 #: A temp file whose writer cannot be checked (another host) is stale only after this long
 #: without a change: a writer streaming into it touches it far more often.
 STALE_TEMP_SECONDS = 15 * 60
-_HOST = hashlib.blake2s(socket.gethostname().encode(), digest_size=4).hexdigest()
 
 
 # Refusals no retry can fix: permission denied, operation not permitted, read-only filesystem.
@@ -85,28 +92,118 @@ def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return isinstance(fs, LocalFileSystem)
 
 
-def temp_name(path: str) -> str:
-    """A unique temp path beside ``path`` (same directory, so a rename is atomic).
-
-    The name carries its writer (a hash of the host name and the process id), so a
-    cleaner never deletes a temp file that a live writer on this host is still filling."""
-    head, tail = posixpath.split(path)
-    return posixpath.join(head, f"{TEMP_MARKER}{_HOST}.{os.getpid()}.{uuid.uuid4().hex[:12]}-{tail}")
+Liveness = Literal["alive", "dead", "unknown"]
 
 
-def temp_writer(name: str) -> tuple[str, int] | None:
-    """(host hash, pid) of the process that made temp file ``name``; None for older names."""
-    base = posixpath.basename(name)
-    if not base.startswith(TEMP_MARKER):
+@dataclass(frozen=True)
+class WriterId:
+    """Who a writer process is, in a form another process can check: the host name, the pid, the
+    PID (and time) namespace it counts that pid in, the kernel's boot id and the process' start
+    time (clock ticks after boot, ``/proc/PID/stat`` field 22). A pid says nothing across
+    namespaces (containers with host networking share a host name, not a PID namespace) nor
+    across boots, and a pid is reused: the start time tells the holder from its successor.
+    ``ns``/``boot``/``start`` are None where unknown (another platform, an older ferry)."""
+
+    host: str
+    pid: int
+    ns: str | None
+    boot: str | None
+    start: int | None
+
+
+def _read_text(path: str, limit: int = 4096) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit).decode("ascii", "replace")
+    except OSError:
         return None
-    parts = base[len(TEMP_MARKER) :].split("-", 1)[0].split(".")
-    if len(parts) != 3 or not parts[1].isdigit():
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time in clock ticks after boot) of process ``pid`` from /proc; None if unreadable."""
+    text = _read_text(f"/proc/{pid}/stat")
+    if text is None:
         return None
-    return parts[0], int(parts[1])
+    fields = text[text.rfind(")") + 2 :].split()  # the name in parentheses may hold spaces and ')'
+    try:
+        return fields[0], int(fields[19])  # fields 3 and 22 of proc(5)
+    except (IndexError, ValueError):
+        return None
+
+
+def _namespaces() -> str | None:
+    """This process' PID namespace, plus its time namespace where the kernel has them (start times
+    are shifted per time namespace): ``pid:[4026531836]/time:[4026531834]``. None: unknown."""
+    if sys.platform != "linux":
+        return "-"  # no PID namespaces: a pid is the host's
+    try:
+        ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+    with contextlib.suppress(OSError):
+        ns += "/" + os.readlink("/proc/self/ns/time")
+    return ns
+
+
+def _boot_id() -> str | None:
+    if sys.platform != "linux":
+        return "-"
+    text = _read_text("/proc/sys/kernel/random/boot_id")
+    return text.strip() if text and text.strip() else None
+
+
+_SELF: list[tuple[int, WriterId]] = []  # (pid, identity): computed once per process, again after a fork
+
+
+def this_writer() -> WriterId:
+    """This process' :class:`WriterId`."""
+    pid = os.getpid()
+    if not _SELF or _SELF[0][0] != pid:
+        stat = _proc_stat(pid) if sys.platform == "linux" else None
+        me = WriterId(socket.gethostname(), pid, _namespaces(), _boot_id(), stat[1] if stat else None)
+        _SELF[:] = [(pid, me)]
+    return _SELF[0][1]
+
+
+def writer_liveness(writer: WriterId) -> tuple[Liveness, str]:
+    """Whether the process ``writer`` names runs: ("alive" | "dead" | "unknown", why). "unknown" for
+    one this process cannot see — another host, boot or PID namespace, or no identity recorded —
+    which callers must treat as alive until its lease or temp file runs out by time."""
+    me = this_writer()
+    if writer.host != me.host:
+        return "unknown", f"holder on another host ({writer.host!r})"
+    if writer.ns is None or writer.boot is None:
+        return "unknown", "holder recorded no PID namespace or boot id (an older ferry)"
+    if me.ns is None or me.boot is None:
+        return "unknown", "this process cannot read its own PID namespace or boot id"
+    if writer.boot != me.boot:
+        return "unknown", "holder on another boot of this host name (another machine, or before a reboot)"
+    if writer.ns != me.ns:
+        return "unknown", "holder in another PID namespace (another container on this host)"
+    return _pid_liveness(writer.pid, writer.start)
+
+
+def _pid_liveness(pid: int, start: int | None) -> tuple[Liveness, str]:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "dead", f"no process {pid} in this PID namespace"
+    except PermissionError:
+        pass  # exists, another user's
+    except (OverflowError, ValueError):
+        return "dead", f"no process {pid} (not a pid)"
+    stat = _proc_stat(pid) if sys.platform == "linux" else None
+    if stat is None:
+        return "alive", f"process {pid} exists"  # /proc hidden (hidepid) or gone this instant: alive
+    if stat[0] in ("Z", "X"):
+        return "dead", f"process {pid} has exited (zombie)"
+    if start is not None and stat[1] != start:
+        return "dead", f"pid {pid} belongs to another process now (started at tick {stat[1]}, not {start})"
+    return "alive", f"process {pid} runs"
 
 
 def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this host (one we may not signal counts as alive)."""
+    """Whether process ``pid`` exists in this PID namespace (one we may not signal counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -116,12 +213,78 @@ def process_alive(pid: int) -> bool:
     return True
 
 
+_BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def _base36(n: int) -> str:
+    out = ""
+    while True:
+        n, r = divmod(n, 36)
+        out = _BASE36[r] + out
+        if not n:
+            return out
+
+
+_PLACE_CACHE: dict[WriterId, str] = {}
+
+
+def _place(w: WriterId) -> str:
+    """12 hex digits naming (host, PID namespace, boot): where a pid means one process. "u" when
+    this process cannot tell its namespace or boot (its temp files then go stale by age only)."""
+    if w.ns is None or w.boot is None:
+        return "u"
+    got = _PLACE_CACHE.get(w)
+    if got is None:
+        key = "\0".join((w.host, w.ns, w.boot)).encode()
+        got = _PLACE_CACHE[w] = hashlib.blake2s(key, digest_size=6).hexdigest()
+    return got
+
+
+def temp_name(path: str) -> str:
+    """A unique temp path beside ``path`` (same directory, so a rename is atomic).
+
+    The name carries its writer — ``PLACE.PID.START.RANDOM``: a hash of the host name, PID
+    namespace and boot id, the pid and the process' start time (base 36) — so a cleaner never
+    deletes a temp file that a live writer is still filling, also across containers."""
+    me = this_writer()
+    head, tail = posixpath.split(path)
+    start = _base36(me.start) if me.start is not None else "u"
+    return posixpath.join(head, f"{TEMP_MARKER}{_place(me)}.{me.pid}.{start}.{uuid.uuid4().hex[:8]}-{tail}")
+
+
+class TempWriter(NamedTuple):
+    """Who made a temp file: ``place`` (see :func:`temp_name`; an older name's is its host hash), the
+    pid, and the process' start time (None: an older name, or unknown)."""
+
+    place: str
+    pid: int
+    start: int | None
+
+
+_TAG = re.compile(r"(?P<place>[0-9a-fu]{1,16})\.(?P<pid>[0-9]{1,10})(?:\.(?P<start>[0-9a-zu]{1,16}))?\.[0-9a-f]{1,32}")
+
+
+def temp_writer(name: str) -> TempWriter | None:
+    """The writer of temp file ``name``; None for a name that carries none."""
+    base = posixpath.basename(name)
+    if not base.startswith(TEMP_MARKER):
+        return None
+    m = _TAG.fullmatch(base[len(TEMP_MARKER) :].split("-", 1)[0])
+    if m is None:
+        return None
+    start = m.group("start")
+    return TempWriter(m.group("place"), int(m.group("pid")), None if start in (None, "u") else int(start, 36))
+
+
 def temp_is_stale(name: str, age_seconds: float | None) -> bool:
-    """Whether temp file ``name`` may be deleted: its writer on this host is gone, or (writer
-    elsewhere or unknown) it has not changed for ``STALE_TEMP_SECONDS``."""
+    """Whether temp file ``name`` may be deleted: its writer (same host, PID namespace and boot, named
+    in the new form) is gone, or — writer elsewhere, unknown or named in an older form — it has not
+    changed for ``STALE_TEMP_SECONDS``."""
     writer = temp_writer(name)
-    if writer is not None and writer[0] == _HOST:
-        return writer[1] != os.getpid() and not process_alive(writer[1])
+    me = this_writer()
+    if writer is not None and writer.start is not None and len(writer.place) == 12 and writer.place == _place(me):
+        state, _ = _pid_liveness(writer.pid, writer.start)
+        return state == "dead"
     return age_seconds is None or age_seconds >= STALE_TEMP_SECONDS
 
 
