@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from shard_tools.errors import DatasetNotFoundError, ManifestError, RollbackError, StorageError
+from shard_tools.errors import DatasetNotFoundError, LeaseHeldError, ManifestError, RollbackError, StorageError
 from shard_tools.header import MANIFEST_FILE, SHARDS_DIR, VERSIONS_DIR, parse_header, version_path
 from shard_tools.publish import descends_from, store_version, swap_manifest
 from shard_tools.store import STALE_TEMP_SECONDS, TEMP_MARKER, Location, temp_is_stale
@@ -176,8 +176,8 @@ class Engine:
             self._up_to_date(result, on_plan)
         else:
             self._check_descends(src_loc, dst_loc, result.version_id, dest_version)
-            with Lease(dst_loc, self.writer, ttl=self.lease_ttl):
-                self._bring_up(result, src_header[0], src_loc, dst_loc, dest_version, locations, on_plan)
+            with Lease(dst_loc, self.writer, ttl=self.lease_ttl) as lease:
+                self._bring_up(result, src_header[0], src_loc, dst_loc, dest_version, locations, on_plan, lease)
         result.seconds = time.monotonic() - t0
         if not result.up_to_date:
             self._event(
@@ -212,8 +212,10 @@ class Engine:
         dest_version: str | None,
         locations: Mapping[str, Location],
         on_plan: Callable[[PassResult], None] | None,
+        lease: Lease,
     ) -> None:
-        """Plan, copy and publish one version at a destination whose lease this writer holds."""
+        """Plan, copy and publish one version at a destination whose lease this writer holds; once the
+        lease is lost (taken over, broken) no further copy starts and nothing is published."""
         dataset, source, dest, version = result.dataset, result.source, result.destination, result.version_id
         now, created = time.time(), _created_ts(parse_header(src_bytes))
         self.state.seen_version(dataset, dest, version, min(now, created) if created else now)
@@ -258,8 +260,15 @@ class Engine:
         if on_plan is not None:
             on_plan(result)
         if jobs:
-            self.executor.run(jobs, locations, lambda r: self._on_result(r, result), self._history)
+            stop = lambda: lease.lost is not None  # noqa: E731
+            self.executor.run(jobs, locations, lambda r: self._on_result(r, result), self._history, stop=stop)
             self.state.flush()  # the pass's verified marks are committed before its manifest is published
+        if lease.lost is not None:
+            raise LeaseHeldError(
+                f"{dst_loc.url}: lost the writer lease while copying ({lease.lost}); stopped copying into it, "
+                "nothing published (the next pass takes the lease again if it is free)",
+                retryable=True,
+            )
         if result.ok:
             self._publish(src_loc, dst_loc, manifest, table, src_bytes, result)
             if self.keep_versions and result.published:

@@ -145,8 +145,11 @@ class Executor:
         locations: Mapping[str, Location],
         on_result: Callable[[JobResult], None] | None = None,
         on_attempt: AttemptRecorder | None = None,
+        *,
+        stop: Callable[[], bool] | None = None,
     ) -> list[JobResult]:
-        """Run ``jobs`` (blocking) and return their results in completion order.
+        """Run ``jobs`` (blocking) and return their results in completion order. Once ``stop()`` is
+        true no further job of this run starts: the rest end as cancelled (those in flight finish).
 
         ``on_result`` receives each job's result as it completes; ``on_attempt`` each copy attempt
         (the history): ``(job, source, bytes, started, duration, error or None)``."""
@@ -174,6 +177,9 @@ class Executor:
                         except queue.Empty:
                             self._slots.wake_waiters()  # the others waiting for a slot can go home
                             return
+                        if stop is not None and stop():
+                            finish(JobResult(job, ok=False, cancelled=True, error="stopped: writer lease lost"))
+                            continue
                         finish(self.run_job(job, locations, on_attempt))
                         if not self._slots.keep():
                             break
