@@ -1,4 +1,4 @@
-"""Pin the public face of ``client`` and the flags of ``ferry serve`` and ``ferry status`` exactly: a
+"""Pin the public face of ``client`` and the flags of ``ferry serve``, ``ferry status`` and ``ferry lease`` exactly: a
 name or flag added or removed fails here, so the change is made on purpose (and in the README).
 
 The flags are read from ``ferry CMD --help``, what a user sees, so how the CLI is built may change."""
@@ -21,6 +21,8 @@ SERVE_FLAGS = {
 STATUS_FLAGS = {
     "-h", "--help", "--server", "--token", "--token-env", "--json", "--watch", "--interval", "--timeout",
 }  # fmt: skip
+LEASE_SHOW_FLAGS = {"-h", "--help", "--storage-option", "-S", "--json"}
+LEASE_BREAK_FLAGS = LEASE_SHOW_FLAGS | {"--yes", "-y", "--if-holder"}
 
 # an option at the start of a help line, or after ", " (its aliases): "  --config CONFIG, -c CONFIG"
 _OPTION = re.compile(r"(?:^\s{1,8}|, )(--?[A-Za-z][\w-]*)")
@@ -35,7 +37,7 @@ def help_flags(text: str) -> set[str]:
 
 def command_help(command: str, capsys: pytest.CaptureFixture[str]) -> str:
     with pytest.raises(SystemExit) as exit_info:
-        main([command, "--help"])
+        main([*command.split(), "--help"])
     assert exit_info.value.code == 0
     return capsys.readouterr().out
 
@@ -49,7 +51,11 @@ def test_client_exports_exactly() -> None:
         assert getattr(client, name).__name__ == name
 
 
-@pytest.mark.parametrize(("command", "expected"), [("serve", SERVE_FLAGS), ("status", STATUS_FLAGS)])
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [("serve", SERVE_FLAGS), ("status", STATUS_FLAGS), ("lease show", LEASE_SHOW_FLAGS),
+     ("lease break", LEASE_BREAK_FLAGS)],
+)  # fmt: skip
 def test_service_command_flags_exactly(command: str, expected: set[str], capsys: pytest.CaptureFixture[str]) -> None:
     text = command_help(command, capsys)
     assert text.startswith(f"usage: ferry {command} ")
