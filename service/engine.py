@@ -267,6 +267,7 @@ class Engine:
             raise LeaseHeldError(
                 f"{dst_loc.url}: lost the writer lease while copying ({lease.lost}); stopped copying into it, "
                 "nothing published (the next pass takes the lease again if it is free)",
+                holder=lease.lost_to,
                 retryable=True,
             )
         if result.ok:

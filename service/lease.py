@@ -31,6 +31,8 @@ import contextlib
 import json
 import logging
 import math
+import os
+import stat
 import threading
 import time
 import uuid
@@ -211,7 +213,13 @@ class LeaseView:
 
 
 def view_lease(loc: Location) -> LeaseView:
-    """Read ``loc``'s lease file once (bounded: a file over 16 MiB is not read)."""
+    """Read ``loc``'s lease file once (bounded: a file over 16 MiB, or locally anything but a regular
+    file — a FIFO, a link to /dev/zero — is not read)."""
+    if loc.local:
+        with contextlib.suppress(FileNotFoundError):
+            st = os.lstat(loc.full(LEASE_FILE))
+            if not stat.S_ISREG(st.st_mode):
+                return LeaseView(loc.url, True, None, st.st_size, None, "not a regular file: not a lease")
     with contextlib.suppress(FileNotFoundError):
         size = loc.size(LEASE_FILE)
         if size > _READ_LIMIT:
@@ -223,6 +231,13 @@ def view_lease(loc: Location) -> LeaseView:
     if isinstance(checked, str):
         return LeaseView(loc.url, True, got.token, len(got.data), None, checked)
     return LeaseView(loc.url, True, got.token, len(got.data), checked, None)
+
+
+def _unread_size(loc: Location) -> int | None:
+    try:
+        return os.lstat(loc.full(LEASE_FILE)).st_size if loc.local else loc.size(LEASE_FILE)
+    except FileNotFoundError:
+        return None
 
 
 def _warn_invalid(view: LeaseView) -> None:
@@ -253,11 +268,11 @@ def break_lease(loc: Location, view: LeaseView, *, reason: str = "") -> LeaseInf
         raise WriteConflictError(f"{loc.url}: there is no lease to break")
     me = this_writer()
     who = f"broken:{me.host}:{me.pid}:{uuid.uuid4().hex[:8]}"
-    if view.token is None:  # over the read limit: no token to swap against; delete if unchanged
-        if loc.size(LEASE_FILE) != view.size:
+    if view.token is None:  # not read (too big, not a file): no token to swap against; delete if unchanged
+        if _unread_size(loc) != view.size:
             raise WriteConflictError(f"{loc.url}: the lease file changed since it was read")
         loc.remove(LEASE_FILE)
-        _log.warning("removed the %d-byte lease file at %s (%s)", view.size, safe_text(loc.url, 200), reason or "-")
+        _log.warning("removed the unreadable lease file at %s (%s)", safe_text(loc.url, 200), view.problem)
         return None
     now = time.time()
     mark = LeaseInfo(who, "broken", me.host, me.pid, now, 0.0, me.ns, me.boot, me.start)
@@ -285,6 +300,7 @@ class Lease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lost: str | None = None  # why the lease was lost while held (None: still ours)
+        self.lost_to = ""  # the holder that took it over, or who broke it ("" unknown)
 
     def _info(self, expires_at: float) -> LeaseInfo:
         me = this_writer()
@@ -297,7 +313,7 @@ class Lease:
             view = view_lease(self.loc)
             if view.exists and view.token is None:
                 raise StorageError(
-                    f"{self.loc.url}/{LEASE_FILE} is {view.size} bytes, not a lease: look at it, then remove it "
+                    f"{self.loc.url}/{LEASE_FILE}: {view.problem}; look at it, then remove it "
                     f"(ferry lease break {self.loc.url})",
                     retryable=False,
                 )
@@ -329,10 +345,13 @@ class Lease:
             self.lost = "the lease was taken over or broken"
             with contextlib.suppress(StorageError):
                 view = view_lease(self.loc)
+                taker = view.active()
                 if view.info is not None and view.info.kind == "broken":
                     self.lost = f"the lease was broken by {safe_text(view.info.holder)} (ferry lease break)"
-                elif view.active() is not None:
-                    self.lost = f"the lease was taken over by {view.active().describe()}"  # type: ignore[union-attr]
+                    self.lost_to = view.info.holder
+                elif taker is not None:
+                    self.lost = f"the lease was taken over by {taker.describe()}"
+                    self.lost_to = taker.holder
             _log.warning("lost the writer lease of %s: %s", safe_text(self.loc.url, 200), self.lost)
             return False
         return True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from service.executor import Executor, JobResult
 from service.lease import LEASE_FILE, Lease, break_lease, read_lease, view_lease
 from service.passes import PassResult
 from service.replication_state import State
-from shard_tools.errors import LeaseHeldError, WriteConflictError
+from shard_tools.errors import LeaseHeldError, StorageError, WriteConflictError
 from shard_tools.store import resolve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -174,3 +175,37 @@ def test_a_writer_whose_lease_is_broken_stops_copying_and_publishes_nothing(
     assert len(shards) == 1  # no copy started after the lease was lost
     monkeypatch.setattr(Engine, "_on_result", original)
     assert eng.sync_pass("d", "src", "dst", locs).published  # the next pass takes the lease again
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero"])
+def test_a_lease_path_that_is_no_file_is_not_read(file_backend: Any, kind: str) -> None:
+    """A FIFO would block a reader forever, a link to /dev/zero fill its memory."""
+    loc = resolve(file_backend.url("dst"))
+    Path(loc.root).mkdir(parents=True)
+    path = Path(loc.full(LEASE_FILE))
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    run = lease_cli("show", loc.url, "--json")
+    assert run.returncode == 0 and json.loads(run.stdout)["state"] == "invalid", run.stderr
+    with pytest.raises(StorageError, match="not a regular file"):
+        Lease(loc, "sync").acquire()
+    run = lease_cli("break", loc.url, "--yes")
+    assert run.returncode == 0 and not path.is_symlink() and not path.exists(), run.stderr
+    Lease(loc, "sync").acquire()
+
+
+def test_show_and_break_on_s3(s3_backend: Any) -> None:
+    """Storage options as the other commands take them; the break is a conditional PUT."""
+    url = s3_backend.url("dst")
+    endpoint = s3_backend.storage_options["client_kwargs"]["endpoint_url"]
+    opts = ["-S", "key=testing", "-S", "secret=testing", "-S", f"client_kwargs.endpoint_url={endpoint}"]
+    lease = Lease(resolve(url, s3_backend.storage_options), "daemon", ttl=30)
+    lease.acquire()
+    doc = json.loads(lease_cli("show", url, *opts, "--json").stdout)
+    assert doc["state"] == "held" and doc["holder"] == lease.holder and doc["liveness"] == "alive"
+    run = lease_cli("break", url, *opts, "--yes", "--if-holder", lease.holder)
+    assert run.returncode == 0, run.stderr
+    assert not lease.renew() and lease.lost is not None and "broken by" in lease.lost
+    assert json.loads(lease_cli("show", url, *opts, "--json").stdout)["state"] == "broken"
