@@ -66,7 +66,8 @@ def _report(view: Any, now: float) -> dict[str, Any]:
         "host": safe_text(info.host, 256), "pid": info.pid, "ns": None if info.ns is None else safe_text(info.ns),
         "boot": None if info.boot is None else safe_text(info.boot), "start": info.start,
         "acquired_at": info.acquired_at, "age_s": round(now - info.acquired_at, 3),
-        "expires_at": info.expires_at, "expires_in_s": round(info.expires_at - now, 3),
+        "expires_at": info.expires_at,
+        "expires_in_s": None if state in ("released", "broken") else round(info.expires_at - now, 3),
         "liveness": liveness, "liveness_reason": why,
     }  # fmt: skip
 
@@ -95,8 +96,9 @@ def _print_human(r: dict[str, Any]) -> None:
         ("state", r["state"]), ("holder", r["holder"]), ("kind", r["kind"]), ("host", r["host"]),
         ("pid", str(r["pid"])), ("namespace", r["ns"] or "unknown (written by an older ferry)"),
         ("boot id", r["boot"] or "unknown"), ("acquired", acquired), ("expires", expiry),
-        ("alive", f"{alive} ({r['liveness_reason']})"),
     ]  # fmt: skip
+    if r["state"] not in ("released", "broken"):  # the holder of a lease that ended matters no more
+        rows.append(("alive", f"{alive} ({r['liveness_reason']})"))
     print(f"lease of {url}")
     for key, value in rows:
         print(f"  {key + ':':11} {value}")
@@ -129,11 +131,8 @@ def _confirm(args: argparse.Namespace) -> bool:
         return True
     if not sys.stdin.isatty():
         raise FerryError("refusing to break the lease without --yes: no terminal to ask")
-    try:
-        answer = input("break this lease? [y/N] ")
-    except EOFError:
-        return False
-    return answer.strip().lower() in ("y", "yes")
+    print("break this lease? [y/N] ", end="", file=sys.stderr, flush=True)  # stdout stays the report
+    return sys.stdin.readline(64).strip().lower() in ("y", "yes")
 
 
 def _cmd_break(args: argparse.Namespace) -> int:
