@@ -189,3 +189,31 @@ def test_temp_file_of_a_killed_writer_in_this_namespace_is_deleted_at_once(file_
     pack(src, 10, seed=9, append=True)
     run = ferry("sync", src, dst, "--json")
     assert run.returncode == 0 and not tmp.exists() and '"temps_deleted": 1' in run.stdout, run.stdout
+
+
+SAME_NS = """
+import subprocess, sys, time
+from service.lease import Lease
+from shard_tools.errors import LeaseHeldError
+from shard_tools.store import resolve
+loc = resolve(sys.argv[1])
+code = "import sys, time; from service.lease import Lease; from shard_tools.store import resolve; " \\
+       "Lease(resolve(sys.argv[1]), 'daemon', ttl=600).acquire(); print('held', flush=True); time.sleep(300)"
+holder = subprocess.Popen([sys.executable, "-c", code, sys.argv[1]], stdout=subprocess.PIPE, text=True)
+assert holder.stdout.readline().strip() == "held"
+try:
+    Lease(loc, "sync").acquire()
+except LeaseHeldError:
+    print("refused while alive")
+holder.kill()
+holder.wait()
+Lease(loc, "sync").acquire()  # the holder of this namespace is gone: at once, not after 600 s
+print("taken at once")
+"""
+
+
+def test_in_one_container_a_killed_holder_is_seen_gone_at_once(file_backend: Any) -> None:
+    """Writers sharing a PID namespace (other than the host's) still see each other die."""
+    run = subprocess.run(["unshare", "-pf", "--mount-proc", sys.executable, "-c", SAME_NS, file_backend.url("d")],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)  # fmt: skip
+    assert run.stdout.split("\n")[:2] == ["refused while alive", "taken at once"], run.stdout + run.stderr

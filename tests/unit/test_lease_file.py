@@ -14,7 +14,17 @@ from typing import Any
 
 import pytest
 
-from service.lease import LEASE_FILE, MAX_LEASE_BYTES, MAX_TTL, Lease, LeaseInfo, read_lease, view_lease
+from service.lease import (
+    LEASE_FILE,
+    MAX_LEASE_BYTES,
+    MAX_TTL,
+    Lease,
+    LeaseInfo,
+    break_lease,
+    read_lease,
+    view_lease,
+)
+from shard_tools.errors import StorageError
 from shard_tools.store import (
     STALE_TEMP_SECONDS,
     TEMP_MARKER,
@@ -175,3 +185,16 @@ def test_lease_info_check_names_the_problem() -> None:
     assert isinstance(LeaseInfo.check(body()), LeaseInfo)
     assert "not JSON" in str(LeaseInfo.check(b"{"))
     assert "expires_at" in str(LeaseInfo.check(raw("NaN")))
+
+
+def test_a_lease_file_too_big_to_read_is_not_read(loc: Location) -> None:
+    Path(loc.root).mkdir(parents=True)
+    path = Path(loc.full(LEASE_FILE))
+    with open(path, "wb") as f:
+        f.truncate(17 * 1024 * 1024)  # sparse: nothing to write
+    view = view_lease(loc)
+    assert view.token is None and view.problem and "bytes" in view.problem
+    with pytest.raises(StorageError, match="ferry lease break"):
+        Lease(loc, "sync").acquire()
+    assert break_lease(loc, view) is None and not path.exists()
+    Lease(loc, "sync").acquire()
