@@ -137,6 +137,8 @@ def _namespaces() -> str | None:
     if sys.platform != "linux":
         return "-"  # no PID namespaces: a pid is the host's
     try:
+        if os.readlink("/proc/self") != str(os.getpid()):
+            return None  # /proc is another PID namespace's (unshare -p without a new /proc): pids can't be checked
         ns = os.readlink("/proc/self/ns/pid")
     except OSError:
         return None
@@ -159,8 +161,9 @@ def this_writer() -> WriterId:
     """This process' :class:`WriterId`."""
     pid = os.getpid()
     if not _SELF or _SELF[0][0] != pid:
-        stat = _proc_stat(pid) if sys.platform == "linux" else None
-        me = WriterId(socket.gethostname(), pid, _namespaces(), _boot_id(), stat[1] if stat else None)
+        ns = _namespaces()
+        stat = _proc_stat(pid) if sys.platform == "linux" and ns is not None else None
+        me = WriterId(socket.gethostname(), pid, ns, _boot_id(), stat[1] if stat else None)
         _SELF[:] = [(pid, me)]
     return _SELF[0][1]
 

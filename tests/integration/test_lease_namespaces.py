@@ -217,3 +217,16 @@ def test_in_one_container_a_killed_holder_is_seen_gone_at_once(file_backend: Any
     run = subprocess.run(["unshare", "-pf", "--mount-proc", sys.executable, "-c", SAME_NS, file_backend.url("d")],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)  # fmt: skip
     assert run.stdout.split("\n")[:2] == ["refused while alive", "taken at once"], run.stdout + run.stderr
+
+
+def test_a_writer_whose_proc_is_another_namespaces_claims_no_identity(file_backend: Any) -> None:
+    """``unshare -p`` without a new /proc: /proc shows the parent namespace, where this process' pid
+    means another process. Its lease records no namespace (so nobody judges it by pid)."""
+    dst = file_backend.url("d")
+    code = "import sys; from service.lease import Lease; from shard_tools.store import resolve; " \
+           "Lease(resolve(sys.argv[1]), 'daemon', ttl=600).acquire()"  # fmt: skip
+    run = subprocess.run(["unshare", "-pf", sys.executable, "-c", code, dst], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    held = read_lease(resolve(dst))  # its process has exited, but nothing here can tell
+    assert held is not None and held.ns is None and held.start is None and held.liveness()[0] == "unknown"
