@@ -246,6 +246,8 @@ def _warn_invalid(view: LeaseView) -> None:
     with _warned_lock:
         if key in _warned:
             return
+        if len(_warned) >= 1024:  # a file rewritten with new garbage again and again: memory stays bounded
+            _warned.clear()
         _warned.add(key)
     _log.warning(
         "the writer lease at %s is not valid (%s): it counts as expired", safe_text(view.url, 200), view.problem
