@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from shard_tools.errors import DatasetNotFoundError, ManifestError, RollbackError, StorageError
 from shard_tools.header import MANIFEST_FILE, SHARDS_DIR, VERSIONS_DIR, parse_header, version_path
-from shard_tools.publish import descends_from, store_version, swap_manifest
+from shard_tools.publish import carry_lineage, descends_from, store_version, swap_manifest
 from shard_tools.store import STALE_TEMP_SECONDS, TEMP_MARKER, Location, temp_is_stale
 
 from .events import EventBus
@@ -308,6 +308,7 @@ class Engine:
             if now == version:
                 return None  # another writer published the same version meanwhile
             self._check_descends(src, dst, version, now)
+            carry_lineage([src], dst, version, now)  # the records between: ancestry stays answerable here
             return header
 
         swap_manifest(dst, choose)
