@@ -152,3 +152,18 @@ def test_carry_lineage_copies_only_the_versions_between() -> None:
 def _load(loc: Location, vid: str) -> tuple[Manifest, bytes]:
     table = loc.read_bytes(_TABLE_PATH(loc, vid))
     return Manifest.from_json(loc.read_bytes(version_path(vid)), table), table
+
+
+def test_a_record_under_another_versions_name_is_not_believed() -> None:
+    loc = location()
+    ids = chain(loc, 30)
+    other = chain(loc, 2, tag="-other")
+    prune(loc, set())
+    # lineage/<ids[20]>.json replaced by a valid header of another version: ignored, so the walk
+    # through it fails instead of taking the other version's ancestry
+    loc.write_bytes(lineage_path(ids[20]), loc.read_bytes(lineage_path(other[1])))
+    ok, why = descends_from([loc], ids[20], other[0])
+    assert not ok and "missing" in why
+    huge = {"gen": 10**6, "root": "r", "up": [[10**6 - 1 - i, f"v{i}"] for i in range(65)]}
+    with pytest.raises(ManifestError):
+        lineage_of({"version_id": "x", "parent": "v0", "lineage": huge})
