@@ -154,3 +154,31 @@ def test_store_immutable_describes_the_object_already_stored(memory_backend: Any
     got = packunit.store_immutable(loc, claimed, (b"other",))
     assert got == info
     assert loc.read_bytes(info.path) == before
+
+
+def test_parts_and_merge_append_at_another_level(tmp_path: Path) -> None:
+    """``--part I/N`` + ``--merge`` stores shards through the same create-only path."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from shard_tools import pack
+    from shard_tools.packing import merge_parts, pack_part
+
+    docs = make_docs(150, seed=12)
+    inputs = []
+    for i in range(2):
+        path = tmp_path / f"in-{i}.parquet"
+        part = [d.astype("int64").tolist() for d in docs[i * 75 : (i + 1) * 75]]
+        pq.write_table(pa.table({"tokens": pa.array(part, type=pa.list_(pa.int64()))}), path)
+        inputs.append(str(path))
+    out = str(tmp_path / "fan")
+    base = PackOptions(vocab_size=VOCAB, eos_id=EOS, shard_size=8192, progress=False, name="fan")
+    first = pack(inputs, out, base)
+    opts = replace(base, append=True, compression_level=8)
+    for i in (1, 0):
+        pack_part(inputs, out, i, 2, opts)
+    second = merge_parts(out, opts)
+    assert second.parent == first.version_id
+    for version in (first.version_id, second.version_id):
+        report = verify(out, version=version)
+        assert report.ok, (version, report.bad)
