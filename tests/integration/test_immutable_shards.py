@@ -182,3 +182,13 @@ def test_parts_and_merge_append_at_another_level(tmp_path: Path) -> None:
     for version in (first.version_id, second.version_id):
         report = verify(out, version=version)
         assert report.ok, (version, report.bad)
+
+
+@pytest.mark.slow
+def test_create_only_holds_for_multipart_uploads_on_s3(s3_backend: Any) -> None:
+    """A shard above s3fs's single-PUT size goes up in parts: the create-only condition holds there too."""
+    loc = resolve(s3_backend.url("imm-mpu"), s3_backend.storage_options)
+    size = 101 * 2**20
+    assert packunit.create_object(loc, "shards/big", b"a" * size) is True
+    assert packunit.create_object(loc, "shards/big", b"b" * size) is False
+    assert loc.read_bytes("shards/big")[:4] == b"aaaa"
