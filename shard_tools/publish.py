@@ -150,11 +150,13 @@ def publish_version(
     return chosen[0]
 
 
-def _record(locs: Sequence[Location], version: str) -> dict[str, Any] | None:
+def _record(locs: Sequence[Location], version: str, *, legacy: bool = False) -> dict[str, Any] | None:
     """The checked header of ``version``: ``lineage/<id>.json`` (never pruned), else ``versions/<id>.json``,
-    at the first location holding a readable one; None where none does."""
+    at the first location holding a readable one; None where none does. ``legacy`` (a version below one
+    written before lineages, so most likely without a record) tries ``versions/`` first."""
+    paths = (lineage_path(version), version_path(version))
     for loc in locs:
-        for path in (lineage_path(version), version_path(version)):
+        for path in reversed(paths) if legacy else paths:
             try:
                 doc = parse_header(loc.read_bytes(path))
                 if doc["version_id"] != version:
@@ -197,16 +199,18 @@ def descends_from(locs: Sequence[Location], version: str, ancestor: str) -> tupl
     seen: set[str] = set()
     anc: list[dict[str, Any] | None] = []  # the ancestor's header, read once when first needed
     v: str | None = version
+    legacy = False
     while v is not None and len(seen) < _MAX_CHAIN:
         if v == ancestor:
             return True, ""
         if v in seen:
             return False, f"the parent chain of {version} loops at {v}"
         seen.add(v)
-        doc = _record(locs, v)
+        doc = _record(locs, v, legacy=legacy)
         if doc is None:
             return False, f"versions/{v}.json is missing, so {version} cannot be shown to descend from {ancestor}"
         lin = doc["lineage"]
+        legacy = lin is None
         if lin is None:
             v = None if doc["parent"] is None else str(doc["parent"])
             continue

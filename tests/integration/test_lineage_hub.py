@@ -52,6 +52,7 @@ def test_hub_retention_does_not_strand_a_follower(tmp_path: Path) -> None:
         res = eng.sync_pass("ds", "a", "b", {"a": a, "b": b})
         assert res.ok and res.published, res
     assert not b.exists(f"versions/{c_version}.json"), "retention at B did not prune C's version"
+    assert b.exists(f"lineage/{c_version}.json"), "retention deleted a lineage record"
     forward = ferry_sync(b_url, c_url)
     assert forward.returncode == 0, forward.stderr + forward.stdout
     assert open_dataset(c_url).version_id == open_dataset(a_url).version_id
