@@ -247,12 +247,13 @@ def store_immutable(loc: Location, info: ShardInfo, stored: bytes | tuple[bytes,
     its stored digest, ``shards/<raw>.<stored><suffix>``."""
     if create_object(loc, info.path, stored):
         return info
-    existing = _read_existing(loc, info.path)
-    if len(existing) == info.stored_bytes and digest_bytes(existing) == info.stored_digest:
-        return info
-    adopted = describe_stored(existing, info)
-    if adopted is not None:
-        return adopted
+    if _existing_size(loc, info.path) <= _stored_bound(info.raw_bytes):  # else not this content: not read
+        existing = _read_existing(loc, info.path)
+        if len(existing) == info.stored_bytes and digest_bytes(existing) == info.stored_digest:
+            return info
+        adopted = describe_stored(existing, info)
+        if adopted is not None:
+            return adopted
     head, _, name = info.path.rpartition("/")
     raw_hex, dot, suffix = name.partition(".")
     other = replace(info, path=f"{head}/{raw_hex}.{info.stored_digest.split(':', 1)[1]}{dot}{suffix}")
@@ -266,6 +267,19 @@ def store_immutable(loc: Location, info: ShardInfo, stored: bytes | tuple[bytes,
         "rewritten: remove them if no version names them, then pack again",
         retryable=False,
     )
+
+
+def _stored_bound(raw_bytes: int) -> int:
+    """More than any stored form of ``raw_bytes`` raw bytes can take (zstd's worst case is n + n/256 plus a
+    little per frame; frames are at least 4 KiB; the frame index takes 24 bytes a frame)."""
+    return raw_bytes + raw_bytes // 64 + (raw_bytes // 4096 + 1) * 128 + 65536
+
+
+def _existing_size(loc: Location, rel: str) -> int:
+    try:
+        return loc.size(rel)
+    except FileNotFoundError:  # removed between the failed create and this look: a racing delete
+        raise StorageError(f"{loc.url}/{rel} vanished while packing; pack again") from None
 
 
 def _read_existing(loc: Location, rel: str) -> bytes:

@@ -192,3 +192,21 @@ def test_create_only_holds_for_multipart_uploads_on_s3(s3_backend: Any) -> None:
     assert packunit.create_object(loc, "shards/big", b"a" * size) is True
     assert packunit.create_object(loc, "shards/big", b"b" * size) is False
     assert loc.read_bytes("shards/big")[:4] == b"aaaa"
+
+
+def test_an_oversized_object_at_the_name_is_not_read(memory_backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever stands at a shard's name beyond what its content could take stored is diverted from unread."""
+    url = memory_backend.url("imm-big")
+    probe = store_shard(_job(memory_backend.url("imm-big-probe"), {}, 1), _batch())
+    loc = resolve(url, {})
+    packunit.create_object(loc, probe.path, b"\0" * (probe.raw_bytes * 2 + 2**20))
+    reads: list[str] = []
+    original = Location.read_bytes
+
+    def counting(self: Location, rel: str) -> bytes:
+        reads.append(rel)
+        return original(self, rel)
+
+    monkeypatch.setattr(Location, "read_bytes", counting)
+    info = store_shard(_job(url, {}, 1), _batch())
+    assert info.path != probe.path and probe.path not in reads
