@@ -210,3 +210,24 @@ def test_an_oversized_object_at_the_name_is_not_read(memory_backend: Any, monkey
     monkeypatch.setattr(Location, "read_bytes", counting)
     info = store_shard(_job(url, {}, 1), _batch())
     assert info.path != probe.path and probe.path not in reads
+
+
+@pytest.mark.slow
+def test_ray_append_at_another_level(tmp_path: Path) -> None:
+    """Ray tasks store shards through the same create-only path."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed (optional extra: pip install 'ferry[ray]')")
+    from parquet_corpus import parquet_corpus
+
+    from shard_tools import pack
+
+    inputs = parquet_corpus(tmp_path, files=2, docs=150, seed=5)
+    out = str(tmp_path / "ds")
+    base = PackOptions(vocab_size=50_257, eos_id=50_256, shard_size=16 * 1024, name="ray", progress=False)
+    first = pack(inputs, out, base)
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        second = pack(inputs, out, replace(base, executor="ray", append=True, compression_level=6))
+    finally:
+        ray.shutdown()
+    for version in (first.version_id, second.version_id):
+        assert verify(out, version=version).ok
