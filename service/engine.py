@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from shard_tools.errors import DatasetNotFoundError, LeaseHeldError, ManifestError, RollbackError, StorageError
 from shard_tools.header import MANIFEST_FILE, SHARDS_DIR, VERSIONS_DIR, parse_header, version_path
-from shard_tools.publish import descends_from, store_version, swap_manifest
+from shard_tools.publish import carry_lineage, descends_from, store_version, swap_manifest
 from shard_tools.store import STALE_TEMP_SECONDS, TEMP_MARKER, Location, temp_is_stale
 
 from .events import EventBus
@@ -26,7 +26,7 @@ from .executor import Executor, Job, JobResult
 from .lease import DEFAULT_TTL, Lease
 from .object_store import abort_stale_uploads
 from .passes import PassResult
-from .planner import SourceVersion, VersionRecord, order_sources, plan_retention, plan_sync
+from .planner import SourceVersion, SyncPlan, VersionRecord, order_sources, plan_retention, plan_sync
 from .replication_state import State
 from .stats import Stats
 
@@ -248,20 +248,15 @@ class Engine:
             result.temps_deleted += abort_stale_uploads(dst_loc)
         result.already_verified = len(plan.verified)
         result.verified_bytes = sum(s.size for s in plan.verified)
-        fatal = self.state.fatal(dataset, dest)
-        jobs = [Job(dataset, version, c.shard, c.sources, dest) for c in plan.copies if c.shard.path not in fatal]
-        jobs += [
-            Job(dataset, version, v.shard, v.sources, dest, verify_first=True)
-            for v in plan.verifies
-            if v.shard.path not in fatal
-        ]
+        jobs, guarded = self._jobs(plan, dataset, version, dest, dst_loc)
         result.skipped_failed = len(plan.copies) + len(plan.verifies) - len(jobs)
         self.stats.set_pending(dataset, dest, sum(j.shard.size for j in jobs), len(jobs))
         if on_plan is not None:
             on_plan(result)
         if jobs:
             stop = lambda: lease.lost is not None  # noqa: E731
-            self.executor.run(jobs, locations, lambda r: self._on_result(r, result), self._history, stop=stop)
+            self.executor.run(jobs, locations, lambda r: self._on_result(_kept(r, guarded, dst_loc), result),
+                              self._history, stop=stop)  # fmt: skip
             self.state.flush()  # the pass's verified marks are committed before its manifest is published
         if lease.lost is not None:
             raise LeaseHeldError(
@@ -274,6 +269,25 @@ class Engine:
             self._publish(src_loc, dst_loc, manifest, table, src_bytes, result)
             if self.keep_versions and result.published:
                 self._retain(dst_loc, manifest, dataset, dest, held, result)
+
+    def _jobs(self, plan: SyncPlan, dataset: str, version: str, dest: str, dst: Location) -> tuple[list[Job], set[str]]:
+        """The plan's copies and verifies as jobs (less shards failed for good), and the paths whose object
+        at the destination must not be replaced: those jobs only verify it (no sources to copy from)."""
+        fatal = self.state.fatal(dataset, dest)
+        guarded = _unreplaceable(plan, dst)
+        jobs = [
+            Job(dataset, version, c.shard, (), dest, verify_first=True)
+            if c.shard.path in guarded
+            else Job(dataset, version, c.shard, c.sources, dest)
+            for c in plan.copies
+            if c.shard.path not in fatal
+        ]
+        jobs += [
+            Job(dataset, version, v.shard, () if v.shard.path in guarded else v.sources, dest, verify_first=True)
+            for v in plan.verifies
+            if v.shard.path not in fatal
+        ]
+        return jobs, guarded
 
     def _on_result(self, r: JobResult, result: PassResult) -> None:
         job = r.job
@@ -318,6 +332,7 @@ class Engine:
             if now == version:
                 return None  # another writer published the same version meanwhile
             self._check_descends(src, dst, version, now)
+            carry_lineage([src], dst, version, now)  # the records between: ancestry stays answerable here
             return header
 
         swap_manifest(dst, choose)
@@ -403,3 +418,36 @@ class Engine:
 
         self.executor.run(jobs, locations, done, self._history)
         return len(jobs), sorted(bad), sorted(repaired)
+
+
+def _unreplaceable(plan: SyncPlan, dst: Location) -> set[str]:
+    """Paths of the plan where an object already stands at the destination (wrong size, known bad, or
+    not yet verified) that a copy may not replace: shard objects are never rewritten, except to repair
+    one that the destination's current version names with the very digest being copied."""
+    at_risk = [c.shard for c in plan.copies if c.reason != "missing"] + [v.shard for v in plan.verifies]
+    if not at_risk:
+        return set()
+    named: dict[str, str] = {}
+    try:
+        got = read_header(dst)
+        if got is not None:
+            named = {s.path: s.digest for s in SourceVersion.of(load_version(dst, got[0])[0]).shards}
+    except (ManifestError, StorageError):
+        named = {}  # an unreadable destination version names nothing: nothing there is replaced
+    return {s.path for s in at_risk if named.get(s.path) != s.digest}
+
+
+def _kept(r: JobResult, guarded: set[str], dst: Location) -> JobResult:
+    """A guarded shard whose object at the destination is not the one wanted: a fatal error saying so."""
+    path = r.job.shard.path
+    if path in guarded and not r.ok and not r.cancelled:
+        if not r.corrupt:  # gone since the listing: copied by the next pass like any missing shard
+            r.error = f"{dst.url}/{path} vanished while it was being checked; the next pass copies it"
+            return r
+        r.retryable = False
+        r.error = (
+            f"{dst.url}/{path} holds other bytes than version {r.job.version} names ({r.error or 'mismatch'}); "
+            "ferry never replaces a stored shard object, which another version may name: delete it there if "
+            "no version names it, then retry"
+        )
+    return r

@@ -48,6 +48,8 @@ __all__ = [
     "ShardInfo",
     "ShardTable",
     "Manifest",
+    "next_lineage",
+    "lineage_of",
 ]
 
 _INT_COLUMNS = ("documents", "tokens", "stored_bytes", "raw_bytes")
@@ -285,6 +287,11 @@ class Manifest:
     created_at: str
     tool_version: str
     version_id: str
+    lineage: dict[str, Any] | None = field(default=None, repr=False)  # see next_lineage; None: a root
+
+    def child_lineage(self) -> dict[str, Any]:
+        """The lineage of a version whose parent is this one."""
+        return next_lineage(self.version_id, self.lineage)
 
     @classmethod
     def build(
@@ -298,8 +305,10 @@ class Manifest:
         parent: str | None,
         created_at: str,
         tool_version: str,
+        lineage: dict[str, Any] | None = None,
     ) -> tuple[Manifest, bytes]:
-        """A new manifest and the IPC bytes of its shard table (to be stored at ``table_path``)."""
+        """A new manifest and the IPC bytes of its shard table (to be stored at ``table_path``);
+        ``lineage`` is the parent's :meth:`child_lineage` (None only without a parent)."""
         table_data = shards.to_ipc()
         table_digest = digest_bytes(table_data)
         table_path = f"{TABLES_DIR}/{table_digest.split(':', 1)[1]}.arrow"
@@ -316,6 +325,7 @@ class Manifest:
             created_at=created_at,
             tool_version=tool_version,
             version_id="",
+            lineage=lineage,
         )
         version_id = version_id_of(draft.body())
         return _replace_version(draft, version_id), table_data
@@ -342,6 +352,7 @@ class Manifest:
             "totals": self.totals,
             "shard_table": {"path": self.table_path, "digest": self.table_digest, "bytes": self.table_bytes},
             "parent": self.parent,
+            **({"lineage": self.lineage} if self.lineage is not None else {}),
         }
 
     def to_json(self) -> bytes:
@@ -381,10 +392,56 @@ class Manifest:
             created_at=doc["created_at"],
             tool_version=doc["tool_version"],
             version_id=doc["version_id"],
+            lineage=lineage_of(doc),
         )
         if manifest.totals != doc["totals"]:
             raise ManifestError(f"manifest totals {doc['totals']} do not match its shard table {manifest.totals}")
         return manifest
+
+
+def next_lineage(parent: str, parent_lineage: dict[str, Any] | None) -> dict[str, Any]:
+    """The lineage of a child of version ``parent`` (whose own lineage is ``parent_lineage``).
+
+    A lineage places a version in a chain of generations counted from its *root*: the nearest
+    ancestor without a lineage (a dataset's first version, or one written before lineages), at
+    generation 0. ``up`` lists ancestors as ``[generation, id]``, newest first: the parent (g-1)
+    and, for every k ≥ 1, the ancestor at generation ``((g-1) >> k) << k``, so about log2(g)
+    entries. Each comes from the parent's lineage alone, and walking from any version to any
+    generation below it takes at most one record per bit of the distance
+    (:func:`shard_tools.publish.descends_from`)."""
+    if parent_lineage is None:
+        return {"gen": 1, "root": parent, "up": [[0, parent]]}
+    pgen = int(parent_lineage["gen"])
+    known = {int(g): str(v) for g, v in parent_lineage["up"]}
+    known[pgen] = parent
+    known[0] = str(parent_lineage["root"])
+    gen = pgen + 1
+    wanted = sorted({pgen} | {(pgen >> k) << k for k in range(1, pgen.bit_length() + 1)}, reverse=True)
+    missing = [g for g in wanted if g not in known]
+    if missing:
+        raise ManifestError(f"lineage of version {parent} lacks generation {missing[0]} (hand-edited?)")
+    return {"gen": gen, "root": known[0], "up": [[g, known[g]] for g in wanted]}
+
+
+def lineage_of(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The checked ``lineage`` of a parsed header (None when it has none); ManifestError if malformed."""
+    lin = doc.get("lineage")
+    if lin is None:
+        return None
+    try:
+        gen, root, up = lin["gen"], lin["root"], lin["up"]
+        ok = isinstance(gen, int) and not isinstance(gen, bool) and gen >= 1 and isinstance(root, str)
+        ok = ok and isinstance(up, list) and 0 < len(up) <= 64
+        pairs = [(int(g), str(v)) for g, v in up] if ok else []
+        gens = [g for g, _ in pairs]
+        ok = ok and all(isinstance(g, int) and isinstance(v, str) for g, v in up)
+        ok = ok and gens == sorted(set(gens), reverse=True) and gens[0] == gen - 1 and gens[-1] == 0
+        ok = ok and pairs[0][1] == doc.get("parent") and pairs[-1][1] == root
+    except (KeyError, TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ManifestError(f"manifest {doc.get('version_id')}: malformed lineage")
+    return {"gen": gen, "root": root, "up": [list(p) for p in pairs]}
 
 
 def _ints(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:

@@ -299,6 +299,7 @@ def _publish(
             parent=base.version_id if base else None,
             created_at=_now(),
             tool_version=__version__,
+            lineage=base.child_lineage() if base else None,
         )
 
     def rebase(current: str) -> tuple[Manifest, bytes]:

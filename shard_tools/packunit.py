@@ -7,10 +7,13 @@ executor produces the same shards. Shards are stored under their content digest.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import queue
 import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -18,16 +21,36 @@ import numpy as np
 import pyarrow as pa
 
 from .digest import digest_bytes
-from .errors import TokenRangeError
-from .format import SHARD_SUFFIX, compress, encode_shard_buffer
+from .errors import FerryError, ShardError, StorageError, TokenRangeError
+from .format import SHARD_SUFFIX, compress, decompress, encode_shard_buffer
 from .header import SHARDS_DIR
 from .manifest import ShardInfo
-from .seekable import DEFAULT_FRAME_SIZE, SHARD_SUFFIX_2, encode_shard_frames
+from .seekable import (
+    DEFAULT_FRAME_SIZE,
+    SHARD_SUFFIX_2,
+    arrow_positions,
+    decode_frames,
+    encode_shard_frames,
+    find_index,
+    parse_index,
+)
 from .sources import DocBatch, SourceOptions, Unit, read_unit
-from .store import Location, resolve
+from .store import Location, resolve, storage_error, temp_name
 from .threadname import start_named_thread
 
-__all__ = ["Job", "UnitResult", "pack_unit", "pack_batches", "cut_shards", "assemble", "with_eos", "check_range"]
+__all__ = [
+    "Job",
+    "UnitResult",
+    "pack_unit",
+    "pack_batches",
+    "cut_shards",
+    "assemble",
+    "with_eos",
+    "check_range",
+    "store_immutable",
+    "create_object",
+    "describe_stored",
+]
 
 
 @dataclass(frozen=True)
@@ -199,12 +222,8 @@ def store_shard(job: Job, batch: DocBatch, origin: str | None = None) -> ShardIn
     raw_digest = digest_bytes(raw)
     # the stored format is in the name: both forms of the same content may live in one dataset's history
     suffix = SHARD_SUFFIX_2 if job.stored_format == 2 else SHARD_SUFFIX
-    path = f"{SHARDS_DIR}/{raw_digest.split(':', 1)[1]}{suffix}"
-    # Always (re)write: an existing object of that name may be a corrupt leftover, and
-    # an atomic replace with identical bytes is harmless to readers.
-    _out(job).write_bytes(path, stored)
-    return ShardInfo(
-        path=path,
+    info = ShardInfo(
+        path=f"{SHARDS_DIR}/{raw_digest.split(':', 1)[1]}{suffix}",
         documents=len(batch.offsets) - 1,
         tokens=int(batch.offsets[-1]),
         stored_bytes=stored_bytes,
@@ -214,6 +233,154 @@ def store_shard(job: Job, batch: DocBatch, origin: str | None = None) -> ShardIn
         index_bytes=index_bytes,
         index_digest=index_digest,
     )
+    return store_immutable(_out(job), info, stored)
+
+
+def store_immutable(loc: Location, info: ShardInfo, stored: bytes | tuple[bytes, ...]) -> ShardInfo:
+    """Store a shard's bytes at ``info.path`` unless an object is already there; returns the row that
+    describes what is stored.
+
+    A shard object, once stored, is never rewritten: versions already published may name it with
+    its stored size and digests. When the name is taken by the same raw content in other stored
+    bytes (another zstd level, frame size), that object is reused and the row describes it. When it
+    holds anything else (a damaged or foreign object), this shard goes to a second name that carries
+    its stored digest, ``shards/<raw>.<stored><suffix>``."""
+    if create_object(loc, info.path, stored):
+        return info
+    if _existing_size(loc, info.path) <= _stored_bound(info.raw_bytes):  # else not this content: not read
+        existing = _read_existing(loc, info.path)
+        if len(existing) == info.stored_bytes and digest_bytes(existing) == info.stored_digest:
+            return info
+        adopted = describe_stored(existing, info)
+        if adopted is not None:
+            return adopted
+    head, _, name = info.path.rpartition("/")
+    raw_hex, dot, suffix = name.partition(".")
+    other = replace(info, path=f"{head}/{raw_hex}.{info.stored_digest.split(':', 1)[1]}{dot}{suffix}")
+    if create_object(loc, other.path, stored):
+        return other
+    again = _read_existing(loc, other.path)
+    if len(again) == info.stored_bytes and digest_bytes(again) == info.stored_digest:
+        return other
+    raise StorageError(
+        f"{loc.url}/{info.path} and {other.path} both hold other bytes than this shard; shard objects are never "
+        "rewritten: remove them if no version names them, then pack again",
+        retryable=False,
+    )
+
+
+def _stored_bound(raw_bytes: int) -> int:
+    """More than any stored form of ``raw_bytes`` raw bytes can take (zstd's worst case is n + n/256 plus a
+    little per frame; frames are at least 4 KiB; the frame index takes 24 bytes a frame)."""
+    return raw_bytes + raw_bytes // 64 + (raw_bytes // 4096 + 1) * 128 + 65536
+
+
+def _existing_size(loc: Location, rel: str) -> int:
+    try:
+        return loc.size(rel)
+    except FileNotFoundError:  # removed between the failed create and this look: a racing delete
+        raise StorageError(f"{loc.url}/{rel} vanished while packing; pack again") from None
+
+
+def _read_existing(loc: Location, rel: str) -> bytes:
+    try:
+        return loc.read_bytes(rel)
+    except FileNotFoundError:  # removed between the failed create and this read: a racing delete
+        raise StorageError(f"{loc.url}/{rel} vanished while packing; pack again") from None
+
+
+def describe_stored(stored: bytes, info: ShardInfo) -> ShardInfo | None:
+    """The row of ``stored`` (whole stored bytes in ``info``'s format) when it holds exactly the raw
+    content ``info`` describes, every frame and position checked; None when it does not."""
+    view = memoryview(stored)
+    try:
+        if info.index_bytes:
+            size = find_index(view, info.path)
+            if size > len(view):
+                return None
+            index = parse_index(view[len(view) - size :], shard=info.path, stored_bytes=len(view),
+                                raw_bytes=info.raw_bytes)  # fmt: skip
+            raw = decode_frames(view, index, info.raw_bytes, info.path)
+            if arrow_positions(pa.py_buffer(raw)) != (index.offsets_pos, index.tokens_pos):
+                return None
+            index_bytes, index_digest = size, digest_bytes(view[len(view) - size :])
+        else:
+            raw = decompress(view, info.raw_bytes, info.path)
+            index_bytes, index_digest = 0, ""
+    except ShardError:
+        return None
+    if len(raw) != info.raw_bytes or digest_bytes(raw) != info.raw_digest:
+        return None
+    return replace(
+        info,
+        stored_bytes=len(stored),
+        stored_digest=digest_bytes(stored),
+        index_bytes=index_bytes,
+        index_digest=index_digest,
+    )
+
+
+def create_object(loc: Location, rel: str, data: bytes | tuple[bytes, ...]) -> bool:
+    """Write ``data`` at ``rel`` only if no object is there, atomically (never check-then-write where
+    the store can do better): True when stored, False when an object already was (left untouched).
+
+    Local disks: a fsync'ed temp file hard-linked to the name (``link`` fails if the name exists);
+    object stores and ``memory://``: a create-only write (S3 ``If-None-Match: *``)."""
+    path = loc.full(rel)
+    try:
+        if loc.local:
+            return _link_new(path, data)
+        loc.fs.pipe_file(path, b"".join(data) if isinstance(data, tuple) else bytes(data), mode="create")
+        return True
+    except FileExistsError:
+        return False
+    except FerryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any backend failure is a storage error
+        if _precondition_failed(exc):
+            return False
+        raise storage_error(f"cannot write {loc.url}/{rel}: {exc}", exc) from exc
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    """An S3 refusal of a create-only PUT because the key exists (412, or 409 while another create runs)."""
+    for e in (exc, exc.__cause__, exc.__context__):
+        response: Any = getattr(e, "response", None)
+        if isinstance(response, dict):
+            code = str(response.get("Error", {}).get("Code") or "")
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
+    return False
+
+
+_NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.ENOSYS, errno.EMLINK}
+
+
+def _link_new(path: str, data: bytes | tuple[bytes, ...]) -> bool:
+    """A whole, fsync'ed file at ``path`` only if none is there (a temp file, then ``link``)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = temp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            for piece in data if isinstance(data, tuple) else (data,):
+                f.write(piece)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno not in _NO_LINKS:
+                raise
+            # a filesystem without hard links: check, then rename (two packs racing here may both write)
+            if os.path.exists(path):
+                return False
+            os.replace(tmp, path)
+        return True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def pack_batches(
