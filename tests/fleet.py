@@ -6,8 +6,9 @@ The fleet: three clusters in a chain, origin (a local directory) → hub (S3 on 
 ``keep_versions`` at the hub), a ``ferry sync HUB /nvme`` follower started again whenever none
 runs (the README's ``s3://… → /nvme`` pattern), ``ferry pack --append`` packers at the origin
 (some with other compression or frame size, some re-packing an input already packed, some in
-their own PID namespace), and loaders (``TokenLoader`` over the replicas far, hub, origin,
-nearest first, pinned to the origin's version when they start).
+their own PID namespace), and loaders (``TokenLoader`` with a DataLoader worker over the
+replicas far, hub, origin, nearest first, pinned to the first version; one that ends is
+followed by a new one while the faults last).
 
 Faults come from a schedule drawn from one seed (:func:`make_schedule`; printed with every
 report): SIGKILL, SIGTERM, SIGSTOP for longer than the lease ttl then SIGCONT, of daemons,
@@ -21,13 +22,15 @@ the fleet, lets it converge once the faults stop, and returns every finding by i
 
 Run as a script this module is the entry point of the fleet's child processes:
 
-    python tests/fleet.py ferry ARGS...   ferry ARGS, with a lease ttl of $FLEET_LEASE_TTL s if set
+    python tests/fleet.py ferry ARGS...   ferry ARGS, with a lease ttl of $FLEET_LEASE_TTL s and a soft
+                                          limit of $FLEET_NOFILE open files, where set
     python tests/fleet.py load OUT ...    read a pinned version; one digest line per batch, then END
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -79,7 +82,7 @@ class Sizes:
     docs_per_input: int = 30
     daemon_nofile: int = 256
     keep_versions: int = 1
-    loader_delay_s: float = 0.04
+    loader_delay_s: float = 0.15  # a training step: an epoch of the first version takes ~12 s
 
 
 BOUNDED = Sizes()
@@ -95,7 +98,7 @@ class Event:
     """One scheduled action, ``at`` seconds into the churn."""
 
     at: float
-    kind: str  # pack | loader | sigkill | sigterm | sigstop | flood
+    kind: str  # pack | sigkill | sigterm | sigstop | flood
     role: str = ""  # the role a fault hits
     opts: tuple[tuple[str, Any], ...] = ()
 
@@ -121,11 +124,9 @@ def make_schedule(seed: int, sizes: Sizes, namespaces: bool, off: frozenset[str]
     for _ in range(sizes.packers):
         opts = (("compression", rng.choice(["zstd:1", "zstd:1", "zstd:3"])),
                 ("frame_size", rng.choice(["", "", "4KiB"])),
-                ("namespace", namespaces and rng.random() < 0.35 and "namespace" not in off),
+                ("namespace", rng.random() < 0.35 and namespaces and "namespace" not in off),
                 ("repack", rng.random() < 0.25 and "repack" not in off))  # fmt: skip
         events.append(Event(rng.uniform(0.5, end * 0.8), "pack", opts=opts))
-    for _ in range(sizes.loaders):
-        events.append(Event(rng.uniform(0.0, end * 0.3), "loader"))
     kinds = ("sigkill", "sigterm", "sigstop")
     cover = [(k, r) for k in kinds for r in ROLES]  # each fault on each role once, then at random
     rng.shuffle(cover)
@@ -166,6 +167,17 @@ class Job:
         )
         text += self.err.read_text(errors="replace") if self.err.exists() else ""
         return text[-n:]
+
+    def reason(self) -> str:
+        """Why it failed, in one line: its last line on stderr, else the first failure its --json report names."""
+        err = self.err.read_text(errors="replace").strip().splitlines() if self.err.exists() else []
+        if err:
+            return err[-1][:400]
+        try:
+            failed = json.loads(self.out.read_text()).get("failed") or [{}]
+            return str(failed[0].get("error", failed[0]))[:400]
+        except (OSError, ValueError, AttributeError):
+            return "(no reason given)"
 
     def __str__(self) -> str:
         sent = ",".join(self.signals) or "-"
@@ -212,14 +224,10 @@ class Procs:
         stem.parent.mkdir(parents=True, exist_ok=True)
         if namespace:  # the writer is pid 2 there (sh is 1), so SIGTERM reaches it as anywhere else
             argv = ["unshare", "-pf", "--mount-proc", "--kill-child", "sh", "-c", '"$@"; exit $?', "sh", *argv]
-
-        def limits() -> None:
-            if nofile is not None:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-
+        env = {**self.env, **({"FLEET_NOFILE": str(nofile)} if nofile is not None else {})}
         with open(f"{stem}.out", "wb") as out, open(f"{stem}.err", "wb") as err:
-            proc = subprocess.Popen(list(argv), stdout=out, stderr=err, env=self.env, cwd=ROOT,
-                                    start_new_session=True, preexec_fn=limits)  # fmt: skip
+            proc = subprocess.Popen(list(argv), stdout=out, stderr=err, env=env, cwd=ROOT,
+                                    start_new_session=True)  # fmt: skip
         job = Job(role, name, proc, Path(f"{stem}.out"), Path(f"{stem}.err"), time.monotonic(), namespace, meta)
         self.jobs.append(job)
         return job
@@ -517,7 +525,7 @@ class Flood(threading.Thread):
             for _ in range(self.n):
                 s = socket.socket()
                 s.setblocking(False)
-                if s.connect_ex(("127.0.0.1", self.port)) not in (0, 115):  # 115: EINPROGRESS
+                if s.connect_ex(("127.0.0.1", self.port)) not in (0, errno.EINPROGRESS):
                     self.refused += 1
                     s.close()
                     continue
@@ -546,6 +554,9 @@ class Flood(threading.Thread):
 
 
 def _ferry_main(args: list[str]) -> int:
+    nofile = os.environ.get("FLEET_NOFILE")
+    if nofile:  # the soft limit of open files (the hard one stays)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (int(nofile), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     ttl = os.environ.get("FLEET_LEASE_TTL")
     if ttl:  # the lease ttl of the fleet's writers, so that a SIGSTOP outlasts it within the run
         import service.engine
@@ -647,7 +658,7 @@ def inv_clean_exits(jobs: Iterable[Job]) -> list[str]:
             allowed = ALLOWED_FAILURES.get(job.role, ())
             if job.role == "loader" or (code == 1 and any(a in err for a in allowed)):
                 continue  # a loader's failure is judged by inv_loader_streams
-            out.append(f"{job}: exited {code} on its own: {err.strip().splitlines()[-1:] or ['(no stderr)']}")
+            out.append(f"{job}: exited {code} on its own: {job.reason()}")
     return out
 
 
@@ -798,7 +809,7 @@ class Fleet:
 
     def targets(self, role: str) -> list[Job]:
         terminating = {id(j) for _, j in self.terms}
-        live = [j for j in self.jobs(role, live=True) if id(j) not in terminating]
+        live = [j for j in self.jobs(role, live=True) if id(j) not in terminating and "SIGKILL" not in j.signals]
         if role == "loader":  # one that has started delivering batches
             live = [j for j in live if j.out.exists() and j.out.stat().st_size > 0]
         if role == "daemon" and self.flood is not None and self.flood.is_alive():
@@ -883,23 +894,25 @@ class Fleet:
                 job.meta["exited_at"] = t
             elif t - job.meta["exited_at"] >= EXIT_GRACE_S:
                 job.meta["exit_checked"] = True
-                if not job.signals or job.signals[-1] != "SIGKILL":
+                if "SIGKILL" not in job.signals:
                     left = self.procs.lingering(job)
                     self.find("no_process_left", [f"{EXIT_GRACE_S:.0f} s after {job} ended: {p}" for p in left])
 
     def due_loaders(self, t: float) -> None:
-        """A loader the harness killed starts again from scratch (its job restarted), once, during the churn."""
+        """A loader that ended (killed, or done with its epoch) is followed by a new one from scratch while
+        the churn lasts (a job restarted, the next job), up to three times as many loaders as at the start."""
         for job in self.jobs("loader"):
-            gone = job.proc.poll() is not None and any(s in job.signals for s in ("SIGKILL", "SIGTERM"))
-            if gone and "replaced" not in job.meta and t < self.sizes.churn_s:
-                job.meta["replaced"] = True
-                if "replacement" not in job.meta:
-                    self.start_loader().meta["replacement"] = True
+            if job.proc.poll() is None or "replaced" in job.meta or t >= self.sizes.churn_s:
+                continue
+            job.meta["replaced"] = True
+            if len(self.jobs("loader")) < 3 * self.sizes.loaders:
+                self.start_loader()
 
     def follow(self, t: float) -> None:
-        """A follower sync whenever none runs, sometimes two at once (a cron job that outlived its period)."""
-        limit = int(self.sizes.churn_s * 3)
-        if not self.jobs("sync", live=True) and t - self.last_sync > 0.5 and self.syncs_started < limit:
+        """A follower sync whenever none runs (at most every 2 s), sometimes two at once (a cron job that
+        outlived its period)."""
+        limit = int(self.sizes.churn_s)
+        if not self.jobs("sync", live=True) and t - self.last_sync > 2.0 and self.syncs_started < limit:
             ns = self.namespaces and self.rng.random() < 0.4
             self.start_sync(ns)
             if self.rng.random() < 0.4:
@@ -919,7 +932,7 @@ class Fleet:
         self.t0 = time.monotonic()
         pending = list(self.schedule)
         actions: dict[str, Callable[[Event], Any]] = {
-            "pack": self.start_pack, "loader": lambda ev: self.start_loader(), "flood": self.start_flood,
+            "pack": self.start_pack, "flood": self.start_flood,
             "sigkill": self.fault, "sigterm": self.fault, "sigstop": self.fault,
         }  # fmt: skip
         while self.now() < self.sizes.churn_s + 1.0:  # bounded by time; every step below is bounded too
@@ -950,6 +963,8 @@ class Fleet:
         self.observer.start()
         for name in CLUSTERS:
             self.start_daemon(name)
+        for _ in range(s.loaders):  # they start now: a training job takes a while to deliver its first batch
+            self.start_loader()
         path = self.topo.root / "logs" / "reference.txt"
         argv = self.loader_argv(path, self.first, self.loader_seed, 0, 0.0, [self.topo.url("origin")])
         ref = self.procs.spawn("reference", "reference", argv)
@@ -972,7 +987,12 @@ class Fleet:
 
     def wait(self, check: Callable[[], Any], timeout: float) -> Any:
         """:func:`wait_for`, keeping up the harness's own duties (SIGTERM deadlines, exits) meanwhile."""
-        return wait_for(lambda: self.tick(follow=False) or check(), timeout)
+
+        def ticked() -> Any:
+            self.tick(follow=False)
+            return check()
+
+        return wait_for(ticked, timeout)
 
     def wait_role(self, role: str, timeout: float) -> None:
         """Until every process of ``role`` has exited; past ``timeout``, a finding and SIGKILL."""
@@ -1016,7 +1036,7 @@ class Fleet:
             code = None
         if code != 0 or read_version(self.locs["nvme"]) != final:
             self.find("converge", [f"the last follower sync {last} left nvme at {read_version(self.locs['nvme'])}, "
-                                   f"not {final}: {last.tail(600)}"])  # fmt: skip
+                                   f"not {final}: {last.reason()}"])  # fmt: skip
         self.wait_role("loader", 120.0)
         for job in self.daemons.values():
             self.send(job, signal.SIGTERM)
