@@ -1,0 +1,60 @@
+"""Fleet chaos (issue 24): ferry's own fleet under a seeded schedule of faults.
+
+origin (a directory) → hub (S3, moto server over HTTP; ``keep_versions`` retention) → far (a
+directory), one ``ferry serve`` per cluster, a ``ferry sync`` follower of the hub into /nvme,
+``ferry pack --append`` packers at the origin (other compression and frame sizes, re-packs,
+separate PID namespaces when run as root), loaders reading a pinned version through the
+replicas; SIGKILL, SIGTERM, SIGSTOP past the lease ttl, a slow-client flood on the hub's API.
+The invariants (``tests/fleet.py``, ``inv_*``): no version lost or rolled back, no published
+object rewritten, every loader's stream the reference stream, nothing left running, every
+replica at the origin's version within ``Sizes.converge_s`` of the faults stopping, ``ferry
+verify`` passing everywhere, the daemons answering through the flood.
+
+``FERRY_CHAOS_SEED=N`` replays a run's schedule (the seed is printed in every report);
+``FERRY_CHAOS_OFF=repack,flood`` leaves kinds of actions out (see ``fleet.make_schedule``), to
+tell which one a finding needs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import Backend
+from fleet import BOUNDED, SLOW, Sizes, Topology, run_fleet
+
+
+def _namespaces() -> tuple[bool, str]:
+    """Whether packers and syncs can run in PID namespaces of their own here, and why not."""
+    if os.geteuid() != 0:
+        return False, "not root: every writer runs in this PID namespace (unshare -p needs root)"
+    if shutil.which("unshare") is None:
+        return False, "no unshare(1): every writer runs in this PID namespace"
+    probe = subprocess.run(["unshare", "-pf", "--mount-proc", "true"], capture_output=True, timeout=30, check=False)
+    if probe.returncode != 0:
+        return False, f"unshare -pf fails here ({probe.stderr.decode(errors='replace').strip()}): one PID namespace"
+    return True, "some packers and syncs run in PID namespaces of their own"
+
+
+def _fleet(tmp_path: Path, s3_backend: Backend, sizes: Sizes, default_seed: int) -> None:
+    seed = int(os.environ.get("FERRY_CHAOS_SEED", default_seed))
+    namespaces, why = _namespaces()
+    print(f"fleet chaos: seed {seed}; {why}")
+    topo = Topology(tmp_path, s3_backend.base, s3_backend.storage_options)
+    off = frozenset(filter(None, os.environ.get("FERRY_CHAOS_OFF", "").split(",")))
+    fleet = run_fleet(topo, sizes, seed, dict(os.environ), namespaces, off)
+    assert not fleet.findings, f"{why}\n{fleet.report()}"
+
+
+@pytest.mark.timeout(300)
+def test_fleet_chaos(tmp_path: Path, s3_backend: Backend) -> None:
+    _fleet(tmp_path, s3_backend, BOUNDED, 20261202)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_fleet_chaos_long(tmp_path: Path, s3_backend: Backend) -> None:
+    _fleet(tmp_path, s3_backend, SLOW, 24)
