@@ -11,6 +11,7 @@ LRU block cache bounded in bytes. One per process, used from one thread (like ``
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -20,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from shard_tools.errors import ShardFormatError, ShardMissingError
+from shard_tools.errors import ShardError, ShardFormatError, ShardMissingError, StorageError
 from shard_tools.manifest import ShardInfo
-from shard_tools.seekable import FrameIndex, decode_frame, load_index
+from shard_tools.seekable import FrameIndex, check_layout, decode_frame, load_index
 from shard_tools.threadname import name_os_thread
 
 __all__ = ["RangeRead", "FrameReader", "FrameStats", "frame_reader_for", "DEFAULT_BLOCK_LIMIT"]
@@ -82,12 +83,32 @@ class FrameReader:
         return data
 
     def _fetch_index(self, info: ShardInfo) -> FrameIndex:
+        """The frame index as the manifest row pins it (size, structure, digest); its Arrow positions are
+        checked by :meth:`_checked` before any frame is read through it."""
         if info.stored_format != 2:
             raise ShardFormatError(info.path, "is not a format-2 (seekable) shard: read it whole")
         data = self._read(info, info.stored_bytes - info.index_bytes, info.index_bytes, "frame index")
         with self._lock:
             self.stats.index_reads += 1
         return load_index(data, info)
+
+    def _checked(self, info: ShardInfo, index: FrameIndex) -> FrameIndex:
+        """``index`` checked against the Arrow metadata at the head of the raw file (its frames read like
+        any other, through the block cache) and kept; on a mismatch nothing read through it stays cached."""
+        try:
+            head = self._blocks_of(info, index, index.frames_of(0, max(1, index.offsets_pos)))
+            checked = check_layout(b"".join(head)[: index.offsets_pos], index, info)
+        except (ShardError, StorageError):
+            self._forget(info.path)
+            raise
+        self._keep_index(info, checked)
+        return checked
+
+    def _forget(self, path: str) -> None:
+        """Drop the index and every cached frame of shard ``path``."""
+        self._indexes.pop(path, None)
+        for key in [key for key in self._blocks if key[0] == path]:
+            self._bytes -= len(self._blocks.pop(key))
 
     def _keep_index(self, info: ShardInfo, index: FrameIndex) -> None:
         self._indexes[info.path] = index
@@ -100,9 +121,7 @@ class FrameReader:
         if index is not None:
             self._indexes.move_to_end(info.path)
             return index
-        index = self._fetch_index(info)
-        self._keep_index(info, index)
-        return index
+        return self._checked(info, self._fetch_index(info))
 
     def _fetch_run(self, info: ShardInfo, index: FrameIndex, run: list[int]) -> list[bytes]:
         """Consecutive frames ``run`` in one ranged read, each checked and decoded."""
@@ -127,7 +146,9 @@ class FrameReader:
 
     def frames(self, info: ShardInfo, ks: range) -> list[bytes]:
         """Decoded frames ``ks`` of a shard: cached ones from memory, each run of missing ones in one read."""
-        index = self.index(info)
+        return self._blocks_of(info, self.index(info), ks)
+
+    def _blocks_of(self, info: ShardInfo, index: FrameIndex, ks: range) -> list[bytes]:
         out: dict[int, bytes] = {}
         missing: list[int] = []
         for k in ks:
@@ -165,16 +186,27 @@ class FrameReader:
             return
         infos = {info.path: info for info, _, _ in items}
         todo = [(info,) for path, info in infos.items() if path not in self._indexes]
-        for (info,), index in zip(todo, self._parallel(self._fetch_index, todo), strict=True):
-            if isinstance(index, FrameIndex):
-                self._keep_index(info, index)
+        unchecked = {
+            info.path: index
+            for (info,), index in zip(todo, self._parallel(self._fetch_index, todo), strict=True)
+            if isinstance(index, FrameIndex)
+        }
+        # the frames of each new index's Arrow head are fetched with the samples' frames (one round trip),
+        # and the index checked against them before anything is read through it
+        spans = [(infos[path], index, 0, max(1, index.offsets_pos)) for path, index in unchecked.items()]
+        for info, a, b in items:
+            index = self._indexes.get(info.path) or unchecked.get(info.path)
+            if index is not None and a < b:
+                spans.append(
+                    (info, index, index.tokens_pos + a * dtype.itemsize, index.tokens_pos + b * dtype.itemsize)
+                )
         runs: list[tuple[ShardInfo, FrameIndex, list[int]]] = []
         planned: set[tuple[str, int]] = set()
-        for info, a, b in items:
-            index = self._indexes.get(info.path)
-            if index is None or a >= b:
+        for info, index, start, end in spans:
+            end = min(end, info.raw_bytes)
+            if start >= end:
                 continue
-            ks = index.frames_of(index.tokens_pos + a * dtype.itemsize, index.tokens_pos + b * dtype.itemsize)
+            ks = index.frames_of(start, end)
             missing = [k for k in ks if (info.path, k) not in self._blocks and (info.path, k) not in planned]
             planned.update((info.path, k) for k in missing)
             runs += [(info, index, run) for run in _runs(missing)]
@@ -182,6 +214,9 @@ class FrameReader:
             if isinstance(got, list):
                 for k, raw in zip(run, got, strict=True):
                     self._keep((info.path, k), raw)
+        for path, index in unchecked.items():
+            with contextlib.suppress(ShardError, StorageError):  # raised again when the shard is read
+                self._checked(infos[path], index)
 
     def raw(self, info: ShardInfo, start: int, end: int) -> bytes | memoryview:
         """Raw (decompressed) bytes ``[start, end)`` of a shard."""
@@ -201,7 +236,10 @@ class FrameReader:
             raise ShardFormatError(info.path, f"token range {a}-{b} is outside its {info.tokens} tokens")
         if a == b:
             return np.empty(0, dtype=dtype)
-        pos = self.index(info).tokens_pos
+        index = self.index(info)
+        if dtype.itemsize != index.itemsize:
+            raise ShardFormatError(info.path, f"holds {8 * index.itemsize}-bit token ids, the manifest says {dtype}")
+        pos = index.tokens_pos
         return np.frombuffer(self.raw(info, pos + a * dtype.itemsize, pos + b * dtype.itemsize), dtype=dtype)
 
     def offsets(self, info: ShardInfo, d0: int, d1: int) -> np.ndarray:
