@@ -23,7 +23,7 @@ import numpy as np
 
 from shard_tools.errors import ShardError, ShardFormatError, ShardMissingError, StorageError
 from shard_tools.manifest import ShardInfo
-from shard_tools.seekable import FrameIndex, check_layout, decode_frame, load_index
+from shard_tools.seekable import FrameIndex, check_layout, decode_frame, decode_head, load_index
 from shard_tools.threadname import name_os_thread
 
 __all__ = ["RangeRead", "FrameReader", "FrameStats", "frame_reader_for", "DEFAULT_BLOCK_LIMIT"]
@@ -92,17 +92,33 @@ class FrameReader:
             self.stats.index_reads += 1
         return load_index(data, info)
 
-    def _checked(self, info: ShardInfo, index: FrameIndex) -> FrameIndex:
-        """``index`` checked against the Arrow metadata at the head of the raw file (its frames read like
-        any other, through the block cache) and kept; on a mismatch nothing read through it stays cached."""
+    def _checked(self, info: ShardInfo, index: FrameIndex, head: bytes | None = None) -> FrameIndex:
+        """``index`` checked against the Arrow metadata at the head of the raw file (raw bytes ``[0,
+        offsets_pos)``, ``head`` when already read) and kept; on a mismatch nothing read through it stays
+        cached."""
         try:
-            head = self._blocks_of(info, index, index.frames_of(0, max(1, index.offsets_pos)))
-            checked = check_layout(b"".join(head)[: index.offsets_pos], index, info)
+            checked = check_layout(self._head(info, index) if head is None else head, index, info)
         except (ShardError, StorageError):
             self._forget(info.path)
             raise
         self._keep_index(info, checked)
         return checked
+
+    def _head(self, info: ShardInfo, index: FrameIndex) -> bytes:
+        """Raw bytes ``[0, offsets_pos)``: from the block cache, else (within frame 0, as in every shard ferry
+        writes) frame 0 read and checked whole but decoded only as far as the head goes."""
+        ks = index.frames_of(0, max(1, index.offsets_pos))
+        if len(ks) == 1 and (info.path, 0) not in self._blocks:
+            return self._read_head(info, index)
+        return b"".join(self._blocks_of(info, index, ks))[: index.offsets_pos]
+
+    def _read_head(self, info: ShardInfo, index: FrameIndex) -> bytes:
+        offset, length = index.span(0)
+        data = self._read(info, offset, length, "frame 0")
+        with self._lock:
+            self.stats.frame_reads += 1
+            self.stats.frames += 1
+        return decode_head(index, data, index.offsets_pos, info.path)
 
     def _forget(self, path: str) -> None:
         """Drop the index and every cached frame of shard ``path``."""
@@ -191,16 +207,14 @@ class FrameReader:
             for (info,), index in zip(todo, self._parallel(self._fetch_index, todo), strict=True)
             if isinstance(index, FrameIndex)
         }
-        # the frames of each new index's Arrow head are fetched with the samples' frames (one round trip),
-        # and the index checked against them before anything is read through it
-        spans = [(infos[path], index, 0, max(1, index.offsets_pos)) for path, index in unchecked.items()]
+        spans = []
         for info, a, b in items:
             index = self._indexes.get(info.path) or unchecked.get(info.path)
             if index is not None and a < b:
                 spans.append(
                     (info, index, index.tokens_pos + a * dtype.itemsize, index.tokens_pos + b * dtype.itemsize)
                 )
-        runs: list[tuple[ShardInfo, FrameIndex, list[int]]] = []
+        calls: list[tuple[Any, ...]] = []
         planned: set[tuple[str, int]] = set()
         for info, index, start, end in spans:
             end = min(end, info.raw_bytes)
@@ -209,14 +223,24 @@ class FrameReader:
             ks = index.frames_of(start, end)
             missing = [k for k in ks if (info.path, k) not in self._blocks and (info.path, k) not in planned]
             planned.update((info.path, k) for k in missing)
-            runs += [(info, index, run) for run in _runs(missing)]
-        for (info, _, run), got in zip(runs, self._parallel(self._fetch_run, runs) if runs else [], strict=True):
-            if isinstance(got, list):
-                for k, raw in zip(run, got, strict=True):
-                    self._keep((info.path, k), raw)
+            calls += [(self._fetch_run, info, index, run) for run in _runs(missing)]
+        # each new index's Arrow head (its check) travels with the samples' frames: one round trip for all
+        heads = [
+            (path, index)
+            for path, index in unchecked.items()
+            if len(index.frames_of(0, max(1, index.offsets_pos))) == 1
+        ]
+        calls += [(self._read_head, infos[path], index) for path, index in heads]
+        results = self._parallel(lambda fn, *args: fn(*args), calls) if calls else []
+        for call, got in zip(calls, results, strict=True):
+            if call[0] == self._fetch_run and isinstance(got, list):
+                for k, raw in zip(call[3], got, strict=True):
+                    self._keep((call[1].path, k), raw)
+        got_heads = dict(zip((path for path, _ in heads), results[len(results) - len(heads) :], strict=True))
         for path, index in unchecked.items():
+            head = got_heads.get(path)
             with contextlib.suppress(ShardError, StorageError):  # raised again when the shard is read
-                self._checked(infos[path], index)
+                self._checked(infos[path], index, head if isinstance(head, bytes) else None)
 
     def raw(self, info: ShardInfo, start: int, end: int) -> bytes | memoryview:
         """Raw (decompressed) bytes ``[start, end)`` of a shard."""

@@ -45,6 +45,7 @@ from .format import (
     _RECORD_BATCH_COMPRESSION,
     MAX_EXPANSION,
     SHARD_SUFFIX,
+    _check_frame_header,
     _FlatBuffer,
     decompress,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "decode_frames",
     "arrow_positions",
     "check_layout",
+    "decode_head",
 ]
 
 DEFAULT_FRAME_SIZE = 512 << 10  # measured: same ratio as one frame at zstd 1-3, packs faster (see README)
@@ -112,17 +114,14 @@ class FrameIndex:
 
 
 def arrow_positions(raw: pa.Buffer) -> tuple[int, int]:
-    """(offsets_pos, tokens_pos) of a raw shard: where its ``tokens`` list offsets and first token id lie."""
+    """(offsets_pos, tokens_pos) of a raw shard: where its ``tokens`` list offsets and first token id lie, from
+    the file's IPC metadata (the reading :func:`check_layout` compares an index against)."""
     batch = pa.ipc.open_file(raw).get_batch(0)
     column = batch.column(batch.schema.get_field_index("tokens"))
-    offsets_buf, values_buf = column.buffers()[1], column.values.buffers()[1]
-    if offsets_buf is None or values_buf is None:
-        raise ShardFormatError("<new>", "the tokens column has no offsets or values buffer")
     if len(column) and column.offsets[0].as_py() != 0:  # ferry writes none; readers map offsets as token ids
         raise ShardFormatError("<new>", "the tokens column's offsets do not start at 0")
-    itemsize = column.type.value_type.bit_width // 8
-    offsets_pos = offsets_buf.address - raw.address + 4 * column.offset
-    tokens_pos = values_buf.address - raw.address + itemsize * column.values.offset
+    info = ShardInfo("<new>", len(column), len(column.values), 0, raw.size, "", "")
+    _, offsets_pos, tokens_pos = _tokens_layout(_FlatBuffer(memoryview(raw).cast("B"), info.path), info)
     return offsets_pos, tokens_pos
 
 
@@ -243,6 +242,32 @@ def decode_frame(index: FrameIndex, k: int, data: bytes | memoryview, shard: str
     return decompress(data, int(index.raw_sizes[k]), f"{shard} frame {k}")
 
 
+def decode_head(index: FrameIndex, data: bytes | memoryview, size: int, shard: str) -> bytes:
+    """The first ``size`` raw bytes of frame 0 (``data``): the frame checked whole against the index (size,
+    digest, content size in its header), decoded only as far as ``size`` (a block or two, not the frame)."""
+    check_frame(index, 0, data, shard)
+    raw_size = int(index.raw_sizes[0]) if index.frames else 0
+    if not 0 <= size <= raw_size:
+        raise ShardFormatError(shard, f"head of {size} bytes is outside frame 0 ({raw_size} bytes)")
+    view = memoryview(data).cast("B")
+    _check_frame_header(view, raw_size, f"{shard} frame 0")
+    parts: list[bytes] = []
+    got = 0
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(view, read_size=16 << 10) as reader:
+            while got < size:  # each read yields at least one byte until the frame ends: at most `size` rounds
+                chunk = reader.read(size - got)
+                if not chunk:
+                    break
+                parts.append(chunk)
+                got += len(chunk)
+    except zstandard.ZstdError as exc:
+        raise ShardFormatError(shard, f"frame 0 is not a valid zstd frame ({exc})") from exc
+    if got < size:
+        raise ShardFormatError(shard, f"frame 0 ends after {got} bytes, before the {size}-byte head")
+    return b"".join(parts)
+
+
 def load_index(data: bytes | memoryview, info: ShardInfo) -> FrameIndex:
     """The frame index of a format-2 shard as its manifest row pins it: size, structure, then digest."""
     if len(data) != info.index_bytes:
@@ -359,7 +384,7 @@ def _tokens_layout(fb: _FlatBuffer, info: ShardInfo) -> tuple[int, int, int]:
     if offsets_len < 4 * (info.documents + 1) or tokens_len < itemsize * info.tokens or min(offsets_at, tokens_at) < 0:
         raise ShardFormatError(info.path, "the tokens column's buffers are shorter than its documents and tokens")
     if max(offsets_at + offsets_len, tokens_at + tokens_len) > body or (
-        offsets_at < tokens_at + tokens_len and tokens_at < offsets_at + offsets_len
+        tokens_len and offsets_at < tokens_at + tokens_len and tokens_at < offsets_at + offsets_len
     ):
         raise ShardFormatError(info.path, "the tokens column's buffers overlap or run past the record batch's body")
     return itemsize, body_start + offsets_at, body_start + tokens_at
