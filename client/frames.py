@@ -23,7 +23,7 @@ import numpy as np
 
 from shard_tools.errors import ShardError, ShardFormatError, ShardMissingError, StorageError
 from shard_tools.manifest import ShardInfo
-from shard_tools.seekable import FrameIndex, check_layout, decode_frame, decode_head, load_index
+from shard_tools.seekable import FrameIndex, check_layout, decode_frame, decode_head, load_index, max_index_bytes
 from shard_tools.threadname import name_os_thread
 
 __all__ = ["RangeRead", "FrameReader", "FrameStats", "frame_reader_for", "DEFAULT_BLOCK_LIMIT"]
@@ -87,6 +87,12 @@ class FrameReader:
         checked by :meth:`_checked` before any frame is read through it."""
         if info.stored_format != 2:
             raise ShardFormatError(info.path, "is not a format-2 (seekable) shard: read it whole")
+        if info.index_bytes > max_index_bytes(info.raw_bytes):  # refused before a byte is asked for
+            raise ShardFormatError(
+                info.path,
+                f"manifest says its frame index is {info.index_bytes} bytes; no index of a "
+                f"{info.raw_bytes}-byte file exceeds {max_index_bytes(info.raw_bytes)}",
+            )
         data = self._read(info, info.stored_bytes - info.index_bytes, info.index_bytes, "frame index")
         with self._lock:
             self.stats.index_reads += 1

@@ -69,6 +69,7 @@ __all__ = [
     "arrow_positions",
     "check_layout",
     "decode_head",
+    "max_index_bytes",
 ]
 
 DEFAULT_FRAME_SIZE = 512 << 10  # measured: same ratio as one frame at zstd 1-3, packs faster (see README)
@@ -176,6 +177,11 @@ def encode_shard_frames(
     whole.update(index)
     parts.append(index)
     return EncodedShard(tuple(parts), whole.nbytes, whole.hexdigest(), len(index), digest_bytes(index))
+
+
+def max_index_bytes(raw_bytes: int) -> int:
+    """The longest frame index a shard of ``raw_bytes`` can have (frames of the smallest size)."""
+    return _HEAD.size + _ENTRY.size * -(-max(0, raw_bytes) // MIN_FRAME_SIZE) + _TRAILER.size
 
 
 def find_index(stored: memoryview, shard: str) -> int:

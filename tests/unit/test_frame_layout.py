@@ -24,6 +24,7 @@ from shard_tools.seekable import (
     encode_seekable,
     find_index,
     load_index,
+    max_index_bytes,
     parse_index,
 )
 
@@ -172,3 +173,22 @@ def test_the_head_is_decoded_only_as_far_as_it_goes_but_its_frame_is_checked_who
     )  # fmt: skip
     with pytest.raises(ShardFormatError, match="frame says"):
         decode_head(lying, other, index.offsets_pos, info.path)
+
+
+def test_a_row_claiming_an_index_longer_than_any_is_refused_before_reading() -> None:
+    """A manifest row whose index would be larger than any index of its raw size (a terabyte, say) is refused
+    before a byte is asked of a replica (a ranged read of that length would allocate for it)."""
+    raw, _, _ = raw_shard()
+    stored = encode_seekable(raw, 1, FRAME)
+    info = row(raw, stored)
+    reads: list[tuple[int, int]] = []
+
+    def read_range(_info: ShardInfo, offset: int, length: int) -> bytes:
+        reads.append((offset, length))
+        return stored[offset : offset + length]
+
+    assert info.index_bytes <= max_index_bytes(info.raw_bytes) < info.stored_bytes
+    huge = ShardInfo(**{**vars(info), "stored_bytes": 1 << 40, "index_bytes": (1 << 40) - 100})
+    with pytest.raises(ShardFormatError, match="no index of a"):
+        FrameReader(read_range).tokens(huge, np.dtype("uint16"), 0, 10)
+    assert reads == []
