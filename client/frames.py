@@ -23,13 +23,21 @@ import numpy as np
 
 from shard_tools.errors import ShardError, ShardFormatError, ShardMissingError, StorageError
 from shard_tools.manifest import ShardInfo
-from shard_tools.seekable import FrameIndex, check_layout, decode_frame, decode_head, load_index, max_index_bytes
+from shard_tools.seekable import (
+    FrameIndex,
+    check_frame,
+    check_layout,
+    decode_frame,
+    decode_head,
+    load_index,
+    max_index_bytes,
+)
 from shard_tools.threadname import name_os_thread
 
 __all__ = ["RangeRead", "FrameReader", "FrameStats", "frame_reader_for", "DEFAULT_BLOCK_LIMIT"]
 
 #: ``read_range(info, offset, length)``: ``length`` stored bytes of shard ``info`` from ``offset``.
-RangeRead = Callable[[ShardInfo, int, int], bytes]
+RangeRead = Callable[..., bytes]
 DEFAULT_BLOCK_LIMIT = 256 << 20
 _MAX_INDEXES = 4096  # frame indexes kept per process (a few KiB each)
 
@@ -53,8 +61,13 @@ class FrameReader:
     the indexes and one for the frames, not one per sample.
     """
 
-    def __init__(self, read_range: RangeRead, *, limit: int = DEFAULT_BLOCK_LIMIT, threads: int = 8) -> None:
+    def __init__(
+        self, read_range: RangeRead, *, limit: int = DEFAULT_BLOCK_LIMIT, threads: int = 8, checked_reads: bool = False
+    ) -> None:
         self.read_range = read_range
+        # read_range takes a keyword ``check`` (Replicas.read_range): a replica's bad bytes are refused in the
+        # read and another replica's taken, instead of the shard being read whole
+        self.checked_reads = checked_reads
         self.limit = max(0, int(limit))
         self.threads = max(1, int(threads))
         self.stats = FrameStats()
@@ -69,15 +82,24 @@ class FrameReader:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
-    def _read(self, info: ShardInfo, offset: int, length: int, what: str) -> bytes:
+    def _read(
+        self, info: ShardInfo, offset: int, length: int, what: str, check: Callable[[bytes], None] | None = None
+    ) -> bytes:
+        """``length`` stored bytes at ``offset``, refused unless ``check`` passes: with ``checked_reads`` a
+        replica's bad answer is refused in the read itself, so the next replica's is taken."""
         try:
-            data = self.read_range(info, offset, length)
+            if self.checked_reads and check is not None:
+                data = self.read_range(info, offset, length, check=check)
+            else:
+                data = self.read_range(info, offset, length)
         except FileNotFoundError as exc:
             raise ShardMissingError(info.path, f"listed in the manifest but missing ({exc})") from exc
         if len(data) != length:
             raise ShardFormatError(
                 info.path, f"{what}: read {len(data)} of {length} bytes at {offset}; the shard is truncated"
             )
+        if check is not None and not self.checked_reads:  # else read_range has run it on these very bytes
+            check(data)
         with self._lock:
             self.stats.bytes_read += length
         return data
@@ -93,10 +115,12 @@ class FrameReader:
                 f"manifest says its frame index is {info.index_bytes} bytes; no index of a "
                 f"{info.raw_bytes}-byte file exceeds {max_index_bytes(info.raw_bytes)}",
             )
-        data = self._read(info, info.stored_bytes - info.index_bytes, info.index_bytes, "frame index")
+        index: list[FrameIndex] = []
+        offset = info.stored_bytes - info.index_bytes
+        self._read(info, offset, info.index_bytes, "frame index", lambda data: index.append(load_index(data, info)))
         with self._lock:
             self.stats.index_reads += 1
-        return load_index(data, info)
+        return index[-1]
 
     def _checked(self, info: ShardInfo, index: FrameIndex, head: bytes | None = None) -> FrameIndex:
         """``index`` checked against the Arrow metadata at the head of the raw file (raw bytes ``[0,
@@ -120,7 +144,7 @@ class FrameReader:
 
     def _read_head(self, info: ShardInfo, index: FrameIndex) -> bytes:
         offset, length = index.span(0)
-        data = self._read(info, offset, length, "frame 0")
+        data = self._read(info, offset, length, "frame 0", lambda data: check_frame(index, 0, data, info.path))
         with self._lock:
             self.stats.frame_reads += 1
             self.stats.frames += 1
@@ -149,7 +173,14 @@ class FrameReader:
         """Consecutive frames ``run`` in one ranged read, each checked and decoded."""
         start, _ = index.span(run[0])
         last, last_len = index.span(run[-1])
-        data = memoryview(self._read(info, start, last + last_len - start, f"frames {run[0]}-{run[-1]}"))
+
+        def digests(data: bytes) -> None:
+            view = memoryview(data)
+            for k in run:
+                offset, length = index.span(k)
+                check_frame(index, k, view[offset - start : offset - start + length], info.path)
+
+        data = memoryview(self._read(info, start, last + last_len - start, f"frames {run[0]}-{run[-1]}", digests))
         out = []
         for k in run:
             offset, length = index.span(k)
@@ -303,4 +334,4 @@ def frame_reader_for(manifest: Any, replicas: Any, budget: int) -> FrameReader |
         return None
     local = all("://" not in u or u.startswith("file://") for u in replicas.urls)
     limit = min(DEFAULT_BLOCK_LIMIT, max(8 << 20, budget // 4))
-    return FrameReader(replicas.read_range, limit=limit, threads=1 if local else 8)
+    return FrameReader(replicas.read_range, limit=limit, threads=1 if local else 8, checked_reads=True)

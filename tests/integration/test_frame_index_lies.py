@@ -143,3 +143,32 @@ def test_the_frame_path_does_not_deliver_what_verify_rejects(name: str, shuffle:
         else:
             wrong = int(np.any(got != ref, axis=1).sum())
             assert got.shape == ref.shape and wrong == 0, f"{wrong} wrong rows of {len(ref)}"
+
+
+@pytest.mark.parametrize("where", ["frame 0", "a token frame", "the index"])
+def test_a_replica_with_wrong_bytes_of_the_right_size_is_passed_over_frame_by_frame(where: str, tmp_path: Path) -> None:
+    """Frames, heads and indexes read from the first replica that answers with bytes matching their digests:
+    a corrupt copy on one replica costs another replica's frames, not a whole-shard read."""
+    inputs, opts = write_input("parquet", tmp_path, make_docs(300, 5))
+    good, bad = str(tmp_path / "good"), str(tmp_path / "bad")
+    for url in (good, bad):
+        pack(inputs, url, PackOptions(shard_size=SHARD, stored_format=2, frame_size=FRAME, **opts))
+    info = open_dataset(bad).manifest.shards[VICTIM]
+    _, _, index = pieces(bad, VICTIM)
+    offset, length = {"frame 0": index.span(0), "a token frame": index.span(2)}.get(
+        where, (info.stored_bytes - info.index_bytes, info.index_bytes)
+    )
+    path = Path(bad, info.path)
+    body = bytearray(path.read_bytes())
+    body[offset + length // 2] ^= 0x40
+    path.write_bytes(bytes(body))
+    ref, _ = read(good, tmp_path / "ref", "global", False)
+    ds = TokenDataset([bad, good], seq_len=64, seed=7, shuffle="global", cache_dir=str(tmp_path / "c"),
+                      cache_limit=SHARD)  # fmt: skip
+    try:
+        got = np.asarray(ds.payload(np.arange(ds.num_samples))["windows"])
+        assert np.array_equal(got, ref)
+        assert ds.reader.frames is not None and ds.reader.frames.stats.index_reads > 0
+        assert ds.cache.fetches == 0  # no shard was read whole
+    finally:
+        ds.close()
