@@ -192,3 +192,14 @@ def test_a_row_claiming_an_index_longer_than_any_is_refused_before_reading() -> 
     with pytest.raises(ShardFormatError, match="no index of a"):
         FrameReader(read_range).tokens(huge, np.dtype("uint16"), 0, 10)
     assert reads == []
+
+
+def test_a_shard_of_empty_documents_packs_to_format_2_and_reads_by_frames() -> None:
+    """`ferry pack --no-eos` of empty documents: no token at all (Arrow keeps no values buffer in the file)."""
+    raw = encode_shard_buffer(np.zeros(0, dtype=np.uint16), np.zeros(4, dtype=np.int64), "uint16").to_pybytes()
+    stored = encode_seekable(raw, 1, FRAME)
+    info = row(raw, stored)
+    assert (info.documents, info.tokens) == (3, 0)
+    frames = FrameReader(lambda _info, offset, length: stored[offset : offset + length])
+    assert frames.offsets(info, 0, 3).tolist() == [0, 0, 0, 0]
+    assert frames.tokens(info, np.dtype("uint16"), 0, 0).shape == (0,)
