@@ -16,7 +16,7 @@ from __future__ import annotations
 import io
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
 
@@ -214,10 +214,14 @@ class Replicas:
     def _lost(self, lost: RaceLost) -> str:
         return "; ".join(f"{self.urls[i]}: {text}" for i, text in lost.errors)
 
-    def read_range(self, path_or_info: str | ShardInfo, start: int, length: int) -> bytes:
+    def read_range(
+        self, path_or_info: str | ShardInfo, start: int, length: int, *, check: Callable[[bytes], None] | None = None
+    ) -> bytes:
         """Bytes ``[start, start + length)`` of a stored object (a shard, by its row or relative path), from
         the first replica that has them, with deadlines and hedging. Exactly ``length`` bytes or an error:
-        ShardMissingError when no replica has the object, StorageError when none answered in time."""
+        ShardMissingError when no replica has the object, StorageError when none answered in time.
+        ``check`` (e.g. the digests of the frames read) raises on bytes that are not the ones wanted: that
+        answer is refused like a failed one and the next replica (or a hedged answer) is taken instead."""
         rel = path_or_info.path if isinstance(path_or_info, ShardInfo) else path_or_info
         if start < 0 or length < 0:
             raise UsageError(f"read_range of {rel}: start and length must be non-negative, got {start}, {length}")
@@ -227,6 +231,8 @@ class Replicas:
         def exact(i: int, data: bytes) -> None:
             if len(data) != length:
                 raise ShardError(rel, f"{self.urls[i]} returned {len(data)} of bytes [{start}, {start + length})")
+            if check is not None:
+                check(data)
 
         try:
             return self._read(rel, (start, start + length), length, self._order, check=exact)[1]

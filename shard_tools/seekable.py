@@ -28,7 +28,7 @@ The stored and raw digests of the manifest keep their meaning (whole stored byte
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -37,7 +37,18 @@ import zstandard
 
 from .digest import Hasher, digest_bytes
 from .errors import ShardDigestError, ShardFormatError
-from .format import MAX_EXPANSION, SHARD_SUFFIX, decompress
+from .format import (
+    _HEADER_DICTIONARY_BATCH,
+    _HEADER_RECORD_BATCH,
+    _MESSAGE_HEADER,
+    _MESSAGE_HEADER_TYPE,
+    _RECORD_BATCH_COMPRESSION,
+    MAX_EXPANSION,
+    SHARD_SUFFIX,
+    _check_frame_header,
+    _FlatBuffer,
+    decompress,
+)
 from .manifest import ShardInfo
 
 __all__ = [
@@ -56,6 +67,9 @@ __all__ = [
     "load_index",
     "decode_frames",
     "arrow_positions",
+    "check_layout",
+    "decode_head",
+    "max_index_bytes",
 ]
 
 DEFAULT_FRAME_SIZE = 512 << 10  # measured: same ratio as one frame at zstd 1-3, packs faster (see README)
@@ -82,6 +96,7 @@ class FrameIndex:
     digests: bytes  # 16 bytes per frame
     offsets_pos: int
     tokens_pos: int
+    itemsize: int = 0  # bytes per token id, once :func:`check_layout` has checked the index against the file
 
     @property
     def frames(self) -> int:
@@ -100,17 +115,14 @@ class FrameIndex:
 
 
 def arrow_positions(raw: pa.Buffer) -> tuple[int, int]:
-    """(offsets_pos, tokens_pos) of a raw shard: where its ``tokens`` list offsets and first token id lie."""
+    """(offsets_pos, tokens_pos) of a raw shard: where its ``tokens`` list offsets and first token id lie, from
+    the file's IPC metadata (the reading :func:`check_layout` compares an index against)."""
     batch = pa.ipc.open_file(raw).get_batch(0)
     column = batch.column(batch.schema.get_field_index("tokens"))
-    offsets_buf, values_buf = column.buffers()[1], column.values.buffers()[1]
-    if offsets_buf is None or values_buf is None:
-        raise ShardFormatError("<new>", "the tokens column has no offsets or values buffer")
     if len(column) and column.offsets[0].as_py() != 0:  # ferry writes none; readers map offsets as token ids
         raise ShardFormatError("<new>", "the tokens column's offsets do not start at 0")
-    itemsize = column.type.value_type.bit_width // 8
-    offsets_pos = offsets_buf.address - raw.address + 4 * column.offset
-    tokens_pos = values_buf.address - raw.address + itemsize * column.values.offset
+    info = ShardInfo("<new>", len(column), len(column.values), 0, raw.size, "", "")
+    _, offsets_pos, tokens_pos = _tokens_layout(_FlatBuffer(memoryview(raw).cast("B"), info.path), info)
     return offsets_pos, tokens_pos
 
 
@@ -165,6 +177,11 @@ def encode_shard_frames(
     whole.update(index)
     parts.append(index)
     return EncodedShard(tuple(parts), whole.nbytes, whole.hexdigest(), len(index), digest_bytes(index))
+
+
+def max_index_bytes(raw_bytes: int) -> int:
+    """The longest frame index a shard of ``raw_bytes`` can have (frames of the smallest size)."""
+    return _HEAD.size + _ENTRY.size * -(-max(0, raw_bytes) // MIN_FRAME_SIZE) + _TRAILER.size
 
 
 def find_index(stored: memoryview, shard: str) -> int:
@@ -231,6 +248,32 @@ def decode_frame(index: FrameIndex, k: int, data: bytes | memoryview, shard: str
     return decompress(data, int(index.raw_sizes[k]), f"{shard} frame {k}")
 
 
+def decode_head(index: FrameIndex, data: bytes | memoryview, size: int, shard: str) -> bytes:
+    """The first ``size`` raw bytes of frame 0 (``data``): the frame checked whole against the index (size,
+    digest, content size in its header), decoded only as far as ``size`` (a block or two, not the frame)."""
+    check_frame(index, 0, data, shard)
+    raw_size = int(index.raw_sizes[0]) if index.frames else 0
+    if not 0 <= size <= raw_size:
+        raise ShardFormatError(shard, f"head of {size} bytes is outside frame 0 ({raw_size} bytes)")
+    view = memoryview(data).cast("B")
+    _check_frame_header(view, raw_size, f"{shard} frame 0")
+    parts: list[bytes] = []
+    got = 0
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(view, read_size=16 << 10) as reader:
+            while got < size:  # each read yields at least one byte until the frame ends: at most `size` rounds
+                chunk = reader.read(size - got)
+                if not chunk:
+                    break
+                parts.append(chunk)
+                got += len(chunk)
+    except zstandard.ZstdError as exc:
+        raise ShardFormatError(shard, f"frame 0 is not a valid zstd frame ({exc})") from exc
+    if got < size:
+        raise ShardFormatError(shard, f"frame 0 ends after {got} bytes, before the {size}-byte head")
+    return b"".join(parts)
+
+
 def load_index(data: bytes | memoryview, info: ShardInfo) -> FrameIndex:
     """The frame index of a format-2 shard as its manifest row pins it: size, structure, then digest."""
     if len(data) != info.index_bytes:
@@ -267,3 +310,142 @@ def decompress_seekable(stored: bytes | memoryview, raw_bytes: int, shard: str) 
         raise ShardFormatError(shard, f"frame index of {size} bytes is longer than the shard ({len(view)})")
     index = parse_index(view[len(view) - size :], shard=shard, stored_bytes=len(view), raw_bytes=raw_bytes)
     return decode_frames(view, index, raw_bytes, shard)
+
+
+# Field numbers in Arrow's Message.fbs / Schema.fbs (beside those of shard_tools.format).
+_MESSAGE_BODY_LENGTH = 3
+_HEADER_SCHEMA = 1
+_SCHEMA_FIELDS = 1
+_FIELD_NAME, _FIELD_TYPE_TYPE, _FIELD_TYPE, _FIELD_CHILDREN = 0, 2, 3, 5
+_TYPE_INT, _TYPE_LIST = 2, 12
+_INT_BIT_WIDTH, _INT_SIGNED = 0, 1
+_BATCH_LENGTH, _BATCH_NODES, _BATCH_BUFFERS = 0, 1, 2
+_MAX_MESSAGES = 64  # the schema, dictionaries, the batch: a shard with more is not read by frames
+_ARROW_MAGIC = b"ARROW1"
+
+
+def check_layout(head: bytes | memoryview, index: FrameIndex, info: ShardInfo) -> FrameIndex:
+    """The index, checked against the Arrow metadata at the head of the raw file it describes.
+
+    ``head`` is raw bytes ``[0, index.offsets_pos)`` (read by frames, each checked against the index): the
+    file magic, the schema message and the record batch's metadata. They must place the ``tokens`` column's
+    offsets and values exactly where the index says, hold ``info.documents`` documents and at least
+    ``info.tokens`` token ids of 2 or 4 bytes, uncompressed, all inside the file. The index returned
+    records the token width. An index whose positions moved, or a head frame swapped or rewritten, is a
+    :class:`ShardFormatError` naming the shard; nothing here is read outside ``head``.
+    """
+    fb = _FlatBuffer(memoryview(head).cast("B"), info.path)
+    try:
+        itemsize, offsets_pos, tokens_pos = _tokens_layout(fb, info)
+    except ShardFormatError as exc:
+        reason = f"frame index does not match the Arrow file it describes: {exc.reason}"
+        raise ShardFormatError(info.path, reason) from None
+    if (offsets_pos, tokens_pos) != (index.offsets_pos, index.tokens_pos):
+        raise ShardFormatError(
+            info.path,
+            f"frame index places the tokens column at {(index.offsets_pos, index.tokens_pos)}, the Arrow file "
+            f"at {(offsets_pos, tokens_pos)}",
+        )
+    return replace(index, itemsize=itemsize)
+
+
+def _tokens_layout(fb: _FlatBuffer, info: ShardInfo) -> tuple[int, int, int]:
+    """(bytes per token id, offsets position, tokens position) from the head of a raw shard, checked."""
+    if bytes(fb.data[: len(_ARROW_MAGIC)]) != _ARROW_MAGIC:
+        raise ShardFormatError(info.path, "no Arrow file magic at raw byte 0")
+    start, length, kind, body = _message(fb, 8)
+    if kind != _HEADER_SCHEMA or body:
+        raise ShardFormatError(info.path, "the first Arrow message is not the schema")
+    itemsize = _tokens_itemsize(_FlatBuffer(fb.data[start : start + length], info.path))
+    for _ in range(_MAX_MESSAGES):
+        start, length, kind, body = _message(fb, start + length + body)
+        if kind == _HEADER_RECORD_BATCH:
+            break
+        if kind != _HEADER_DICTIONARY_BATCH:
+            raise ShardFormatError(info.path, f"unexpected Arrow message of type {kind} before the record batch")
+    else:
+        raise ShardFormatError(info.path, f"no record batch in the first {_MAX_MESSAGES} Arrow messages")
+    body_start = start + length
+    if body_start + body > info.raw_bytes:
+        raise ShardFormatError(info.path, "the record batch's body runs past the end of the file")
+    meta = _FlatBuffer(fb.data[start : start + length], info.path)
+    batch = meta.deref(_require(meta, meta.deref(0), _MESSAGE_HEADER))
+    if meta.field(batch, _RECORD_BATCH_COMPRESSION) is not None:
+        raise ShardFormatError(info.path, "Arrow IPC body compression is not allowed in a shard")
+    nodes, n_nodes = meta.vector(_require(meta, batch, _BATCH_NODES))
+    buffers, n_buffers = meta.vector(_require(meta, batch, _BATCH_BUFFERS))
+    if n_nodes < 2 or n_buffers < 4:
+        raise ShardFormatError(info.path, "the record batch has too few nodes or buffers for a list column")
+    # FieldNode {length, null_count} and Buffer {offset, length}: 16 bytes each; buffers 1 and 3 of a
+    # list column are its offsets and its values
+    docs, doc_nulls, values, value_nulls = (meta.read("<q", nodes + 8 * i) for i in range(4))
+    rows = _scalar(meta, batch, _BATCH_LENGTH)
+    if rows != info.documents or docs != info.documents or values < info.tokens or doc_nulls or value_nulls:
+        raise ShardFormatError(
+            info.path,
+            f"the Arrow file holds {docs} documents and {values} token ids, the manifest says "
+            f"{info.documents} and {info.tokens}",
+        )
+    offsets_at, offsets_len, tokens_at, tokens_len = (meta.read("<q", buffers + i) for i in (16, 24, 48, 56))
+    if offsets_len < 4 * (info.documents + 1) or tokens_len < itemsize * info.tokens or min(offsets_at, tokens_at) < 0:
+        raise ShardFormatError(info.path, "the tokens column's buffers are shorter than its documents and tokens")
+    if max(offsets_at + offsets_len, tokens_at + tokens_len) > body or (
+        tokens_len and offsets_at < tokens_at + tokens_len and tokens_at < offsets_at + offsets_len
+    ):
+        raise ShardFormatError(info.path, "the tokens column's buffers overlap or run past the record batch's body")
+    return itemsize, body_start + offsets_at, body_start + tokens_at
+
+
+def _message(fb: _FlatBuffer, pos: int) -> tuple[int, int, int, int]:
+    """The encapsulated IPC message at ``pos``: (metadata start, metadata length, header type, body length)."""
+    start = pos + 8 if fb.read("<I", pos) == 0xFFFFFFFF else pos + 4
+    length = fb.read("<i", start - 4)
+    if length <= 0 or start + length > len(fb.data):
+        raise ShardFormatError(fb.shard, "an Arrow IPC message runs past the head of the file")
+    meta = _FlatBuffer(fb.data[start : start + length], fb.shard)
+    root = meta.deref(0)
+    kind, body = _scalar(meta, root, _MESSAGE_HEADER_TYPE, "<B"), _scalar(meta, root, _MESSAGE_BODY_LENGTH)
+    if body < 0:
+        raise ShardFormatError(fb.shard, "an Arrow IPC message has a negative body length")
+    return start, length, kind, body
+
+
+def _tokens_itemsize(fb: _FlatBuffer) -> int:
+    """Bytes per token id from the schema message in ``fb``: its first field must be ``tokens``, a list of
+    unsigned 16- or 32-bit integers (as :func:`shard_tools.format.encode_shard_buffer` writes it)."""
+    schema = fb.deref(_require(fb, fb.deref(0), _MESSAGE_HEADER))
+    fields, count = fb.vector(_require(fb, schema, _SCHEMA_FIELDS))
+    field = fb.deref(fields) if count else -1
+    if field < 0 or _string(fb, _require(fb, field, _FIELD_NAME)) != b"tokens":
+        raise ShardFormatError(fb.shard, "the first Arrow column is not 'tokens'")
+    if _scalar(fb, field, _FIELD_TYPE_TYPE, "<B") != _TYPE_LIST:
+        raise ShardFormatError(fb.shard, "'tokens' is not a list column")
+    children, n = fb.vector(_require(fb, field, _FIELD_CHILDREN))
+    child = fb.deref(children) if n == 1 else -1
+    if child < 0 or _scalar(fb, child, _FIELD_TYPE_TYPE, "<B") != _TYPE_INT:
+        raise ShardFormatError(fb.shard, "'tokens' is not a list of integers")
+    int_type = fb.deref(_require(fb, child, _FIELD_TYPE))
+    width, signed = _scalar(fb, int_type, _INT_BIT_WIDTH, "<i"), _scalar(fb, int_type, _INT_SIGNED, "<B")
+    if width not in (16, 32) or signed:
+        raise ShardFormatError(fb.shard, "'tokens' is not a list of uint16 or uint32 token ids")
+    return width // 8
+
+
+def _require(fb: _FlatBuffer, table: int, index: int) -> int:
+    pos = fb.field(table, index)
+    if pos is None:
+        raise ShardFormatError(fb.shard, f"Arrow IPC metadata lacks field {index} of a table")
+    return pos
+
+
+def _scalar(fb: _FlatBuffer, table: int, index: int, fmt: str = "<q") -> int:
+    """A scalar field (flatbuffers leave out a field that holds its default, 0)."""
+    pos = fb.field(table, index)
+    return 0 if pos is None else fb.read(fmt, pos)
+
+
+def _string(fb: _FlatBuffer, pos: int) -> bytes:
+    start, size = fb.vector(pos)
+    if start + size > len(fb.data):
+        raise ShardFormatError(fb.shard, "an Arrow IPC string runs past its metadata")
+    return bytes(fb.data[start : start + size])
