@@ -91,6 +91,8 @@ def storage_error(message: str, exc: BaseException) -> StorageError:
             f"{message} (access refused or read-only storage: not retried; fix the permissions, then retry)",
             retryable=False,
         )
+    if isinstance(exc, FileNotFoundError) and exc.errno is None:  # gcsfs's 404: its message is only the URL
+        return StorageError(f"{message} (not found: does the bucket exist?)")
     return StorageError(message)
 
 

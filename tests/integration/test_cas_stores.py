@@ -151,3 +151,4 @@ def test_a_missing_bucket_is_a_storage_error_not_a_conflict(name: str, request: 
     with pytest.raises(StorageError) as info:
         write_if(loc, "obj", b"x", None)
     assert not isinstance(info.value, WriteConflictError)
+    assert "does the bucket exist" in str(info.value) or "container does not exist" in str(info.value)
