@@ -152,3 +152,24 @@ def test_a_missing_bucket_is_a_storage_error_not_a_conflict(name: str, request: 
         write_if(loc, "obj", b"x", None)
     assert not isinstance(info.value, WriteConflictError)
     assert "does the bucket exist" in str(info.value) or "container does not exist" in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["s3", "gcs", "azure"])
+def test_a_retried_write_that_was_stored_is_not_a_conflict(name: str, request: pytest.FixtureRequest) -> None:
+    """A client library re-sends a conditional write whose response was lost: the first attempt was
+    stored, so the retry's precondition fails — on the very write it repeats. That is success (the
+    writer re-basing on its own version would publish its documents twice); another write is not."""
+    from shard_tools.conditional import _PUT_IF
+
+    backend: Backend = request.getfixturevalue(f"{name}_backend")
+    loc = resolve(backend.url("retry"), backend.storage_options)
+    put = _PUT_IF[name]
+    first = put(loc, "obj", b"one", None, "write-a")
+    assert put(loc, "obj", b"one", None, "write-a") == first  # the create, sent again
+    second = put(loc, "obj", b"two", first, "write-b")
+    assert put(loc, "obj", b"two", first, "write-b") == second  # the replace, sent again
+    for token, write_id in ((None, "write-c"), (first, "write-c")):
+        with pytest.raises(WriteConflictError):
+            put(loc, "obj", b"three", token, write_id)
+    got = read_versioned(loc, "obj")
+    assert got.data == b"two" and got.token == second
