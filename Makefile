@@ -13,7 +13,13 @@ TITAN_PY    := $(TITAN_VENV)/bin/python
 TITAN_LOCK  := requirements-titan.lock
 TITAN_STAMP := $(TITAN_VENV)/.installed
 
-.PHONY: demo test test-fast test-unit lint bench venv clean browser promtool lock
+.PHONY: demo test test-fast test-unit lint bench venv clean browser promtool azurite lock
+
+# Azurite (Microsoft's Azure Storage emulator, from npm) for the az:// tests, into a git-ignored folder
+# of this checkout: tests/conftest.py runs .npm-tools/node_modules/azurite (fake-gcs-server, for gs://,
+# comes with the Python test requirements).
+AZURITE_VERSION := 3.37.0
+NPM_TOOLS := .npm-tools
 
 venv: $(STAMP)
 
@@ -55,14 +61,22 @@ promtool:
 	      || echo "warning: could not install prometheus; its checks in tests/integration/test_monitoring_files.py will be skipped"; \
 	  else echo "warning: promtool missing and not root; its checks will be skipped"; fi; }
 
+# Azurite at AZURITE_VERSION into .npm-tools/ (when missing or another version; never a global install).
+azurite:
+	@grep -qs '"version": "$(AZURITE_VERSION)"' $(NPM_TOOLS)/node_modules/azurite/package.json || { \
+	  if command -v npm >/dev/null 2>&1; then \
+	    npm install --prefix $(NPM_TOOLS) --no-audit --no-fund --loglevel=error azurite@$(AZURITE_VERSION) >/dev/null \
+	      || echo "warning: could not install azurite; the az:// tests will be skipped"; \
+	  else echo "warning: npm missing; the az:// tests (Azurite) will be skipped"; fi; }
+
 demo: $(STAMP)
 	$(PY) tools/demo.py
 
-test: $(STAMP) $(TITAN_STAMP) browser promtool
+test: $(STAMP) $(TITAN_STAMP) browser promtool azurite
 	$(PY) -m pytest -q -ra
 	$(TITAN_PY) -m pytest -q -ra tests/integration/test_integration_torchtitan.py
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) azurite
 	$(PY) -m pytest -q -m "not slow"
 
 # The in-process tests only (tests/unit/: no processes, servers, sockets or moto), in well under a minute.
@@ -77,4 +91,4 @@ bench: $(STAMP)
 	$(PY) bench/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) $(TITAN_VENV) .venv-bench .pytest_cache .mypy_cache .ruff_cache demo-data bench/data
+	rm -rf $(VENV) $(TITAN_VENV) $(NPM_TOOLS) .venv-bench .pytest_cache .mypy_cache .ruff_cache demo-data bench/data

@@ -41,7 +41,7 @@ __all__ = [
     "redact",
 ]
 
-_SECRET_WORDS = ("secret", "password", "passwd", "token", "credential", "private_key", "sas")
+_SECRET_WORDS = ("secret", "password", "passwd", "token", "credential", "private_key", "sas", "connection_string")
 _SECRET_KEYS = {"key", "access_key", "access_key_id", "aws_access_key_id", "account_key", "session_token"}
 _ENV_REF = re.compile(r"^\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?$")
 _KNOWN_SCHEMES = {"file", "local", "memory", "s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "hf", "hdfs", "webhdfs"}

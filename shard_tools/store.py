@@ -58,14 +58,28 @@ _NOT_PERMITTED = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 _DENIED_CODES = frozenset({"AccessDenied", "AllAccessDisabled", "Forbidden", "403"})
 
 
+def _http_forbidden(e: BaseException) -> bool:
+    """An HTTP 403 as gcsfs raises it (``OSError("Forbidden: …")``, no errno; or its ``HttpError``
+    with ``code`` 403) or as azure-core does (``HttpResponseError.status_code`` 403)."""
+    if isinstance(e, OSError) and e.errno is None and str(e).startswith("Forbidden: "):
+        return True
+    module = type(e).__module__
+    if module.startswith("gcsfs") and getattr(e, "code", None) == 403:
+        return True
+    return module.startswith("azure") and getattr(e, "status_code", None) == 403
+
+
 def not_permitted(exc: BaseException) -> bool:
     """Whether ``exc`` or what caused it is a refusal no retry can fix: EACCES, EPERM or EROFS, a
-    PermissionError (s3fs's mapping of AccessDenied and other 403s) or an S3 AccessDenied / HTTP 403."""
+    PermissionError (s3fs's mapping of AccessDenied and other 403s), an S3 AccessDenied / HTTP 403,
+    or a 403 from GCS (gcsfs) or Azure Blob (azure-storage-blob, under adlfs)."""
     seen: set[int] = set()
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         if isinstance(e, PermissionError) or (isinstance(e, OSError) and e.errno in _NOT_PERMITTED):
+            return True
+        if _http_forbidden(e):
             return True
         response = getattr(e, "response", None)  # botocore's ClientError
         if isinstance(response, dict):
@@ -84,6 +98,8 @@ def storage_error(message: str, exc: BaseException) -> StorageError:
             f"{message} (access refused or read-only storage: not retried; fix the permissions, then retry)",
             retryable=False,
         )
+    if isinstance(exc, FileNotFoundError) and exc.errno is None:  # gcsfs's 404: its message is only the URL
+        return StorageError(f"{message} (not found: does the bucket exist?)")
     return StorageError(message)
 
 

