@@ -121,7 +121,7 @@ def _show(client: ServiceClient, as_json: bool, out: TextIO) -> None:
             "transfers": [dataclasses.asdict(t) for t in transfers],
             "errors": [dataclasses.asdict(e) for e in errors],
         }
-        out.write(json.dumps(doc, indent=2) + "\n")
+        out.write(json.dumps(doc, indent=2).replace("\x7f", "\\u007f") + "\n")  # ASCII: no raw DEL either
     else:
         out.write(render_status(client.base_url, status, matrix, transfers, errors))
     out.flush()

@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import json
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -22,7 +23,10 @@ from shard_tools.errors import FerryError, StateError, UsageError
 
 from .state import parse_state, skip_state
 
-__all__ = ["register", "main", "read_state", "describe", "difference"]
+__all__ = ["register", "main", "read_state", "describe", "difference", "MAX_STATE_BYTES"]
+
+#: the largest JSON state file read (a state with a 4096-source plan is a few MiB)
+MAX_STATE_BYTES = 256 << 20
 
 
 def read_state(path: str, key: str | None = None, *, trust_pickle: bool = False) -> dict[str, Any]:
@@ -31,8 +35,13 @@ def read_state(path: str, key: str | None = None, *, trust_pickle: bool = False)
     if os.path.isdir(path):
         return _from_dcp(path, key, trust_pickle)
     try:
-        with open(path, encoding="utf-8") as f:
-            state = json.load(f)
+        if not stat.S_ISREG(os.stat(path).st_mode):  # before open: opening a FIFO waits for a writer
+            raise UsageError(f"loader state {path} is not a regular file (a device, pipe or socket)")
+        with open(path, "rb") as f:
+            data = f.read(MAX_STATE_BYTES + 1)
+        if len(data) > MAX_STATE_BYTES:
+            raise StateError(f"{path} is larger than {MAX_STATE_BYTES >> 20} MiB; not a loader state")
+        state = json.loads(data)
     except OSError as exc:
         raise UsageError(f"cannot read loader state {path}: {exc.strerror or exc}") from None
     except (ValueError, RecursionError) as exc:

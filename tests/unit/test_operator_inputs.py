@@ -269,3 +269,35 @@ def test_skip_refuses_hostile_counts(tmp_path: Path, args: list[str], code: int,
     assert rc == code
     err = capsys.readouterr().err
     assert "Traceback" not in err and not (tmp_path / "o.json").exists()
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is")
+def test_a_checkpoint_entry_pointing_outside_its_directory_is_refused(tmp_path: Path) -> None:
+    _, state = run(mix([0, 1], [1, 1]), None, 1, 4, 3)
+    ckpt = tmp_path / "ckpt"
+    _dcp_with_state(ckpt, state)
+    md = pickle.loads((ckpt / ".metadata").read_bytes())  # a checkpoint we wrote: trusted here
+    for index, info in md.storage_data.items():
+        if index.fqn.startswith("loader."):
+            md.storage_data[index] = type(info)("../outside.distcp", info.offset, info.length)
+    (ckpt / ".metadata").write_bytes(pickle.dumps(md))
+    with pytest.raises(StateError, match="storage record ferry does not read"):
+        read_state(str(ckpt))
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "huge"])
+def test_state_files_that_are_not_files_are_refused_without_reading(
+    tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from client.state_cli import MAX_STATE_BYTES
+
+    path = tmp_path / "s.json"
+    if kind == "fifo":
+        os.mkfifo(path)  # opening it would wait for a writer forever
+    elif kind == "device":
+        path = Path("/dev/zero")  # reading it would never end
+    else:
+        with open(path, "wb") as f:
+            f.truncate(MAX_STATE_BYTES + 1)  # sparse: no disk used
+    assert state_main(["show", str(path)]) in (1, 2)
+    _one_error_line(capsys.readouterr().err, "state")
