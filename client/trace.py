@@ -173,6 +173,8 @@ def _dataset_from(args: argparse.Namespace, state: dict[str, Any] | None) -> Any
 
     plan = parse_state(state).plan if state is not None else None
     if plan is not None and not args.data:
+        if args.weights:
+            raise UsageError("the state's plan sets the mixture's weights; drop --weights (or name --data)")
         sources = []
         for src in plan["sources"]:
             ident = src["identity"]
@@ -196,6 +198,9 @@ def _dataset_from(args: argparse.Namespace, state: dict[str, Any] | None) -> Any
         raise UsageError("name the dataset(s) with --data URL (a single dataset's state does not record its URL)")
     seed = args.seed if state is None else state["seed"]
     seq_len = args.seq_len if state is None else state["seq_len"]
+    for flag, given, saved in (("--seed", args.seed, seed), ("--seq-len", args.seq_len, seq_len)):
+        if given is not None and given != saved:
+            raise UsageError(f"{flag} {given} contradicts the state's {saved}; drop {flag}")
     if seed is None or seq_len is None:
         raise UsageError("without --state, give --seed and --seq-len (and --shuffle, --window, --mode if not default)")
     dss = [

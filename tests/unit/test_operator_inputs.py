@@ -122,6 +122,8 @@ def test_the_cli_and_the_python_api_share_one_check(dataset: tuple[str, str]) ->
     with pytest.raises(UsageError, match="positions"):
         trace_positions(loader.dataset, np.asarray([-5]))
     assert [r["position"] for r in loader.trace([0, 2**62 - 1])] == [0, 2**62 - 1]
+    with pytest.raises(UsageError, match=r"positions must lie in \[0, 2\*\*62\)"):
+        TokenLoader(loader.dataset, 4, rank=0, world_size=1).trace(step=2**61)  # its batch starts at 2**63
 
 
 # --- mixing weights ------------------------------------------------------------------------------------------------
@@ -301,3 +303,26 @@ def test_state_files_that_are_not_files_are_refused_without_reading(
             f.truncate(MAX_STATE_BYTES + 1)  # sparse: no disk used
     assert state_main(["show", str(path)]) in (1, 2)
     _one_error_line(capsys.readouterr().err, "state")
+
+
+def test_trace_refuses_flags_that_contradict_the_state(
+    dataset: tuple[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, cache = dataset
+    single = TokenLoader(TokenDataset(url, seq_len=16, seed=5, cache_dir=cache), 2, rank=0, world_size=1)
+    (tmp_path / "single.json").write_text(json.dumps(single.state_dict()))
+    mixed_ds = TokenDataset.mix([TokenDataset(url, seq_len=16, seed=5, cache_dir=cache)] * 2, [1, 1])
+    mixed = TokenLoader(mixed_ds, 2, rank=0, world_size=1)
+    (tmp_path / "mixed.json").write_text(json.dumps(mixed.state_dict()))
+    common = ["--global-batch", "4", "--cache-dir", cache]
+    cases = [
+        (["--state", str(tmp_path / "single.json"), "--data", url, "--seed", "6"], "--seed 6 contradicts"),
+        (["--state", str(tmp_path / "single.json"), "--data", url, "--seq-len", "8"], "--seq-len 8 contradicts"),
+        (["--state", str(tmp_path / "mixed.json"), "--weights", "1", "2"], "drop --weights"),
+    ]
+    for args, message in cases:
+        assert trace_main([*args, *common]) == 2
+        captured = capsys.readouterr()
+        assert message in _one_error_line(captured.err, "trace") and captured.out == ""
+    assert trace_main(["--state", str(tmp_path / "single.json"), "--data", url, "--seed", "5", *common]) == 0
+    assert trace_main(["--state", str(tmp_path / "mixed.json"), *common]) == 0
