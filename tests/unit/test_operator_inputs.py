@@ -326,3 +326,18 @@ def test_trace_refuses_flags_that_contradict_the_state(
         assert message in _one_error_line(captured.err, "trace") and captured.out == ""
     assert trace_main(["--state", str(tmp_path / "single.json"), "--data", url, "--seed", "5", *common]) == 0
     assert trace_main(["--state", str(tmp_path / "mixed.json"), *common]) == 0
+
+
+def test_state_show_and_diff_escape_hostile_strings_in_a_state(tmp_path: Path, capsysbinary: Any) -> None:
+    _, state = run(mix([0, 1], [1, 1]), None, 1, 4, 3)
+    hostile = json.loads(json.dumps(state))
+    hostile["plan"]["sources"][0][1] = "s3://b/x\x1b]0;t\x07\nposition: FORGED\u202e\x9b"  # [key, url, identity, eras]
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(state))
+    b.write_text(json.dumps(hostile))
+    assert state_main(["show", str(b)]) == 0
+    assert state_main(["diff", str(a), str(b)]) in (0, 1)
+    out = capsysbinary.readouterr().out
+    assert b"\x1b" not in out and b"\x07" not in out and "\u202e".encode() not in out and b"\xc2\x9b" not in out
+    assert not any(line.startswith(b"position: FORGED") for line in out.splitlines())
+    assert b"x\\x1b]0;t\\x07\\nposition: FORGED\\u202e\\x9b" in out
