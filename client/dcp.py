@@ -101,7 +101,11 @@ def _names(path: str, trust_pickle: bool) -> list[str]:
 def loader_keys(path: str, key: str | None = None, *, trust_pickle: bool = False) -> tuple[str, list[str]]:
     """The entry holding a loader state in the checkpoint at ``path``, and its flattened key names
     (its ``.metadata`` read without running code unless ``trust_pickle``)."""
-    names = _names(path, trust_pickle)
+    return _select(path, _names(path, trust_pickle), key)
+
+
+def _select(path: str, names: list[str], key: str | None) -> tuple[str, list[str]]:
+    """Of a checkpoint's flattened ``names``: the entry holding a loader state (``key``, or the only one)."""
     tops = sorted({n.split(".", 1)[0] for n in names if n.endswith(".fingerprint") and n.count(".") == 1})
     if key is None:
         if len(tops) != 1:
@@ -147,7 +151,7 @@ def read_dcp_state(path: str, key: str | None = None, *, trust_pickle: bool = Fa
 
 def _read_untrusted(path: str, key: str | None) -> dict[str, Any]:
     md = safe_metadata(path)
-    key, names = loader_keys(path, key)
+    key, names = _select(path, [str(n) for n in md.state_dict_metadata], key)
     where = {str(getattr(i, "fqn", "")): info for i, info in md.storage_data.items()}
     values = {}
     for name in names:
