@@ -8,9 +8,10 @@ import json
 import os
 import sys
 import time
-import unicodedata
-from typing import Any, TextIO, TypeVar
+from typing import Any, TextIO
 
+from shard_tools.cli import printable
+from shard_tools.cli import printable_fields as _printable_fields
 from shard_tools.errors import ServiceError
 from shard_tools.units import format_bytes
 
@@ -18,32 +19,6 @@ from .service_client import DEFAULT_SERVER, ServiceClient
 from .service_types import ErrorEntry, ReplicaMatrix, Status, Transfer
 
 __all__ = ["printable", "register", "render_status"]
-
-T = TypeVar("T")
-# Controls (C0, DEL, C1: ESC starts terminal sequences), format characters (bidi overrides) and line or
-# paragraph separators: a server's string must not move the cursor, recolour or rewrite the terminal.
-_UNPRINTABLE = frozenset({"Cc", "Cf", "Zl", "Zp"})
-
-
-def printable(text: str) -> str:
-    """``text`` with every control or format character shown as a Python escape (``\\x1b``, ``\\u202e``)."""
-    if text.isprintable():
-        return text
-    return "".join(repr(ch)[1:-1] if unicodedata.category(ch) in _UNPRINTABLE else ch for ch in text)
-
-
-def _printable_fields(obj: T) -> T:
-    """A copy of a record from the server with every string made ``printable`` (nested records, lists)."""
-    if isinstance(obj, str):
-        return printable(obj)  # type: ignore[return-value]
-    if isinstance(obj, list):
-        return [_printable_fields(v) for v in obj]  # type: ignore[return-value]
-    if isinstance(obj, dict):
-        return {printable(str(k)): _printable_fields(v) for k, v in obj.items()}  # type: ignore[return-value]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        changes = {f.name: _printable_fields(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-        return dataclasses.replace(obj, **changes)
-    return obj
 
 
 def _bytes(n: float | None) -> str:
@@ -146,7 +121,7 @@ def _show(client: ServiceClient, as_json: bool, out: TextIO) -> None:
             "transfers": [dataclasses.asdict(t) for t in transfers],
             "errors": [dataclasses.asdict(e) for e in errors],
         }
-        out.write(json.dumps(doc, indent=2) + "\n")
+        out.write(json.dumps(doc, indent=2).replace("\x7f", "\\u007f") + "\n")  # ASCII: no raw DEL either
     else:
         out.write(render_status(client.base_url, status, matrix, transfers, errors))
     out.flush()

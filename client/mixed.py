@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from shard_tools.errors import StateError, UsageError
+from shard_tools.errors import InvalidValueError, StateError, UsageError
 
 from .checks import show
+from .mixing import check_weights
 from .replan import merge_plan, source_keys
 from .schedule import Schedule
 from .source import SampleSource
@@ -35,8 +36,10 @@ class MixedDataset(SampleSource):
             raise UsageError(f"mixed datasets must share seq_len and mode, got {sorted(lengths)} / {sorted(modes)}")
         try:
             self.schedule = Schedule.from_weights(phases)
+        except InvalidValueError:
+            raise
         except ValueError as exc:
-            raise UsageError(str(exc)) from exc
+            raise InvalidValueError(str(exc)) from exc
         self.sources = list(datasets)
         self.config = self.schedule  # what this mixture was built with; ``schedule`` also holds the run's past
         self._slots: list[SampleSource | None] = list(self.sources)  # the dataset of each source of ``schedule``
@@ -244,10 +247,4 @@ def _weights(datasets: Sequence[Any], weights: Any, *, zero_ok: bool) -> list[fl
     if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence) or len(weights) != len(datasets):
         n = len(weights) if isinstance(weights, Sequence) else show(weights)
         raise UsageError(f"mix needs one weight per dataset ({len(datasets)} datasets, {n} weights)")
-    for w in weights:
-        real = isinstance(w, (int, float, np.integer, np.floating)) and not isinstance(w, (bool, np.bool_))
-        if not real or not np.isfinite(w) or w < 0 or (w == 0 and not zero_ok):
-            raise UsageError(f"mixing weights must be positive finite numbers, got {show(list(weights))}")
-    if not any(w > 0 for w in weights):
-        raise UsageError(f"every phase of a schedule needs a positive weight, got {show(list(weights))}")
-    return [float(w) for w in weights]
+    return check_weights(weights, zero_ok=zero_ok)

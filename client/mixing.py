@@ -18,9 +18,39 @@ from fractions import Fraction
 
 import numpy as np
 
-__all__ = ["MixSchedule", "MAX_PERIOD"]
+from shard_tools.errors import InvalidValueError
+
+__all__ = ["MixSchedule", "MAX_PERIOD", "WEIGHT_LIMIT", "check_weights"]
 
 MAX_PERIOD = 4096
+#: exclusive bound of a mixing weight: weights are relative, and each becomes a float, then an exact fraction
+WEIGHT_LIMIT = 2.0**63
+
+
+def _show(values: Sequence[object]) -> str:
+    r = repr(list(values)).replace("\n", " ")
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
+def check_weights(weights: Sequence[object], *, zero_ok: bool = False) -> list[float]:
+    """``weights`` as floats, each a real number (never a bool), finite, below :data:`WEIGHT_LIMIT` and
+    positive (or, with ``zero_ok``, zero; one of them positive); else an :class:`InvalidValueError`."""
+    out = []
+    for w in weights:
+        real = isinstance(w, (int, float, np.integer, np.floating)) and not isinstance(w, (bool, np.bool_))
+        try:
+            f = float(w) if real else math.nan  # type: ignore[arg-type]
+        except OverflowError:  # an int beyond a float's range
+            f = math.inf
+        if not math.isfinite(f) or not 0 <= f < WEIGHT_LIMIT or (f == 0 and not zero_ok):
+            zero = " (or zero)" if zero_ok else ""
+            raise InvalidValueError(
+                f"mixing weights must be finite numbers > 0{zero} and below 2**63, got {_show(weights)}"
+            )
+        out.append(f)
+    if not any(f > 0 for f in out):
+        raise InvalidValueError(f"mixing needs a positive weight, got {_show(weights)}")
+    return out
 
 
 class MixSchedule:
@@ -28,13 +58,14 @@ class MixSchedule:
 
     def __init__(self, weights: Sequence[float]) -> None:
         if not weights:
-            raise ValueError("mixing needs at least one source")
-        if any(not np.isfinite(w) or w <= 0 for w in weights):
-            raise ValueError(f"mixing weights must be positive and finite, got {list(weights)}")
+            raise InvalidValueError("mixing needs at least one source")
+        weights = check_weights(weights)
         total = sum(Fraction(w) for w in weights)
         fracs = [(Fraction(w) / total).limit_denominator(MAX_PERIOD) for w in weights]
         if min(fracs) == 0:
-            raise ValueError(f"weights {list(weights)} differ by more than 1:{MAX_PERIOD}; that is not supported")
+            raise InvalidValueError(
+                f"weights {list(weights)} differ by more than 1:{MAX_PERIOD}; that is not supported"
+            )
         period = 1
         for f in fracs:
             period = period * f.denominator // math.gcd(period, f.denominator)
@@ -51,7 +82,7 @@ class MixSchedule:
             # the limited fractions may not sum to one exactly; settle the difference on the largest
             quota[int(np.argmax(quota))] += period - sum(quota)
         if min(quota) <= 0:
-            raise ValueError(f"weight too small to be represented with period {period}: {list(weights)}")
+            raise InvalidValueError(f"weight too small to be represented with period {period}: {list(weights)}")
         self.period = period
         self.quota = np.asarray(quota, dtype=np.int64)
         self.source, self.rank = _lay_out(quota, period)

@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from shard_tools.errors import InvalidValueError
+
 __all__ = ["global_batch_size", "rank_positions", "worker_batches", "batches_until", "split_stream"]
+
+
+# the bound of a stream position (client.state.MAX_POSITION, which imports more than this module may)
+_POSITION_LIMIT = 2**62
 
 
 def global_batch_size(batch_size: int, world_size: int) -> int:
@@ -23,6 +29,8 @@ def global_batch_size(batch_size: int, world_size: int) -> int:
 def rank_positions(start: int, k: int, batch_size: int, world_size: int, rank: int) -> np.ndarray:
     """Stream positions of rank ``rank``'s ``k``-th batch counted from stream position ``start``."""
     first = start + k * batch_size * world_size + rank * batch_size
+    if first + batch_size > _POSITION_LIMIT:  # int64 arithmetic on positions stops being exact
+        raise InvalidValueError(f"stream positions must lie in [0, 2**62), got a batch from position {first}")
     return np.arange(first, first + batch_size, dtype=np.int64)
 
 

@@ -9,28 +9,39 @@ checkpoint as usual and then ``loader.load_state_dict(json.load(open(OUT)))``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from shard_tools.cli import print_error, print_lines, printable
 from shard_tools.errors import FerryError, StateError, UsageError
 
-from .cli import printable
 from .state import parse_state, skip_state
 
-__all__ = ["register", "main", "read_state", "describe", "difference"]
+__all__ = ["register", "main", "read_state", "describe", "difference", "MAX_STATE_BYTES"]
+
+#: the largest JSON state file read (a state with a 4096-source plan is a few MiB)
+MAX_STATE_BYTES = 256 << 20
 
 
-def read_state(path: str, key: str | None = None) -> dict[str, Any]:
-    """The loader state in a JSON file, or in a ``torch.distributed.checkpoint`` directory."""
+def read_state(path: str, key: str | None = None, *, trust_pickle: bool = False) -> dict[str, Any]:
+    """The loader state in a JSON file, or in a ``torch.distributed.checkpoint`` directory (read without
+    running code from it unless ``trust_pickle``: see :mod:`client.dcp`)."""
     if os.path.isdir(path):
-        return _from_dcp(path, key)
+        return _from_dcp(path, key, trust_pickle)
     try:
-        with open(path, encoding="utf-8") as f:
-            state = json.load(f)
+        if not stat.S_ISREG(os.stat(path).st_mode):  # before open: opening a FIFO waits for a writer
+            raise UsageError(f"loader state {path} is not a regular file (a device, pipe or socket)")
+        with open(path, "rb") as f:
+            data = f.read(MAX_STATE_BYTES + 1)
+        if len(data) > MAX_STATE_BYTES:
+            raise StateError(f"{path} is larger than {MAX_STATE_BYTES >> 20} MiB; not a loader state")
+        state = json.loads(data)
     except OSError as exc:
         raise UsageError(f"cannot read loader state {path}: {exc.strerror or exc}") from None
     except (ValueError, RecursionError) as exc:
@@ -42,10 +53,15 @@ def read_state(path: str, key: str | None = None) -> dict[str, Any]:
     return state
 
 
-def _from_dcp(path: str, key: str | None) -> dict[str, Any]:
+def _from_dcp(path: str, key: str | None, trust_pickle: bool) -> dict[str, Any]:
     from .dcp import read_dcp_state
 
-    return read_dcp_state(path, key)
+    if trust_pickle:
+        sys.stderr.write(
+            f"ferry: warning: --trust-pickle: unpickling {printable(path)} with torch's loader; "
+            "a crafted checkpoint runs code as you\n"
+        )
+    return read_dcp_state(path, key, trust_pickle=trust_pickle)
 
 
 def describe(state: Mapping[str, Any]) -> list[str]:
@@ -113,26 +129,37 @@ def difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
 
 
 def _write_json(path: str, doc: Any) -> None:
-    """Atomically: a temp file in the same directory, then a rename."""
+    """Atomically: a temp file in the same directory, flushed to disk, then renamed over ``path`` (a
+    symlink at ``path`` is replaced, not written through). A path that cannot be written is a UsageError."""
+    if os.path.isdir(path):
+        raise UsageError(f"-o {path} is a directory; name the JSON file to write")
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".ferry-state-")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".ferry-state-", suffix=".tmp")
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc} ({directory})") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=1)
             f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
         raise
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    state = read_state(args.file, args.key)
+    state = read_state(args.file, args.key, trust_pickle=args.trust_pickle)
     if args.json:
         parse_state(state)
-        sys.stdout.write(json.dumps(state, indent=1) + "\n")
+        sys.stdout.write(json.dumps(state, indent=1).replace("\x7f", "\\u007f") + "\n")
     else:
-        sys.stdout.write("".join(printable(line) + "\n" for line in describe(state)))
+        print_lines(describe(state))
     return 0
 
 
@@ -142,15 +169,18 @@ def _cmd_skip(args: argparse.Namespace) -> int:
     if args.steps is not None and args.global_batch is None:
         raise UsageError("--steps needs --global-batch (samples per step over all ranks)")
     n = args.samples if args.samples is not None else args.steps * args.global_batch
-    new = skip_state(read_state(args.file, args.key), n)
+    new = skip_state(read_state(args.file, args.key, trust_pickle=args.trust_pickle), n)
     _write_json(args.out, new)
-    print(f"wrote {args.out}: skips the next {n:,} samples")
+    print_lines([f"wrote {args.out}: skips the next {n:,} samples"])
     return 0
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
-    lines = difference(read_state(args.a, args.key), read_state(args.b, args.key))
-    sys.stdout.write("".join(printable(line) + "\n" for line in lines) or "the states are the same\n")
+    trust = args.trust_pickle
+    lines = difference(
+        read_state(args.a, args.key, trust_pickle=trust), read_state(args.b, args.key, trust_pickle=trust)
+    )
+    print_lines(lines or ["the states are the same"])
     return 1 if lines else 0
 
 
@@ -164,28 +194,53 @@ def _positive(text: str) -> int:
     return v
 
 
+TRUST_PICKLE_HELP = (
+    "read a torch.distributed.checkpoint with torch's own unpickler: RUNS CODE a crafted checkpoint holds; "
+    "without it ferry reads only plain values and refuses anything else"
+)
+_EXAMPLES = """examples:
+  ferry state show ckpt/step1000                   # the loader state in a DCP checkpoint
+  ferry state show state.json --json               # the checked state as JSON
+  ferry state skip state.json --steps 20 --global-batch 512 -o skipped.json
+  ferry state diff before.json after.json          # exit 1 if they differ
+"""
+
+
+def _add_source(p: argparse.ArgumentParser, *files: str) -> None:
+    for name in files:
+        p.add_argument(name, help="JSON state file or torch.distributed.checkpoint directory")
+    p.add_argument("--key", default=None, help="entry holding the loader state (in a DCP checkpoint or a JSON dict)")
+    p.add_argument("--trust-pickle", action="store_true", help=TRUST_PICKLE_HELP)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``ferry state``."""
-    p = sub.add_parser("state", help="show, skip or compare saved loader states", description=__doc__)
+    p = sub.add_parser(
+        "state",
+        help="show, skip or compare saved loader states",
+        description=__doc__,
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     cmds = p.add_subparsers(dest="state_command", metavar="ACTION", required=True)
-    key = {"default": None, "help": "entry holding the loader state (in a DCP checkpoint or a JSON dict)"}
-    show = cmds.add_parser("show", help="what a loader state means")
-    show.add_argument("file", help="JSON state file or torch.distributed.checkpoint directory")
-    show.add_argument("--key", **key)
+    show = cmds.add_parser("show", help="what a loader state means", epilog=_EXAMPLES,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    _add_source(show, "file")
     show.add_argument("--json", action="store_true", help="print the checked state as JSON")
     show.set_defaults(func=_cmd_show)
-    skip = cmds.add_parser("skip", help="a new state that skips the next N samples (the skip is recorded)")
-    skip.add_argument("file")
-    skip.add_argument("--key", **key)
+    skip = cmds.add_parser("skip", help="a new state that skips the next N samples (the skip is recorded)",
+                           epilog=_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    _add_source(skip, "file")
     skip.add_argument("--samples", type=_positive, default=None, help="global samples to skip")
     skip.add_argument("--steps", type=_positive, default=None, help="steps to skip (with --global-batch)")
     skip.add_argument("--global-batch", type=_positive, default=None, help="samples per step over all ranks")
-    skip.add_argument("-o", "--out", required=True, help="where to write the new JSON state")
+    skip.add_argument(
+        "-o", "--out", required=True, help="where to write the new JSON state (atomically; replaces an existing file)"
+    )
     skip.set_defaults(func=_cmd_skip)
-    diff = cmds.add_parser("diff", help="what differs between two states (exit 1 if anything)")
-    diff.add_argument("a")
-    diff.add_argument("b")
-    diff.add_argument("--key", **key)
+    diff = cmds.add_parser("diff", help="what differs between two states (exit 1 if anything)", epilog=_EXAMPLES,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    _add_source(diff, "a", "b")
     diff.set_defaults(func=_cmd_diff)
 
 
@@ -197,8 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except FerryError as exc:
-        message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        print(f"ferry state: error: {message}", file=sys.stderr)
+        print_error("state", exc)
         return exc.exit_code
 
 

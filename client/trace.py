@@ -17,14 +17,80 @@ from typing import Any
 
 import numpy as np
 
-from shard_tools.errors import FerryError, UsageError
+from shard_tools.cli import print_error, print_lines
+from shard_tools.errors import FerryError, InvalidValueError, UsageError
 
-__all__ = ["trace_positions", "register", "main"]
+from . import checks
+from .state import MAX_POSITION
+
+__all__ = [
+    "POSITION_LIMIT",
+    "trace_positions",
+    "step_positions",
+    "batch_positions",
+    "check_positions",
+    "register",
+    "main",
+]
+
+#: exclusive bound of a stream position, the one a loader state holds (and of the step
+#: ``TokenLoader.trace(step=)`` takes): sample and token arithmetic stays inside int64 below it
+POSITION_LIMIT = MAX_POSITION
+
+
+def check_positions(positions: Sequence[int] | np.ndarray) -> np.ndarray:
+    """``positions`` as int64, each an integer in ``[0, POSITION_LIMIT)`` (never a bool or a float)."""
+    try:
+        pos = np.asarray(positions)
+    except (TypeError, ValueError, OverflowError):
+        pos = np.asarray([], dtype=object)
+    ok = pos.ndim == 1 and (pos.size == 0 or pos.dtype.kind in "iu" or (pos.dtype == object and all(
+        isinstance(p, (int, np.integer)) and not isinstance(p, (bool, np.bool_)) for p in pos.tolist())))  # fmt: skip
+    if not ok:
+        raise UsageError(f"positions must be a list of integers, got {checks.show(positions)}")
+    values = [int(p) for p in pos.tolist()]
+    bad = [p for p in values if not 0 <= p < POSITION_LIMIT]
+    if bad:
+        raise InvalidValueError(f"stream positions must lie in [0, 2**62), got {checks.show(bad[0])}")
+    return np.asarray(values, dtype=np.int64)
+
+
+def step_positions(
+    step: int, global_batch: int, *, rank: int | None = None, batch_size: int | None = None
+) -> np.ndarray:
+    """Stream positions of global step ``step`` (all ``global_batch`` of them, or rank ``rank``'s
+    ``batch_size``), each bound checked as :meth:`TokenLoader.trace` checks its ``step``."""
+    g = checks.integer("--global-batch", global_batch, 1)
+    step = checks.integer("--step", step, 0, POSITION_LIMIT)
+    if (step + 1) * g > POSITION_LIMIT:
+        raise InvalidValueError(f"--step {step} × --global-batch {g} is beyond the last stream position (2**62)")
+    return batch_positions(step * g, g, rank=rank, batch_size=batch_size)
+
+
+def batch_positions(
+    first: int, global_batch: int, *, rank: int | None = None, batch_size: int | None = None
+) -> np.ndarray:
+    """Stream positions of the global batch that starts at position ``first`` (or of rank ``rank``'s part)."""
+    g = checks.integer("--global-batch", global_batch, 1)
+    first = checks.integer("position", first, 0, POSITION_LIMIT)
+    if first + g > POSITION_LIMIT:
+        raise InvalidValueError(f"a global batch of {g} from position {first} is beyond the last one (2**62)")
+    if rank is None:
+        if batch_size is not None:
+            raise UsageError("--batch-size goes with --rank (the samples of one rank)")
+        return check_positions(np.arange(first, first + g, dtype=np.int64))
+    if batch_size is None:
+        raise UsageError("--rank needs --batch-size (samples per rank), a divisor of --global-batch")
+    b = checks.integer("--batch-size", batch_size, 1, g + 1)
+    if g % b:
+        raise UsageError(f"--batch-size {b} does not divide --global-batch {g}")
+    rank = checks.integer("--rank", rank, 0, g // b)
+    return check_positions(np.arange(first + rank * b, first + (rank + 1) * b, dtype=np.int64))
 
 
 def trace_positions(ds: Any, positions: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
     """One record per stream position of ``ds`` (a TokenDataset or MixedDataset)."""
-    pos = np.asarray(positions, dtype=np.int64)
+    pos = check_positions(positions)
     if hasattr(ds, "schedule"):  # a mixture: each position's source, then that source's own trace
         src, idx = ds.schedule.locate(pos)
         out = []
@@ -32,7 +98,8 @@ def trace_positions(ds: Any, positions: Sequence[int] | np.ndarray) -> list[dict
             (rec,) = trace_positions(ds.source_at(j), [i])
             out.append({"position": p, "source": j, "source_position": i, **_drop(rec, "position")})
         return out
-    return [_trace_one(ds, p, int(s)) for p, s in zip(pos.tolist(), ds.sample_ids(pos).tolist(), strict=True)]
+    # one position at a time: positions far apart would make sample_ids walk every epoch between them
+    return [_trace_one(ds, p, int(ds.sample_ids(pos[i : i + 1])[0])) for i, p in enumerate(pos.tolist())]
 
 
 def _drop(rec: dict[str, Any], key: str) -> dict[str, Any]:
@@ -106,6 +173,8 @@ def _dataset_from(args: argparse.Namespace, state: dict[str, Any] | None) -> Any
 
     plan = parse_state(state).plan if state is not None else None
     if plan is not None and not args.data:
+        if args.weights:
+            raise UsageError("the state's plan sets the mixture's weights; drop --weights (or name --data)")
         sources = []
         for src in plan["sources"]:
             ident = src["identity"]
@@ -129,6 +198,9 @@ def _dataset_from(args: argparse.Namespace, state: dict[str, Any] | None) -> Any
         raise UsageError("name the dataset(s) with --data URL (a single dataset's state does not record its URL)")
     seed = args.seed if state is None else state["seed"]
     seq_len = args.seq_len if state is None else state["seq_len"]
+    for flag, given, saved in (("--seed", args.seed, seed), ("--seq-len", args.seq_len, seq_len)):
+        if given is not None and given != saved:
+            raise UsageError(f"{flag} {given} contradicts the state's {saved}; drop {flag}")
     if seed is None or seq_len is None:
         raise UsageError("without --state, give --seed and --seq-len (and --shuffle, --window, --mode if not default)")
     dss = [
@@ -136,23 +208,18 @@ def _dataset_from(args: argparse.Namespace, state: dict[str, Any] | None) -> Any
         for u in args.data
     ]
     if len(dss) == 1:
+        if args.weights:
+            raise UsageError("--weights mixes two or more --data datasets; one was given")
         return dss[0]
     return TokenDataset.mix(dss, args.weights or [1] * len(dss))
 
 
 def _positions(args: argparse.Namespace, position: int) -> np.ndarray:
-    g = args.global_batch
     if args.step is None and args.state is None:
         raise UsageError("give --step N (or --state FILE for the step after it)")
-    first = position if args.step is None else args.step * g
-    if args.rank is None:
-        return np.arange(first, first + g, dtype=np.int64)
-    if args.batch_size is None or args.global_batch % args.batch_size:
-        raise UsageError("--rank needs --batch-size (samples per rank), a divisor of --global-batch")
-    if args.rank * args.batch_size >= g:
-        raise UsageError(f"--rank {args.rank} is beyond the global batch of {g}")
-    start = first + args.rank * args.batch_size
-    return np.arange(start, start + args.batch_size, dtype=np.int64)
+    if args.step is not None:
+        return step_positions(args.step, args.global_batch, rank=args.rank, batch_size=args.batch_size)
+    return batch_positions(position, args.global_batch, rank=args.rank, batch_size=args.batch_size)
 
 
 def _cmd_trace(args: argparse.Namespace) -> int:
@@ -160,7 +227,7 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     from .state import parse_state
     from .state_cli import read_state
 
-    state = read_state(args.state, args.key) if args.state else None
+    state = read_state(args.state, args.key, trust_pickle=args.trust_pickle) if args.state else None
     saved = parse_state(state) if state is not None else None
     ds = _dataset_from(args, state)
     loader = TokenLoader(ds, batch_size=1, rank=0, world_size=1)
@@ -171,30 +238,40 @@ def _cmd_trace(args: argparse.Namespace) -> int:
         position = loader.position
     records = loader.trace(_positions(args, position if state is not None else 0))
     if args.json:
-        sys.stdout.write(json.dumps(records, indent=1) + "\n")
+        sys.stdout.write(json.dumps(records, indent=1).replace("\x7f", "\\u007f") + "\n")
         return 0
+    lines = []
     for r in records:
         src = f"source {r['source']} " if "source" in r else ""
-        print(f"global sample {r['position']}: {src}{r['url']} version {r['dataset_version']} sample {r['sample']} "
-              f"tokens [{r['tokens'][0]}, {r['tokens'][1]})")  # fmt: skip
+        lines.append(f"global sample {r['position']}: {src}{r['url']} version {r['dataset_version']} "
+                     f"sample {r['sample']} tokens [{r['tokens'][0]}, {r['tokens'][1]})")  # fmt: skip
         for d in r["documents"]:
             origin = f"  from {d['file']}:{d['row']}" if "file" in d else ""
-            print(f"  shard {d['shard']} document {d['document']} tokens [{d['doc_tokens'][0]}, {d['doc_tokens'][1]})"
-                  f"{origin}")  # fmt: skip
+            lines.append(f"  shard {d['shard']} document {d['document']} "
+                         f"tokens [{d['doc_tokens'][0]}, {d['doc_tokens'][1]}){origin}")  # fmt: skip
+    print_lines(lines)
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``ferry trace``."""
+    from .state_cli import TRUST_PICKLE_HELP
+
     p = sub.add_parser(
         "trace",
         help="which documents the samples of a training step came from",
         description="For a loader state (the next step, or --step) or a (seed, config, step, rank): each sample's "
         "dataset version, shard, documents and token ranges, and the input file and row of each document when "
         "the dataset recorded them.",
+        epilog="examples:\n"
+        "  ferry trace --state ckpt/step1000 --global-batch 512            # the step after the checkpoint\n"
+        "  ferry trace --state state.json --data s3://b/ds --global-batch 512 --step 70 --rank 3 --batch-size 64\n"
+        "  ferry trace --data s3://b/ds --seed 0 --seq-len 2048 --global-batch 512 --step 70 --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--state", help="loader state: JSON file or torch.distributed.checkpoint directory")
     p.add_argument("--key", help="entry of the state in a DCP checkpoint or JSON dict")
+    p.add_argument("--trust-pickle", action="store_true", help=TRUST_PICKLE_HELP)
     p.add_argument("--data", action="append", default=[], help="dataset URL (repeat for a mixture)")
     p.add_argument("--weights", type=float, nargs="+", help="mixture weights, one per --data")
     p.add_argument("--seed", type=int)
@@ -219,8 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except FerryError as exc:
-        message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        print(f"ferry trace: error: {message}", file=sys.stderr)
+        print_error("trace", exc)
         return exc.exit_code
 
 

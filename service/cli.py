@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from shard_tools.cli import parse_storage_options, print_json
+from shard_tools.cli import parse_storage_options, print_error, print_json, printable_fields
 from shard_tools.errors import DatasetNotFoundError, UsageError
 
 from .config import Config, format_rate, load_config, parse_rate, redact
@@ -425,6 +425,7 @@ def _verify_only(executor: Executor, names: dict[str, Any], args: argparse.Names
 
 
 def _print_human(report: dict[str, Any], json_logs: bool = False) -> None:
+    report = printable_fields(report)  # shard paths, versions and errors come from storage
     if "verified" in report:
         print(
             f"verified {report['verified']}/{report['shards']} shards of {report['version']} at {report['destination']}"
@@ -474,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except FerryError as exc:
-        print(f"ferry {args.command}: error: {exc}", file=sys.stderr)
+        print_error(args.command, exc)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

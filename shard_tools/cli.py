@@ -7,18 +7,68 @@ function), so ``service`` and ``client`` add theirs without ``shard_tools`` impo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
+import unicodedata
 from collections.abc import Sequence
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, TypeVar
 
 from . import __version__
 from .errors import FerryError, UsageError
 from .units import format_bytes
 
-__all__ = ["main", "register", "parse_storage_options", "print_json"]
+__all__ = [
+    "main",
+    "register",
+    "parse_storage_options",
+    "print_json",
+    "print_lines",
+    "printable",
+    "printable_fields",
+    "print_error",
+]
+
+T = TypeVar("T")
+# Controls (C0, DEL, C1: ESC and CSI start terminal sequences), format characters (bidi overrides,
+# zero-width joiners), line and paragraph separators (U+2028/9) and lone surrogates: a value read from
+# storage or the network must not move the cursor, recolour or rewrite the terminal, nor forge a line.
+_UNPRINTABLE = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+
+
+def printable(text: str) -> str:
+    """``text`` with every control, format or separator character shown as a Python escape
+    (``\\x1b``, ``\\n``, ``\\u202e``): what every CLI line that shows a stored or served value goes through."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(repr(ch)[1:-1] if unicodedata.category(ch) in _UNPRINTABLE else ch for ch in text)
+
+
+def printable_fields(obj: T) -> T:
+    """A copy of ``obj`` with every string in it made :func:`printable` (dicts, lists, tuples, dataclasses)."""
+    if isinstance(obj, str):
+        return printable(obj)  # type: ignore[return-value]
+    if isinstance(obj, list):
+        return [printable_fields(v) for v in obj]  # type: ignore[return-value]
+    if type(obj) is tuple:  # a namedtuple keeps its fields as they are
+        return tuple(printable_fields(v) for v in obj)  # type: ignore[return-value, attr-defined]
+    if isinstance(obj, dict):
+        return {printable(str(k)): printable_fields(v) for k, v in obj.items()}  # type: ignore[return-value]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        changes = {f.name: printable_fields(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+        return dataclasses.replace(obj, **changes)
+    return obj
+
+
+def print_error(command: str, exc: BaseException | str) -> None:
+    """The one ``ferry CMD: error: MESSAGE`` line every command ends with on an error: one line (a message
+    quoting a multi-line library error is joined with ``; ``) with every control character escaped."""
+    message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    sys.stderr.write(f"ferry {printable(command)}: error: {printable(message)}\n")
+    sys.stderr.flush()
 
 
 def parse_storage_options(pairs: Sequence[str] | None) -> dict[str, Any]:
@@ -43,8 +93,16 @@ def parse_storage_options(pairs: Sequence[str] | None) -> dict[str, Any]:
 
 
 def print_json(obj: Any) -> None:
-    json.dump(obj, sys.stdout, indent=2, sort_keys=False, default=str)
-    sys.stdout.write("\n")
+    """``obj`` as indented JSON on stdout, ASCII only: every control character (DEL included), bidi
+    override and line separator in a string is a ``\\u`` escape, never raw."""
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=str).replace("\x7f", "\\u007f") + "\n")
+
+
+def print_lines(lines: Sequence[str], file: Any = None) -> None:
+    """Each line :func:`printable` (values read from storage or the network in it cannot forge a line or send
+    a terminal escape), then a newline."""
+    out = sys.stdout if file is None else file
+    out.write("".join(printable(line) + "\n" for line in lines))
 
 
 def _add_storage(p: argparse.ArgumentParser) -> None:
@@ -291,23 +349,22 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         print_json(doc)
         return 0
     t = m.totals
-    print(f"dataset   {m.name}  ({args.url})")
-    print(f"version   {m.version_id}  parent {m.parent or '-'}  created {m.created_at}  by ferry {m.tool_version}")
-    print(f"tokens    {t['tokens']:,} {m.token_dtype}  in {t['documents']:,} documents, {t['shards']:,} shards")
-    print(
+    lines = [
+        f"dataset   {m.name}  ({args.url})",
+        f"version   {m.version_id}  parent {m.parent or '-'}  created {m.created_at}  by ferry {m.tool_version}",
+        f"tokens    {t['tokens']:,} {m.token_dtype}  in {t['documents']:,} documents, {t['shards']:,} shards",
         f"bytes     stored {format_bytes(t['stored_bytes'])}  raw {format_bytes(t['raw_bytes'])}"
-        + (f"  ratio {t['stored_bytes'] / t['raw_bytes']:.3f}" if t["raw_bytes"] else "")
-    )
-    print(
+        + (f"  ratio {t['stored_bytes'] / t['raw_bytes']:.3f}" if t["raw_bytes"] else ""),
         f"tokenizer {m.tokenizer.name}  vocab {m.tokenizer.vocab_size:,}  eos {m.tokenizer.eos_id}"
-        f"  eos appended: {'yes' if m.eos_appended else 'no'}"
-    )
-    print(f"versions  {len(versions)}: {', '.join(versions)}")
+        f"  eos appended: {'yes' if m.eos_appended else 'no'}",
+        f"versions  {len(versions)}: {', '.join(versions)}",
+    ]
     if shards is not None:
-        print(f"{'#':>6}  {'path':<58} {'docs':>9} {'tokens':>12} {'stored':>10}")
+        lines.append(f"{'#':>6}  {'path':<58} {'docs':>9} {'tokens':>12} {'stored':>10}")
         for i, s in enumerate(shards):
             stored = format_bytes(s["stored_bytes"])
-            print(f"{i:>6}  {s['path']:<58} {s['documents']:>9,} {s['tokens']:>12,} {stored:>10}")
+            lines.append(f"{i:>6}  {s['path']:<58} {s['documents']:>9,} {s['tokens']:>12,} {stored:>10}")
+    print_lines(lines)
     return 0
 
 
@@ -328,15 +385,16 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report.to_dict())
     elif report.error:
-        print(f"FAILED {args.url}: {report.error}", file=sys.stderr)
+        print_lines([f"FAILED {args.url}: {report.error}"], sys.stderr)
     elif report.bad:
-        for path, reason in report.bad.items():
-            print(f"BAD {path}: {reason}", file=sys.stderr)
-        print(f"FAILED: {len(report.bad)} of {report.shards} shards bad at {args.url}", file=sys.stderr)
+        bad = [f"BAD {path}: {reason}" for path, reason in report.bad.items()]
+        print_lines([*bad, f"FAILED: {len(report.bad)} of {report.shards} shards bad at {args.url}"], sys.stderr)
     else:
-        print(
-            f"OK: {report.shards} shards, {format_bytes(report.bytes_read)} verified at {args.url} "
-            f"(version {report.version_id})"
+        print_lines(
+            [
+                f"OK: {report.shards} shards, {format_bytes(report.bytes_read)} verified at {args.url} "
+                f"(version {report.version_id})"
+            ]  # fmt: skip
         )
     return 0 if report.ok else 1
 
@@ -395,9 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except FerryError as exc:
-        # one line, even when the message quotes a library error that spans several
-        message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        print(f"ferry {args.command}: error: {message}", file=sys.stderr)
+        print_error(args.command, exc)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"ferry {args.command}: interrupted", file=sys.stderr)

@@ -2,7 +2,8 @@
 
     FerryError
     ├── UsageError                  bad arguments or configuration (exit code 2)
-    │   └── NotFoundError           the named dataset, cluster, link or error id is unknown (HTTP 404)
+    │   ├── NotFoundError           the named dataset, cluster, link or error id is unknown (HTTP 404)
+    │   └── InvalidValueError       an argument's value is out of range (also a ValueError: NaN, 2**80, -3)
     ├── InputFormatError            an input corpus file cannot be read as its format
     │   └── MegatronIndexError      a Megatron .idx with a wrong magic, version or layout
     ├── TokenRangeError             a token id does not fit the declared vocabulary / dtype
@@ -42,6 +43,7 @@ __all__ = [
     "FerryError",
     "UsageError",
     "NotFoundError",
+    "InvalidValueError",
     "InputFormatError",
     "MegatronIndexError",
     "TokenRangeError",
@@ -83,6 +85,11 @@ class UsageError(FerryError):
 
 class NotFoundError(UsageError):
     """The request names a dataset, cluster, link or error id that is not known (the API answers 404)."""
+
+
+class InvalidValueError(UsageError, ValueError):
+    """An argument has an acceptable type but a value outside what it may be (a NaN, infinite or 2**80
+    mixing weight, a negative step): ``except ValueError`` catches it as well as ``except UsageError``."""
 
 
 class InputFormatError(FerryError):

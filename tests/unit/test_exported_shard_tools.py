@@ -23,7 +23,7 @@ EXPECTED_EXPORTS = {
     "DatasetNotFoundError", "ManifestError", "ShardError", "ShardMissingError", "ShardDigestError",
     "ShardFormatError", "StorageError", "PublishError", "WriteConflictError", "RollbackError", "StateError",
     "CacheError", "ConfigError", "ReplicationError", "LeaseHeldError", "ServiceError",
-    "NotFoundError", "SourceMissing", "Cancelled",
+    "NotFoundError", "InvalidValueError", "SourceMissing", "Cancelled",
 }  # fmt: skip
 
 EXPECTED_FLAGS = {
