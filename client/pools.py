@@ -1,0 +1,114 @@
+"""Background threads that never hold up the end of their process.
+
+A ``concurrent.futures.ThreadPoolExecutor`` joins its threads when the interpreter exits, after every
+job still queued has run. A training process that ends early (Ctrl-C, ``sys.exit`` from its own SIGTERM
+handler, a ``break`` out of the loop) or a DataLoader worker told to stop would first download every shard
+its prefetch had queued, and wait for ever on a fetch that hangs. :class:`DaemonPool` runs the same jobs on
+daemon threads: at exit its queued jobs are dropped and its running ones abandoned with the process (a
+half-written cache file keeps its temp name; a later eviction removes it).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from typing import Any, ParamSpec, TypeVar
+
+from shard_tools.threadname import name_os_thread
+
+__all__ = ["DaemonPool"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+_Job = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+_STOP = None  # one per thread, queued behind the jobs by shutdown() or when the pool is dropped
+
+
+class DaemonPool(Executor):
+    """At most ``max_workers`` daemon threads named ``<prefix>_<n>`` (also for the OS), started as jobs come."""
+
+    def __init__(self, max_workers: int, thread_name_prefix: str) -> None:
+        if max_workers < 1:
+            raise ValueError("max_workers must be at least 1")
+        self._max, self._prefix = max_workers, thread_name_prefix
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._state = _State()
+        self._closed = False
+        # a pool dropped without shutdown() stops its idle threads (they hold no reference to it)
+        weakref.finalize(self, _stop_all, self._jobs, self._threads)
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        future: Future[T] = Future()
+        state = self._state
+        with state.lock:
+            if self._closed:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._jobs.put((future, fn, args, kwargs))
+            state.queued += 1
+            if state.queued > state.idle and len(self._threads) < self._max:
+                name = f"{self._prefix}_{len(self._threads)}"
+                thread = threading.Thread(target=_work, args=(self._jobs, state), name=name, daemon=True)
+                thread.start()
+                self._threads.append(thread)
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Start no more jobs; ``cancel_futures``: drop the queued ones; ``wait``: until the running ones end."""
+        with self._state.lock:
+            self._closed = True
+            if cancel_futures:
+                while True:
+                    try:
+                        job = self._jobs.get_nowait()
+                    except queue.Empty:
+                        break
+                    if job is not None:
+                        job[0].cancel()
+                        self._state.queued -= 1
+        _stop_all(self._jobs, self._threads)
+        if wait:
+            for thread in self._threads:
+                if thread is not threading.current_thread():
+                    thread.join()
+
+
+class _State:
+    """Counts shared by a pool and its threads (no reference to the pool itself)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.queued = 0  # jobs no thread has taken yet
+        self.idle = 0  # threads waiting for a job
+
+
+def _stop_all(jobs: queue.SimpleQueue[_Job | None], threads: list[threading.Thread]) -> None:
+    for _ in threads:
+        jobs.put(_STOP)
+
+
+def _work(jobs: queue.SimpleQueue[_Job | None], state: _State) -> None:
+    name_os_thread()
+    while True:
+        with state.lock:
+            state.idle += 1
+        job = jobs.get()
+        with state.lock:
+            state.idle -= 1
+            if job is not None:
+                state.queued -= 1
+        if job is None:
+            return
+        future, fn, args, kwargs = job
+        if not future.set_running_or_notify_cancel():
+            continue
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 — the caller sees it through the future
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+        del job, future, fn, args, kwargs
