@@ -142,6 +142,25 @@ def test_processes_sharing_a_cache_download_each_shard_once(local_url: str, tmp_
     assert not [p for p in cache.iterdir() if p.name.startswith(".ferry-tmp")]
 
 
+def test_jobs_sharing_a_small_cache_never_lose_a_shard_they_read(local_url: str, tmp_path: Path) -> None:
+    """Two jobs on one cache_dir whose limit holds a few shards: each evicts what the other fetched, and
+    both read exactly the stream of a job alone with a cache that holds everything."""
+    cache, start = tmp_path / "shared", tmp_path / "go"
+    script = HERE / "scripts" / "loader_cache_reader.py"
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
+    args = [sys.executable, str(script), local_url, str(cache), str(start), str(16 << 10), "2"]
+    procs = [subprocess.Popen(args, stdout=subprocess.PIPE, env=env) for _ in range(2)]
+    start.touch()
+    alone_args = [*args[:3], str(tmp_path / "alone"), str(start), "1GiB", "2"]
+    alone = subprocess.run(alone_args, stdout=subprocess.PIPE, env=env, check=True, timeout=300)
+    results = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    want = json.loads(alone.stdout)["digest"]
+    assert [r["digest"] for r in results] == [want, want]
+    shards = len(open_dataset(local_url).manifest.shards)
+    assert sum(r["fetches"] for r in results) > shards  # they did evict each other's shards
+
+
 def test_eviction_never_removes_a_shard_in_use(local_url: str, tmp_path: Path) -> None:
     manifest = open_dataset(local_url).manifest
     replicas = Replicas(local_url)
