@@ -4,14 +4,18 @@ A ``concurrent.futures.ThreadPoolExecutor`` joins its threads when the interpret
 job still queued has run. A training process that ends early (Ctrl-C, ``sys.exit`` from its own SIGTERM
 handler, a ``break`` out of the loop) or a DataLoader worker told to stop would first download every shard
 its prefetch had queued, and wait for ever on a fetch that hangs. :class:`DaemonPool` runs the same jobs on
-daemon threads: at exit its queued jobs are dropped and its running ones abandoned with the process (a
-half-written cache file keeps its temp name; a later eviction removes it).
+daemon threads: at exit its queued jobs are dropped, and its running ones have ``EXIT_WAIT_S`` seconds (all
+pools together) to end, so that a fetch about to fail or finish cleans up after itself; one still running then
+is abandoned with the process (a half-written cache file keeps its temp name; a later eviction removes it).
 """
 
 from __future__ import annotations
 
+import atexit
+import os
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
@@ -19,7 +23,9 @@ from typing import Any, ParamSpec, TypeVar
 
 from shard_tools.threadname import name_os_thread
 
-__all__ = ["DaemonPool"]
+__all__ = ["EXIT_WAIT_S", "DaemonPool"]
+
+EXIT_WAIT_S = 1.0
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -38,6 +44,8 @@ class DaemonPool(Executor):
         self._threads: list[threading.Thread] = []
         self._state = _State()
         self._closed = False
+        self._pid = os.getpid()
+        _LIVE.add(self)
         # a pool dropped without shutdown() stops its idle threads (they hold no reference to it)
         weakref.finalize(self, _stop_all, self._jobs, self._threads)
 
@@ -74,6 +82,23 @@ class DaemonPool(Executor):
             for thread in self._threads:
                 if thread is not threading.current_thread():
                     thread.join()
+
+
+_LIVE: weakref.WeakSet[DaemonPool] = weakref.WeakSet()
+
+
+@atexit.register
+def _at_exit() -> None:
+    """Drop the queued jobs of this process's pools and give the running ones ``EXIT_WAIT_S`` to end. Runs at
+    interpreter exit, after non-daemon threads were joined (never in a forked worker, which ends with
+    ``os._exit``); pools copied from a parent by a fork are not this process's (their threads are not here)."""
+    deadline = time.monotonic() + EXIT_WAIT_S
+    pools = [pool for pool in list(_LIVE) if pool._pid == os.getpid()]
+    for pool in pools:
+        pool.shutdown(wait=False, cancel_futures=True)
+    for pool in pools:
+        for thread in pool._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class _State:
