@@ -125,6 +125,7 @@ def _end(proc: subprocess.Popen[str]) -> None:
 
 
 def assert_ended_and_released(result: dict[str, Any], url: str, bound: float = WORKERS_GONE_S) -> None:
+    print(f"workers gone after {result['workers_s']} s, the process after {result['process_s']} s")
     assert result["workers_s"] is not None and result["workers_s"] < bound, result
     assert result["process_s"] is not None, result
     # every lease is released: a loader with a limit of one byte evicts every shard of the cache
