@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
-from torch.utils.data._utils.signal_handling import _remove_worker_pids
+from torch.utils.data._utils import signal_handling as _torch_signals
 
 from shard_tools.errors import FerryError, UsageError
 from shard_tools.orphans import exit_with_parent
@@ -470,10 +470,11 @@ def _stop_workers(items: Iterator[Any], grace: float) -> None:
     if shutdown is None:
         return
     workers = list(getattr(items, "_workers", ()))
-    if getattr(items, "_worker_pids_set", False):
+    forget = getattr(_torch_signals, "_remove_worker_pids", None)
+    if forget is not None and getattr(items, "_worker_pids_set", False):
         # stopping them is the point now: DataLoader's SIGCHLD handler must not report their end as a failure
         with contextlib.suppress(Exception):
-            _remove_worker_pids(id(items))
+            forget(id(items))
             items._worker_pids_set = False  # type: ignore[attr-defined]
     timer = threading.Timer(grace, _terminate, (workers,))
     timer.daemon = True
