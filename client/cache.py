@@ -1,7 +1,8 @@
 """The node-local shard cache: decompressed shards as files, shared by every process on a node.
 
 Layout: ``<cache_dir>/<raw digest hex>.arrow`` (content-addressed, so versions and
-replicas of a dataset share files) and ``<cache_dir>/.locks/<hex>.{fetch,use}``.
+replicas of a dataset share files), ``<cache_dir>/heads/<hex>.head`` (the first tokens of shards
+seen) and ``<cache_dir>/.locks/<hex>.{fetch,use}``.
 
 - A shard is fetched whole from the first healthy replica, checked against the
   manifest, written to a temp name and renamed into place: a reader never sees a
@@ -10,8 +11,11 @@ replicas of a dataset share files) and ``<cache_dir>/.locks/<hex>.{fetch,use}``.
   find the file; ``flock(LOCK_SH)`` on ``.use`` is held for as long as a process has
   the shard mapped, and eviction takes ``LOCK_EX | LOCK_NB`` so it never removes a shard
   in use. Locks die with their process, so nothing leaks.
-- Beyond ``limit`` bytes the least recently used files (by mtime, touched on every
-  open) are evicted.
+- ``limit`` bounds every byte of the directory: shards, heads and downloads in progress. Beyond
+  it heads over their share of the limit go first, then the least recently used shards (by
+  mtime, touched on every open), then the other heads (see :meth:`ShardCache.evict`).
+- A temp file of a download whose process is gone (killed, preempted) is removed by the next
+  eviction; one of a live process is counted, never removed.
 - A file of the wrong size, or whose raw digest fails (checked once per process, by
   the prefetch thread or on first open, when ``verify`` is on), is fetched again.
 - An ``OSError`` on the cache's own files (full disk, read-only or vanished directory)
@@ -37,7 +41,7 @@ from shard_tools.digest import Hasher
 from shard_tools.errors import CacheError, ShardError
 from shard_tools.format import ShardView, parse_shard
 from shard_tools.manifest import ShardInfo
-from shard_tools.store import TEMP_MARKER, temp_name
+from shard_tools.store import TEMP_MARKER, temp_is_stale, temp_name
 
 from .replicas import Replicas
 from .stats import COUNTERS
@@ -46,8 +50,9 @@ __all__ = ["ShardCache", "Lease", "default_cache_dir"]
 
 _SUFFIX = ".arrow"
 _HEADS = "heads"  # the first tokens of shards seen, for the sample of the shard before that runs on into one
+_HEAD_SUFFIX = ".head"
 _HEAD_CHECK = 16  # bytes of the blake2b digest after a head's tokens
-_STALE_TEMP_S = 600.0
+_HEAD_SHARE = 8  # heads together keep at most this share of the limit, and each at most this share of its shard
 
 
 def default_cache_dir() -> str:
@@ -255,7 +260,7 @@ class ShardCache:
         raise AssertionError("unreachable")
 
     def _head_file(self, info: ShardInfo) -> str:
-        return os.path.join(self.directory, _HEADS, os.path.basename(self.path(info))[: -len(_SUFFIX)] + ".head")
+        return os.path.join(self._heads_dir(), os.path.basename(self.path(info))[: -len(_SUFFIX)] + _HEAD_SUFFIX)
 
     @staticmethod
     def _head_digest(info: ShardInfo, body: bytes) -> bytes:
@@ -273,8 +278,13 @@ class ShardCache:
 
         The last sample of a shard runs on into the next one; format 1 can read that head only by fetching
         the next shard whole. A kept head serves it instead, after the shard itself was evicted. Heads are
-        (seq_len + 1) tokens per shard seen (4 KiB for 2048 uint16 tokens) and stay until the cache
-        directory is removed; a head that cannot be written is no error (the shard is then fetched)."""
+        (seq_len + 1) tokens per shard seen (4 KiB for 2048 uint16 tokens), counted in the cache's limit and
+        evicted under it (see :meth:`evict`). A head larger than ``1/_HEAD_SHARE`` of its shard is not kept
+        (the shard itself serves as well), nor one larger than the heads' share of the limit; a head that
+        cannot be written is no error (the shard is then fetched)."""
+        nbytes = len(head) + _HEAD_CHECK
+        if nbytes > info.raw_bytes // _HEAD_SHARE or nbytes > self.limit // _HEAD_SHARE:
+            return
         if self.read_head(info, len(head)) is not None:
             return  # kept and intact (a damaged one was removed: written again here)
         path = self._head_file(info)
@@ -287,6 +297,9 @@ class ShardCache:
         except OSError:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+            return
+        with contextlib.suppress(CacheError):
+            self.evict()  # a failure of the cache directory itself is raised by the next fetch
 
     def read_head(self, info: ShardInfo, nbytes: int) -> bytes | None:
         """The first ``nbytes`` raw bytes of the shard from its kept head, checked; None when there is none, it
@@ -299,49 +312,102 @@ class ShardCache:
             return None
         body, digest = data[:-_HEAD_CHECK], data[-_HEAD_CHECK:]
         if len(data) > _HEAD_CHECK and self._head_digest(info, body) == digest:
-            return body[:nbytes] if len(body) >= nbytes else None
+            if len(body) < nbytes:
+                return None
+            with contextlib.suppress(OSError):
+                os.utime(path)  # recency, for eviction
+            return body[:nbytes]
         with contextlib.suppress(OSError):
             os.unlink(path)  # damaged: the shard is fetched whole, and its head kept again
         return None
 
-    def usage(self) -> list[tuple[float, int, str]]:
-        """(mtime, size, path) of every cached shard file; removes temp files left by crashed processes."""
-        out = []
-        stale = time.time() - _STALE_TEMP_S
-        with _guard(self.directory, "list"), os.scandir(self.directory) as it:
+    def _heads_dir(self) -> str:
+        return os.path.join(self.directory, _HEADS)
+
+    def _scan(self, directory: str, suffix: str) -> tuple[list[tuple[float, int, str]], int]:
+        """(mtime, size, path) of the files of ``directory`` ending in ``suffix``, and the bytes of the temp
+        files of downloads in progress there. A temp file whose writer on this host is gone (a killed or
+        preempted process) is removed, as is one of an unknown writer left unchanged for a long time."""
+        out: list[tuple[float, int, str]] = []
+        pending = 0
+        now = time.time()
+        try:
+            it = os.scandir(directory)
+        except FileNotFoundError:
+            if directory == self.directory:
+                raise _cache_error(FileNotFoundError(errno.ENOENT, "no such directory"), directory, "list") from None
+            return out, pending  # no heads kept yet
+        except OSError as exc:
+            raise _cache_error(exc, directory, "list") from exc
+        with it:
             for e in it:
                 with contextlib.suppress(FileNotFoundError):
                     if TEMP_MARKER in e.name:
-                        # a temp file grows while its download streams in; one untouched this long is an orphan
-                        if e.stat().st_mtime < stale:
+                        st = e.stat()
+                        if temp_is_stale(e.name, now - st.st_mtime):
                             os.unlink(e.path)
-                    elif e.name.endswith(_SUFFIX):
+                        else:
+                            pending += st.st_size  # on the disk too: counted, never evicted
+                    elif e.name.endswith(suffix):
                         st = e.stat()
                         out.append((st.st_mtime, st.st_size, e.path))
-        return out
+        return out, pending
+
+    def usage(self) -> list[tuple[float, int, str]]:
+        """(mtime, size, path) of every cached shard file; removes temp files left by crashed processes."""
+        return self._scan(self.directory, _SUFFIX)[0]
+
+    def disk_bytes(self) -> int:
+        """Bytes of the cache's files: shards, kept heads and downloads in progress (what ``limit`` bounds)."""
+        shards, pending = self._scan(self.directory, _SUFFIX)
+        heads, head_pending = self._scan(self._heads_dir(), _HEAD_SUFFIX)
+        return pending + head_pending + sum(size for _, size, _ in shards + heads)
 
     def evict(self, keep: str | None = None) -> None:
-        """Remove least recently used shards until the cache fits ``limit`` (never one in use, nor ``keep``)."""
-        files = sorted(self.usage())
-        total = sum(size for _, size, _ in files)
-        for _, size, path in files:
+        """Remove files until the cache fits ``limit``: shards, heads and downloads in progress together.
+
+        Heads first beyond their share of the limit (``1/_HEAD_SHARE``), oldest first; then shards, least
+        recently used first (never one in use, nor ``keep``); then, if shards in use still hold the cache over
+        the limit, the remaining heads. A head is cheap to keep for what it saves (a whole shard's fetch for
+        one sample) and is read into memory, never mapped: removing one never disturbs a reader."""
+        shards, pending = self._scan(self.directory, _SUFFIX)
+        heads, head_pending = self._scan(self._heads_dir(), _HEAD_SUFFIX)
+        heads.sort()
+        head_bytes = sum(size for _, size, _ in heads)
+        total = pending + head_pending + head_bytes + sum(size for _, size, _ in shards)
+        while heads and head_bytes > self.limit // _HEAD_SHARE:
+            _, size, path = heads.pop(0)
+            self._remove(path)
+            head_bytes -= size
+            total -= size
+        for _, size, path in sorted(shards):
             if total <= self.limit:
                 return
-            if path == keep:
-                continue
-            name = os.path.basename(path)[: -len(_SUFFIX)]
-            fd = _open_lock(os.path.join(self.directory, ".locks", f"{name}.use"))
+            if path != keep and self._evict_shard(path):
+                total -= size
+        while heads and total > self.limit:
+            _, size, path = heads.pop(0)
+            self._remove(path)
+            total -= size
+
+    def _remove(self, path: str) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise _cache_error(exc, path, "evict") from exc
+
+    def _evict_shard(self, path: str) -> bool:
+        """Remove a cached shard unless a process has it mapped (holds its ``use`` lock): whether it went."""
+        name = os.path.basename(path)[: -len(_SUFFIX)]
+        fd = _open_lock(os.path.join(self.directory, ".locks", f"{name}.use"))
+        try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                os.close(fd)
-                continue  # mapped by some process right now
-            try:
-                os.unlink(path)
-                total -= size
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                raise _cache_error(exc, path, "evict") from exc
-            finally:
-                os.close(fd)
+                return False  # mapped by some process right now
+            self._remove(path)
+            return True
+        finally:
+            os.close(fd)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -20,13 +19,13 @@ from torch.utils.data import get_worker_info
 
 from shard_tools.errors import DatasetError, FerryError, StateError, UsageError
 from shard_tools.manifest import Manifest
-from shard_tools.threadname import name_os_thread
 
 from . import checks
 from .cache import ShardCache, default_cache_dir
 from .frames import frame_reader_for
 from .mixed import MixedDataset
 from .order import SHUFFLE_MODES, SampleOrder, WindowOrder, make_order
+from .pools import DaemonPool
 from .reader import ShardReader
 from .source import MODES, SampleSource
 from .state import fingerprint
@@ -130,7 +129,7 @@ class TokenDataset(SampleSource):
         self._segments: list[tuple[int, int, int, SampleOrder]] = [(0, 0, self.num_samples, self.order)]
         self._reader: ShardReader | None = None
         self._pid = -1
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: DaemonPool | None = None
         self._submitted: set[int] = set()
         self._scan: _Scan | None = None
 
@@ -456,9 +455,7 @@ class TokenDataset(SampleSource):
 
     def _submit(self, shards: list[int]) -> None:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(
-                max_workers=2, thread_name_prefix="ferry-prefetch", initializer=name_os_thread
-            )
+            self._pool = DaemonPool(2, "ferry-prefetch")
         reader = self.reader
         later: list[int] = []
         for s in shards:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -117,7 +117,7 @@ class RaceLost(Exception):
         self.errors, self.missing, self.timed_out, self.kinds = errors, missing, timed_out, kinds
 
 
-def start_read(loc: Location, rel: str, start: int | None, end: int | None, pool: ThreadPoolExecutor) -> Future[bytes]:
+def start_read(loc: Location, rel: str, start: int | None, end: int | None, pool: Executor) -> Future[bytes]:
     """A cancellable read of ``rel`` (bytes ``[start, end)``, or all of it): a task on the filesystem's
     event loop when it has one (cancelling closes the connection), else a job in ``pool``."""
     fs, path = loc.fs, loc.full(rel)

@@ -10,19 +10,25 @@ after the batches before it. The state counts batches *delivered* to the caller.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
+import signal
+import threading
 import time
 import traceback
 from collections.abc import Generator, Iterator, Mapping
+from multiprocessing import connection
 from typing import Any, NoReturn
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data._utils import signal_handling as _torch_signals
 
 from shard_tools.errors import FerryError, UsageError
+from shard_tools.orphans import exit_with_parent
 
 from . import checks
 from .ahead import Ahead
@@ -37,7 +43,8 @@ __all__ = ["TokenLoader", "default_rank_world", "rank_world"]
 Batch = dict[str, torch.Tensor]
 _GROUP = 4  # batches per DataLoader item from a worker
 _AHEAD = 2  # batches the receiving thread makes ready ahead of the loop (with workers)
-_CLOSE_WAIT_S = 5.0  # closing waits this long for the receiving thread to take a worker's item in progress
+_CLOSE_WAIT_S = 2.0  # closing waits this long for the receiving thread to take a worker's item in progress
+_STOP_WAIT_S = 2.0  # then the workers have this long to end by themselves before they are terminated
 SHAPE_LIMIT = 2**24  # batch_size and world_size: stream positions then stay far inside int64
 _STALL_WINDOW_S = 30.0  # stall share is judged over this much wall time
 _log = logging.getLogger("ferry.loader")
@@ -316,6 +323,7 @@ class TokenLoader:
             collate_fn=_as_is,
             num_workers=self.num_workers,
             prefetch_factor=self.prefetch_factor,
+            worker_init_fn=_worker_init,
         )
         items = iter(loader)
         ahead = Ahead(self._received(items), _AHEAD)
@@ -323,7 +331,7 @@ class TokenLoader:
             yield from ahead  # batches made ready by the thread while the loop ran its step
         finally:
             ahead.close(_CLOSE_WAIT_S)  # stopped, or still waiting on a worker: the workers stop either way
-            _stop_workers(items)
+            _stop_workers(items, _STOP_WAIT_S)
 
     def _received(self, items: Iterator[tuple[_Item, dict[str, Any]]]) -> Generator[Batch, None, None]:
         """The workers' batches as tensors, in order of ``k`` (run by the :class:`~client.ahead.Ahead` thread)."""
@@ -430,16 +438,61 @@ def rank_world(rank: Any, world_size: Any) -> tuple[int, int]:
     return r, world
 
 
-def _stop_workers(items: Iterator[Any]) -> None:
-    """Shut the DataLoader's worker processes down now rather than when ``items`` is collected.
+def _worker_init(worker_id: int) -> None:
+    """Set up a DataLoader worker so that it ends with the training process, however that ends.
+
+    - It exits as soon as the process that started it is gone (SIGKILL, or SIGTERM with no handler: a
+      preemption): :func:`~shard_tools.orphans.exit_with_parent`. Without it a worker inside a batch (a fetch
+      in flight, a lock another process holds) never reaches DataLoader's own check of its parent.
+    - SIGTERM ends it, whatever handler the training script installed before the fork: the worker is a copy
+      of that process, and a handler meant for the training loop (set a flag, save a checkpoint) would keep
+      the worker alive when DataLoader or multiprocessing terminates it.
+    - SIGINT is ignored: Ctrl-C reaches every process of the terminal's group, and it is the training
+      process's to act on (it stops the workers when its loop ends, or they exit with it).
+
+    Only the worker's signal dispositions change; the training process's are left as they are.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    exit_with_parent()
+
+
+def _stop_workers(items: Iterator[Any], grace: float) -> None:
+    """Shut the DataLoader's worker processes down now rather than when ``items`` is collected, in bounded time.
 
     DataLoader stops its workers in the iterator's ``__del__``; an iterator left alive until
     interpreter exit (a reference cycle, a global) can leave the exit waiting on a worker that
-    was never told to stop. ``_shutdown_workers`` is idempotent and is what ``__del__`` calls.
+    was never told to stop. ``_shutdown_workers`` is idempotent and is what ``__del__`` calls. It
+    waits for each worker in turn (up to 5 s each) to finish the batch it is building; a worker still
+    running after ``grace`` seconds is terminated instead (its batch would be dropped anyway).
     """
     shutdown = getattr(items, "_shutdown_workers", None)
-    if shutdown is not None:
+    if shutdown is None:
+        return
+    workers = list(getattr(items, "_workers", ()))
+    forget = getattr(_torch_signals, "_remove_worker_pids", None)
+    if forget is not None and getattr(items, "_worker_pids_set", False):
+        # stopping them is the point now: DataLoader's SIGCHLD handler must not report their end as a failure
+        with contextlib.suppress(Exception):
+            forget(id(items))
+            items._worker_pids_set = False  # type: ignore[attr-defined]
+    timer = threading.Timer(grace, _terminate, (workers,))
+    timer.daemon = True
+    timer.start()
+    try:
         shutdown()
+    finally:
+        timer.cancel()
+
+
+def _terminate(workers: list[Any]) -> None:
+    """SIGTERM each worker still running (its default action, see :func:`_worker_init`: it ends at once).
+
+    Asks its sentinel, not ``is_alive()``, which would reap it under ``_shutdown_workers``'s ``join``."""
+    for w in workers:
+        with contextlib.suppress(ValueError, OSError):  # closed meanwhile, or already gone
+            if not connection.wait([w.sentinel], 0):
+                os.kill(w.pid, signal.SIGTERM)
 
 
 def _as_is(item: Any) -> Any:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -25,10 +24,10 @@ import numpy as np
 from shard_tools.errors import FerryError, ShardError, StorageError
 from shard_tools.format import ShardView
 from shard_tools.manifest import Manifest, ShardInfo
-from shard_tools.threadname import name_os_thread
 
 from .cache import Lease, ShardCache
 from .frames import FrameReader
+from .pools import DaemonPool
 
 __all__ = ["ShardReader"]
 
@@ -66,7 +65,7 @@ class ShardReader:
         # reading frames, which cost far more bytes per sample and slow that very fetch
         self.wait_for_started = wait_for_started
         self._started: set[int] = set()
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: DaemonPool | None = None
         self._fetching: set[int] = set()
         self._later: list[tuple[int, ShardInfo]] = []
         self._deferred: list[Callable[[], None]] = []  # jobs run once the samples at hand are read
@@ -192,7 +191,7 @@ class ShardReader:
         if not self._later:
             return
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ferry-whole", initializer=name_os_thread)
+            self._pool = DaemonPool(1, "ferry-whole")
         for s, info in self._later:
             self._pool.submit(self.cache.ensure_in_background, info)
             self.started(s)

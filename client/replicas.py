@@ -17,7 +17,7 @@ import io
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, BinaryIO
 
 from shard_tools.digest import digest_bytes
@@ -33,10 +33,10 @@ from shard_tools.errors import (
 from shard_tools.header import MANIFEST_FILE, version_path
 from shard_tools.manifest import Manifest, ShardInfo
 from shard_tools.store import Location, resolve
-from shard_tools.threadname import name_os_thread
 
 from .checks import show
 from .fetch import FetchOptions, Link, Missing, RaceLost, ShardSink, race, start_read
+from .pools import DaemonPool
 from .stats import COUNTERS
 
 __all__ = ["Replicas"]
@@ -49,8 +49,8 @@ class _Pools:
     runs reads of filesystems without an event loop (local files)."""
 
     def __init__(self, connections: int) -> None:
-        self.parts = ThreadPoolExecutor(connections, thread_name_prefix="ferry-fetch", initializer=name_os_thread)
-        self.io = ThreadPoolExecutor(2 * connections, thread_name_prefix="ferry-io", initializer=name_os_thread)
+        self.parts = DaemonPool(connections, "ferry-fetch")  # never holds up the end of the process
+        self.io = DaemonPool(2 * connections, "ferry-io")
 
     def shutdown(self) -> None:
         self.parts.shutdown(wait=False, cancel_futures=True)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -141,6 +142,25 @@ def test_processes_sharing_a_cache_download_each_shard_once(local_url: str, tmp_
     assert not [p for p in cache.iterdir() if p.name.startswith(".ferry-tmp")]
 
 
+def test_jobs_sharing_a_small_cache_never_lose_a_shard_they_read(local_url: str, tmp_path: Path) -> None:
+    """Two jobs on one cache_dir whose limit holds a few shards: each evicts what the other fetched, and
+    both read exactly the stream of a job alone with a cache that holds everything."""
+    cache, start = tmp_path / "shared", tmp_path / "go"
+    script = HERE / "scripts" / "loader_cache_reader.py"
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
+    args = [sys.executable, str(script), local_url, str(cache), str(start), str(16 << 10), "2"]
+    procs = [subprocess.Popen(args, stdout=subprocess.PIPE, env=env) for _ in range(2)]
+    start.touch()
+    alone_args = [*args[:3], str(tmp_path / "alone"), str(start), "1GiB", "2"]
+    alone = subprocess.run(alone_args, stdout=subprocess.PIPE, env=env, check=True, timeout=300)
+    results = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    want = json.loads(alone.stdout)["digest"]
+    assert [r["digest"] for r in results] == [want, want]
+    shards = len(open_dataset(local_url).manifest.shards)
+    assert sum(r["fetches"] for r in results) > shards  # they did evict each other's shards
+
+
 def test_eviction_never_removes_a_shard_in_use(local_url: str, tmp_path: Path) -> None:
     manifest = open_dataset(local_url).manifest
     replicas = Replicas(local_url)
@@ -211,3 +231,53 @@ def test_a_dropped_dataset_gives_its_lock_descriptors_back(local_url: str, tmp_p
         del ds
     gc.collect()
     assert _open_fds() <= before + 2  # (a little slack for the interpreter's own files)
+
+
+def disk_bytes(cache: Path) -> int:
+    """Every byte of the cache directory's files, as ``du`` counts them (lock files are empty)."""
+    return sum(p.stat().st_size for p in cache.rglob("*") if p.is_file())
+
+
+@pytest.fixture(scope="module")
+def long_sample_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """About 70 shards of 64 KiB (the shape of the report: seq_len 32767 over shards of that size)."""
+    return pack_test_dataset(str(tmp_path_factory.mktemp("long") / "ds"), 60000, shard_size=64 << 10)
+
+
+def test_the_cache_limit_bounds_heads_too(long_sample_url: str, tmp_path: Path) -> None:
+    """Each mapped shard keeps its first seq_len + 1 tokens as a head in ``heads/``: here as large as the shard.
+    Heads count in the limit and are evicted under it; at no batch does the directory exceed the limit by more
+    than the shards mapped right then (which are never evicted)."""
+    cache, limit = tmp_path / "cache", 2 << 20
+    kw: dict[str, Any] = {"seq_len": 32767, "seed": 3, "shuffle": "window", "prefetch": 0}
+    ds = TokenDataset(long_sample_url, cache_dir=str(cache), cache_limit=limit, **kw)
+    shards = ds.manifest.shards
+    assert len(shards) >= 60 and int(shards.raw_bytes.sum()) > 2 * limit
+    peak = 0
+    for _ in TokenLoader(ds, batch_size=1, rank=0, world_size=1):
+        over = disk_bytes(cache) - ds.reader.mapped_bytes
+        peak = max(peak, over)
+    assert peak <= limit, (peak, limit)
+    assert ds.cache.fetches >= len(shards) // 2  # shards went through the cache whole (not read by frames)
+    ds.close()
+    ds.cache.evict()
+    assert disk_bytes(cache) <= limit
+
+
+def test_heads_keep_to_their_share_of_the_limit(local_url: str, tmp_path: Path) -> None:
+    """Small heads of many shards: together at most an eighth of the limit, the oldest evicted first, and the
+    stream is the same as read without any head."""
+    cache, limit = tmp_path / "cache", 22 << 10
+    kw: dict[str, Any] = {"seq_len": 200, "seed": 3, "shuffle": "window", "window": 1}
+    ds = TokenDataset(local_url, cache_dir=str(cache), cache_limit=limit, **kw)
+    shards = len(ds.manifest.shards)
+    rows = np.concatenate([epoch_rows(ds), epoch_rows(ds)])
+    heads = list((cache / "heads").glob("*.head"))
+    assert 0 < len(heads) < shards  # some kept, not all: 2.75 KiB of heads is room for 6 of 418 bytes
+    assert sum(p.stat().st_size for p in heads) <= limit // 8
+    assert all(p.stat().st_size == 201 * 2 + 16 for p in heads)
+    ref = TokenDataset(local_url, cache_dir=str(tmp_path / "ref"), **kw)
+    ref.reader.head_tokens = 0
+    np.testing.assert_array_equal(rows, np.concatenate([epoch_rows(ref), epoch_rows(ref)]))
+    ds.close()
+    ref.close()

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import torch
 
 from client.dataset import TokenDataset
 from client.loader import TokenLoader
+from client.pools import DaemonPool
 from service.engine import Engine
 from service.executor import Executor
 from service.replication_state import State
@@ -264,12 +264,12 @@ def test_prefetch_of_whole_shards_waits_for_the_frames_of_the_batch_at_hand(tmp_
     pack(inputs, out, PackOptions(shard_size=4 * SHARD, stored_format=2, frame_size=FRAME, **opts))
     frames_read_at_submit: list[int] = []
 
-    class Recording(ThreadPoolExecutor):
+    class Recording(DaemonPool):
         def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
             frames_read_at_submit.append(ds.reader.frames.stats.frames)  # type: ignore[union-attr]
             return super().submit(fn, *args, **kwargs)
 
-    monkeypatch.setattr(dataset_module, "ThreadPoolExecutor", Recording)
+    monkeypatch.setattr(dataset_module, "DaemonPool", Recording)
     ds = TokenDataset(out, seq_len=64, seed=3, shuffle="global", cache_dir=str(tmp_path / "c"))
     it = iter(TokenLoader(ds, batch_size=16))
     next(it)
