@@ -18,7 +18,6 @@ import contextlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +34,8 @@ from shard_tools.seekable import (
     load_index,
     max_index_bytes,
 )
-from shard_tools.threadname import name_os_thread
+
+from .pools import DaemonPool
 
 __all__ = ["RangeRead", "FrameReader", "FrameStats", "frame_reader_for", "DEFAULT_BLOCK_LIMIT"]
 
@@ -78,7 +78,7 @@ class FrameReader:
         self._blocks: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()  # the stats, counted from the fetching threads
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: DaemonPool | None = None
 
     def close(self) -> None:
         if self._pool is not None:
@@ -231,7 +231,7 @@ class FrameReader:
                 return exc
 
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ferry-frames", initializer=name_os_thread)
+            self._pool = DaemonPool(self.threads, thread_name_prefix="ferry-frames")
         return list(self._pool.map(one, calls))
 
     def prefetch_tokens(self, items: Sequence[tuple[ShardInfo, int, int]], dtype: np.dtype) -> None:
