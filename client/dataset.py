@@ -312,7 +312,7 @@ class TokenDataset(SampleSource):
             return self.order.sample_ids(lo, pos - lo * n)
         epoch, within = np.divmod(pos, n)
         out = np.empty_like(pos)
-        for e in range(lo, hi + 1):  # a batch straddling an epoch boundary
+        for e in np.unique(epoch).tolist():  # positions in several epochs: only the epochs present
             sel = epoch == e
             out[sel] = self.order.sample_ids(e, within[sel])
         return out

@@ -1,4 +1,4 @@
-"""The resume test (STYLE.md: first): interrupted + resumed == uninterrupted, sample for sample.
+"""The resume test: interrupted + resumed == uninterrupted, sample for sample.
 
 Ranks are simulated in one process (one TokenLoader per rank); the global batch of a
 step is the ranks' batches concatenated in rank order. Streams are compared as rows
@@ -84,6 +84,17 @@ def test_uninterrupted_stream_is_the_epoch_permutations_of_the_samples(
         assert not np.array_equal(rows[:n], rows[n : 2 * n])  # a new order each epoch
     else:
         np.testing.assert_array_equal(rows[:n], everything)
+
+
+@pytest.mark.timeout(60)
+def test_positions_epochs_apart_cost_only_their_epochs(dataset_url: str, cache_dir: str) -> None:
+    """Positions billions of epochs apart (``ferry trace`` of a late step) are looked up epoch by epoch
+    for the epochs they are in, never by walking every epoch between them."""
+    ds = TokenDataset(dataset_url, seq_len=SEQ, seed=3, shuffle="global", cache_dir=cache_dir)
+    n = ds.num_samples
+    positions = np.array([5, 2**61 + 7, 3 * n + 1, 2**61 + n + 2], dtype=np.int64)
+    expected = [int(ds.sample_ids(np.array([p]))[0]) for p in positions.tolist()]
+    assert ds.sample_ids(positions).tolist() == expected
 
 
 def test_labels_are_inputs_shifted_by_one(dataset_url: str, cache_dir: str) -> None:
