@@ -64,6 +64,7 @@ class ConnectionStats:
 
     cap: int = 0
     backlog: int = 0
+    open: int = 0  # connections holding a slot now
     accepted: int = 0
     evicted: int = 0  # idle connections closed to make room for a new one
     refused: int = 0  # new connections answered 503 (every slot busy)
@@ -124,6 +125,8 @@ class _CountingTransport:
         self.written = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._transport.is_closing():  # cut (a stalled send, an eviction): a late response goes nowhere
+            return
         self.written += len(data)
         self._transport.write(data)
 
@@ -161,6 +164,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().connection_made(self._counting)  # type: ignore[arg-type]
         pool.live[self] = None
         pool.idle[self] = None
+        pool.stats.open = len(pool.live)
         self._deadline = time.monotonic() + pool.settings.header_timeout
         pool.watch(self.loop)
 
@@ -169,12 +173,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         self.pool.live.pop(self, None)
         self.pool.idle.pop(self, None)
+        self.pool.stats.open = len(self.pool.live)
         super().connection_lost(exc)
 
     def drop(self) -> None:
         """Close now, unsent bytes and all (eviction, a stalled send)."""
         self.pool.idle.pop(self, None)
         self.pool.live.pop(self, None)  # its slot is free at once; connection_lost follows
+        self.pool.stats.open = len(self.pool.live)
         self.transport.abort()
 
     def _answer_and_close(self, response: bytes) -> None:
