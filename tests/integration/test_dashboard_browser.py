@@ -65,6 +65,19 @@ def _cell(pg, dataset: str, cluster: str):  # type: ignore[no-untyped-def]
     return pg.locator(f'#matrix tr[data-dataset="{dataset}"] td[data-cluster="{cluster}"]')
 
 
+def _cell_state(pg, dataset: str, cluster: str) -> tuple[str, float] | None:  # type: ignore[no-untyped-def]
+    """The cell's state and percent, read together in the page: every render replaces the matrix's
+    cells, so two separate reads can take the state of one render and the percent of the one before."""
+    got = pg.evaluate(
+        """([ds, cl]) => {
+            const td = document.querySelector(`#matrix tr[data-dataset="${ds}"] td[data-cluster="${cl}"]`);
+            return td ? [td.dataset.state, td.dataset.percent] : null;
+        }""",
+        [dataset, cluster],
+    )
+    return None if got is None else (str(got[0]), float(got[1] or 0))
+
+
 def _what_the_daemon_says(svc) -> str:  # type: ignore[no-untyped-def]
     """The daemon's own view and its threads' stacks, for a sync that did not end in time."""
     frames = sys._current_frames()
@@ -94,10 +107,10 @@ def test_matrix_and_transfers_update_live_without_reload(page, tmp_path: Path, m
         state = None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            cell = _cell(page, "corpus", "west")
-            if cell.count():
-                percents.append(float(cell.get_attribute("data-percent") or 0))
-                state = cell.get_attribute("data-state")
+            seen = _cell_state(page, "corpus", "west")
+            if seen is not None:
+                state, percent = seen
+                percents.append(percent)
                 if state == "complete":
                     break
             if page.locator("#transfers tbody tr").count():
