@@ -66,7 +66,7 @@ def test_rate_reads_the_limit_while_copying_and_decays_when_idle(monkeypatch: py
     stats = Stats()
     tid = stats.start("ds", "v", "s", "a", "b", 100 * RATE)
     clock[0] += 60  # idle for a minute first: the rate must not average the copy over the idle time
-    readings = []
+    readings: list[float] = []
     for _ in range(80):  # 8 s at RATE, in progress steps of a tenth of a second, with a burst first
         stats.progress(tid, RATE // 10 + (RATE // 4 if not readings else 0))
         clock[0] += 0.1
