@@ -307,3 +307,25 @@ def _first_frame(http: httpx.Client) -> bool:
     with http.stream("GET", "/api/v1/events") as stream:
         frames = stream.iter_text()
         return stream.status_code == 200 and next(frames).startswith("event: hello")
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("header_timeout", float("inf")), ("max_connections", 2), ("backlog", True), ("max_headers", 1.5),
+     ("send_timeout", -1), ("keep_alive_timeout", "5")],
+)  # fmt: skip
+def test_api_bounds_are_validated(key: str, value: object) -> None:
+    from service.config import parse_api
+    from shard_tools.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"api.{key}"):
+        parse_api({key: value})
+    assert parse_api({key: getattr(ApiConfig, key)}) == ApiConfig()
+
+
+def test_the_cap_leaves_half_the_descriptors_to_the_daemon() -> None:
+    from service.api.connections import effective_max_connections
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    cap = effective_max_connections(10**6, 128)
+    assert soft == resource.RLIM_INFINITY or cap <= (soft - 128) // 2
