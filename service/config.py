@@ -9,6 +9,7 @@ anything secret before a URL is shown.
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
 import re
 import sys
@@ -138,6 +139,17 @@ class ApiConfig:
     token_env: str = "FERRY_API_TOKEN"  # name of the env var holding the bearer token for mutating calls
     read_protected: bool = False  # True: reading needs the token too
     sla_minutes: float = 60.0  # a link lagging longer than this is flagged
+    # Connections (see service/api/connections.py): the API's sockets stay well inside the process's
+    # file descriptors, and a client that is slow or silent is closed after a bounded time.
+    max_connections: int = 256  # open API sockets; at most half of RLIMIT_NOFILE (less the backlog)
+    max_event_streams: int = 32  # concurrent /api/v1/events streams (each one costs every daemon event)
+    backlog: int = 128  # the listening socket's accept queue
+    header_timeout: float = 10.0  # seconds from a request's first byte (a connection's start) to its last header
+    body_timeout: float = 10.0  # seconds from the last header to the last body byte
+    send_timeout: float = 30.0  # seconds a response may sit unsent (the client reads nothing) before it is cut
+    keep_alive_timeout: float = 5.0  # seconds an idle keep-alive connection stays open
+    max_header_bytes: int = 32 * 1024  # request line + headers
+    max_headers: int = 100  # header lines per request
 
     @property
     def token(self) -> str | None:
@@ -338,7 +350,7 @@ def parse_api(section: Any) -> ApiConfig:
     """Validate an ``[api]`` table."""
     if not isinstance(section, Mapping):
         raise ConfigError("api: expected a table")
-    _check_keys(section, {"host", "port", "token_env", "read_protected", "sla_minutes"}, "api")
+    _check_keys(section, {"host", "port", "token_env", "read_protected", "sla_minutes", *_API_LIMITS}, "api")
     if "token" in section:  # pragma: no cover - caught by _check_keys; kept for the clearer message
         raise ConfigError("api.token: put the token in an environment variable and name it with token_env")
     read_protected = section.get("read_protected", False)
@@ -350,7 +362,32 @@ def parse_api(section: Any) -> ApiConfig:
         token_env=_string(section.get("token_env", ApiConfig.token_env), "api.token_env"),
         read_protected=read_protected,
         sla_minutes=float(_number(section.get("sla_minutes", ApiConfig.sla_minutes), "api.sla_minutes", minimum=0)),
+        **_api_limits(section),
     )
+
+
+# [api] connection limits: key -> (integer?, minimum); each must be > 0, a timeout a number of seconds
+_API_LIMITS: dict[str, tuple[bool, float]] = {
+    "max_connections": (True, 8),
+    "max_event_streams": (True, 1),
+    "backlog": (True, 1),
+    "header_timeout": (False, 0.1),
+    "body_timeout": (False, 0.1),
+    "send_timeout": (False, 0.1),
+    "keep_alive_timeout": (False, 0.1),
+    "max_header_bytes": (True, 1024),
+    "max_headers": (True, 8),
+}
+
+
+def _api_limits(section: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, (integer, minimum) in _API_LIMITS.items():
+        value = _number(section.get(key, getattr(ApiConfig, key)), f"api.{key}", minimum=minimum, integer=integer)
+        if not math.isfinite(value):
+            raise ConfigError(f"api.{key}: expected a finite number, got {value!r}")
+        out[key] = int(value) if integer else float(value)
+    return out
 
 
 def _port(value: Any) -> int:

@@ -8,6 +8,7 @@ at the end, before anything becomes visible under the final name.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
@@ -15,7 +16,19 @@ from shard_tools.digest import Hasher
 from shard_tools.errors import Cancelled, ShardDigestError, ShardFormatError, SourceMissing
 from shard_tools.store import Location
 
-__all__ = ["CHUNK_SIZE", "CopySpec", "Throttle", "Progress", "check_cancel", "check_digest", "pump", "read_chunks"]
+__all__ = [
+    "CHUNK_SIZE",
+    "PROGRESS_BYTES",
+    "PROGRESS_SECONDS",
+    "CopySpec",
+    "PacedMeter",
+    "Throttle",
+    "Progress",
+    "check_cancel",
+    "check_digest",
+    "pump",
+    "read_chunks",
+]
 
 CHUNK_SIZE = 8 * 1024 * 1024
 
@@ -24,8 +37,55 @@ Progress = Callable[[int], None]
 Buffer = bytes | bytearray | memoryview
 
 
+#: a copy reports its progress at least every PROGRESS_BYTES or PROGRESS_SECONDS, whichever comes first
+PROGRESS_BYTES = 1024 * 1024
+PROGRESS_SECONDS = 0.25
+_FIRST_STEP = 64 * 1024
+_MIN_STEP = 16 * 1024
+
+
 def noop(n: int) -> None:
     """The default throttle and progress callback."""
+
+
+class PacedMeter:
+    """Throttle and progress at a fine grain, whatever size the copy path moves its pieces in.
+
+    ``throttle(n)`` admits ``n`` bytes in steps sized to pass in about a sixteenth to an eighth of
+    PROGRESS_SECONDS (from 16 KiB under a tight limit up to PROGRESS_BYTES with none), and reports
+    them to ``progress`` as they pass: at least every PROGRESS_BYTES or PROGRESS_SECONDS, so an
+    8 MiB piece under a 256 KiB/s limit moves the transfer's bar and rate all along, not once at
+    its end. Copy paths call it where they throttle; ``flush()`` reports what is left.
+    """
+
+    def __init__(self, throttle: Throttle, progress: Progress) -> None:
+        self._throttle = throttle
+        self._progress = progress
+        self._step = _FIRST_STEP
+        self._pending = 0
+        self._last = time.monotonic()
+
+    def throttle(self, n: int) -> None:
+        while n > 0:
+            step = min(n, self._step)
+            start = time.monotonic()
+            self._throttle(step)
+            now = time.monotonic()
+            took = now - start
+            if took < PROGRESS_SECONDS / 16:
+                self._step = min(self._step * 2, PROGRESS_BYTES)
+            elif took > PROGRESS_SECONDS / 8:
+                self._step = max(self._step // 2, _MIN_STEP)
+            n -= step
+            self._pending += step
+            if self._pending >= PROGRESS_BYTES or now - self._last >= PROGRESS_SECONDS:
+                self.flush(now)
+
+    def flush(self, now: float | None = None) -> None:
+        if self._pending:
+            pending, self._pending = self._pending, 0
+            self._progress(pending)
+        self._last = time.monotonic() if now is None else now
 
 
 class CopySpec(NamedTuple):

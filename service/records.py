@@ -162,7 +162,7 @@ class StatsSnapshot:
     transfers_ok: int
     transfers_failed: int
     corrupt_detected: int
-    rate_bps: float  # bytes/s over the last ~1 s
+    rate_bps: float  # bytes/s over the last few seconds (0 when idle; see Stats)
     rate_avg: float  # bytes/s over the last 10 s
     pending_bytes: int
     pending_shards: int

@@ -17,7 +17,13 @@ from .records import ErrorCount, StatsSnapshot, TransferInfo
 
 __all__ = ["Stats"]
 
-_WINDOW = 10.0  # seconds of the moving average
+_WINDOW = 10.0  # seconds of the moving average (the ETA's rate)
+# The current rate: bytes over the last _RATE_WINDOW seconds, divided by that window, or by the time
+# since copying resumed when shorter (never less than _RATE_MIN_SPAN: a bandwidth limit's burst at
+# the start of a sync would otherwise read as a spike). It decays to 0 within _RATE_WINDOW of the
+# last byte; under a limit it reads the limit, within a burst spread over _RATE_MIN_SPAN.
+_RATE_WINDOW = 4.0
+_RATE_MIN_SPAN = 2.0
 
 
 @dataclass
@@ -43,6 +49,7 @@ class Stats:
         self._next_id = 0
         self._live: dict[int, _Live] = {}
         self._samples: deque[tuple[float, int]] = deque()  # (monotonic time, bytes) per progress call
+        self._active_since = 0.0  # when bytes began to flow again after _RATE_WINDOW without any
         self.bytes_copied = 0
         self.bytes_read = 0
         self.transfers_ok = 0
@@ -81,6 +88,8 @@ class Stats:
             if live is not None:
                 live.done += n
             self.bytes_read += n
+            if not self._samples or now - self._samples[-1][0] > _RATE_WINDOW:
+                self._active_since = now
             self._samples.append((now, n))
             while self._samples and self._samples[0][0] < now - _WINDOW:
                 self._samples.popleft()
@@ -116,10 +125,11 @@ class Stats:
 
     # readers
     def _rates(self, now: float) -> tuple[float, float]:
-        recent = sum(n for t, n in self._samples if t >= now - 1.0)
+        recent = sum(n for t, n in self._samples if t > now - _RATE_WINDOW)
+        span = min(_RATE_WINDOW, max(now - self._active_since, _RATE_MIN_SPAN))
         window = min(_WINDOW, max(now - self._t0, 1e-3))
         total = sum(n for t, n in self._samples if t >= now - window)
-        return float(recent), total / window
+        return recent / span, total / window
 
     def transfers(self) -> list[TransferInfo]:
         now = time.monotonic()

@@ -24,7 +24,7 @@ from shard_tools.errors import Cancelled, FerryError, SourceMissing
 from shard_tools.store import Location, not_permitted, storage_error, temp_name
 
 from . import object_store
-from .hashed_io import CHUNK_SIZE, CopySpec, Progress, Throttle, check_cancel, noop, pump, read_chunks
+from .hashed_io import CHUNK_SIZE, CopySpec, PacedMeter, Progress, Throttle, check_cancel, noop, pump, read_chunks
 from .local_copy import copy_local, mapped_pieces
 from .object_store import abort_stale_uploads, part_size, writes_buffered
 from .s3_presigned import open_local_source, presign_allowed, put_presigned
@@ -67,12 +67,16 @@ def copy_shard(
     StorageError for backend failures, Cancelled when ``cancel`` is set.
     """
     t0 = time.monotonic()
-    c = CopySpec(path, size, digest, chunk_size, throttle, progress, cancel)
+    # every path throttles each piece before it moves: the meter splits that into small steps and
+    # reports the bytes as they pass (the paths' own per-piece progress calls are then no-ops)
+    meter = PacedMeter(throttle, progress)
+    c = CopySpec(path, size, digest, chunk_size, meter.throttle, noop, cancel)
     try:
         if src.local and dst.local:
             copy_local(src.full(path), dst.full(path), c)
         else:
             _copy_stream(src, dst, c)
+        meter.flush()
     except FerryError:
         raise
     except Exception as exc:  # noqa: BLE001 - map backend errors at the boundary

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Annotated, Any
@@ -101,7 +101,7 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
         responses=_401_403 if settings.read_protected else None,
     )
     _status_routes(read, backend, cache)
-    _activity_routes(read, backend, cache, stopping)
+    _activity_routes(read, backend, cache, stopping, settings.max_event_streams)
     app.include_router(read)
     app.include_router(_write_routes(backend, cache, token))
     # token and body size are checked from the headers, before FastAPI reads (and parses) any body
@@ -182,8 +182,21 @@ def _status_routes(read: APIRouter, backend: ApiBackend, cache: ResponseCache) -
         return _json(cache.get("/api/v1/transfers", backend.transfers))
 
 
-def _activity_routes(read: APIRouter, backend: ApiBackend, cache: ResponseCache, stopping: asyncio.Event) -> None:
+def _activity_routes(
+    read: APIRouter, backend: ApiBackend, cache: ResponseCache, stopping: asyncio.Event, max_streams: int
+) -> None:
     """What happened and how fast: history, errors, links, throughput, limits, the event stream."""
+    open_streams = 0
+
+    async def counted(frames: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
+        nonlocal open_streams
+        open_streams += 1
+        try:
+            async for frame in frames:
+                yield frame
+        finally:
+            open_streams -= 1
+            await frames.aclose()  # its own finally (unsubscribe) runs now, not at garbage collection
 
     @read.get("/history", response_model=list[HistoryEntry], summary="Finished transfers, newest first")
     def get_history(
@@ -215,11 +228,17 @@ def _activity_routes(read: APIRouter, backend: ApiBackend, cache: ResponseCache,
         "/events",
         summary="Server-Sent Events: hello, progress, shard_verified, version_published, error, scrub, state, pass",
         response_class=StreamingResponse,
-        responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+        responses={
+            200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}},
+            503: {"description": "as many event streams open as [api] max_event_streams allows"},
+        },
     )
     async def get_events(request: Request) -> StreamingResponse:
+        if open_streams >= max_streams:  # each stream costs the daemon's threads on every event
+            raise HTTPException(503, f"{open_streams} event streams open (the most): retry shortly",
+                                headers={"Retry-After": "5"})  # fmt: skip
         return StreamingResponse(
-            event_stream(backend, request.is_disconnected, stopping),
+            counted(event_stream(backend, request.is_disconnected, stopping)),
             media_type="text/event-stream",
             headers={**_NO_STORE, "X-Accel-Buffering": "no"},
         )

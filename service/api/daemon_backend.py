@@ -160,13 +160,24 @@ class DaemonBackend:
             shards=info.shards,
             bytes=info.bytes,
             tokens=info.tokens,
-            replicas=[self._cell(r) for r in info.replicas],
+            replicas=[self._cell(r, self._broken_sources()) for r in info.replicas],
         )
 
+    def _broken_sources(self) -> set[tuple[str, str]]:
+        """(dataset, cluster) where the daemon holds an open error: at a dataset's source, that is an
+        unreadable manifest (or a name it refuses), and nothing is replicated from there."""
+        return {(e.dataset, e.cluster) for e in self._d.errors(limit=_OPEN_ERRORS_CAP)}
+
     @staticmethod
-    def _cell(r: Any) -> ReplicaCell:
+    def _cell(r: Any, broken: set[tuple[str, str]]) -> ReplicaCell:
         total_b, done_b = int(r.total_bytes), int(r.verified_bytes)
         total_s, done_s = int(r.total_shards), int(r.verified_shards)
+        if r.role == "source" and (r.dataset, r.cluster) in broken:
+            return ReplicaCell(
+                dataset=r.dataset, cluster=r.cluster, role="source", state="failed",
+                published_version=None, target_version=r.target_version, verified_shards=0,
+                total_shards=total_s, verified_bytes=0, total_bytes=total_b, percent=0.0, lag_seconds=None,
+            )  # fmt: skip
         if total_b > 0:
             pct = 100.0 * min(done_b, total_b) / total_b
         elif total_s > 0:
@@ -189,7 +200,8 @@ class DaemonBackend:
         )
 
     def replicas(self) -> ReplicaMatrix:
-        cells = [self._cell(r) for r in self._d.replica_matrix()]
+        broken = self._broken_sources()
+        cells = [self._cell(r, broken) for r in self._d.replica_matrix()]
         datasets = list(dict.fromkeys(c.dataset for c in cells))
         clusters = [c.name for c in self._d.clusters()]
         return ReplicaMatrix(datasets=datasets, clusters=clusters, cells=cells)

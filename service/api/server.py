@@ -26,6 +26,7 @@ from shard_tools.threadname import start_named_thread
 
 from ..config import ApiConfig
 from .app import create_app
+from .connections import ConnectionStats, guarded_protocol
 from .settings import api_config_of
 
 __all__ = ["RunningServer", "install_serve_hooks", "redact_query", "run_server", "start_server"]
@@ -72,6 +73,7 @@ class RunningServer:
     _server: uvicorn.Server
     _thread: threading.Thread
     _app: Any
+    connections: ConnectionStats = field(default_factory=ConnectionStats)  # what the connection guard did
     _stopped: bool = field(default=False)
 
     @property
@@ -118,6 +120,7 @@ def start_server(
     """
     settings = _settings_of(config if config is not None else getattr(daemon, "config", None))
     app = create_app(daemon, settings)
+    protocol, stats = guarded_protocol(settings)
     uv_config = uvicorn.Config(
         app,
         host=host or settings.host,
@@ -127,6 +130,10 @@ def start_server(
         log_config=uvicorn.config.LOGGING_CONFIG if own_log_handlers else None,
         timeout_graceful_shutdown=2,
         lifespan="on",
+        http=protocol,  # connection cap, header/body/send timeouts, header size limits
+        ws="none",  # the API has no WebSocket route
+        backlog=stats.backlog,
+        timeout_keep_alive=settings.keep_alive_timeout,  # type: ignore[arg-type]
     )
     _redact_access_log()  # after uvicorn.Config, which (re)configures the uvicorn loggers
     server = uvicorn.Server(uv_config)
@@ -149,7 +156,7 @@ def start_server(
     sock = server.servers[0].sockets[0].getsockname()
     bound_host = uv_config.host if uv_config.host not in ("0.0.0.0", "::") else "127.0.0.1"
     url = f"http://{_host_for_url(bound_host)}:{sock[1]}"
-    return RunningServer(url, server, thread, app)
+    return RunningServer(url, server, thread, app, stats)
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:

@@ -16,7 +16,7 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 from .backend import ApiBackend
 from .models import EventOut
@@ -107,7 +107,7 @@ async def event_stream(
     progress_interval: float = 0.5,
     min_flush_interval: float = 0.1,
     heartbeat: float = 15.0,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """Yield SSE frames until the client disconnects or the server stops."""
     box = _Outbox(asyncio.get_running_loop())
     unsubscribe = backend.subscribe(box.on_event)

@@ -155,9 +155,11 @@ function renderMatrix(m) {
     for (const cl of m.clusters) {
       const c = byKey.get(ds + "\u0000" + cl);
       if (!c) { tr.append(el("td", { class: "cell st-none", text: "–", title: "not replicated here" })); continue; }
-      const pct = c.role === "source" ? 100 : c.percent;
+      const src = c.role === "source";
+      // a source with an open error (its manifest cannot be read): an error cell, not "100% source"
+      const pct = src && c.state === "source" ? 100 : c.percent;
       const lag = c.lag_seconds == null ? "" : "lag " + fmtDur(c.lag_seconds);
-      const meta = c.role === "source" ? `source · v ${short(c.target_version)}`
+      const meta = src ? (c.state === "failed" ? "source · cannot be read (see errors)" : `source · v ${short(c.target_version)}`)
         : `${c.state} · ${c.verified_shards}/${c.total_shards} shards${lag ? " · " + lag : ""}`;
       const label = `${ds} on ${cl}: ${c.state}, ${pct.toFixed(1)}% verified (${c.verified_shards} of ${c.total_shards} shards, `
         + `${fmtBytes(c.verified_bytes)} of ${fmtBytes(c.total_bytes)})${lag ? ", " + lag : ""}`;

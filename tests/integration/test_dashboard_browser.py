@@ -65,6 +65,25 @@ def _cell(pg, dataset: str, cluster: str):  # type: ignore[no-untyped-def]
     return pg.locator(f'#matrix tr[data-dataset="{dataset}"] td[data-cluster="{cluster}"]')
 
 
+# Installed in the page: notes each distinct (state, percent) the corpus/west cell is rendered with,
+# and whether the transfers table ever listed a row. Each render replaces the matrix's cells, and a
+# MutationObserver sees every one (state and percent read together, from the same element).
+_RECORD_RENDERS = """() => {
+  window.__cellRenders = []; window.__sawTransfer = false; window.__done = false;
+  const note = () => {
+    const td = document.querySelector('#matrix tr[data-dataset="corpus"] td[data-cluster="west"]');
+    if (td) {
+      const now = [td.dataset.state, parseFloat(td.dataset.percent)];
+      const last = window.__cellRenders[window.__cellRenders.length - 1];
+      if (!last || last[0] !== now[0] || last[1] !== now[1]) window.__cellRenders.push(now);
+      if (now[0] === "complete") window.__done = true;
+    }
+    if (document.querySelector("#transfers tbody tr")) window.__sawTransfer = true;
+  };
+  new MutationObserver(note).observe(document.body, { childList: true, subtree: true });
+}"""
+
+
 def _what_the_daemon_says(svc) -> str:  # type: ignore[no-untyped-def]
     """The daemon's own view and its threads' stacks, for a sync that did not end in time."""
     frames = sys._current_frames()
@@ -87,29 +106,20 @@ def test_matrix_and_transfers_update_live_without_reload(page, tmp_path: Path, m
         page.evaluate("window.__sameDocument = true")
         assert page.locator("#matrix-empty").is_visible()
 
+        page.evaluate(_RECORD_RENDERS)  # every render, seen in the page: a poll from here misses some under load
         res = pack(svc.east("corpus"), 400, shard_size=16384)  # ~20 shards, several seconds at the limit
-        percents: list[float] = []
-        saw_transfer = False
         shot_mid = False
-        state = None
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            cell = _cell(page, "corpus", "west")
-            if cell.count():
-                percents.append(float(cell.get_attribute("data-percent") or 0))
-                state = cell.get_attribute("data-state")
-                if state == "complete":
-                    break
-            if page.locator("#transfers tbody tr").count():
-                saw_transfer = True
-                if not shot_mid:
-                    _shot(page, "syncing")
-                    shot_mid = True
+        while time.monotonic() < deadline and not page.evaluate("window.__done"):
+            if not shot_mid and page.evaluate("window.__sawTransfer"):
+                _shot(page, "syncing")
+                shot_mid = True
             time.sleep(0.1)
-        assert percents and percents[-1] == 100.0, (percents[-5:], state, _what_the_daemon_says(svc))
-        partial = [p for p in percents if 0 < p < 100]
-        assert len(set(partial)) >= 2, f"the matrix should move through partial states live: {sorted(set(percents))}"
-        assert saw_transfer, "a transfer in flight should have been listed"
+        renders = [(str(st), float(pct)) for st, pct in page.evaluate("window.__cellRenders")]
+        assert renders and renders[-1] == ("complete", 100.0), (renders[-5:], _what_the_daemon_says(svc))
+        partial = {pct for _, pct in renders if 0 < pct < 100}
+        assert len(partial) >= 2, f"the matrix should move through partial states live: {renders}"
+        assert page.evaluate("window.__sawTransfer"), "a transfer in flight should have been listed"
         assert page.evaluate("window.__sameDocument") is True  # no reload happened
         assert _cell(page, "corpus", "east").get_attribute("data-state") == "source"
         assert "100%" in _cell(page, "corpus", "west").inner_text()
