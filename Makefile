@@ -13,7 +13,7 @@ TITAN_PY    := $(TITAN_VENV)/bin/python
 TITAN_LOCK  := requirements-titan.lock
 TITAN_STAMP := $(TITAN_VENV)/.installed
 
-.PHONY: demo test test-fast test-unit lint bench venv clean browser promtool azurite lock
+.PHONY: demo test test-fast test-unit soak lint bench venv clean browser promtool azurite lock
 
 # Azurite (Microsoft's Azure Storage emulator, from npm) for the az:// tests, into a git-ignored folder
 # of this checkout: tests/conftest.py runs .npm-tools/node_modules/azurite (fake-gcs-server, for gs://,
@@ -73,11 +73,15 @@ demo: $(STAMP)
 	$(PY) tools/demo.py
 
 test: $(STAMP) $(TITAN_STAMP) browser promtool azurite
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra -m "not soak" --durations=25
 	$(TITAN_PY) -m pytest -q -ra tests/integration/test_integration_torchtitan.py
 
+# The long chaos variants (tens of minutes on 2 cores): faults on a bigger fleet for longer.
+soak: $(STAMP) azurite
+	$(PY) -m pytest -q -ra -m soak
+
 test-fast: $(STAMP) azurite
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not soak"
 
 # The in-process tests only (tests/unit/: no processes, servers, sockets or moto), in well under a minute.
 test-unit: $(STAMP)

@@ -170,6 +170,7 @@ class _WorkerStream(IterableDataset[tuple[_Item, dict[str, Any]]]):
                 failure = _Failure.of(exc, worker)
                 if failure is None:
                     raise
+                self.ds.settle()  # the fetches in flight end (and remove their temp files) before the worker is stopped
                 yield [*item, (k, failure)], subtract(COUNTERS.snapshot(), sent)
                 return
             if len(item) == self.group or i == 0 or i == len(mine) - 1:  # the first batch goes alone: the loop waits
@@ -310,7 +311,11 @@ class TokenLoader:
         depth = self.dataset.prefetch_depth
         mine = range(plan.count)
         for k in mine:
-            batch = to_batch(plan.build(self.dataset, k, _Plan.ahead(mine, k, depth), mine))
+            try:
+                batch = to_batch(plan.build(self.dataset, k, _Plan.ahead(mine, k, depth), mine))
+            except FerryError:
+                self.dataset.settle()  # the fetches in flight end (and remove their temp files) first
+                raise
             yield _pin(batch) if self.pin_memory else batch
         self.dataset.settle()  # the last batches' background fetches end (and are counted), as in a worker
         self.dataset.raise_deferred()  # a full disk only they met is raised after the last batch

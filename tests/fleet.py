@@ -642,9 +642,16 @@ def inv_loader_streams(loaders: Iterable[Job], reference: Sequence[str]) -> list
     return out
 
 
+def _ended_before_start(job: Job) -> bool:
+    """A daemon SIGTERMed while still importing (before it logged its start) ends by the signal's default
+    action: nothing had started, so there is nothing to stop cleanly."""
+    log = job.err.read_text(errors="replace") if job.err.exists() else ""
+    return job.proc.returncode == -signal.SIGTERM and "daemon started" not in log
+
+
 def inv_clean_exits(jobs: Iterable[Job]) -> list[str]:
     """A process the harness did not signal exits 0, or 1 for a reason its role allows; never a traceback;
-    a SIGTERMed daemon exits 0."""
+    a SIGTERMed daemon exits 0 (or by the signal, if it had not started yet)."""
     out = []
     for job in jobs:
         code, err = job.proc.returncode, job.tail(4000)
@@ -652,7 +659,7 @@ def inv_clean_exits(jobs: Iterable[Job]) -> list[str]:
             continue
         if "Traceback" in err:
             out.append(f"{job}: traceback on stderr: {err[-800:]}")
-        elif job.signals == ["SIGTERM"] and job.role == "daemon" and code != 0:
+        elif job.signals == ["SIGTERM"] and job.role == "daemon" and code != 0 and not _ended_before_start(job):
             out.append(f"{job}: SIGTERMed daemon exited {code}: {err[-400:]}")
         elif not job.signals and code != 0:
             allowed = ALLOWED_FAILURES.get(job.role, ())

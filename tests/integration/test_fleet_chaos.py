@@ -54,7 +54,7 @@ def test_fleet_chaos(tmp_path: Path, s3_backend: Backend) -> None:
     _fleet(tmp_path, s3_backend, BOUNDED, 20261202)
 
 
-@pytest.mark.slow
+@pytest.mark.soak
 @pytest.mark.timeout(1500)
 def test_fleet_chaos_long(tmp_path: Path, s3_backend: Backend) -> None:
     _fleet(tmp_path, s3_backend, SLOW, 24)
