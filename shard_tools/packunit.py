@@ -35,7 +35,7 @@ from .seekable import (
     parse_index,
 )
 from .sources import DocBatch, SourceOptions, Unit, read_unit
-from .store import Location, resolve, storage_error, temp_name
+from .store import Location, resolve, storage_error, write_temp_beside
 from .threadname import start_named_thread
 
 __all__ = [
@@ -358,14 +358,8 @@ _NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EN
 
 def _link_new(path: str, data: bytes | tuple[bytes, ...]) -> bool:
     """A whole, fsync'ed file at ``path`` only if none is there (a temp file, then ``link``)."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = temp_name(path)
+    tmp = write_temp_beside(path, data)
     try:
-        with open(tmp, "wb") as f:
-            for piece in data if isinstance(data, tuple) else (data,):
-                f.write(piece)
-            f.flush()
-            os.fsync(f.fileno())
         try:
             os.link(tmp, path)
         except FileExistsError:

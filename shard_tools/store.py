@@ -383,12 +383,10 @@ class Location:
             raise storage_error(f"cannot delete {self.url}/{rel}: {exc}", exc) from exc
 
 
-def atomic_local_write(path: str, data: bytes | memoryview | tuple[bytes, ...], *, sync_dir: bool = False) -> None:
-    """Temp file beside ``path`` (a tuple of pieces written in order), fsync'ed, renamed over it;
-    ``sync_dir`` also makes the rename itself durable (for the objects whose name is the commit:
-    manifest.json, the lease)."""
-    parent = os.path.dirname(path) or "."
-    os.makedirs(parent, exist_ok=True)
+def write_temp_beside(path: str, data: bytes | memoryview | tuple[bytes, ...]) -> str:
+    """A whole, fsync'ed temp file beside ``path`` (a tuple of pieces written in order); its name. Nothing is
+    left behind if writing fails."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = temp_name(path)
     try:
         with open(tmp, "wb") as f:
@@ -396,6 +394,20 @@ def atomic_local_write(path: str, data: bytes | memoryview | tuple[bytes, ...], 
                 f.write(piece)
             f.flush()
             os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+def atomic_local_write(path: str, data: bytes | memoryview | tuple[bytes, ...], *, sync_dir: bool = False) -> None:
+    """Temp file beside ``path`` (a tuple of pieces written in order), fsync'ed, renamed over it;
+    ``sync_dir`` also makes the rename itself durable (for the objects whose name is the commit:
+    manifest.json, the lease)."""
+    parent = os.path.dirname(path) or "."
+    tmp = write_temp_beside(path, data)
+    try:
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
