@@ -36,7 +36,7 @@ import pyarrow as pa
 
 DEFAULT_SIZES = (1_000, 10_000, 100_000, 1_000_000)
 RAW_BYTES = 128 * 2**20  # the default target shard size
-STORED_RATIO = 0.786  # zstd-1 on uint16 token streams (FINDINGS.md)
+STORED_RATIO = 0.786  # zstd-1 on uint16 token streams, measured
 TOKENS_PER_SHARD = RAW_BYTES // 2  # uint16 ids
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 

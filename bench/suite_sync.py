@@ -87,7 +87,7 @@ def _moto(ctx: Context) -> Iterator[dict[str, str]]:
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1",
     }
-    env.pop("AWS_CA_BUNDLE", None)  # rclone fails with LoadCustomCABundleError otherwise (FINDINGS.md)
+    env.pop("AWS_CA_BUNDLE", None)  # rclone fails with LoadCustomCABundleError otherwise
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     proc = subprocess.Popen(
         [ctx.ferry_python, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],

@@ -297,7 +297,7 @@ def memory_backend() -> Iterator[Backend]:
 
 @pytest.fixture(params=["file", "memory", "s3"])
 def backend(request: pytest.FixtureRequest) -> Backend:
-    """The same test on every backend (STYLE.md: one suite, several backends)."""
+    """The same test on every backend (one suite, several backends)."""
     return request.getfixturevalue(f"{request.param}_backend")  # type: ignore[no-any-return]
 
 

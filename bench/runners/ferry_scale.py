@@ -1,7 +1,7 @@
 """Runner: ferry loader start-up and resume on a (synthetic) dataset of many shards (ferry's venv).
 
 Start-up: construct ``TokenDataset`` + ``TokenLoader`` and take the first batch. Then resume: the
-state at 90% of the epoch (``consumed`` per DESIGN.md §2) loaded into a second, new loader:
+state at 90% of the epoch (``consumed``, as the determinism contract defines it) loaded into a second, new loader:
 construct + ``load_state_dict`` + first batch (imports are warm by then, as in a real restart's
 second step; the manifest is read again from disk).
 """

@@ -1,7 +1,7 @@
 """Runner: litdata ``StreamingDataset`` + ``TokensLoader(block_size=seq_len + 1)`` + ``StreamingDataLoader``.
 
 The dataset is read as ``"local:" + path`` with a separate ``cache_dir``: from a plain local
-directory litdata deletes the compressed chunks after decompressing them (shared/FINDINGS.md).
+directory litdata deletes the compressed chunks after decompressing them.
 Peers' venv.
 """
 

@@ -38,7 +38,7 @@ def main() -> None:
         chunk_bytes=a["shard_size"],
         item_loader=TokensLoader(),
         compression=f"zstd:{a['level']}",
-        compression_level="chunk",  # 0.2.76: TokensLoader needs whole-chunk zstd (shared/FINDINGS.md)
+        compression_level="chunk",  # 0.2.76: TokensLoader needs whole-chunk zstd
         num_workers=a["workers"],
         reorder_files=False,
         verbose=False,

@@ -1,4 +1,4 @@
-"""The code is ruff- and mypy-clean (STYLE.md: typed, checked, warning-free)."""
+"""The code is ruff- and mypy-clean."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Runs ``bench/scale_manifest.py`` (the same code the benchmark uses) in a child process so
 the timing and RSS are not polluted by the rest of the test session. The bounds are loose
-(a shared 2-core machine); DESIGN.md asks for well under a second at 100k.
+(a shared 2-core machine); the manifest design targets well under a second at 100k.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""No function or method in shard_tools/, client/, service/ is longer than 80 lines (STYLE.md).
+"""No function or method in shard_tools/, client/, service/ is longer than 80 lines.
 
 Run as a script to print the longest five: ``python tests/unit/test_function_length.py [N]``.
 """
