@@ -162,3 +162,18 @@ def running_service(root: Path, monkeypatch: Any, **kw: Any) -> Iterator[Service
         client.close()
         server.stop()
         daemon.stop(timeout=10)
+
+
+def upload_to_moto(endpoint: str, local: str, bucket: str) -> str:
+    """A byte-for-byte replica of the local dataset ``local`` at ``s3://<bucket>/ds`` on the moto server at
+    ``endpoint`` (as ``ferry sync`` would make it); its URL."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(
+        key="testing", secret="testing", client_kwargs={"endpoint_url": endpoint}, skip_instance_cache=True
+    )
+    fs.mkdir(bucket)
+    for path in Path(local).rglob("*"):
+        if path.is_file():
+            fs.pipe_file(f"{bucket}/ds/{path.relative_to(local).as_posix()}", path.read_bytes())
+    return f"s3://{bucket}/ds"

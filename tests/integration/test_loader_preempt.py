@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import s3fs
-from helpers import wait_until
+from helpers import upload_to_moto, wait_until
 from scripts.loader_common import pack_test_dataset
 
 from client import TokenDataset
@@ -43,14 +42,7 @@ def local_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def s3_url(local_url: str, moto_endpoint: str) -> str:
-    fs = s3fs.S3FileSystem(
-        key="testing", secret="testing", client_kwargs={"endpoint_url": moto_endpoint}, skip_instance_cache=True
-    )
-    fs.mkdir("preempt")
-    for path in Path(local_url).rglob("*"):
-        if path.is_file():
-            fs.pipe_file(f"preempt/ds/{path.relative_to(local_url).as_posix()}", path.read_bytes())
-    return "s3://preempt/ds"
+    return upload_to_moto(moto_endpoint, local_url, "preempt")
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-import s3fs
+from helpers import upload_to_moto
 from scripts.loader_common import pack_test_dataset
 
 from client import TokenDataset, TokenLoader
@@ -33,25 +33,13 @@ PART = 4096
 FAST = {"part_size": PART, "connections": 4, "deadline_floor": 0.5, "deadline_slack": 1.0}
 
 
-def _upload(endpoint: str, local: str, bucket: str) -> str:
-    """A byte-for-byte replica of ``local`` in a new bucket (straight to moto, not through the proxy)."""
-    fs = s3fs.S3FileSystem(
-        key="testing", secret="testing", client_kwargs={"endpoint_url": endpoint}, skip_instance_cache=True
-    )
-    fs.mkdir(bucket)
-    for path in Path(local).rglob("*"):
-        if path.is_file():
-            fs.pipe_file(f"{bucket}/ds/{path.relative_to(local).as_posix()}", path.read_bytes())
-    return f"s3://{bucket}/ds"
-
-
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory, moto_endpoint: str) -> dict[str, str]:
     local = pack_test_dataset(str(tmp_path_factory.mktemp("remote") / "ds"), 1500, shard_size=32 << 10)
     return {
         "local": local,
-        "a": _upload(moto_endpoint, local, "replica-a"),
-        "b": _upload(moto_endpoint, local, "replica-b"),
+        "a": upload_to_moto(moto_endpoint, local, "replica-a"),
+        "b": upload_to_moto(moto_endpoint, local, "replica-b"),
     }
 
 
@@ -65,7 +53,7 @@ def seekable(tmp_path_factory: pytest.TempPathFactory, moto_endpoint: str) -> di
         stored_format=2,
         frame_size=MIN_FRAME_SIZE,
     )
-    return {"a": _upload(moto_endpoint, local, "replica-a2"), "b": _upload(moto_endpoint, local, "replica-b2")}
+    return {k: upload_to_moto(moto_endpoint, local, f"replica-{k}2") for k in ("a", "b")}
 
 
 @pytest.fixture
@@ -158,7 +146,7 @@ def test_fetching_a_shard_holds_a_few_parts_not_the_shard(moto_endpoint: str, ne
     docs = [rng.integers(1, 60000, size=50_000).astype(np.int64) for _ in range(60)]  # one ~6 MiB shard
     local = str(tmp_path / "big")
     pack_documents(docs, local, PackOptions(vocab_size=60000, eos_id=0, shard_size=64 << 20, progress=False))
-    url = _upload(moto_endpoint, local, "replica-big")
+    url = upload_to_moto(moto_endpoint, local, "replica-big")
     info = open_dataset(local).manifest.shards[0]
     part = 64 << 10
     assert info.stored_bytes >= 10 * part and info.raw_bytes >= 4 << 20

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-import s3fs
+from helpers import upload_to_moto
 from scripts.loader_common import pack_test_dataset
 
 from client import TokenDataset, TokenLoader
@@ -23,14 +23,7 @@ BATCH, SEQ = 8, 32
 @pytest.fixture(scope="module")
 def remote(tmp_path_factory: pytest.TempPathFactory, moto_endpoint: str) -> str:
     local = pack_test_dataset(str(tmp_path_factory.mktemp("stats") / "ds"), 1200, shard_size=32 << 10)
-    fs = s3fs.S3FileSystem(
-        key="testing", secret="testing", client_kwargs={"endpoint_url": moto_endpoint}, skip_instance_cache=True
-    )
-    fs.mkdir("replica-stats")
-    for path in Path(local).rglob("*"):
-        if path.is_file():
-            fs.pipe_file(f"replica-stats/ds/{path.relative_to(local).as_posix()}", path.read_bytes())
-    return "s3://replica-stats/ds"
+    return upload_to_moto(moto_endpoint, local, "replica-stats")
 
 
 @pytest.mark.parametrize("workers", [0, 2])
