@@ -13,7 +13,7 @@ seen) and ``<cache_dir>/.locks/<hex>.{fetch,use}``.
   in use. Locks die with their process, so nothing leaks.
 - ``limit`` bounds every byte of the directory: shards, heads and downloads in progress. Beyond
   it heads over their share of the limit go first, then the least recently used shards (by
-  mtime, touched on every open), then the other heads (see :meth:`ShardCache.evict`).
+  mtime, touched on every open); see :meth:`ShardCache.evict`.
 - A temp file of a download whose process is gone (killed, preempted) is removed by the next
   eviction; one of a live process is counted, never removed.
 - A file of the wrong size, or whose raw digest fails (checked once per process, by
@@ -367,9 +367,9 @@ class ShardCache:
         """Remove files until the cache fits ``limit``: shards, heads and downloads in progress together.
 
         Heads first beyond their share of the limit (``1/_HEAD_SHARE``), oldest first; then shards, least
-        recently used first (never one in use, nor ``keep``); then, if shards in use still hold the cache over
-        the limit, the remaining heads. A head is cheap to keep for what it saves (a whole shard's fetch for
-        one sample) and is read into memory, never mapped: removing one never disturbs a reader."""
+        recently used first (never one in use, nor ``keep``). Heads within their share stay when shards in
+        use hold the cache over the limit: that excess ends when those shards are released and evicted,
+        while a head removed for it is gone for the rest of the process (it is kept once per shard seen)."""
         shards, pending = self._scan(self.directory, _SUFFIX)
         heads, head_pending = self._scan(self._heads_dir(), _HEAD_SUFFIX)
         heads.sort()
@@ -385,10 +385,6 @@ class ShardCache:
                 return
             if path != keep and self._evict_shard(path):
                 total -= size
-        while heads and total > self.limit:
-            _, size, path = heads.pop(0)
-            self._remove(path)
-            total -= size
 
     def _remove(self, path: str) -> None:
         try:
