@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 
 LOCK   := requirements-dev.lock
 # torchtitan's integration test runs in its own venv: torchtitan caps datasets (< 4.8) and so
-# fsspec/s3fs, while .venv keeps testing the releases `pip install ferry[all]` gets.
+# fsspec/s3fs, while .venv keeps testing the releases `pip install ferry-data[all]` gets.
 TITAN_VENV  := .venv-titan
 TITAN_PY    := $(TITAN_VENV)/bin/python
 TITAN_LOCK  := requirements-titan.lock
@@ -89,10 +89,10 @@ test-unit: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check shard_tools client service tests bench tools
-	$(VENV)/bin/mypy
+	$(PY) tools/typecheck.py
 
 bench: $(STAMP)
 	$(PY) bench/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) $(TITAN_VENV) $(NPM_TOOLS) .venv-bench .pytest_cache .mypy_cache .ruff_cache demo-data bench/data
+	rm -rf $(VENV) $(TITAN_VENV) $(NPM_TOOLS) .venv-bench .pytest_cache .mypy_cache .mypy-tree .ruff_cache demo-data bench/data

@@ -76,9 +76,9 @@ def synthetic_table(n: int, seed: int = 0) -> pa.Table:
 
 def publish_synthetic(root: str, n: int, seed: int = 0) -> dict[str, Any]:
     """Build and publish a synthetic manifest of ``n`` shards at ``root``; returns timings and sizes."""
-    from shard_tools.manifest import Manifest, ShardTable, Tokenizer
-    from shard_tools.publish import publish_version
-    from shard_tools.store import resolve
+    from ferry.shard_tools.manifest import Manifest, ShardTable, Tokenizer
+    from ferry.shard_tools.publish import publish_version
+    from ferry.shard_tools.store import resolve
 
     t0 = time.perf_counter()
     table = ShardTable(synthetic_table(n, seed))
@@ -121,8 +121,8 @@ def _median_time(fn: Any, repeat: int) -> tuple[float, Any]:
 
 def measure_one(n: int, repeat: int, planner: bool, loader: bool) -> dict[str, Any]:
     """Everything for one size, in this process (the parent runs each size in a fresh child)."""
-    from shard_tools.dataset import load_manifest
-    from shard_tools.store import resolve
+    from ferry.shard_tools.dataset import load_manifest
+    from ferry.shard_tools.store import resolve
 
     out: dict[str, Any] = {"shards": n}
     with tempfile.TemporaryDirectory(prefix="ferry-scale-") as root:
@@ -167,12 +167,12 @@ def measure_one(n: int, repeat: int, planner: bool, loader: bool) -> dict[str, A
 
 
 def _measure_planner(root: str, manifest: Any, repeat: int) -> dict[str, Any]:
-    """Time ``service.planner.plan_sync`` against an empty, a half-full and a complete destination,
+    """Time ``ferry.service.planner.plan_sync`` against an empty, a half-full and a complete destination,
     and the ``SourceVersion.of(manifest)`` conversion the engine does before planning."""
     try:
-        from service.planner import SourceVersion, plan_sync
+        from ferry.service.planner import SourceVersion, plan_sync
     except ImportError as exc:
-        return {"skipped": f"service.planner not importable ({exc})"}
+        return {"skipped": f"ferry.service.planner not importable ({exc})"}
     out: dict[str, Any] = {}
     out["source_version_of_s"], src = _median_time(lambda: SourceVersion.of(manifest), repeat)
     paths = [s.path for s in src.shards]
@@ -200,8 +200,8 @@ def _measure_loader(root: str, repeat: int) -> dict[str, Any]:
     sample order), ``TokenLoader``, resume at 90% of the epoch, and locating the shards of the
     first batch — everything before the first shard download, which needs no real shards."""
     try:
-        from client import TokenDataset, TokenLoader
-        from client.partition import rank_positions
+        from ferry.client import TokenDataset, TokenLoader
+        from ferry.client.partition import rank_positions
     except ImportError as exc:
         return {"skipped": f"client.TokenDataset not importable ({exc})"}
     out: dict[str, Any] = {}
@@ -230,10 +230,10 @@ def measure_engine_steps(n: int) -> dict[str, Any]:
     """The steps of one ``Engine.sync_pass`` on a changed version, timed one by one, in-process:
     shard table load, ``SourceVersion.of``, the recursive listing of a destination holding
     ``n`` shards (sparse files), ``plan_sync`` for an empty destination, ``State.set_pending``."""
-    from service.engine import listing, load_version, read_header
-    from service.planner import SourceVersion, plan_sync
-    from service.replication_state import State
-    from shard_tools.store import resolve
+    from ferry.service.engine import listing, load_version, read_header
+    from ferry.service.planner import SourceVersion, plan_sync
+    from ferry.service.replication_state import State
+    from ferry.shard_tools.store import resolve
 
     out: dict[str, Any] = {"shards": n}
     with tempfile.TemporaryDirectory(prefix="ferry-scale-engine-") as root:
@@ -306,7 +306,7 @@ def measure_daemon(n: int, timeout: float = 300.0) -> dict[str, Any]:
                 "[limits]\ntransfers = 2\nbwlimit = 1\n"
                 f'[api]\nhost = "127.0.0.1"\nport = {port}\n'
             )
-        cmd = [sys.executable, "-m", "shard_tools.cli", "serve", "--config", cfg, "--log-level", "warning"]
+        cmd = [sys.executable, "-m", "ferry.shard_tools.cli", "serve", "--config", cfg, "--log-level", "warning"]
         return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), port
 
     def wait_for(proc: subprocess.Popen[bytes], port: int, state: str) -> float:
@@ -328,8 +328,8 @@ def measure_daemon(n: int, timeout: float = 300.0) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ferry-scale-daemon-") as root:
         ds = os.path.join(root, "east", "corpus")
         info = publish_synthetic(ds, n)
-        from shard_tools.dataset import load_manifest
-        from shard_tools.store import resolve
+        from ferry.shard_tools.dataset import load_manifest
+        from ferry.shard_tools.store import resolve
 
         t0 = time.perf_counter()
         manifest = load_manifest(resolve(ds))

@@ -221,7 +221,7 @@ def _tmpfs_with_room(nbytes: int) -> str | None:
 
 
 def _pack(path: Path, mib: int) -> tuple[int, int]:
-    from shard_tools.packing import PackOptions, pack_documents
+    from ferry.shard_tools.packing import PackOptions, pack_documents
 
     rng = np.random.default_rng(7)
     tokens = mib * 2**20 // 2
@@ -260,7 +260,7 @@ class Serve:
         port = _free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shard_tools.cli", "serve", "--config", str(_config(self.root, port))],
+            [sys.executable, "-m", "ferry.shard_tools.cli", "serve", "--config", str(_config(self.root, port))],
             cwd=self.root, env={**os.environ, "BENCH_TOKEN": "bench"},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip

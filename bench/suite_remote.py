@@ -107,7 +107,7 @@ def _tools(ctx: Context) -> dict[str, tuple[Runner, str]]:
 
 
 def _ferry_objects(local: str) -> tuple[list[tuple[str, int]], int]:
-    from shard_tools.dataset import open_dataset
+    from ferry.shard_tools.dataset import open_dataset
 
     shards = open_dataset(local).manifest.shards
     objects = [(f"{BUCKETS['ferry']}/ds/{shards[i].path}", int(shards[i].stored_bytes)) for i in range(len(shards))]
@@ -187,8 +187,8 @@ def _format_1_dir(ctx: Context) -> Path:
 def _pack_frames(ctx: Context, frame_size: int) -> str:
     """The benchmark corpus packed again in stored format 2 with ``frame_size`` raw bytes per frame (0: in
     format 1, one zstd frame a shard)."""
-    from shard_tools.packing import PackOptions, pack
-    from shard_tools.seekable import DEFAULT_FRAME_SIZE
+    from ferry.shard_tools.packing import PackOptions, pack
+    from ferry.shard_tools.seekable import DEFAULT_FRAME_SIZE
 
     out = _frames_dir(ctx, frame_size) if frame_size else _format_1_dir(ctx)
     if not (out / "manifest.json").exists():
@@ -210,7 +210,7 @@ def _global(
 ) -> dict[str, Any]:
     """shuffle="global" (ferry: it reads frames, not shards; a peer: ``extra``, its closest) over a dataset
     GLOBAL_OVER times the cache."""
-    from shard_tools.dataset import open_dataset
+    from ferry.shard_tools.dataset import open_dataset
 
     raw = int(open_dataset(str(_frames_dir(ctx, 512 << 10))).manifest.shards.raw_bytes.sum())
     cache = ctx.data / "cache" / "remote-global"

@@ -25,7 +25,7 @@ def _tiny_shard(root: Path) -> Any:
     """Pack one tiny dataset and return its single shard row."""
     import numpy as np
 
-    from shard_tools import PackOptions, open_dataset, pack_documents
+    from ferry.shard_tools import PackOptions, open_dataset, pack_documents
 
     src = root / "tiny"
     if not (src / "manifest.json").exists():
@@ -43,10 +43,10 @@ def synthesize(root: Path, n: int) -> dict[str, Any]:
 
     import pyarrow as pa
 
-    from shard_tools import ShardTable
-    from shard_tools.manifest import Manifest
-    from shard_tools.publish import publish_version
-    from shard_tools.store import resolve
+    from ferry.shard_tools import ShardTable
+    from ferry.shard_tools.manifest import Manifest
+    from ferry.shard_tools.publish import publish_version
+    from ferry.shard_tools.store import resolve
 
     out = root / f"shards-{n}"
     tiny_root, info, tiny = _tiny_shard(root)

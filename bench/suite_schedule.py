@@ -23,7 +23,7 @@ BATCH = 16
 def _sources(root: Path, tokens: int) -> list[str]:
     import numpy as np
 
-    from shard_tools import PackOptions, pack_documents
+    from ferry.shard_tools import PackOptions, pack_documents
 
     urls = []
     for i in range(SOURCES):

@@ -46,7 +46,7 @@ def _pack_case(ctx: Context) -> Any:
     def one(tool: str, r: int) -> dict[str, Any]:
         out = ctx.data / "out" / f"seek-{tool}"
         shutil.rmtree(out, ignore_errors=True)
-        cmd = [ctx.ferry_python, "-m", "shard_tools.cli", "pack", *corpus.files, "--out", str(out),
+        cmd = [ctx.ferry_python, "-m", "ferry.shard_tools.cli", "pack", *corpus.files, "--out", str(out),
                "--format", tool[1:], "--compression", f"zstd:{LEVEL}", "--vocab-size", str(corpus.spec.vocab_size),
                "--eos-id", str(corpus.spec.eos_id), "--no-origin", "--json"]  # fmt: skip
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -75,6 +75,7 @@ def _costs(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     The decision uses the best CPU-time throughput of each format over its alternated runs: other work
     on a shared machine only ever adds CPU time (cache and memory-bandwidth interference), so the best
     run is the steadiest estimate of what the format itself costs; the medians are reported beside it."""
+
     def stat(key: str, which: str) -> dict[str, Any]:
         return {t: (summary(r, key) or {}).get(which) for t, r in runs.items()}
 
@@ -99,10 +100,10 @@ def _frame_sizes(url: str) -> dict[str, Any]:
     with their digests and index, unjoined."""
     import zstandard
 
-    from shard_tools.dataset import open_dataset
-    from shard_tools.digest import digest_bytes
-    from shard_tools.format import compress
-    from shard_tools.seekable import encode_shard_frames
+    from ferry.shard_tools.dataset import open_dataset
+    from ferry.shard_tools.digest import digest_bytes
+    from ferry.shard_tools.format import compress
+    from ferry.shard_tools.seekable import encode_shard_frames
 
     ds = open_dataset(url)
     info = ds.manifest.shards[0]
@@ -161,8 +162,8 @@ def run(ctx: Context) -> dict[str, Any]:
 
 def _first_batch(args: dict[str, Any]) -> dict[str, Any]:
     """One cold first batch in this (fresh) process: build the dataset and loader, take one batch."""
-    from client.dataset import TokenDataset
-    from client.loader import TokenLoader
+    from ferry.client.dataset import TokenDataset
+    from ferry.client.loader import TokenLoader
 
     t0 = time.perf_counter()
     ds = TokenDataset(args["url"], seq_len=SEQ_LEN, seed=args["seed"], shuffle="global", cache_dir=args["cache"])

@@ -35,7 +35,7 @@ def _make_dataset(root: Path, mib: int) -> tuple[str, int, int]:
     """A ferry dataset of ``mib`` MiB stored bytes (cached). Returns (path, shards, stored bytes)."""
     import numpy as np
 
-    from shard_tools import PackOptions, open_dataset, pack_documents
+    from ferry.shard_tools import PackOptions, open_dataset, pack_documents
 
     shard_mib = min(SHARD_MIB, max(1, mib // 8))
     path = root / f"src-{mib}MiB"

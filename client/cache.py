@@ -37,11 +37,11 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from shard_tools.digest import Hasher
-from shard_tools.errors import CacheError, ShardError
-from shard_tools.format import ShardView, parse_shard
-from shard_tools.manifest import ShardInfo
-from shard_tools.store import TEMP_MARKER, temp_is_stale, temp_name
+from ferry.shard_tools.digest import Hasher
+from ferry.shard_tools.errors import CacheError, ShardError
+from ferry.shard_tools.format import ShardView, parse_shard
+from ferry.shard_tools.manifest import ShardInfo
+from ferry.shard_tools.store import TEMP_MARKER, temp_is_stale, temp_name
 
 from .replicas import Replicas
 from .stats import COUNTERS

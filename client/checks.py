@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from shard_tools.errors import UsageError
-from shard_tools.units import parse_size
+from ferry.shard_tools.errors import UsageError
+from ferry.shard_tools.units import parse_size
 
 __all__ = ["COUNT_LIMIT", "SEED_LIMIT", "bound", "show", "integer", "flag", "choice", "path", "text", "size"]
 

@@ -10,10 +10,10 @@ import sys
 import time
 from typing import Any, TextIO
 
-from shard_tools.cli import printable
-from shard_tools.cli import printable_fields as _printable_fields
-from shard_tools.errors import ServiceError
-from shard_tools.units import format_bytes
+from ferry.shard_tools.cli import printable
+from ferry.shard_tools.cli import printable_fields as _printable_fields
+from ferry.shard_tools.errors import ServiceError
+from ferry.shard_tools.units import format_bytes
 
 from .service_client import DEFAULT_SERVER, ServiceClient
 from .service_types import ErrorEntry, ReplicaMatrix, Status, Transfer

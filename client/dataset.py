@@ -4,7 +4,7 @@ A dataset maps *stream positions* (epoch ``e`` covers ``[e*n, (e+1)*n)``) to sam
 and writes them into batch tensors. Sample ``i`` (token mode) is stream tokens
 ``[i*L, i*L + L + 1)``, ``n = (total_tokens - 1) // L``; in document mode sample ``i`` is
 document ``i`` (with its EOS) truncated to ``L + 1`` tokens and padded. The order
-within an epoch is a :mod:`client.order`; which rank reads what is the loader's business.
+within an epoch is a :mod:`ferry.client.order`; which rank reads what is the loader's business.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import get_worker_info
 
-from shard_tools.errors import DatasetError, FerryError, StateError, UsageError
-from shard_tools.manifest import Manifest
+from ferry.shard_tools.errors import DatasetError, FerryError, StateError, UsageError
+from ferry.shard_tools.manifest import Manifest
 
 from . import checks
 from .cache import ShardCache, default_cache_dir
@@ -60,7 +60,7 @@ class TokenDataset(SampleSource):
             hold this many raw bytes; never more than the share of the cache not in use. ``"auto"`` (the
             default): half of this process's share of the cache when the first replica is remote, 0 (only
             ``prefetch`` batches) when it is a local filesystem.
-        fetch: how shards are fetched from remote replicas (:class:`client.fetch.FetchOptions` or a mapping of
+        fetch: how shards are fetched from remote replicas (:class:`ferry.client.fetch.FetchOptions` or a mapping of
             its fields: ``part_size``, ``connections``, ``deadline_floor``, ``deadline_slack``, ...).
         verify_cache: check each cached shard's raw digest when a process first maps it.
 

@@ -21,7 +21,7 @@ import pickle
 from collections.abc import Mapping
 from typing import Any
 
-from shard_tools.errors import StateError, UsageError
+from ferry.shard_tools.errors import StateError, UsageError
 
 __all__ = ["ReplanOnLoad", "loader_keys", "read_dcp_state", "safe_metadata", "UNTRUSTED_PICKLE"]
 

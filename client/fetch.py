@@ -22,11 +22,11 @@ from typing import Any, BinaryIO
 
 import zstandard
 
-from shard_tools.digest import Hasher
-from shard_tools.errors import ShardDigestError, ShardFormatError, UsageError
-from shard_tools.format import MAX_EXPANSION
-from shard_tools.manifest import ShardInfo
-from shard_tools.store import Location
+from ferry.shard_tools.digest import Hasher
+from ferry.shard_tools.errors import ShardDigestError, ShardFormatError, UsageError
+from ferry.shard_tools.format import MAX_EXPANSION
+from ferry.shard_tools.manifest import ShardInfo
+from ferry.shard_tools.store import Location
 
 from . import checks
 
@@ -276,7 +276,7 @@ class ShardSink:
             raise ShardFormatError(info.path, f"frame says {size} raw bytes, manifest says {info.raw_bytes}")
 
     def finish(self) -> None:
-        """Every check of :func:`shard_tools.dataset.decode_stored_shard`, on what streamed through."""
+        """Every check of :func:`ferry.shard_tools.dataset.decode_stored_shard`, on what streamed through."""
         info = self.info
         if self.stored.nbytes != info.stored_bytes:
             raise ShardFormatError(

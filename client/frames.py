@@ -1,13 +1,13 @@
 """Reading format-2 shards by frames: the index once, then only the frames a token or document range touches.
 
 A :class:`FrameReader` is given a ranged-read callable ``read_range(info, offset, length) -> bytes``
-(:meth:`client.replicas.Replicas.read_range` in the loader: the first replica that has the bytes, with
+(:meth:`ferry.client.replicas.Replicas.read_range` in the loader: the first replica that has the bytes, with
 deadlines and hedging). Per shard it reads the frame index once (one ranged read of the shard's tail, checked
 against the manifest's ``index_bytes`` / ``index_digest``) and checks it against the Arrow metadata at the
-head of the raw file (frame 0, decoded only that far: :func:`shard_tools.seekable.check_layout`) before
+head of the raw file (frame 0, decoded only that far: :func:`ferry.shard_tools.seekable.check_layout`) before
 reading anything through it; then it maps a raw byte range to frames, reads the missing ones (adjacent
 frames in one ranged read), checks each against the index's digest before decompressing it (the bounds of
-:func:`shard_tools.format.decompress`), and keeps decoded frames in an LRU block cache bounded in bytes.
+:func:`ferry.shard_tools.format.decompress`), and keeps decoded frames in an LRU block cache bounded in bytes.
 With ``checked_reads`` the digests are checked inside the ranged read, so a replica's bad bytes are
 refused there and the next replica's taken. One per process, used from one thread (like ``ShardReader``).
 """
@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from shard_tools.errors import ShardError, ShardFormatError, ShardMissingError, StorageError
-from shard_tools.manifest import ShardInfo
-from shard_tools.seekable import (
+from ferry.shard_tools.errors import ShardError, ShardFormatError, ShardMissingError, StorageError
+from ferry.shard_tools.manifest import ShardInfo
+from ferry.shard_tools.seekable import (
     FrameIndex,
     check_frame,
     check_layout,

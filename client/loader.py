@@ -1,6 +1,6 @@
 """``TokenLoader``: batches for one rank, in a fixed global order, with an exactly resumable state.
 
-The loader walks the dataset's endless stream of positions (see :mod:`client.partition`).
+The loader walks the dataset's endless stream of positions (see :mod:`ferry.client.partition`).
 One ``iter()`` runs to the end of the current epoch (its last global batch may reach
 into the next epoch so that nothing is dropped); the next ``iter()`` continues there.
 With workers, each builds the batches ``k ≡ worker (mod num_workers)`` and the loader
@@ -27,8 +27,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torch.utils.data._utils import signal_handling as _torch_signals
 
-from shard_tools.errors import FerryError, UsageError
-from shard_tools.orphans import exit_with_parent
+from ferry.shard_tools.errors import FerryError, UsageError
+from ferry.shard_tools.orphans import exit_with_parent
 
 from . import checks
 from .ahead import Ahead
@@ -141,7 +141,7 @@ _Item = list[tuple[int, dict[str, Any] | _Failure]]
 
 class _WorkerStream(IterableDataset[tuple[_Item, dict[str, Any]]]):
     """Runs in a DataLoader worker: yields lists of ``(k, payload)`` for this worker's share of the plan,
-    each with the growth of the worker's :data:`~client.stats.COUNTERS` since the previous one.
+    each with the growth of the worker's :data:`~ferry.client.stats.COUNTERS` since the previous one.
 
     Payloads are numpy arrays in the token dtype (4x smaller than int64 for uint16 ids); they
     travel pickled through the worker's pipe, which beats a new shared-memory segment per tensor.
@@ -196,7 +196,7 @@ class _WorkerStream(IterableDataset[tuple[_Item, dict[str, Any]]]):
 
 
 class TokenLoader:
-    """Deterministic, elastic, exactly resumable batches of a :class:`~client.dataset.TokenDataset` (or mixture).
+    """Deterministic, elastic, exactly resumable batches of a :class:`~ferry.client.dataset.TokenDataset` (or mixture).
 
     Args:
         dataset: a ``TokenDataset`` or ``MixedDataset``.
@@ -208,7 +208,7 @@ class TokenLoader:
         prefetch_factor: batches each worker builds ahead (DataLoader's own prefetching).
         stall_warning: log a warning when the loop waited on data more than this share of the last 30 s.
 
-    ``stats()`` says what it did (see :mod:`client.stats`); ``prometheus()`` is the same as Prometheus text.
+    ``stats()`` says what it did (see :mod:`ferry.client.stats`); ``prometheus()`` is the same as Prometheus text.
     """
 
     def __init__(
@@ -339,7 +339,7 @@ class TokenLoader:
             _stop_workers(items, _STOP_WAIT_S)
 
     def _received(self, items: Iterator[tuple[_Item, dict[str, Any]]]) -> Generator[Batch, None, None]:
-        """The workers' batches as tensors, in order of ``k`` (run by the :class:`~client.ahead.Ahead` thread)."""
+        """The workers' batches as tensors, in order of ``k`` (run by the :class:`~ferry.client.ahead.Ahead` thread)."""
         pending: dict[int, dict[str, Any] | _Failure] = {}
         want = 0
         for item, grown in items:
@@ -354,7 +354,7 @@ class TokenLoader:
                 want += 1
 
     def trace(self, positions: Any = None, *, step: int | None = None) -> list[dict[str, Any]]:
-        """Where samples came from (see :mod:`client.trace`): stream ``positions``, or this rank's batch of
+        """Where samples came from (see :mod:`ferry.client.trace`): stream ``positions``, or this rank's batch of
         global ``step`` (positions ``step * G + rank * batch_size ...``), or by default the next batch."""
         from .trace import trace_positions
 
@@ -377,7 +377,7 @@ class TokenLoader:
         ``strict=False``. With ``replan=True`` a state of another mixture (other weights or schedule,
         sources added or removed) or of an older version of this dataset continues with this loader's
         plan from the state's position: every source that stays continues exactly, an added one starts
-        at its beginning, and the change is recorded in later states (see ``client.replan``).
+        at its beginning, and the change is recorded in later states (see ``ferry.client.replan``).
         """
         saved = parse_state(state_dict)
         replan = checks.flag("replan", replan)
@@ -447,7 +447,7 @@ def _worker_init(worker_id: int) -> None:
     """Set up a DataLoader worker so that it ends with the training process, however that ends.
 
     - It exits as soon as the process that started it is gone (SIGKILL, or SIGTERM with no handler: a
-      preemption): :func:`~shard_tools.orphans.exit_with_parent`. Without it a worker inside a batch (a fetch
+      preemption): :func:`~ferry.shard_tools.orphans.exit_with_parent`. Without it a worker inside a batch (a fetch
       in flight, a lock another process holds) never reaches DataLoader's own check of its parent.
     - SIGTERM ends it, whatever handler the training script installed before the fork: the worker is a copy
       of that process, and a handler meant for the training loop (set a flag, save a checkpoint) would keep

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from shard_tools.errors import InvalidValueError, StateError, UsageError
+from ferry.shard_tools.errors import InvalidValueError, StateError, UsageError
 
 from .checks import show
 from .mixing import check_weights

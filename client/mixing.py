@@ -18,7 +18,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from shard_tools.errors import InvalidValueError
+from ferry.shard_tools.errors import InvalidValueError
 
 __all__ = ["MixSchedule", "MAX_PERIOD", "WEIGHT_LIMIT", "check_weights"]
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from shard_tools.errors import InvalidValueError
+from ferry.shard_tools.errors import InvalidValueError
 
 __all__ = ["global_batch_size", "rank_positions", "worker_batches", "batches_until", "split_stream"]
 
 
-# the bound of a stream position (client.state.MAX_POSITION, which imports more than this module may)
+# the bound of a stream position (ferry.client.state.MAX_POSITION, which imports more than this module may)
 _POSITION_LIMIT = 2**62
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any, ParamSpec, TypeVar
 
-from shard_tools.threadname import name_os_thread
+from ferry.shard_tools.threadname import name_os_thread
 
 __all__ = ["EXIT_WAIT_S", "DaemonPool"]
 

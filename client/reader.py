@@ -6,7 +6,7 @@ copied straight from the mapped uint16/uint32 array into int64 rows (two pieces,
 more with tiny shards, when it crosses shard boundaries).
 
 A format-2 (seekable) shard that is not mapped in this process is read by frames
-(:class:`client.frames.FrameReader`) instead of whole when ``whole_shards`` is off (a global
+(:class:`ferry.client.frames.FrameReader`) instead of whole when ``whole_shards`` is off (a global
 shuffle over more than the cache: whole shards would be fetched for a sample each) or, with
 ``background`` fetching, while the shard is not in the node cache yet (a cold start: the first
 batch needs only the frames its samples touch while a helper thread brings the whole shard).
@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from shard_tools.errors import FerryError, ShardError, StorageError
-from shard_tools.format import ShardView
-from shard_tools.manifest import Manifest, ShardInfo
+from ferry.shard_tools.errors import FerryError, ShardError, StorageError
+from ferry.shard_tools.format import ShardView
+from ferry.shard_tools.manifest import Manifest, ShardInfo
 
 from .cache import Lease, ShardCache
 from .frames import FrameReader
@@ -85,7 +85,7 @@ class ShardReader:
         self._bytes = 0
 
     def settle(self) -> None:
-        """Let the whole fetches this reader started end (see :meth:`client.dataset.TokenDataset.settle`)."""
+        """Let the whole fetches this reader started end (see :meth:`ferry.client.dataset.TokenDataset.settle`)."""
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from shard_tools.errors import StateError
+from ferry.shard_tools.errors import StateError
 
 from .source import SampleSource
 from .state import SavedState, fingerprint

@@ -1,6 +1,6 @@
 """The replicas of one dataset: read its manifest and its stored shards from the first healthy one.
 
-Replicas are given nearest first. Every request has a deadline (see :mod:`client.fetch`); past it the
+Replicas are given nearest first. Every request has a deadline (see :mod:`ferry.client.fetch`); past it the
 same request goes to the next replica too, the first good answer wins and the others are cancelled,
 and the slow replica is tried last from then on in this process; one that never answered (hung) stays
 behind every replica that did answer, even one slow once since, until it answers. A replica that fails a read is tried
@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, BinaryIO
 
-from shard_tools.digest import digest_bytes
-from shard_tools.errors import (
+from ferry.shard_tools.digest import digest_bytes
+from ferry.shard_tools.errors import (
     DatasetError,
     DatasetNotFoundError,
     ManifestError,
@@ -30,9 +30,9 @@ from shard_tools.errors import (
     StorageError,
     UsageError,
 )
-from shard_tools.header import MANIFEST_FILE, version_path
-from shard_tools.manifest import Manifest, ShardInfo
-from shard_tools.store import Location, resolve
+from ferry.shard_tools.header import MANIFEST_FILE, version_path
+from ferry.shard_tools.manifest import Manifest, ShardInfo
+from ferry.shard_tools.store import Location, resolve
 
 from .checks import show
 from .fetch import FetchOptions, Link, Missing, RaceLost, ShardSink, race, start_read

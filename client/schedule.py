@@ -2,7 +2,7 @@
 
 Pure index math. A schedule is a list of phases ``(start, quota)``: from global sample
 ``start`` on (until the next phase's start) source ``j`` gets ``quota[j]`` of every
-``sum(quota)`` positions, laid out by :class:`~client.mixing.MixSchedule` on positions
+``sum(quota)`` positions, laid out by :class:`~ferry.client.mixing.MixSchedule` on positions
 counted from the phase's start. So within a phase every prefix holds each source in its
 proportion ±1 sample, and at a boundary each source continues exactly where it stopped:
 position ``p`` of phase ``k`` is sample ``base[k][j] + r`` of its source ``j``, where

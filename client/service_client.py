@@ -1,6 +1,6 @@
 """``ServiceClient``: typed access to the ferry service's HTTP API over httpx.
 
-Every method maps to one endpoint; errors become ``shard_tools.errors.ServiceError`` with the
+Every method maps to one endpoint; errors become ``ferry.shard_tools.errors.ServiceError`` with the
 HTTP status (0 when the server cannot be reached). The transport is injectable
 (``httpx.MockTransport``, ``httpx.ASGITransport``…) so tests drive the real client.
 """
@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 import httpx
 
-from shard_tools.errors import ServiceError
+from ferry.shard_tools.errors import ServiceError
 
 from .service_types import (
     ActionResult,

@@ -1,6 +1,6 @@
 """Typed records of the ferry service's JSON API, as the client sees them.
 
-They mirror ``service.api.models`` field for field (a test pins that) without importing the
+They mirror ``ferry.service.api.models`` field for field (a test pins that) without importing the
 service: the client package stands alone. Unknown fields from a newer server are ignored.
 """
 

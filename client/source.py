@@ -23,7 +23,7 @@ MODES = ("tokens", "document")
 
 
 class SampleSource(IterableDataset[dict[str, torch.Tensor]]):
-    """What :class:`~client.loader.TokenLoader` reads: ``n`` samples per epoch, written into batches."""
+    """What :class:`~ferry.client.loader.TokenLoader` reads: ``n`` samples per epoch, written into batches."""
 
     seq_len: int
     mode: str
@@ -46,12 +46,13 @@ class SampleSource(IterableDataset[dict[str, torch.Tensor]]):
         return {}
 
     def restored(self, saved: Any) -> SampleSource:
-        """This source with the history of ``saved`` (a :class:`~client.state.SavedState` of this configuration)."""
+        """This source with the history of ``saved`` (a :class:`~ferry.client.state.SavedState` of this
+        configuration)."""
         return self
 
     def replanned(self, saved: Any) -> tuple[SampleSource, int]:
         """This source continuing the run of ``saved`` (another configuration), and the position to go on from."""
-        from shard_tools.errors import StateError
+        from ferry.shard_tools.errors import StateError
 
         raise StateError(f"a loader over {self!r} cannot continue a run of another configuration")
 

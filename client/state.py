@@ -38,8 +38,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shard_tools.digest import ALGORITHM, digest_bytes
-from shard_tools.errors import StateError
+from ferry.shard_tools.digest import ALGORITHM, digest_bytes
+from ferry.shard_tools.errors import StateError
 
 from .checks import COUNT_LIMIT, SEED_LIMIT, bound, show
 from .mixing import MAX_PERIOD
@@ -154,7 +154,7 @@ def parse_state(state: Any) -> SavedState:
             raise StateError(f"loader state lacks {missing}; it was not made by TokenLoader.state_dict()")
         raise StateError(
             f"loader state version {version} lacks {missing}: from a torch.distributed.checkpoint, load it through "
-            "client.dcp.ReplanOnLoad(loader, checkpoint_dir), whose template has the checkpoint's keys"
+            "ferry.client.dcp.ReplanOnLoad(loader, checkpoint_dir), whose template has the checkpoint's keys"
         )
     extra = [k for k in state if k not in keys]
     if extra:

@@ -18,8 +18,8 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shard_tools.cli import print_error, print_lines, printable
-from shard_tools.errors import FerryError, StateError, UsageError
+from ferry.shard_tools.cli import print_error, print_lines, printable
+from ferry.shard_tools.errors import FerryError, StateError, UsageError
 
 from .state import parse_state, skip_state
 
@@ -31,7 +31,7 @@ MAX_STATE_BYTES = 256 << 20
 
 def read_state(path: str, key: str | None = None, *, trust_pickle: bool = False) -> dict[str, Any]:
     """The loader state in a JSON file, or in a ``torch.distributed.checkpoint`` directory (read without
-    running code from it unless ``trust_pickle``: see :mod:`client.dcp`)."""
+    running code from it unless ``trust_pickle``: see :mod:`ferry.client.dcp`)."""
     if os.path.isdir(path):
         return _from_dcp(path, key, trust_pickle)
     try:

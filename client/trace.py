@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from shard_tools.cli import print_error, print_lines
-from shard_tools.errors import FerryError, InvalidValueError, UsageError
+from ferry.shard_tools.cli import print_error, print_lines
+from ferry.shard_tools.errors import FerryError, InvalidValueError, UsageError
 
 from . import checks
 from .state import MAX_POSITION

@@ -1,5 +1,5 @@
 """ferry's replication service: decide (planner), do (executor, transfer), count (stats), remember
-(replication_state), and the daemon and ``ferry sync`` that drive them; the HTTP API is ``service.api``.
+(replication_state), and the daemon and ``ferry sync`` that drive them; the HTTP API is ``ferry.service.api``.
 
 Where things are: ``config`` (ferry.toml, typed), ``planner`` (manifests in, actions out, pure),
 ``engine`` (one pass: plan → copy → publish → retire), ``executor`` and ``slots`` (a bounded pool of
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shard_tools.lazy import lazy_attributes
+from ferry.shard_tools.lazy import lazy_attributes
 
 __all__ = ["Config", "Daemon", "UNCHANGED", "load_config", "parse_config"]
 

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from shard_tools.cli import parse_storage_options, print_error, print_json, printable_fields
-from shard_tools.errors import DatasetNotFoundError, UsageError
+from ferry.shard_tools.cli import parse_storage_options, print_error, print_json, printable_fields
+from ferry.shard_tools.errors import DatasetNotFoundError, UsageError
 
 from .config import Config, format_rate, load_config, parse_rate, redact
 
@@ -194,7 +194,7 @@ def _log_uncaught() -> None:
 
 def _logged_errors(args: argparse.Namespace, run: Callable[[], int]) -> int:
     """``run()``; with JSON logs a FerryError ends as one error record (same exit code), not a plain line."""
-    from shard_tools.errors import FerryError
+    from ferry.shard_tools.errors import FerryError
 
     if getattr(args, "log_format", "human") != "json":
         return run()
@@ -323,7 +323,7 @@ def _sync(args: argparse.Namespace) -> int:
             res.mark_up_to_date()
             return _print_report(_report(res, args), args, t0, ok=True)
 
-    from shard_tools.store import resolve
+    from ferry.shard_tools.store import resolve
 
     from .bandwidth import Bandwidth
     from .engine import Engine
@@ -466,7 +466,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m service.cli sync|serve …``: the same commands without loading other packages' CLIs."""
-    from shard_tools.errors import FerryError
+    from ferry.shard_tools.errors import FerryError
 
     parser = argparse.ArgumentParser(prog="ferry")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

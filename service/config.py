@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from shard_tools.errors import ConfigError
-from shard_tools.units import format_rate, parse_rate
+from ferry.shard_tools.errors import ConfigError
+from ferry.shard_tools.units import format_rate, parse_rate
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -16,10 +16,10 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from shard_tools.errors import DatasetNotFoundError, LeaseHeldError, ManifestError, RollbackError, StorageError
-from shard_tools.header import MANIFEST_FILE, SHARDS_DIR, VERSIONS_DIR, parse_header, version_path
-from shard_tools.publish import carry_lineage, descends_from, store_version, swap_manifest
-from shard_tools.store import STALE_TEMP_SECONDS, TEMP_MARKER, Location, temp_is_stale
+from ferry.shard_tools.errors import DatasetNotFoundError, LeaseHeldError, ManifestError, RollbackError, StorageError
+from ferry.shard_tools.header import MANIFEST_FILE, SHARDS_DIR, VERSIONS_DIR, parse_header, version_path
+from ferry.shard_tools.publish import carry_lineage, descends_from, store_version, swap_manifest
+from ferry.shard_tools.store import STALE_TEMP_SECONDS, TEMP_MARKER, Location, temp_is_stale
 
 from .events import EventBus
 from .executor import Executor, Job, JobResult
@@ -31,7 +31,7 @@ from .replication_state import State
 from .stats import Stats
 
 if TYPE_CHECKING:
-    from shard_tools.manifest import Manifest
+    from ferry.shard_tools.manifest import Manifest
 
 __all__ = ["Engine", "PassResult", "read_header", "load_version", "listing"]
 
@@ -47,7 +47,7 @@ def read_header(loc: Location, rel: str = MANIFEST_FILE) -> tuple[bytes, dict[st
 
 def load_version(loc: Location, header: bytes) -> tuple[Manifest, bytes]:
     """The manifest whose header is ``header`` with its shard table read from ``loc``."""
-    from shard_tools.manifest import Manifest  # numpy + pyarrow: only when there is work to plan
+    from ferry.shard_tools.manifest import Manifest  # numpy + pyarrow: only when there is work to plan
 
     doc = parse_header(header)
     try:

@@ -16,9 +16,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from shard_tools.errors import Cancelled, FerryError, ShardDigestError, ShardFormatError, SourceMissing, StorageError
-from shard_tools.store import Location, not_permitted
-from shard_tools.threadname import start_named_thread
+from ferry.shard_tools.errors import (
+    Cancelled,
+    FerryError,
+    ShardDigestError,
+    ShardFormatError,
+    SourceMissing,
+    StorageError,
+)
+from ferry.shard_tools.store import Location, not_permitted
+from ferry.shard_tools.threadname import start_named_thread
 
 from .bandwidth import Bandwidth
 from .config import link_name

@@ -13,9 +13,9 @@ import os
 import threading
 from collections.abc import Iterator
 
-from shard_tools.digest import Hasher
-from shard_tools.errors import ShardFormatError, SourceMissing
-from shard_tools.store import temp_name
+from ferry.shard_tools.digest import Hasher
+from ferry.shard_tools.errors import ShardFormatError, SourceMissing
+from ferry.shard_tools.store import temp_name
 
 from .hashed_io import CopySpec, check_cancel, check_digest, pump
 

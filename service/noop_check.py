@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from shard_tools.errors import FerryError
-from shard_tools.header import MANIFEST_FILE, parse_header
+from ferry.shard_tools.errors import FerryError
+from ferry.shard_tools.header import MANIFEST_FILE, parse_header
 
 from .s3_get import fetch, plan_s3_get
 

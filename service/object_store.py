@@ -8,8 +8,8 @@ import os
 import time
 from typing import Any
 
-from shard_tools.errors import StorageError
-from shard_tools.store import STALE_TEMP_SECONDS, Location
+from ferry.shard_tools.errors import StorageError
+from ferry.shard_tools.store import STALE_TEMP_SECONDS, Location
 
 __all__ = ["SINGLE_PUT_MAX", "writes_buffered", "part_size", "abort_stale_uploads", "skip_double_checksums"]
 

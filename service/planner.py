@@ -14,10 +14,10 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from shard_tools.store import TEMP_MARKER
+from ferry.shard_tools.store import TEMP_MARKER
 
 if TYPE_CHECKING:
-    from shard_tools.manifest import Manifest
+    from ferry.shard_tools.manifest import Manifest
 
 __all__ = [
     "ShardRef",

@@ -38,8 +38,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from shard_tools.errors import ConfigError
-from shard_tools.threadname import start_named_thread
+from ferry.shard_tools.errors import ConfigError
+from ferry.shard_tools.threadname import start_named_thread
 
 from .records import ErrorInfo, HistoryEntry, ScrubReport, VersionTiming
 

@@ -16,9 +16,9 @@ import threading
 import urllib.parse
 import weakref
 
-from shard_tools.digest import Hasher
-from shard_tools.errors import ShardFormatError, SourceMissing, StorageError
-from shard_tools.store import Location
+from ferry.shard_tools.digest import Hasher
+from ferry.shard_tools.errors import ShardFormatError, SourceMissing, StorageError
+from ferry.shard_tools.store import Location
 
 from . import http_pool
 from .hashed_io import CopySpec, check_cancel, check_digest

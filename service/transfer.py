@@ -20,8 +20,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from shard_tools.errors import Cancelled, FerryError, SourceMissing
-from shard_tools.store import Location, not_permitted, storage_error, temp_name
+from ferry.shard_tools.errors import Cancelled, FerryError, SourceMissing
+from ferry.shard_tools.store import Location, not_permitted, storage_error, temp_name
 
 from . import object_store
 from .hashed_io import CHUNK_SIZE, CopySpec, PacedMeter, Progress, Throttle, check_cancel, noop, pump, read_chunks

@@ -2,7 +2,7 @@
 
 The public names below load on first use (PEP 562), so ``ferry sync``, the loader and the
 service import only the modules they need — a no-op resync does not pay for numpy and
-pyarrow. ``from shard_tools import pack`` works as before.
+pyarrow. ``from ferry.shard_tools import pack`` works as before.
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ def worker_context() -> multiprocessing.context.BaseContext:
     plain spawn elsewhere."""
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["shard_tools.forkserver_preload"])
+        ctx.set_forkserver_preload(["ferry.shard_tools.forkserver_preload"])
         return ctx
     return multiprocessing.get_context("spawn")
 
@@ -101,7 +101,7 @@ def _ray(job: Job, units: Sequence[Unit], address: str | None) -> Iterator[UnitR
     try:
         import ray
     except ImportError as exc:
-        raise UsageError("--executor ray needs Ray: pip install 'ferry[ray]'") from exc
+        raise UsageError("--executor ray needs Ray: pip install 'ferry-data[ray]'") from exc
     started_here = not ray.is_initialized()
     if started_here:
         kwargs: dict[str, Any] = {"address": address, "logging_level": "WARNING", "log_to_driver": False}

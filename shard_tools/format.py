@@ -6,7 +6,7 @@ Further columns (``loss_mask``, ``source``…) are allowed and kept. The schema 
 ``ferry.format = 1`` in its metadata (the version of this Arrow content, the same in both stored
 formats). The stored form (``*.arrow.zst``) is, in stored format 1, the raw file compressed as one
 zstd frame with the content size in its header; in stored format 2, a sequence of independently
-compressed frames and a frame index (:mod:`shard_tools.seekable`). :func:`decompress` reads both.
+compressed frames and a frame index (:mod:`ferry.shard_tools.seekable`). :func:`decompress` reads both.
 
 Readers validate eagerly: schema, dtype, document and token counts, and (by the caller)
 digests. A decompressed shard in a local file is memory-mapped and read zero-copy.
@@ -139,7 +139,7 @@ MAX_EXPANSION = zstandard.BLOCKSIZE_MAX // 4
 _PREALLOC_EXPANSION = 64
 _PREALLOC_BYTES = 8 << 20
 _STREAM_STEP = 1024  # stored bytes per step: at most 32 MiB of output each
-_SEEKABLE_TAG = b"FSI2"  # the last bytes of a format-2 stored shard (shard_tools.seekable.INDEX_MAGIC)
+_SEEKABLE_TAG = b"FSI2"  # the last bytes of a format-2 stored shard (ferry.shard_tools.seekable.INDEX_MAGIC)
 _TRAILING = "bytes after the end of its zstd frame (a shard is one frame); the shard is corrupt or was tampered with"
 
 

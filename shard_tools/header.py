@@ -1,6 +1,6 @@
 """The manifest's JSON header: dataset layout names, validation, and the version id.
 
-Kept apart from :mod:`shard_tools.manifest` (which needs numpy and pyarrow for the shard
+Kept apart from :mod:`ferry.shard_tools.manifest` (which needs numpy and pyarrow for the shard
 table) so that comparing two datasets' versions — all a no-op resync does — reads and
 checks two small JSON documents and imports nothing heavy.
 """

@@ -14,7 +14,7 @@ gets the same id however and whenever it was packed, and any edit of the header 
 the table is detected when it is read.
 
 A shard's stored format is in its row: format 1 (one zstd frame) has ``index_bytes == 0`` and an empty
-``index_digest``; format 2 (seekable frames, :mod:`shard_tools.seekable`) records the size and digest of
+``index_digest``; format 2 (seekable frames, :mod:`ferry.shard_tools.seekable`) records the size and digest of
 the frame index at the end of its stored bytes. A table with only format-1 shards keeps the original
 seven columns (so its bytes, and the version id of a format-1 pack, are what they always were); a table
 holding any format-2 shard has the two index columns as well.
@@ -366,7 +366,7 @@ class Manifest:
 
     @classmethod
     def parse_header(cls, data: bytes) -> dict[str, Any]:
-        """Parse and check the JSON header alone (no shard table); see :func:`shard_tools.header.parse_header`."""
+        """Parse and check the JSON header alone (no shard table); see :func:`ferry.shard_tools.header.parse_header`."""
         return parse_header(data)
 
     @classmethod
@@ -408,7 +408,7 @@ def next_lineage(parent: str, parent_lineage: dict[str, Any] | None) -> dict[str
     and, for every k ≥ 1, the ancestor at generation ``((g-1) >> k) << k``, so about log2(g)
     entries. Each comes from the parent's lineage alone, and walking from any version to any
     generation below it takes at most one record per bit of the distance
-    (:func:`shard_tools.publish.descends_from`)."""
+    (:func:`ferry.shard_tools.publish.descends_from`)."""
     if parent_lineage is None:
         return {"gen": 1, "root": parent, "up": [[0, parent]]}
     pgen = int(parent_lineage["gen"])

@@ -1,6 +1,6 @@
 """Format 2 stored shards: independently compressed zstd frames and a frame index, both directions.
 
-The raw shard (the Arrow IPC file of :mod:`shard_tools.format`) is unchanged; only its stored form
+The raw shard (the Arrow IPC file of :mod:`ferry.shard_tools.format`) is unchanged; only its stored form
 differs from format 1 (one zstd frame). A format-2 stored shard is (integers little-endian)::
 
     frame 0 | frame 1 | ... | frame n-1 | index
@@ -21,7 +21,7 @@ differs from format 1 (one zstd frame). A format-2 stored shard is (integers lit
 
 The manifest pins the index (per-shard ``index_bytes`` and ``index_digest``), the index pins every frame:
 a reader fetches the index once (one ranged read of the shard's tail), then any frame alone, and checks
-each against its digest before decompressing it (with the bounds of :func:`shard_tools.format.decompress`).
+each against its digest before decompressing it (with the bounds of :func:`ferry.shard_tools.format.decompress`).
 The stored and raw digests of the manifest keep their meaning (whole stored bytes, whole Arrow file).
 """
 
@@ -412,7 +412,7 @@ def _message(fb: _FlatBuffer, pos: int) -> tuple[int, int, int, int]:
 
 def _tokens_itemsize(fb: _FlatBuffer) -> int:
     """Bytes per token id from the schema message in ``fb``: its first field must be ``tokens``, a list of
-    unsigned 16- or 32-bit integers (as :func:`shard_tools.format.encode_shard_buffer` writes it)."""
+    unsigned 16- or 32-bit integers (as :func:`ferry.shard_tools.format.encode_shard_buffer` writes it)."""
     schema = fb.deref(_require(fb, fb.deref(0), _MESSAGE_HEADER))
     fields, count = fb.vector(_require(fb, schema, _SCHEMA_FIELDS))
     field = fb.deref(fields) if count else -1

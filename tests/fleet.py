@@ -390,7 +390,7 @@ def wait_for(check: Callable[[], Any], timeout: float, interval: float = 0.2) ->
 
 def read_version(loc: Any) -> str | None:
     """The version ``manifest.json`` names at ``loc``, None if there is none (yet)."""
-    from shard_tools.header import parse_header
+    from ferry.shard_tools.header import parse_header
 
     try:
         data = loc.read_bytes("manifest.json")
@@ -401,7 +401,7 @@ def read_version(loc: Any) -> str | None:
 
 def history(loc: Any, chain: Sequence[Any]) -> list[str]:
     """The parent chain of ``loc``'s current version, newest first (read from ``chain``, first found)."""
-    from shard_tools.header import parse_header
+    from ferry.shard_tools.header import parse_header
 
     out: list[str] = []
     v = read_version(loc)
@@ -424,8 +424,8 @@ class Ledger:
         self.changes: list[str] = []
 
     def scan(self, where: str, loc: Any, *, recheck: bool = False) -> None:
-        from shard_tools.digest import digest_bytes
-        from shard_tools.store import TEMP_MARKER
+        from ferry.shard_tools.digest import digest_bytes
+        from ferry.shard_tools.store import TEMP_MARKER
 
         for prefix in ("shards", "versions"):
             loc.fs.invalidate_cache()
@@ -559,14 +559,14 @@ def _ferry_main(args: list[str]) -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (int(nofile), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     ttl = os.environ.get("FLEET_LEASE_TTL")
     if ttl:  # the lease ttl of the fleet's writers, so that a SIGSTOP outlasts it within the run
-        import service.engine
-        import service.lease
+        import ferry.service.engine
+        import ferry.service.lease
 
-        assert service.lease.Lease.__init__.__kwdefaults__ is not None
-        assert service.engine.Engine.__init__.__kwdefaults__ is not None
-        service.lease.Lease.__init__.__kwdefaults__["ttl"] = float(ttl)
-        service.engine.Engine.__init__.__kwdefaults__["lease_ttl"] = float(ttl)
-    from shard_tools.cli import main
+        assert ferry.service.lease.Lease.__init__.__kwdefaults__ is not None
+        assert ferry.service.engine.Engine.__init__.__kwdefaults__ is not None
+        ferry.service.lease.Lease.__init__.__kwdefaults__["ttl"] = float(ttl)
+        ferry.service.engine.Engine.__init__.__kwdefaults__["lease_ttl"] = float(ttl)
+    from ferry.shard_tools.cli import main
 
     return int(main(args) or 0)
 
@@ -574,7 +574,7 @@ def _ferry_main(args: list[str]) -> int:
 def _load_main(args: list[str]) -> int:
     """OUT VERSION SEED WORKERS DELAY CACHE URL...: one sha256 line per batch of one epoch, then END."""
     out, version, seed, workers, delay, cache, *urls = args
-    from client import TokenDataset, TokenLoader
+    from ferry.client import TokenDataset, TokenLoader
 
     ds = TokenDataset(urls, seq_len=SEQ_LEN, seed=int(seed), shuffle="window", window=2, cache_dir=cache,
                       version=version)  # fmt: skip
@@ -605,7 +605,7 @@ def inv_no_version_lost(packs: Iterable[Job], origin_history: Sequence[str]) -> 
 
 def inv_no_rollback(observed: Mapping[str, Sequence[str]], chain: Sequence[Any]) -> list[str]:
     """Each destination's version only moved forward along the parent chain."""
-    from shard_tools.publish import descends_from
+    from ferry.shard_tools.publish import descends_from
 
     out = []
     for where, seq in observed.items():
@@ -719,7 +719,7 @@ class Fleet:
 
     def __init__(self, topo: Topology, sizes: Sizes, seed: int, env: Mapping[str, str], namespaces: bool,
                  off: frozenset[str] = frozenset()) -> None:  # fmt: skip
-        from shard_tools.store import resolve
+        from ferry.shard_tools.store import resolve
 
         self.off = off
         self.topo, self.sizes, self.seed = topo, sizes, seed

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from shard_tools.errors import FerryError, ServiceError
+from ferry.shard_tools.errors import FerryError, ServiceError
 
 __all__ = ["main", "make_corpus", "write_config"]
 
@@ -119,7 +119,7 @@ def _batch_digest(batch: dict[str, Any]) -> str:
 
 def stream_demo(url: str, cache: Path, steps: int, seq_len: int = 256, batch_size: int = 8) -> bool:
     """Stream ``steps`` batches, interrupt at half, resume from the state dict; True when identical."""
-    from client import TokenDataset, TokenLoader
+    from ferry.client import TokenDataset, TokenLoader
 
     def loader() -> Any:
         ds = TokenDataset(url, seq_len=seq_len, seed=2026, shuffle="global", cache_dir=str(cache))
@@ -174,7 +174,7 @@ class _Run:
     """One demo run: its arguments, working directory, corpus and clock."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from shard_tools.packing import PackOptions
+        from ferry.shard_tools.packing import PackOptions
 
         self.args = args
         self.root = Path(args.data).resolve()
@@ -194,7 +194,7 @@ class _Run:
 
     def pack_version(self, first: bool) -> Any:
         """Three quarters of the corpus as the first version at east; the rest appended as the second."""
-        from shard_tools.packing import PackOptions, pack_documents
+        from ferry.shard_tools.packing import PackOptions, pack_documents
 
         cut = len(self.docs) * 3 // 4
         if first:
@@ -211,7 +211,7 @@ class _Run:
         token_file.chmod(0o600)
         config = write_config(self.root, port, self.args.bwlimit, token_env)
         serve = subprocess.Popen(
-            [sys.executable, "-m", "shard_tools.cli", "serve", "--config", str(config)],
+            [sys.executable, "-m", "ferry.shard_tools.cli", "serve", "--config", str(config)],
             cwd=self.root,
             env={**os.environ, token_env: token},
         )
@@ -245,7 +245,7 @@ def _stop(serve: subprocess.Popen[bytes]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from client.service_client import ServiceClient
+    from ferry.client.service_client import ServiceClient
 
     run = _Run(_parser().parse_args(argv))
     args = run.args

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "requirements-dev.lock"
 TITAN_LOCK = ROOT / "requirements-titan.lock"
 CONSTRAINTS = ROOT / "constraints-dev.txt"
-PROJECT = "ferry"
+PROJECT = "ferry-data"
 #: lock file → (ferry's extras, further requirements) it pins
 LOCKS: dict[Path, tuple[tuple[str, ...], tuple[str, ...]]] = {
     LOCK: (("all",), ()),

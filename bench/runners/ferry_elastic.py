@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from _common import args, emit, now
 
-from client import TokenDataset, TokenLoader
+from ferry.client import TokenDataset, TokenLoader
 
 
 def _digest(input_ids: Any, labels: Any) -> str:

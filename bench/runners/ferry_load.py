@@ -6,7 +6,7 @@ from typing import Any
 
 from _loadloop import Tool, main
 
-from client import TokenDataset, TokenLoader
+from ferry.client import TokenDataset, TokenLoader
 
 
 def _build(a: dict[str, Any]) -> Any:

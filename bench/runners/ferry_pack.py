@@ -1,4 +1,4 @@
-"""Runner: ``shard_tools.pack`` on the Parquet corpus (ferry's venv)."""
+"""Runner: ``ferry.shard_tools.pack`` on the Parquet corpus (ferry's venv)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import shutil
 
 from _common import args, dir_bytes, emit, now, profiled
 
-from shard_tools import PackOptions, pack
+from ferry.shard_tools import PackOptions, pack
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Runner: ``shard_tools.pack`` of one large input file (JSON Lines with a tokenizer, or Parquet
+"""Runner: ``ferry.shard_tools.pack`` of one large input file (JSON Lines with a tokenizer, or Parquet
 token ids), which ferry splits into sub-units for its workers (ferry's venv)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import shutil
 import numpy as np
 from _common import args, emit, now
 
-import shard_tools.sources.split as split
-from shard_tools import PackOptions, open_dataset, pack
-from shard_tools.packing import _prepare
+import ferry.shard_tools.sources.split as split
+from ferry.shard_tools import PackOptions, open_dataset, pack
+from ferry.shard_tools.packing import _prepare
 
 
 def shards_without_split(out: str, shard_size: int) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 
 from _common import args, emit, now
 
-from client import TokenDataset, TokenLoader
+from ferry.client import TokenDataset, TokenLoader
 
 
 def _loader(a: dict[str, Any]) -> TokenLoader:

@@ -19,7 +19,7 @@ from _common import args, emit, now
 # the checkout this runner belongs to, ahead of an installed ferry (schedules are newer than some installs)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from client import TokenDataset, TokenLoader  # noqa: E402
+from ferry.client import TokenDataset, TokenLoader  # noqa: E402
 
 # a few weight vectors for 8 sources (small integers: short periods), cycled through the phases
 WEIGHTS = [[1, 2, 3, 4, 5, 6, 7, 8], [8, 7, 6, 5, 4, 3, 2, 1], [1, 0, 2, 0, 3, 0, 4, 5], [3, 1, 1, 1, 1, 1, 1, 3]]

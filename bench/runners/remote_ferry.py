@@ -10,7 +10,7 @@ from typing import Any
 import s3fs  # noqa: F401  # before the clock, as the peers' S3 libraries
 from _remoteloop import main
 
-from client import TokenDataset, TokenLoader
+from ferry.client import TokenDataset, TokenLoader
 
 
 def _build(a: dict[str, Any]) -> TokenLoader:

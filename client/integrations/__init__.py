@@ -1,11 +1,11 @@
 """ferry's data in other frameworks' data-loading protocols.
 
-- :mod:`client.integrations.map_style`: ``MapStyleView`` (a ``torch.utils.data.Dataset``) and
+- :mod:`ferry.client.integrations.map_style`: ``MapStyleView`` (a ``torch.utils.data.Dataset``) and
   ``StreamSampler`` (a ``Sampler``) for code that insists on map-style datasets.
-- :mod:`client.integrations.torchtitan`: ``FerryDataLoader``, a torchtitan data loader
+- :mod:`ferry.client.integrations.torchtitan`: ``FerryDataLoader``, a torchtitan data loader
   (needs the ``torchtitan`` extra; imported only when asked for).
 
-Each adapter reuses the loader's order and state (:mod:`client.partition`, :mod:`client.state`):
+Each adapter reuses the loader's order and state (:mod:`ferry.client.partition`, :mod:`ferry.client.state`):
 the samples and the resumable state are TokenLoader's.
 """
 

@@ -3,7 +3,7 @@
 For code that insists on ``torch.utils.data.Dataset`` + ``Sampler`` (``__len__`` /
 ``__getitem__``): ``MapStyleView(ds)[p]`` is the sample at stream position ``p`` (any
 epoch), and ``StreamSampler`` yields, for one rank, exactly the positions
-:class:`~client.loader.TokenLoader` reads (:mod:`client.partition`). So
+:class:`~ferry.client.loader.TokenLoader` reads (:mod:`ferry.client.partition`). So
 ``DataLoader(MapStyleView(ds), sampler=StreamSampler(ds, B), batch_size=B)`` gives
 TokenLoader's batches, for any ``num_workers``, and the sampler's state is TokenLoader's
 state: either loads the other's.
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from shard_tools.errors import UsageError
+from ferry.shard_tools.errors import UsageError
 
 from .. import checks
 from ..loader import SHAPE_LIMIT, rank_world

@@ -3,7 +3,7 @@
 torchtitan builds its data loader from ``Trainer.Config.dataloader`` with the data-parallel
 rank and degree, ``seq_len`` and the local batch size, iterates it for
 ``({"input": ..., "positions": ...}, labels)`` pairs and saves it in its checkpoint as a
-``Stateful``. This one is a :class:`~client.loader.TokenLoader` underneath: the order
+``Stateful``. This one is a :class:`~ferry.client.loader.TokenLoader` underneath: the order
 depends only on the seed and the global batch position, and the state (TokenLoader's small
 dict, the same on every rank) loads into another data-parallel degree, where torchtitan's
 own loader refuses ("dataloader resharding is not supported yet").
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from shard_tools.errors import StateError, UsageError
+from ferry.shard_tools.errors import StateError, UsageError
 
 from ..dataset import TokenDataset
 from ..loader import TokenLoader
@@ -30,7 +30,7 @@ try:
     from torchtitan.components.dataloader import BaseDataLoader
 except ImportError as exc:  # the extra is not installed
     raise UsageError(
-        "client.integrations.torchtitan needs torchtitan (Python >= 3.11): pip install 'ferry[torchtitan]'"
+        "ferry.client.integrations.torchtitan needs torchtitan (Python >= 3.11): pip install 'ferry-data[torchtitan]'"
     ) from exc
 
 __all__ = ["FerryDataLoader"]

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Req
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from shard_tools.errors import NotFoundError, UsageError
+from ferry.shard_tools.errors import NotFoundError, UsageError
 
 from ..config import ApiConfig
 from .auth import NAME_PATTERN, check_token, valid_name
@@ -65,7 +65,7 @@ _FAVICON = (
 
 
 def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
-    """Build the app over a daemon (a ``service.daemon.Daemon`` or anything implementing ``ApiBackend``)."""
+    """Build the app over a daemon (a ``ferry.service.daemon.Daemon`` or anything implementing ``ApiBackend``)."""
     settings = api_config_of(api_config)
     token = resolve_token(settings)
     backend: ApiBackend = _as_backend(daemon, settings)

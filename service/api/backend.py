@@ -1,6 +1,6 @@
 """What the HTTP layer needs from the daemon, as a Protocol the app codes against.
 
-``DaemonBackend`` (in ``daemon_backend``) implements it over the real ``service.daemon.Daemon``;
+``DaemonBackend`` (in ``daemon_backend``) implements it over the real ``ferry.service.daemon.Daemon``;
 keeping the app on this narrow face lets the routes stay thin and the adapter own the mapping.
 """
 
@@ -32,7 +32,7 @@ from .models import (
 __all__ = ["ApiBackend", "Invalid", "Unsubscribe"]
 
 # A request naming a dataset, link, cluster or error id the daemon does not know raises
-# shard_tools.errors.NotFoundError (HTTP 404); the app maps nothing else to 404.
+# ferry.shard_tools.errors.NotFoundError (HTTP 404); the app maps nothing else to 404.
 
 
 class Invalid(ValueError):

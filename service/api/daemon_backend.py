@@ -1,4 +1,4 @@
-"""``ApiBackend`` over the real ``service.daemon.Daemon``: records → pydantic models, events → callbacks.
+"""``ApiBackend`` over the real ``ferry.service.daemon.Daemon``: records → pydantic models, events → callbacks.
 
 It keeps no facts of its own: lag, open errors and the SLA share come from the daemon's State
 (``sla``), counters from its Stats; the throughput chart's samples are ``rates``'s. Every string
@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from shard_tools.errors import ConfigError, NotFoundError, UsageError
-from shard_tools.threadname import start_named_thread
+from ferry.shard_tools.errors import ConfigError, NotFoundError, UsageError
+from ferry.shard_tools.threadname import start_named_thread
 
 from ..config import ApiConfig
 from .backend import Invalid
@@ -412,7 +412,7 @@ class DaemonBackend:
 
 def _ferry_version() -> str:
     try:
-        from shard_tools import __version__
+        from ferry.shard_tools import __version__
 
         return str(__version__)
     except ImportError:  # pragma: no cover

@@ -8,7 +8,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from shard_tools.threadname import start_named_thread
+from ferry.shard_tools.threadname import start_named_thread
 
 __all__ = ["RateHistory", "ThroughputSampler"]
 

@@ -21,8 +21,8 @@ from urllib.parse import unquote_plus
 
 import uvicorn
 
-from shard_tools.errors import ServiceError
-from shard_tools.threadname import start_named_thread
+from ferry.shard_tools.errors import ServiceError
+from ferry.shard_tools.threadname import start_named_thread
 
 from ..config import ApiConfig
 from .app import create_app

@@ -1,4 +1,4 @@
-"""The API's ``[api]`` settings. The one type is ``service.config.ApiConfig`` (defaults, parsing and
+"""The API's ``[api]`` settings. The one type is ``ferry.service.config.ApiConfig`` (defaults, parsing and
 validation live there); this module only accepts what callers hand the API and reads the token.
 """
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from shard_tools.errors import ConfigError
+from ferry.shard_tools.errors import ConfigError
 
 from ..config import ApiConfig, parse_api
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from service.records import VersionTiming
+from ferry.service.records import VersionTiming
 
 __all__ = ["sla_counts"]
 

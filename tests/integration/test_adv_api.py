@@ -72,7 +72,7 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
     log = root / "serve.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "shard_tools.cli", "serve", "--config", str(config), "--access-log"],
+            [sys.executable, "-m", "ferry.shard_tools.cli", "serve", "--config", str(config), "--access-log"],
             cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     running = Serve(proc, port, log)

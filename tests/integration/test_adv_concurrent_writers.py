@@ -36,10 +36,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shard_tools.conditional import read_versioned
-from shard_tools.header import parse_header
-from shard_tools.publish import descends_from
-from shard_tools.store import Location, resolve
+from ferry.shard_tools.conditional import read_versioned
+from ferry.shard_tools.header import parse_header
+from ferry.shard_tools.publish import descends_from
+from ferry.shard_tools.store import Location, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = int(os.environ.get("FERRY_WRITER_ROUNDS", "50"))  # a developer may run fewer
@@ -47,7 +47,7 @@ CLOUD_ROUNDS = min(ROUNDS, 8)  # on the GCS and Azure emulators: a round there t
 PROCESSES = 4
 KILL_SHARE = 0.3  # of the processes, SIGKILLed at a random moment of their run
 ROUND_TIMEOUT = 90.0
-_CLI = "import sys; from shard_tools.cli import main; sys.exit(main())"
+_CLI = "import sys; from ferry.shard_tools.cli import main; sys.exit(main())"
 
 
 @dataclass
@@ -78,7 +78,7 @@ def _ferry(args: list[str], env: Mapping[str, str]) -> subprocess.Popen[str]:
 
 def _shards_stored(loc: Location, header: dict[str, Any]) -> str | None:
     """None if every shard the version names is stored at its recorded size, else why not."""
-    from shard_tools.manifest import Manifest
+    from ferry.shard_tools.manifest import Manifest
 
     table = loc.read_bytes(header["shard_table"]["path"])
     manifest = Manifest.from_json(json.dumps(header).encode(), table)

@@ -25,12 +25,12 @@ import pytest
 from conftest import free_port
 from helpers import Service, pack, running_service, wait_until, write_serve_config
 
-from service.engine import Engine
-from service.executor import Executor
-from service.replication_state import State
-from shard_tools.errors import StorageError
-from shard_tools.header import version_id_of
-from shard_tools.store import resolve
+from ferry.service.engine import Engine
+from ferry.service.executor import Executor
+from ferry.service.replication_state import State
+from ferry.shard_tools.errors import StorageError
+from ferry.shard_tools.header import version_id_of
+from ferry.shard_tools.store import resolve
 
 FORGED = "1999-01-01 00:00:00,000 WARNING ferry.daemon: FORGED"
 
@@ -87,7 +87,7 @@ def test_values_in_log_lines_cannot_forge_lines(tmp_path: Path) -> None:
 
 
 def test_log_formatter_escapes_every_control_character() -> None:
-    from service.cli import SafeFormatter
+    from ferry.service.cli import SafeFormatter
 
     fmt = SafeFormatter("%(levelname)s %(name)s: %(message)s")
     args = ("a\r\nb\x00\t", "c\x1b[31m\x85\u2028\x7f")
@@ -182,12 +182,14 @@ def test_names_the_api_refuses_are_reported_not_replicated(tmp_path: Path, monke
 
 def test_the_name_rule_lives_in_the_core() -> None:
     """The API and the daemon apply one rule, and the replication core loads no part of the API."""
-    from service import names
-    from service.api import auth
+    from ferry.service import names
+    from ferry.service.api import auth
 
     assert auth.valid_name is names.valid_name and auth.NAME_PATTERN == names.NAME_PATTERN
     assert names.name_problem("ok-1.x") is None and "'..'" in str(names.name_problem("a..b"))
-    code = "import sys, service.daemon; print(sorted(m for m in sys.modules if m.startswith('service.api')))"
+    code = (
+        "import sys, ferry.service.daemon; print(sorted(m for m in sys.modules if m.startswith('ferry.service.api')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -266,7 +268,7 @@ def test_access_refusals_are_classified_fatal() -> None:
     from botocore.exceptions import ClientError
     from s3fs.errors import translate_boto_error
 
-    from shard_tools.store import not_permitted, storage_error
+    from ferry.shard_tools.store import not_permitted, storage_error
 
     denied = ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"},
                           "ResponseMetadata": {"HTTPStatusCode": 403}}, "PutObject")  # fmt: skip

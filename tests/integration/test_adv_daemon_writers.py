@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from helpers import pack, running_service, wait_until
 
-from service.engine import Engine
-from service.executor import Executor
-from service.lease import Lease
-from service.replication_state import State
-from shard_tools.dataset import load_manifest
-from shard_tools.store import resolve
+from ferry.service.engine import Engine
+from ferry.service.executor import Executor
+from ferry.service.lease import Lease
+from ferry.service.replication_state import State
+from ferry.shard_tools.dataset import load_manifest
+from ferry.shard_tools.store import resolve
 
 
 def test_daemon_stays_out_while_another_writer_holds_the_lease(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

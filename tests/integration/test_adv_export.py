@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shard_tools import PackOptions, open_dataset, pack_documents
-from shard_tools.megatron import read_index, write_megatron
+from ferry.shard_tools import PackOptions, open_dataset, pack_documents
+from ferry.shard_tools.megatron import read_index, write_megatron
 
-FERRY = [sys.executable, "-m", "shard_tools.cli"]
+FERRY = [sys.executable, "-m", "ferry.shard_tools.cli"]
 OPTS = PackOptions(vocab_size=500, eos_id=499, shard_size=2048, name="exp")
 
 

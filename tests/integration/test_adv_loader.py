@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from scripts.loader_common import VOCAB, pack_test_dataset
 
-from client import TokenDataset, TokenLoader
-from shard_tools.errors import (
+from ferry.client import TokenDataset, TokenLoader
+from ferry.shard_tools.errors import (
     CacheError,
     DatasetError,
     FerryError,
@@ -344,9 +344,9 @@ def test_a_cache_path_below_a_regular_file_is_a_cache_error(url: str, tmp_path: 
 
 _FULL_DISK = """
 import json, resource, signal, sys, time
-from client import TokenDataset, TokenLoader
-from shard_tools.errors import FerryError
-from client.cache import ShardCache
+from ferry.client import TokenDataset, TokenLoader
+from ferry.shard_tools.errors import FerryError
+from ferry.client.cache import ShardCache
 url, cache, workers, late = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "late"
 if late:  # the background fetches fail only after every batch was read by frames
     in_background = ShardCache.ensure_in_background

@@ -25,12 +25,12 @@ from helpers import wait_until
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 
-FERRY = [sys.executable, "-m", "shard_tools.cli"]
+FERRY = [sys.executable, "-m", "ferry.shard_tools.cli"]
 # ferry with plain spawn-started workers, as on platforms without a fork server
 FERRY_SPAWN = [
     sys.executable,
     "-c",
-    "import multiprocessing, sys; import shard_tools.executors as ex; from shard_tools.cli import main; "
+    "import multiprocessing, sys; import ferry.shard_tools.executors as ex; from ferry.shard_tools.cli import main; "
     "ex.worker_context = lambda: multiprocessing.get_context('spawn'); sys.exit(main())",
 ]
 # zstd level 19 on 2,000 random ids per document: a few seconds of work per worker.

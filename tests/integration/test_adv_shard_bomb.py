@@ -20,12 +20,12 @@ import pytest
 import zstandard
 from conftest import arrow_file, run_verify
 
-from shard_tools import ManifestError, ShardFormatError, open_dataset, verify
-from shard_tools.digest import digest_bytes
-from shard_tools.format import compress, decompress, encode_shard, parse_shard
-from shard_tools.manifest import Manifest, ShardInfo, ShardTable, Tokenizer
-from shard_tools.publish import publish_version
-from shard_tools.store import resolve
+from ferry.shard_tools import ManifestError, ShardFormatError, open_dataset, verify
+from ferry.shard_tools.digest import digest_bytes
+from ferry.shard_tools.format import compress, decompress, encode_shard, parse_shard
+from ferry.shard_tools.manifest import Manifest, ShardInfo, ShardTable, Tokenizer
+from ferry.shard_tools.publish import publish_version
+from ferry.shard_tools.store import resolve
 
 TIB = 1 << 40
 _BLOCK_MAX = 128 << 10
@@ -102,7 +102,7 @@ def publish_raw(out: str, raw: bytes, suffix: bytes = b"", *, tokens: int) -> st
 _MEASURE = textwrap.dedent(
     """
     import json, resource, sys, time
-    from shard_tools import open_dataset
+    from ferry.shard_tools import open_dataset
     ds = open_dataset(sys.argv[1])
     vm = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
     resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 30), resource.RLIM_INFINITY))
@@ -140,7 +140,7 @@ def test_tib_bomb_in_ferry_verify_is_one_line(tmp_path: Path) -> None:
     out = str(tmp_path / "ds")
     rel = publish_stored(out, tib_bomb(), TIB)
     proc = subprocess.run(
-        [sys.executable, "-m", "shard_tools.cli", "verify", out], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "ferry.shard_tools.cli", "verify", out], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr and "MemoryError" not in proc.stderr
@@ -152,7 +152,7 @@ def test_tib_bomb_in_ferry_verify_is_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_tib_bomb_in_the_loader_names_the_shard(tmp_path: Path, num_workers: int) -> None:
-    from client import TokenDataset, TokenLoader
+    from ferry.client import TokenDataset, TokenLoader
 
     out = str(tmp_path / "ds")
     rel = publish_stored(out, tib_bomb(), TIB)
@@ -295,8 +295,8 @@ _FUZZ = textwrap.dedent(
     """
     import random, sys
     import numpy as np
-    from shard_tools import ShardFormatError
-    from shard_tools.format import encode_shard, parse_shard
+    from ferry.shard_tools import ShardFormatError
+    from ferry.shard_tools.format import encode_shard, parse_shard
     raw = encode_shard(np.arange(1000, dtype=np.uint16), np.array([0, 400, 1000]), "uint16")
     rng = random.Random(1)
     for _ in range(3000):

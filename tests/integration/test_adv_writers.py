@@ -19,22 +19,22 @@ from typing import Any
 import pytest
 from helpers import documents, make_docs, pack, wait_until
 
-from service.engine import Engine
-from service.executor import Executor
-from service.lease import LEASE_FILE, Lease, read_lease
-from service.replication_state import State
-from shard_tools.conditional import read_versioned, write_if
-from shard_tools.dataset import load_manifest
-from shard_tools.errors import LeaseHeldError, RollbackError, WriteConflictError
-from shard_tools.publish import descends_from, store_version, swap_manifest
-from shard_tools.store import Location, resolve, temp_name
+from ferry.service.engine import Engine
+from ferry.service.executor import Executor
+from ferry.service.lease import LEASE_FILE, Lease, read_lease
+from ferry.service.replication_state import State
+from ferry.shard_tools.conditional import read_versioned, write_if
+from ferry.shard_tools.dataset import load_manifest
+from ferry.shard_tools.errors import LeaseHeldError, RollbackError, WriteConflictError
+from ferry.shard_tools.publish import descends_from, store_version, swap_manifest
+from ferry.shard_tools.store import Location, resolve, temp_name
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def ferry(*args: str, env: Mapping[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, **(env or {})}
-    cmd = [sys.executable, "-c", "import sys; from shard_tools.cli import main; sys.exit(main())", *args]
+    cmd = [sys.executable, "-c", "import sys; from ferry.shard_tools.cli import main; sys.exit(main())", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT)
 
 
@@ -158,7 +158,7 @@ def holder(file_backend: Any) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     """Another live process (this host) holding the lease of a destination dataset."""
     dst = file_backend.url("held")
     code = (
-        "import sys, time; from service.lease import Lease; from shard_tools.store import resolve; "
+        "import sys, time; from ferry.service.lease import Lease; from ferry.shard_tools.store import resolve; "
         f"lease = Lease(resolve({dst!r}), 'daemon'); lease.acquire(); print('held', flush=True); time.sleep(120)"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)

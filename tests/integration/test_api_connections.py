@@ -27,7 +27,7 @@ import pytest
 from conftest import free_port
 from helpers import TOKEN_ENV, Service, pack, running_service, wait_until, write_serve_config
 
-from service.config import ApiConfig
+from ferry.service.config import ApiConfig
 
 _Entry = tuple[socket.socket, float, int]  # a slow socket, when it sent its first byte, bytes sent
 SERVER_NOFILE = 256  # the served process's soft descriptor limit in the flood test
@@ -315,8 +315,8 @@ def _first_frame(http: httpx.Client) -> bool:
      ("send_timeout", -1), ("keep_alive_timeout", "5")],
 )  # fmt: skip
 def test_api_bounds_are_validated(key: str, value: object) -> None:
-    from service.config import parse_api
-    from shard_tools.errors import ConfigError
+    from ferry.service.config import parse_api
+    from ferry.shard_tools.errors import ConfigError
 
     with pytest.raises(ConfigError, match=f"api.{key}"):
         parse_api({key: value})
@@ -324,7 +324,7 @@ def test_api_bounds_are_validated(key: str, value: object) -> None:
 
 
 def test_the_cap_leaves_half_the_descriptors_to_the_daemon() -> None:
-    from service.api.connections import effective_max_connections
+    from ferry.service.api.connections import effective_max_connections
 
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     cap = effective_max_connections(10**6, 128)

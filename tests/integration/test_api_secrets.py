@@ -17,7 +17,7 @@ import pytest
 import s3fs
 from helpers import make_docs, wait_until
 
-from shard_tools.packing import PackOptions, pack_documents
+from ferry.shard_tools.packing import PackOptions, pack_documents
 
 KEY = "AKIAFERRYKEY7Q3X9Z"
 SECRET = "ferry-s3cr3t-value-never-shown-42"
@@ -66,7 +66,7 @@ token_env = "FT_TOKEN"
     log = tmp_path / "serve.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "shard_tools.cli", "serve", "--config", str(config), "--access-log",
+            [sys.executable, "-m", "ferry.shard_tools.cli", "serve", "--config", str(config), "--access-log",
              "--log-level", "debug"],
             cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip

@@ -17,11 +17,11 @@ from conftest import Backend, free_port
 from helpers import wait_until
 from scripts.loader_common import pack_test_dataset
 
-from client import TokenDataset, TokenLoader
-from client.cache import ShardCache
-from client.replicas import Replicas
-from shard_tools.dataset import open_dataset
-from shard_tools.errors import DatasetError, DatasetNotFoundError, ShardError
+from ferry.client import TokenDataset, TokenLoader
+from ferry.client.cache import ShardCache
+from ferry.client.replicas import Replicas
+from ferry.shard_tools.dataset import open_dataset
+from ferry.shard_tools.errors import DatasetError, DatasetNotFoundError, ShardError
 
 HERE = Path(__file__).resolve().parents[1]
 N_DOCS = 1000  # ~20 shards of 4 KiB

@@ -14,11 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from shard_tools import PackOptions, open_dataset, pack_documents
-from shard_tools.cli import main
-from shard_tools.megatron import read_index
+from ferry.shard_tools import PackOptions, open_dataset, pack_documents
+from ferry.shard_tools.cli import main
+from ferry.shard_tools.megatron import read_index
 
-FERRY = [sys.executable, "-m", "shard_tools.cli"]
+FERRY = [sys.executable, "-m", "ferry.shard_tools.cli"]
 
 
 def ferry(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -180,12 +180,12 @@ def test_executor_ray_without_ray_is_a_clear_usage_error(tmp_path: Path) -> None
     inputs = corpus(tmp_path, files=1, docs=5)
     code = (
         "import sys; sys.modules['ray'] = None\n"  # as if the 'ray' extra were not installed
-        "from shard_tools.cli import main\n"
+        "from ferry.shard_tools.cli import main\n"
         f"sys.exit(main(['pack', {inputs[0]!r}, '--out', {str(tmp_path / 'ds')!r}, '--vocab-size', '50257',"
         " '--eos-id', '50256', '--executor', 'ray']))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "pip install 'ferry[ray]'" in proc.stderr
+    assert proc.returncode == 2 and "pip install 'ferry-data[ray]'" in proc.stderr
     assert not (tmp_path / "ds" / "manifest.json").exists()
 
 

@@ -19,11 +19,11 @@ from conftest import free_port
 from helpers import documents, make_docs, pack
 from helpers import wait_until as wait_for
 
-from service.engine import listing
-from shard_tools.dataset import load_manifest
-from shard_tools.digest import digest_bytes
-from shard_tools.errors import DatasetNotFoundError
-from shard_tools.store import TEMP_MARKER, resolve
+from ferry.service.engine import listing
+from ferry.shard_tools.dataset import load_manifest
+from ferry.shard_tools.digest import digest_bytes
+from ferry.shard_tools.errors import DatasetNotFoundError
+from ferry.shard_tools.store import TEMP_MARKER, resolve
 
 CONFIG = """
 state_dir = "{root}/state"
@@ -86,7 +86,7 @@ def test_sigkill_at_random_moments(tmp_path: Path) -> None:
     rate = first.stored_bytes / 8  # ~8 s of copying in all: the kills land mid-transfer
     config = tmp_path / "ferry.toml"
     config.write_text(CONFIG.format(root=tmp_path, rate=int(rate), port=free_port()))
-    cmd = [sys.executable, "-m", "service.cli", "serve", "--config", str(config), "--log-level", "info"]
+    cmd = [sys.executable, "-m", "ferry.service.cli", "serve", "--config", str(config), "--log-level", "info"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     watcher = ManifestWatcher(str(tmp_path / "dst" / "big"))
     watcher.start()

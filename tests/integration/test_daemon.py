@@ -14,10 +14,10 @@ from conftest import free_port
 from helpers import documents, make_docs, pack
 from helpers import wait_until as wait_for
 
-from service.config import load_config
-from service.daemon import Daemon
-from shard_tools.errors import ConfigError, NotFoundError
-from shard_tools.store import resolve
+from ferry.service.config import load_config
+from ferry.service.daemon import Daemon
+from ferry.shard_tools.errors import ConfigError, NotFoundError
+from ferry.shard_tools.store import resolve
 
 CONFIG = """
 state_dir = "{root}/state"
@@ -134,7 +134,7 @@ def test_daemon_replicates_and_obeys_controls(tmp_path: Path) -> None:
         # a shard missing at every replica fails alone, shows up in errors(), and retry() picks it up again
         src_alpha = resolve(cfg.clusters["src"].dataset_url("alpha"))
         third = pack(str(tmp_path / "src" / "alpha"), make_docs(50, 24), {}, append=True)
-        from shard_tools.dataset import open_dataset
+        from ferry.shard_tools.dataset import open_dataset
 
         lost = open_dataset(src_alpha.url).manifest.shards[-1].path
         saved = src_alpha.read_bytes(lost)
@@ -173,7 +173,7 @@ def test_ferry_serve_stops_on_sigterm(tmp_path: Path) -> None:
     assert proc.returncode == 0, err
     assert "daemon stopped" in err and "signal 15" in err
     assert documents(str(tmp_path / "d1" / "gamma"), {}) == [x.tolist() for x in docs]
-    from service.replication_state import DB_NAME
+    from ferry.service.replication_state import DB_NAME
 
     assert (tmp_path / "state" / DB_NAME).exists() and result.shards > 0
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from conftest import run_group, torchrun
 
-from shard_tools import PackOptions, pack_documents
+from ferry.shard_tools import PackOptions, pack_documents
 
 pytest.importorskip("torch")
 

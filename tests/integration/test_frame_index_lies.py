@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 from test_seekable_datasets import FRAME, SHARD, make_docs, write_input
 
-from client.dataset import TokenDataset
-from shard_tools.dataset import open_dataset
-from shard_tools.digest import digest_bytes
-from shard_tools.errors import ShardError
-from shard_tools.header import MANIFEST_FILE, version_path
-from shard_tools.manifest import Manifest, ShardTable
-from shard_tools.packing import PackOptions, pack
-from shard_tools.seekable import FrameIndex, find_index, parse_index
-from shard_tools.verification import verify
+from ferry.client.dataset import TokenDataset
+from ferry.shard_tools.dataset import open_dataset
+from ferry.shard_tools.digest import digest_bytes
+from ferry.shard_tools.errors import ShardError
+from ferry.shard_tools.header import MANIFEST_FILE, version_path
+from ferry.shard_tools.manifest import Manifest, ShardTable
+from ferry.shard_tools.packing import PackOptions, pack
+from ferry.shard_tools.seekable import FrameIndex, find_index, parse_index
+from ferry.shard_tools.verification import verify
 
 VICTIM = 1
 _TRAILER_AT = 32  # the trailer: u32 n, u32 F, u64 offsets_pos, u64 tokens_pos, u32 version, 4 bytes tag

@@ -17,16 +17,16 @@ import pytest
 # before `datasets` is imported: it reads these once, and no test may reach the Hub
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
-datasets = pytest.importorskip("datasets", reason="the test extra installs `datasets`: pip install 'ferry[test]'")
+datasets = pytest.importorskip("datasets", reason="the test extra installs `datasets`: pip install 'ferry-data[test]'")
 datasets.disable_progress_bars()
 
-from shard_tools import InputFormatError, PackOptions, UsageError, open_dataset, pack  # noqa: E402
-from shard_tools.cli import main  # noqa: E402
+from ferry.shard_tools import InputFormatError, PackOptions, UsageError, open_dataset, pack  # noqa: E402
+from ferry.shard_tools.cli import main  # noqa: E402
 
 VOCAB = 1000
 EOS = VOCAB - 1
 SMALL = 4096  # bytes per shard: several shards per input
-FERRY = [sys.executable, "-m", "shard_tools.cli"]
+FERRY = [sys.executable, "-m", "ferry.shard_tools.cli"]
 INT32_LISTS = datasets.Features({"input_ids": datasets.List(datasets.Value("int32")), "n": datasets.Value("int64")})
 
 
@@ -182,7 +182,7 @@ def test_packing_needs_no_datasets_package(tmp_path: Path) -> None:
     token_dataset(docs).save_to_disk(str(tmp_path / "saved"))
     code = (
         "import sys; sys.modules['datasets'] = None\n"  # any `import datasets` now fails
-        "from shard_tools.cli import main\n"
+        "from ferry.shard_tools.cli import main\n"
         f"sys.exit(main(['pack', {str(tmp_path / 'saved')!r}, '--out', {str(tmp_path / 'out')!r}, "
         "'--tokens-column', 'input_ids', '--vocab-size', '1000', '--eos-id', '999']))"
     )

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from shard_tools import PackOptions, open_dataset, pack_documents, packunit, verify
-from shard_tools.digest import digest_bytes
-from shard_tools.packunit import Job, store_shard
-from shard_tools.sources import DocBatch, SourceOptions
-from shard_tools.store import Location, resolve
+from ferry.shard_tools import PackOptions, open_dataset, pack_documents, packunit, verify
+from ferry.shard_tools.digest import digest_bytes
+from ferry.shard_tools.packunit import Job, store_shard
+from ferry.shard_tools.sources import DocBatch, SourceOptions
+from ferry.shard_tools.store import Location, resolve
 from tests.helpers import EOS, VOCAB, make_docs
 
 VARIANTS = {
@@ -73,7 +73,7 @@ def test_cli_append_other_level_then_verify_both(tmp_path: Path) -> None:
     src.write_text("".join(f"document {i} " * (i % 40 + 5) + "\n" for i in range(400)))
     out = tmp_path / "ds"
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    ferry = [sys.executable, "-m", "shard_tools.cli"]
+    ferry = [sys.executable, "-m", "ferry.shard_tools.cli"]
     base = ["pack", str(src), "--out", str(out), "--lines", "--tokenizer", "bytes", "--shard-size", "4KiB"]
     ok = subprocess.run([*ferry, *base], env=env, capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
@@ -161,8 +161,8 @@ def test_parts_and_merge_append_at_another_level(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from shard_tools import pack
-    from shard_tools.packing import merge_parts, pack_part
+    from ferry.shard_tools import pack
+    from ferry.shard_tools.packing import merge_parts, pack_part
 
     docs = make_docs(150, seed=12)
     inputs = []
@@ -215,10 +215,10 @@ def test_an_oversized_object_at_the_name_is_not_read(memory_backend: Any, monkey
 @pytest.mark.slow
 def test_ray_append_at_another_level(tmp_path: Path) -> None:
     """Ray tasks store shards through the same create-only path."""
-    ray = pytest.importorskip("ray", reason="Ray is not installed (optional extra: pip install 'ferry[ray]')")
+    ray = pytest.importorskip("ray", reason="Ray is not installed (optional extra: pip install 'ferry-data[ray]')")
     from parquet_corpus import parquet_corpus
 
-    from shard_tools import pack
+    from ferry.shard_tools import pack
 
     inputs = parquet_corpus(tmp_path, files=2, docs=150, seed=5)
     out = str(tmp_path / "ds")

@@ -21,19 +21,19 @@ import numpy as np
 import pytest
 from conftest import torchrun
 
-from shard_tools import PackOptions, pack_documents
-from shard_tools.errors import StateError, UsageError
+from ferry.shard_tools import PackOptions, pack_documents
+from ferry.shard_tools.errors import StateError, UsageError
 
 if importlib.util.find_spec("torchtitan") is None:
     pytest.skip(
         "torchtitan is not installed here: `make test` runs this file in .venv-titan "
-        "(requirements-titan.lock); elsewhere pip install 'ferry[torchtitan]'",
+        "(requirements-titan.lock); elsewhere pip install 'ferry-data[torchtitan]'",
         allow_module_level=True,
     )
 
 import torch  # noqa: E402
 
-from client.integrations.torchtitan import FerryDataLoader  # noqa: E402
+from ferry.client.integrations.torchtitan import FerryDataLoader  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "torchtitan_train.py"
 VOCAB = 2048  # the debug model's vocabulary

@@ -14,27 +14,27 @@ from typing import Any
 import pytest
 from helpers import pack, wait_until
 
-from service.engine import Engine
-from service.executor import Executor, JobResult
-from service.lease import LEASE_FILE, Lease, break_lease, read_lease, view_lease
-from service.passes import PassResult
-from service.replication_state import State
-from shard_tools.errors import LeaseHeldError, StorageError, WriteConflictError
-from shard_tools.store import resolve
+from ferry.service.engine import Engine
+from ferry.service.executor import Executor, JobResult
+from ferry.service.lease import LEASE_FILE, Lease, break_lease, read_lease, view_lease
+from ferry.service.passes import PassResult
+from ferry.service.replication_state import State
+from ferry.shard_tools.errors import LeaseHeldError, StorageError, WriteConflictError
+from ferry.shard_tools.store import resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def lease_cli(*args: str) -> subprocess.CompletedProcess[str]:
     """``ferry lease ARGS`` (no terminal on stdin)."""
-    cmd = [sys.executable, "-m", "service.lease_cli", *args]
+    cmd = [sys.executable, "-m", "ferry.service.lease_cli", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT, stdin=subprocess.DEVNULL)
 
 
 HOLD = """
 import sys, time
-from service.lease import Lease
-from shard_tools.store import resolve
+from ferry.service.lease import Lease
+from ferry.shard_tools.store import resolve
 lease = Lease(resolve(sys.argv[1]), "daemon", ttl=float(sys.argv[2]))
 lease.__enter__()
 print(lease.holder, flush=True)
@@ -164,7 +164,7 @@ def test_a_writer_whose_lease_is_broken_stops_copying_and_publishes_nothing(
             break_lease(loc, view_lease(loc))
             wait_until(lambda: leases[0].lost is not None, 10, "the writer to notice at its renewal")
 
-    monkeypatch.setattr("service.engine.Lease", Recorded)
+    monkeypatch.setattr("ferry.service.engine.Lease", Recorded)
     monkeypatch.setattr(Engine, "_on_result", on_result)
     eng = Engine(Executor(transfers=1, backoff=(0.001, 0.01)), State(None), writer="sync", lease_ttl=0.3)
     locs = {"src": resolve(src), "dst": resolve(dst)}

@@ -15,18 +15,18 @@ from pathlib import Path
 import pytest
 from helpers import documents, make_docs, pack
 
-from service.engine import Engine
-from service.executor import Executor
-from service.replication_state import State
-from shard_tools.dataset import open_dataset
-from shard_tools.errors import RollbackError
-from shard_tools.store import resolve
+from ferry.service.engine import Engine
+from ferry.service.executor import Executor
+from ferry.service.replication_state import State
+from ferry.shard_tools.dataset import open_dataset
+from ferry.shard_tools.errors import RollbackError
+from ferry.shard_tools.store import resolve
 
 HUBS = ["file", "memory", "s3"]
 
 
 def ferry_sync(src: str, dst: str, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    code = "import sys; from shard_tools.cli import main; sys.exit(main())"
+    code = "import sys; from ferry.shard_tools.cli import main; sys.exit(main())"
     cmd = [sys.executable, "-c", code, "sync", src, dst, "--json", "--no-progress", *extra]
     full_env = {**os.environ, "PYTHONPATH": os.getcwd(), **(env or {})}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=full_env)

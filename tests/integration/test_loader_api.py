@@ -14,9 +14,9 @@ import pytest
 import torch
 from scripts.loader_common import pack_test_dataset
 
-import client
-from client import TokenDataset, TokenLoader
-from shard_tools.errors import UsageError
+from ferry import client
+from ferry.client import TokenDataset, TokenLoader
+from ferry.shard_tools.errors import UsageError
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,9 @@ def test_exported_names() -> None:
 
 
 def test_client_never_imports_service() -> None:
-    code = "import sys, client; bad = [m for m in sys.modules if m.split('.')[0] == 'service']; assert not bad, bad"
+    code = (
+        "import sys, ferry.client; bad = [m for m in sys.modules if m.startswith('ferry.service')]; assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -111,7 +113,7 @@ def test_with_workers_batches_are_made_ready_off_the_training_thread(
 ) -> None:
     """Receiving a worker's item and making its tensors is work the loop would wait on in ``next()``: a
     thread does it while the loop runs its step, and the batches are the same as without workers."""
-    import client.loader as loader_module
+    import ferry.client.loader as loader_module
 
     url, cache = url_cache
     threads: list[str] = []

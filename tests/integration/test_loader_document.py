@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from scripts.loader_common import EOS, make_documents, pack_test_dataset, token_stream
 
-from client import TokenDataset, TokenLoader
-from client.reader import IGNORE_INDEX
-from shard_tools.errors import UsageError
+from ferry.client import TokenDataset, TokenLoader
+from ferry.client.reader import IGNORE_INDEX
+from ferry.shard_tools.errors import UsageError
 
 N_DOCS = 120
 

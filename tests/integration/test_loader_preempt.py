@@ -22,7 +22,7 @@ import pytest
 from helpers import upload_to_moto, wait_until
 from scripts.loader_common import pack_test_dataset
 
-from client import TokenDataset
+from ferry.client import TokenDataset
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))

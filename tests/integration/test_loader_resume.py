@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scripts.loader_common import pack_test_dataset, token_stream
 
-from client import TokenDataset, TokenLoader
-from shard_tools.errors import StateError
+from ferry.client import TokenDataset, TokenLoader
+from ferry.shard_tools.errors import StateError
 
 SEQ = 64
 

@@ -18,8 +18,8 @@ import httpx
 from conftest import free_port
 from helpers import pack, write_serve_config
 
-import shard_tools
-from shard_tools.dataset import open_dataset
+from ferry import shard_tools
+from ferry.shard_tools.dataset import open_dataset
 
 FERRY = Path(sys.executable).with_name("ferry")
 HOSTILE = "evil\n\x1b[2J\x7f\x85\u2028-NAME"  # a newline, a terminal escape, DEL, C1 NEL, a line separator
@@ -135,7 +135,7 @@ def test_sync_json_logs_failed_shards_and_errors(tmp_path: Path) -> None:
 
 
 def test_json_formatter_escapes_every_control_character_losslessly() -> None:
-    from service.cli import JsonFormatter
+    from ferry.service.cli import JsonFormatter
 
     fmt = JsonFormatter()
     args = ("a\r\nb\x00\t", "c\x1b[31m\x85\u2028\u2029\x7f")
@@ -157,11 +157,11 @@ def test_json_formatter_escapes_every_control_character_losslessly() -> None:
 
 def test_version_prints_the_package_version_without_loading_commands() -> None:
     probe = (
-        "import sys; from shard_tools.cli import main; rc = main(['--version']); "
-        "print(rc, sorted(m for m in ('fastapi', 'service.cli', 'torch') if m in sys.modules))"
+        "import sys; from ferry.shard_tools.cli import main; rc = main(['--version']); "
+        "print(rc, sorted(m for m in ('fastapi', 'ferry.service.cli', 'torch') if m in sys.modules))"
     )
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert proc.stdout.splitlines() == [f"ferry {shard_tools.__version__}", "0 []"], proc.stderr
-    assert shard_tools.__version__ == importlib.metadata.version("ferry")
+    assert shard_tools.__version__ == importlib.metadata.version("ferry-data")
     cli = subprocess.run([str(FERRY), "--version"], capture_output=True, text=True, timeout=60)
     assert (cli.returncode, cli.stdout) == (0, f"ferry {shard_tools.__version__}\n")

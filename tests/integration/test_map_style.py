@@ -13,9 +13,9 @@ import torch
 from scripts.loader_common import pack_test_dataset
 from torch.utils.data import DataLoader
 
-from client import TokenDataset, TokenLoader
-from client.integrations import MapStyleView, StreamSampler
-from shard_tools.errors import UsageError
+from ferry.client import TokenDataset, TokenLoader
+from ferry.client.integrations import MapStyleView, StreamSampler
+from ferry.shard_tools.errors import UsageError
 
 SEQ = 64
 

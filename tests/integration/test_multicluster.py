@@ -34,11 +34,11 @@ import numpy as np
 import pytest
 from conftest import free_port, wait_for_port
 
-from shard_tools import PackOptions, pack_documents
-from shard_tools.dataset import load_manifest
-from shard_tools.digest import digest_bytes
-from shard_tools.errors import FerryError
-from shard_tools.store import TEMP_MARKER, resolve
+from ferry.shard_tools import PackOptions, pack_documents
+from ferry.shard_tools.dataset import load_manifest
+from ferry.shard_tools.digest import digest_bytes
+from ferry.shard_tools.errors import FerryError
+from ferry.shard_tools.store import TEMP_MARKER, resolve
 
 DATASET = "corpus"
 CLUSTERS = ("east", "west", "north")
@@ -91,7 +91,7 @@ class Daemon:
     def start(self) -> None:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "shard_tools.cli", "serve", "--config", str(self.config)],
+                [sys.executable, "-m", "ferry.shard_tools.cli", "serve", "--config", str(self.config)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -206,7 +206,7 @@ def daemons() -> Iterator[list[Daemon]]:
 def _has_cluster_option() -> bool:
     import dataclasses
 
-    from service.config import Config
+    from ferry.service.config import Config
 
     return "cluster" in {f.name for f in dataclasses.fields(Config)}
 
@@ -295,7 +295,7 @@ def test_three_daemons_mesh_kill_restart_no_partial_version(tmp_path: Path, daem
 
     for c in CLUSTERS:
         proc = subprocess.run(
-            [sys.executable, "-m", "shard_tools.cli", "verify", "--json", str(tmp_path / c / DATASET)],
+            [sys.executable, "-m", "ferry.shard_tools.cli", "verify", "--json", str(tmp_path / c / DATASET)],
             capture_output=True,
             text=True,
             timeout=60,
@@ -306,8 +306,8 @@ def test_three_daemons_mesh_kill_restart_no_partial_version(tmp_path: Path, daem
 
 @pytest.mark.skipif(not _has_cluster_option(), reason="ferry.toml has no per-daemon `cluster` option yet")
 def test_cluster_option_is_validated(tmp_path: Path) -> None:
-    from service.config import parse_config
-    from shard_tools.errors import ConfigError
+    from ferry.service.config import parse_config
+    from ferry.shard_tools.errors import ConfigError
 
     doc: dict[str, Any] = {
         "clusters": {c: {"url": str(tmp_path / c)} for c in CLUSTERS},

@@ -16,9 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from shard_tools import DatasetNotFoundError, FerryError, open_dataset, verify
-from shard_tools.dataset import load_manifest
-from shard_tools.store import resolve
+from ferry.shard_tools import DatasetNotFoundError, FerryError, open_dataset, verify
+from ferry.shard_tools.dataset import load_manifest
+from ferry.shard_tools.store import resolve
 
 ARGS = ["--vocab-size", "50257", "--eos-id", "50256", "--name", "atomic"]
 
@@ -74,7 +74,7 @@ class Poller(threading.Thread):
 def test_sigkill_mid_pack_never_exposes_partial_version(tmp_path: Path) -> None:
     inputs = corpus(tmp_path)
     out = str(tmp_path / "ds")
-    cmd = [sys.executable, "-m", "shard_tools.cli", "pack", "--out", out, *ARGS]
+    cmd = [sys.executable, "-m", "ferry.shard_tools.cli", "pack", "--out", out, *ARGS]
     # a base version, then appends killed at random moments (same seed every run)
     subprocess.run([*cmd, "--shard-size", "16KiB", inputs[0]], check=True, capture_output=True, timeout=120)
     assert len(list((Path(out) / "shards").iterdir())) > 10

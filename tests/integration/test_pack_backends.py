@@ -13,10 +13,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shard_tools import PackOptions, ShardMissingError, open_dataset, pack, pack_documents, verify
-from shard_tools.export import export_megatron
-from shard_tools.megatron import read_index
-from shard_tools.store import resolve
+from ferry.shard_tools import PackOptions, ShardMissingError, open_dataset, pack, pack_documents, verify
+from ferry.shard_tools.export import export_megatron
+from ferry.shard_tools.megatron import read_index
+from ferry.shard_tools.store import resolve
 
 
 def docs_and_files(tmp_path: Path) -> tuple[list[list[int]], list[str]]:
@@ -90,7 +90,7 @@ def test_cli_pack_to_s3_subprocess(s3_backend: Any, s3_env: dict[str, str], tmp_
     url = s3_backend.url("cli")
     env = {**os.environ, **s3_env}
     env.pop("AWS_CA_BUNDLE", None)
-    cmd = [sys.executable, "-m", "shard_tools.cli"]
+    cmd = [sys.executable, "-m", "ferry.shard_tools.cli"]
     proc = subprocess.run(
         [*cmd, "pack", *files, "--out", url, "--vocab-size", "32000", "--eos-id", "31999", "--shard-size", "8KiB",
          "--name", "rt", "--workers", "2", "--json"],

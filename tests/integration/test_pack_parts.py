@@ -13,9 +13,9 @@ import pytest
 from conftest import Backend
 from parquet_corpus import parquet_corpus, shard_bytes
 
-from shard_tools import ManifestError, PackOptions, UsageError, open_dataset, pack, verify
-from shard_tools.cli import main
-from shard_tools.packing import merge_parts, pack_part
+from ferry.shard_tools import ManifestError, PackOptions, UsageError, open_dataset, pack, verify
+from ferry.shard_tools.cli import main
+from ferry.shard_tools.packing import merge_parts, pack_part
 
 OPTS = PackOptions(vocab_size=50_257, eos_id=50_256, shard_size=16 * 1024, name="fan")
 
@@ -96,7 +96,7 @@ def test_tampered_part_record_is_refused(tmp_path: Path) -> None:
 # `ferry pack` whose part record write is replaced by SIGKILL: a node dying after storing its
 # shards and before recording them, the latest point at which a part can be lost.
 DIE_BEFORE_RECORD = (
-    "import os, signal, sys; import shard_tools.packing as packing; from shard_tools.cli import main; "
+    "import os, signal, sys; import ferry.shard_tools.packing as packing; from ferry.shard_tools.cli import main; "
     "packing.write_part = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL); sys.exit(main())"
 )
 
@@ -107,7 +107,7 @@ def test_killed_part_publishes_nothing_partial(tmp_path: Path) -> None:
     out = str(tmp_path / "fan")
     args = ["pack", *inputs, "--out", out, "--vocab-size", "50257", "--eos-id", "50256", "--shard-size", "16KiB",
             "--name", "fan"]  # fmt: skip
-    ferry = [sys.executable, "-m", "shard_tools.cli", *args]
+    ferry = [sys.executable, "-m", "ferry.shard_tools.cli", *args]
     died = subprocess.run([sys.executable, "-c", DIE_BEFORE_RECORD, *args, "--part", "0/2"], capture_output=True,
                           text=True, timeout=60)  # fmt: skip
     assert died.returncode == -signal.SIGKILL, died.stderr

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scripts.loader_common import pack_test_dataset
 
-from client import TokenDataset, TokenLoader
-from client.partition import batches_until, rank_positions, split_stream, worker_batches
+from ferry.client import TokenDataset, TokenLoader
+from ferry.client.partition import batches_until, rank_positions, split_stream, worker_batches
 
 
 @settings(max_examples=300, deadline=None)

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from helpers import make_docs, pack
 
-import service.noop_check as noop_check
-from service.cli import main
-from service.s3_get import S3Get, plan_s3_get, sign_v4
+import ferry.service.noop_check as noop_check
+from ferry.service.cli import main
+from ferry.service.s3_get import S3Get, plan_s3_get, sign_v4
 
 KEYS = {"key": "AKIDEXAMPLE", "secret": "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"}
 
@@ -150,7 +150,7 @@ def test_s3_noop_imports_no_storage_stack(tmp_path: Path, s3_backend: Any, capsy
     pack(src, make_docs(30, 6), {})
     _sync(capsys, src, dst, s3_backend)
     probe = (
-        "import sys; from shard_tools.cli import main; "
+        "import sys; from ferry.shard_tools.cli import main; "
         "rc = main(['sync', sys.argv[1], sys.argv[2], '--json', '--no-progress']); "
         "print('LOADED', sorted(m for m in ('s3fs', 'botocore', 'fsspec', 'numpy') if m in sys.modules), rc, "
         "file=sys.stderr)"

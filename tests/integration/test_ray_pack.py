@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 from parquet_corpus import parquet_corpus, shard_bytes
 
-from shard_tools import PackOptions, TokenRangeError, open_dataset, pack, verify
-from shard_tools.packing import merge_parts, pack_part
+from ferry.shard_tools import PackOptions, TokenRangeError, open_dataset, pack, verify
+from ferry.shard_tools.packing import merge_parts, pack_part
 
-ray = pytest.importorskip("ray", reason="Ray is not installed (optional extra: pip install 'ferry[ray]')")
+ray = pytest.importorskip("ray", reason="Ray is not installed (optional extra: pip install 'ferry-data[ray]')")
 
 OPTS = PackOptions(vocab_size=50_257, eos_id=50_256, shard_size=16 * 1024, name="ray")
 
@@ -117,7 +117,7 @@ def test_killed_ray_driver_publishes_nothing_partial(local_ray: None, tmp_path: 
     inputs = corpus(tmp_path, files=6)
     out = tmp_path / "ray"
     address = ray.get_runtime_context().gcs_address
-    cmd = [sys.executable, "-m", "shard_tools.cli", "pack", *inputs, "--out", str(out), "--vocab-size", "50257",
+    cmd = [sys.executable, "-m", "ferry.shard_tools.cli", "pack", *inputs, "--out", str(out), "--vocab-size", "50257",
            "--eos-id", "50256", "--shard-size", "16KiB", "--name", "ray", "--executor", "ray",
            "--ray-address", address]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -11,7 +11,7 @@ import pytest
 from helpers import upload_to_moto
 from scripts.loader_common import pack_test_dataset
 
-from client import TokenDataset, TokenLoader
+from ferry.client import TokenDataset, TokenLoader
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))

@@ -12,8 +12,8 @@ from conftest import torchrun
 from scripts.loader_common import pack_test_dataset
 from scripts.replan_common import mix, run
 
-from client import TokenDataset
-from client.schedule import Schedule
+from ferry.client import TokenDataset
+from ferry.client.schedule import Schedule
 
 pytest.importorskip("torch")
 

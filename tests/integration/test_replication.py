@@ -12,20 +12,20 @@ import pytest
 from faults import faulty_location
 from helpers import documents, make_docs, pack
 
-from service.engine import Engine, PassResult, listing
-from service.executor import Executor
-from service.replication_state import State
-from shard_tools.dataset import open_dataset
-from shard_tools.manifest import Manifest, ShardTable
-from shard_tools.publish import publish_version
-from shard_tools.store import TEMP_MARKER, Location, resolve
+from ferry.service.engine import Engine, PassResult, listing
+from ferry.service.executor import Executor
+from ferry.service.replication_state import State
+from ferry.shard_tools.dataset import open_dataset
+from ferry.shard_tools.manifest import Manifest, ShardTable
+from ferry.shard_tools.publish import publish_version
+from ferry.shard_tools.store import TEMP_MARKER, Location, resolve
 
 PAIRS = [("file", "file"), ("file", "memory"), ("file", "s3"), ("s3", "file")]
 
 
 def dead_writers_temp(path: str) -> str:
     """A temp name for ``path`` made by a process on this host that has exited since."""
-    code = f"from shard_tools.store import temp_name; print(temp_name({path!r}))"
+    code = f"from ferry.shard_tools.store import temp_name; print(temp_name({path!r}))"
     return subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip()
 
 
@@ -166,7 +166,7 @@ def test_bandwidth_limit_is_respected(file_backend: Any) -> None:
     result = pack(src_url, make_docs(1500, 8), {}, shard_size=64 * 1024)
     src, dst = resolve(src_url), resolve(file_backend.url("ds6-dst"))
     rate = result.stored_bytes / 1.5  # about 1.5 s at the limit
-    from service.bandwidth import Bandwidth
+    from ferry.service.bandwidth import Bandwidth
 
     eng = Engine(Executor(transfers=4, bandwidth=Bandwidth(rate)), State(None))
     t0 = time.monotonic()
@@ -218,8 +218,8 @@ def test_retention_keeps_k_versions_and_last_copies(file_backend: Any) -> None:
 
 def synthetic_dataset(url: str, sizes: list[int], seed: int = 0) -> Manifest:
     """A dataset whose shard bodies are random bytes (valid manifest; for transfer tests only)."""
-    from shard_tools.digest import digest_bytes
-    from shard_tools.manifest import ShardInfo, Tokenizer
+    from ferry.shard_tools.digest import digest_bytes
+    from ferry.shard_tools.manifest import ShardInfo, Tokenizer
 
     loc = resolve(url)
     rng = np.random.default_rng(seed)
@@ -238,8 +238,8 @@ def synthetic_dataset(url: str, sizes: list[int], seed: int = 0) -> Manifest:
 
 
 def test_s3_multipart_upload_completes_only_when_verified(file_backend: Any, s3_backend: Any) -> None:
-    from service.transfer import copy_shard
-    from shard_tools.errors import ShardDigestError
+    from ferry.service.transfer import copy_shard
+    from ferry.shard_tools.errors import ShardDigestError
 
     m = synthetic_dataset(file_backend.url("big"), [12 * 2**20 + 7, 3 * 2**20])
     src, dst = resolve(file_backend.url("big")), resolve(s3_backend.url("big"), s3_backend.storage_options)
@@ -256,6 +256,6 @@ def test_s3_multipart_upload_completes_only_when_verified(file_backend: Any, s3_
     res = engine().sync_pass("ds", "a", "b", {"a": src, "b": dst})
     assert res.published and res.copied == 2 and res.temps_deleted == 1
     assert dst.fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", []) == []
-    from shard_tools.digest import digest_bytes
+    from ferry.shard_tools.digest import digest_bytes
 
     assert digest_bytes(dst.read_bytes(big.path)) == big.stored_digest

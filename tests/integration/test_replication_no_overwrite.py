@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from helpers import make_docs
 
-from service.engine import Engine
-from service.executor import Executor
-from service.replication_state import State
-from shard_tools import PackOptions, open_dataset, pack_documents, verify
-from shard_tools.digest import digest_bytes
-from shard_tools.store import resolve
+from ferry.service.engine import Engine
+from ferry.service.executor import Executor
+from ferry.service.replication_state import State
+from ferry.shard_tools import PackOptions, open_dataset, pack_documents, verify
+from ferry.shard_tools.digest import digest_bytes
+from ferry.shard_tools.store import resolve
 from tests.helpers import EOS, VOCAB
 
 

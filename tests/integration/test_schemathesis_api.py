@@ -11,8 +11,8 @@ import schemathesis
 from helpers import TOKEN, TOKEN_ENV, make_config, pack, wait_until
 from hypothesis import HealthCheck, given, settings
 
-from service.api import start_server
-from service.daemon import Daemon
+from ferry.service.api import start_server
+from ferry.service.daemon import Daemon
 
 
 @pytest.fixture(scope="module")

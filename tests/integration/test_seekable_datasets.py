@@ -15,19 +15,19 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from client.dataset import TokenDataset
-from client.loader import TokenLoader
-from client.pools import DaemonPool
-from service.engine import Engine
-from service.executor import Executor
-from service.replication_state import State
-from shard_tools.dataset import open_dataset
-from shard_tools.errors import ShardDigestError
-from shard_tools.megatron import write_megatron
-from shard_tools.packing import PackOptions, pack
-from shard_tools.seekable import MIN_FRAME_SIZE, find_index, parse_index
-from shard_tools.store import resolve
-from shard_tools.verification import verify
+from ferry.client.dataset import TokenDataset
+from ferry.client.loader import TokenLoader
+from ferry.client.pools import DaemonPool
+from ferry.service.engine import Engine
+from ferry.service.executor import Executor
+from ferry.service.replication_state import State
+from ferry.shard_tools.dataset import open_dataset
+from ferry.shard_tools.errors import ShardDigestError
+from ferry.shard_tools.megatron import write_megatron
+from ferry.shard_tools.packing import PackOptions, pack
+from ferry.shard_tools.seekable import MIN_FRAME_SIZE, find_index, parse_index
+from ferry.shard_tools.store import resolve
+from ferry.shard_tools.verification import verify
 
 VOCAB, EOS = 1000, 999
 SHARD = 16 << 10  # several shards per input, several frames per shard
@@ -126,7 +126,7 @@ def test_sync_verify_and_load_format_2_on_every_backend(backend: Any, tmp_path: 
 
 def ferry(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "shard_tools.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "ferry.shard_tools.cli", *args], capture_output=True, text=True,
                           env=env, timeout=120)  # fmt: skip
 
 
@@ -257,7 +257,7 @@ def test_cold_first_batch_reads_only_the_frames_it_touches(tmp_path: Path) -> No
 def test_prefetch_of_whole_shards_waits_for_the_frames_of_the_batch_at_hand(tmp_path: Path, monkeypatch: Any) -> None:
     """A cold first batch reads its frames first; the whole shards the prefetch wants are submitted after
     (before, they competed with those frames: 0.10 s instead of 0.02 s on 64 MiB shards)."""
-    import client.dataset as dataset_module
+    import ferry.client.dataset as dataset_module
 
     out = str(tmp_path / "ds")
     inputs, opts = write_input("parquet", tmp_path, make_docs(2000, 6))
@@ -287,7 +287,7 @@ def test_window_batches_wait_for_a_started_whole_fetch_instead_of_reading_frames
     wait for them rather than read more frames (which cost far more bytes per sample and slow the fetch)."""
     import time
 
-    from client.cache import ShardCache
+    from ferry.client.cache import ShardCache
 
     out = str(tmp_path / "ds")
     inputs, opts = write_input("parquet", tmp_path, make_docs(2000, 6))

@@ -9,9 +9,9 @@ import httpx
 import pytest
 from helpers import TOKEN, pack, running_service, wait_until
 
-from client import ServiceClient
-from client.service_types import ReplicaMatrix, Status
-from shard_tools.errors import ServiceError
+from ferry.client import ServiceClient
+from ferry.client.service_types import ReplicaMatrix, Status
+from ferry.shard_tools.errors import ServiceError
 
 
 def test_every_method_against_a_live_service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -94,11 +94,12 @@ def test_injected_transport_sees_the_token_and_maps_errors() -> None:
 
 
 def test_client_types_mirror_the_api_models() -> None:
-    """client.service_types repeats service.api.models (the client must not import the service): keep them equal."""
+    """ferry.client.service_types repeats ferry.service.api.models (the client must not import the service):
+    keep them equal."""
     import dataclasses
 
-    from client import service_types as ct
-    from service.api import models as sm
+    from ferry.client import service_types as ct
+    from ferry.service.api import models as sm
 
     pairs = {
         ct.Cluster: sm.ClusterOut,
@@ -121,10 +122,10 @@ def test_client_types_mirror_the_api_models() -> None:
 
 
 def test_public_names() -> None:
-    import client
-    import service.api
+    import ferry.service.api
+    from ferry import client
 
     assert "ServiceClient" in client.__all__
-    assert sorted(service.api.__all__) == [
+    assert sorted(ferry.service.api.__all__) == [
         "ApiBackend", "ApiSettings", "RunningServer", "create_app", "run_server", "start_server",
     ]  # fmt: skip

@@ -19,12 +19,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from parquet_corpus import shard_bytes
 
-import shard_tools.sources.split as split
-from shard_tools import InputFormatError, PackOptions, TokenRangeError, open_dataset, pack
-from shard_tools.packing import merge_parts, pack_part
-from shard_tools.sources import SourceOptions, Unit, plan_units, read_unit
-from shard_tools.sources.split import even_cuts, group_runs, zstd_frames
-from shard_tools.tokenizer import ByteTokenizer
+import ferry.shard_tools.sources.split as split
+from ferry.shard_tools import InputFormatError, PackOptions, TokenRangeError, open_dataset, pack
+from ferry.shard_tools.packing import merge_parts, pack_part
+from ferry.shard_tools.sources import SourceOptions, Unit, plan_units, read_unit
+from ferry.shard_tools.sources.split import even_cuts, group_runs, zstd_frames
+from ferry.shard_tools.tokenizer import ByteTokenizer
 
 VOCAB = 1000
 SHARD = 1024  # the smallest --shard-size: many shards per sub-unit
@@ -323,7 +323,7 @@ def test_pack_identical_for_workers_and_parts(big_inputs: list[str], tmp_path: P
 
 @pytest.mark.slow
 def test_pack_on_ray_identical(big_inputs: list[str], tmp_path: Path) -> None:
-    ray = pytest.importorskip("ray", reason="Ray is not installed (optional extra: pip install 'ferry[ray]')")
+    ray = pytest.importorskip("ray", reason="Ray is not installed (optional extra: pip install 'ferry-data[ray]')")
     local = pack(big_inputs, str(tmp_path / "local"), replace(OPTS, workers=2))
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:

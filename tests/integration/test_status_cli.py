@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from helpers import pack, running_service, wait_until
 
-from client.cli import render_status
-from client.service_types import ErrorEntry, Limits, ReplicaCell, ReplicaMatrix, Status, Transfer
+from ferry.client.cli import render_status
+from ferry.client.service_types import ErrorEntry, Limits, ReplicaCell, ReplicaMatrix, Status, Transfer
 
-FERRY = [sys.executable, "-m", "shard_tools.cli"]
+FERRY = [sys.executable, "-m", "ferry.shard_tools.cli"]
 
 
 def test_status_table_json_and_watch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

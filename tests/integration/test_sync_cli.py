@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from helpers import documents, make_docs, pack
 
-from service.cli import main
-from shard_tools.dataset import open_dataset
-from shard_tools.store import resolve
+from ferry.service.cli import main
+from ferry.shard_tools.dataset import open_dataset
+from ferry.shard_tools.store import resolve
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any, str]:
@@ -97,8 +97,8 @@ def test_cli_surface_and_exports() -> None:
     """The public face is pinned: a new option or export is a deliberate change."""
     import argparse
 
-    import service
-    from service.cli import register
+    from ferry import service
+    from ferry.service.cli import register
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()
@@ -117,7 +117,7 @@ def test_noop_resync_imports_neither_numpy_nor_pyarrow(tmp_path: Path) -> None:
     pack(str(tmp_path / "src"), make_docs(40, 7), {})
     src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
     probe = (
-        "import sys; from shard_tools.cli import main; "
+        "import sys; from ferry.shard_tools.cli import main; "
         "rc = main(['sync', sys.argv[1], sys.argv[2], '--json', '--no-progress']); "
         "print('HEAVY', sorted(m for m in ('numpy', 'pyarrow') if m in sys.modules), rc, file=sys.stderr)"
     )

@@ -13,13 +13,15 @@ from typing import Any
 
 import pytest
 
-from shard_tools import PackOptions, UsageError, open_dataset, pack
-from shard_tools.tokenizer import load_tokenizer
+from ferry.shard_tools import PackOptions, UsageError, open_dataset, pack
+from ferry.shard_tools.tokenizer import load_tokenizer
 
-tiktoken = pytest.importorskip("tiktoken", reason="the tiktoken extra is not installed: pip install 'ferry[tiktoken]'")
+tiktoken = pytest.importorskip(
+    "tiktoken", reason="the tiktoken extra is not installed: pip install 'ferry-data[tiktoken]'"
+)
 tokenizers = pytest.importorskip("tokenizers", reason="the tokenizers extra is not installed")
 
-FERRY = [sys.executable, "-m", "shard_tools.cli"]
+FERRY = [sys.executable, "-m", "ferry.shard_tools.cli"]
 TEXTS = [
     "the fox jumps over the lazy dog",
     "",

@@ -13,7 +13,7 @@ import pytest
 from conftest import free_port
 from scripts.loader_common import pack_test_dataset
 
-from client import TokenDataset, TokenLoader
+from ferry.client import TokenDataset, TokenLoader
 
 HERE = Path(__file__).resolve().parents[1]
 SCRIPT = HERE / "scripts" / "loader_torchrun.py"

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from faults import faulty_location
 
-import service.transfer as transfer
-from service import http_pool, object_store, s3_presigned
-from service.object_store import skip_double_checksums
-from shard_tools.digest import digest_bytes
-from shard_tools.errors import ShardDigestError, ShardFormatError
-from shard_tools.store import resolve
+import ferry.service.transfer as transfer
+from ferry.service import http_pool, object_store, s3_presigned
+from ferry.service.object_store import skip_double_checksums
+from ferry.shard_tools.digest import digest_bytes
+from ferry.shard_tools.errors import ShardDigestError, ShardFormatError
+from ferry.shard_tools.store import resolve
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import Backend, arrow_file, run_verify
 
-from shard_tools import (
+from ferry.shard_tools import (
     InputFormatError,
     ManifestError,
     MegatronIndexError,
@@ -31,13 +31,13 @@ from shard_tools import (
     pack_documents,
     verify,
 )
-from shard_tools.cli import main
-from shard_tools.digest import digest_bytes
-from shard_tools.format import compress
-from shard_tools.manifest import Manifest, ShardInfo, ShardTable, Tokenizer
-from shard_tools.megatron import write_megatron
-from shard_tools.publish import publish_version
-from shard_tools.store import Location, resolve
+from ferry.shard_tools.cli import main
+from ferry.shard_tools.digest import digest_bytes
+from ferry.shard_tools.format import compress
+from ferry.shard_tools.manifest import Manifest, ShardInfo, ShardTable, Tokenizer
+from ferry.shard_tools.megatron import write_megatron
+from ferry.shard_tools.publish import publish_version
+from ferry.shard_tools.store import Location, resolve
 
 OPTS = PackOptions(vocab_size=500, eos_id=499, shard_size=2048, name="bad")
 
@@ -280,7 +280,11 @@ def test_verify_cli_subprocess_names_shard(tmp_path: Path) -> None:
     path.write_bytes(bytes(data))
     env = {**os.environ}
     proc = subprocess.run(
-        [sys.executable, "-m", "shard_tools.cli", "verify", out], capture_output=True, text=True, env=env, timeout=60
+        [sys.executable, "-m", "ferry.shard_tools.cli", "verify", out],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
     )
     assert proc.returncode == 1
     assert f"BAD {rel}" in proc.stderr and "1 of" in proc.stderr
@@ -288,7 +292,7 @@ def test_verify_cli_subprocess_names_shard(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("count", [3, 100])  # one HEAD each, or one listing
 def test_publish_refuses_missing_shards(tmp_path: Path, count: int) -> None:
-    from shard_tools import PublishError
+    from ferry.shard_tools import PublishError
 
     loc = resolve(str(tmp_path / "ds"))
     rows = []
@@ -307,7 +311,7 @@ def test_publish_refuses_missing_shards(tmp_path: Path, count: int) -> None:
 
 
 def test_concurrent_writer_loses_cleanly(tmp_path: Path) -> None:
-    from shard_tools import PublishError
+    from ferry.shard_tools import PublishError
 
     out, docs = make(tmp_path)
     loc = resolve(out)

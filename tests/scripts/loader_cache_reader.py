@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from client import TokenDataset, TokenLoader
+from ferry.client import TokenDataset, TokenLoader
 
 
 def main() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from shard_tools.dataset import open_dataset
-from shard_tools.packing import PackOptions, pack_documents
+from ferry.shard_tools.dataset import open_dataset
+from ferry.shard_tools.packing import PackOptions, pack_documents
 
 VOCAB = 1000
 EOS = 0

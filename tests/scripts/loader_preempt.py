@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 
-from client import TokenDataset, TokenLoader
+from ferry.client import TokenDataset, TokenLoader
 
 
 def main() -> None:

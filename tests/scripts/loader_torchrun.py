@@ -14,7 +14,7 @@ import numpy as np
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from client import TokenDataset, TokenLoader
+from ferry.client import TokenDataset, TokenLoader
 
 
 def main() -> None:

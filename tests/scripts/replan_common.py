@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from client import TokenDataset, TokenLoader
-from client.mixed import MixedDataset
-from client.source import SampleSource
+from ferry.client import TokenDataset, TokenLoader
+from ferry.client.mixed import MixedDataset
+from ferry.client.source import SampleSource
 
 TAG = 10**9  # a delivered token is source_tag * TAG + the sample's position in that source's own stream
 

@@ -118,7 +118,7 @@ from torchtitan.models.llama3.config_registry import llama3_debugmodel  # noqa: 
 from torchtitan.tools.logging import init_logger  # noqa: E402
 from torchtitan.trainer import Trainer  # noqa: E402
 
-from client.integrations.torchtitan import FerryDataLoader  # noqa: E402
+from ferry.client.integrations.torchtitan import FerryDataLoader  # noqa: E402
 
 
 class PretokenizedData(BaseTokenizer):

@@ -1,4 +1,4 @@
-"""``client.ahead.Ahead``: a thread makes items ready ahead of the consumer, in order, errors in their place."""
+"""``ferry.client.ahead.Ahead``: a thread makes items ready ahead of the consumer, in order, errors in their place."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Generator
 
 import pytest
 
-from client.ahead import Ahead
+from ferry.client.ahead import Ahead
 
 
 def test_items_arrive_in_order_and_the_end_stays_the_end() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from service.config import load_config
+from ferry.service.config import load_config
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
 

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api.app import create_app
-from service.api.models import ActionResult, ReplicaMatrix, RetryIn, SyncIn
-from shard_tools.errors import NotFoundError, UsageError
+from ferry.service.api.app import create_app
+from ferry.service.api.models import ActionResult, ReplicaMatrix, RetryIn, SyncIn
+from ferry.shard_tools.errors import NotFoundError, UsageError
 
 TOKEN = "not-a-real-token-0123"
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from helpers import pack
 
-from shard_tools.cli import print_error, printable
-from shard_tools.header import version_id_of
+from ferry.shard_tools.cli import print_error, printable
+from ferry.shard_tools.header import version_id_of
 
-FERRY = [sys.executable, "-m", "shard_tools.cli"]
+FERRY = [sys.executable, "-m", "ferry.shard_tools.cli"]
 # what a hostile writer puts in a field: OSC (set title), BEL, a newline and a forged line, RLO, the C1
 # CSI, a line separator, DEL, CSI "clear screen", CR, NEL
 EVIL_NAME = "evil\x1b]0;pwned\x07\nversion   FORGED\u202e\x9b31m\u2028end\x7f"

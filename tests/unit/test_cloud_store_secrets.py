@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.config import parse_config
-from shard_tools.errors import ConfigError
+from ferry.service.config import parse_config
+from ferry.shard_tools.errors import ConfigError
 
 AZURITE = (
     "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=c2VjcmV0;"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from service.config import format_rate, link_name, load_config, parse_config, parse_rate, redact
-from shard_tools.errors import ConfigError
+from ferry.service.config import format_rate, link_name, load_config, parse_config, parse_rate, redact
+from ferry.shard_tools.errors import ConfigError
 
 FULL = """
 state_dir = "state"

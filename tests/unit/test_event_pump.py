@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from helpers import TOKEN, TOKEN_ENV, make_config, wait_until
 
-from service.api.daemon_backend import DaemonBackend
-from service.api.models import EventOut
-from service.daemon import Daemon
+from ferry.service.api.daemon_backend import DaemonBackend
+from ferry.service.api.models import EventOut
+from ferry.service.daemon import Daemon
 
 
 class CountingQueue(queue.Queue[dict[str, Any]]):

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from service.executor import Executor, Job, JobResult
-from service.planner import ShardRef
-from service.slots import Slots
+from ferry.service.executor import Executor, Job, JobResult
+from ferry.service.planner import ShardRef
+from ferry.service.slots import Slots
 
 
 class Gauge:

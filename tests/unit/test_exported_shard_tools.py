@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import inspect
 
-import shard_tools
-from shard_tools import format as fmt
-from shard_tools import store
-from shard_tools.cli import build_parser
+from ferry import shard_tools
+from ferry.shard_tools import format as fmt
+from ferry.shard_tools import store
+from ferry.shard_tools.cli import build_parser
 
 EXPECTED_EXPORTS = {
     "__version__",

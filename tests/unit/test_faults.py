@@ -8,12 +8,12 @@ import pytest
 from faults import faulty_location
 from helpers import documents, make_docs, pack
 
-from service.engine import Engine, listing
-from service.executor import Executor
-from service.replication_state import State
-from service.stats import Stats
-from shard_tools.errors import FerryError
-from shard_tools.store import TEMP_MARKER, resolve
+from ferry.service.engine import Engine, listing
+from ferry.service.executor import Executor
+from ferry.service.replication_state import State
+from ferry.service.stats import Stats
+from ferry.shard_tools.errors import FerryError
+from ferry.shard_tools.store import TEMP_MARKER, resolve
 
 
 @pytest.mark.parametrize("dst_kind", ["memory", "file"])

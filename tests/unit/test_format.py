@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from shard_tools import ShardFormatError, TokenRangeError
-from shard_tools.format import (
+from ferry.shard_tools import ShardFormatError, TokenRangeError
+from ferry.shard_tools.format import (
     compress,
     decompress,
     dtype_for_vocab,

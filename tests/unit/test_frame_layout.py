@@ -1,5 +1,5 @@
 """A frame index is checked against the Arrow head of the file it describes before anything is read through it
-(shard_tools.seekable.check_layout, client.frames.FrameReader): lies the index digest cannot catch."""
+(ferry.shard_tools.seekable.check_layout, ferry.client.frames.FrameReader): lies the index digest cannot catch."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import xxhash
 import zstandard
 from test_seekable_format import FRAME, raw_shard, row
 
-from client.frames import FrameReader
-from shard_tools.digest import digest_bytes
-from shard_tools.errors import ShardDigestError, ShardFormatError
-from shard_tools.format import encode_shard_buffer, parse_shard
-from shard_tools.manifest import ShardInfo
-from shard_tools.seekable import (
+from ferry.client.frames import FrameReader
+from ferry.shard_tools.digest import digest_bytes
+from ferry.shard_tools.errors import ShardDigestError, ShardFormatError
+from ferry.shard_tools.format import encode_shard_buffer, parse_shard
+from ferry.shard_tools.manifest import ShardInfo
+from ferry.shard_tools.seekable import (
     check_layout,
     decode_head,
     encode_seekable,

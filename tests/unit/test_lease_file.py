@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from service.lease import (
+from ferry.service.lease import (
     LEASE_FILE,
     MAX_LEASE_BYTES,
     MAX_TTL,
@@ -24,8 +24,8 @@ from service.lease import (
     read_lease,
     view_lease,
 )
-from shard_tools.errors import StorageError
-from shard_tools.store import (
+from ferry.shard_tools.errors import StorageError
+from ferry.shard_tools.store import (
     STALE_TEMP_SECONDS,
     TEMP_MARKER,
     Location,

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from scripts.loader_common import pack_test_dataset
 
-from client import TokenDataset, TokenLoader
-from shard_tools.dataset import open_dataset
-from shard_tools.manifest import Manifest, ShardTable
-from shard_tools.publish import publish_version
-from shard_tools.store import resolve
+from ferry.client import TokenDataset, TokenLoader
+from ferry.shard_tools.dataset import open_dataset
+from ferry.shard_tools.manifest import Manifest, ShardTable
+from ferry.shard_tools.publish import publish_version
+from ferry.shard_tools.store import resolve
 
 SHARDS = 100_000
 

@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from shard_tools import ManifestError
-from shard_tools.manifest import Manifest, ShardInfo, ShardTable, Tokenizer
+from ferry.shard_tools import ManifestError
+from ferry.shard_tools.manifest import Manifest, ShardInfo, ShardTable, Tokenizer
 
 DIGEST = "xxh128:" + "0" * 32
 

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scripts.loader_common import pack_test_dataset, token_stream
 
-from client import TokenDataset, TokenLoader
-from client.mixing import MAX_PERIOD, MixSchedule
-from shard_tools.errors import StateError, UsageError
+from ferry.client import TokenDataset, TokenLoader
+from ferry.client.mixing import MAX_PERIOD, MixSchedule
+from ferry.shard_tools.errors import StateError, UsageError
 
 
 @settings(max_examples=150, deadline=None)

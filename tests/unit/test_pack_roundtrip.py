@@ -15,9 +15,9 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shard_tools import PackOptions, open_dataset, pack, pack_documents
-from shard_tools.export import export_megatron
-from shard_tools.megatron import read_index, write_megatron
+from ferry.shard_tools import PackOptions, open_dataset, pack, pack_documents
+from ferry.shard_tools.export import export_megatron
+from ferry.shard_tools.megatron import read_index, write_megatron
 
 VOCAB = 1000
 EOS = VOCAB - 1
@@ -165,7 +165,7 @@ def test_npy_stream_split_on_eos(tmp_path: Path) -> None:
 
 
 def test_npy_stream_blocks_and_tail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import shard_tools.sources.npy as npy_source
+    import ferry.shard_tools.sources.npy as npy_source
 
     monkeypatch.setattr(npy_source, "SCAN_BLOCK", 97)  # documents straddle scan blocks
     docs = make_docs(60, 6)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from service.planner import (
+from ferry.service.planner import (
     ShardRef,
     SourceVersion,
     VersionRecord,
@@ -14,7 +14,7 @@ from service.planner import (
     plan_retention,
     plan_sync,
 )
-from shard_tools.store import TEMP_MARKER
+from ferry.shard_tools.store import TEMP_MARKER
 
 
 def shard(i: int, size: int = 100) -> ShardRef:

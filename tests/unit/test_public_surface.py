@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-import client
-from shard_tools.cli import main
+from ferry import client
+from ferry.shard_tools.cli import main
 
 CLIENT_EXPORTS = {"TokenDataset", "MixedDataset", "TokenLoader", "ServiceClient"}
 
@@ -45,7 +45,7 @@ def command_help(command: str, capsys: pytest.CaptureFixture[str]) -> str:
 def test_client_exports_exactly() -> None:
     assert set(client.__all__) == CLIENT_EXPORTS and len(client.__all__) == len(CLIENT_EXPORTS)
     namespace: dict[str, object] = {}
-    exec("from client import *", namespace)  # what a star import hands out is __all__, each one resolved
+    exec("from ferry.client import *", namespace)  # what a star import hands out is __all__, each one resolved
     assert {k for k in namespace if k != "__builtins__"} == CLIENT_EXPORTS
     for name in CLIENT_EXPORTS:
         assert getattr(client, name).__name__ == name

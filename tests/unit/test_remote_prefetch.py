@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scripts.loader_common import pack_test_dataset
 
-from client import TokenDataset
-from client.partition import rank_positions
+from ferry.client import TokenDataset
+from ferry.client.partition import rank_positions
 
 BATCH = 8
 

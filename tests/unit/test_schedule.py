@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.mixing import MixSchedule
-from client.schedule import Schedule, quota_of
+from ferry.client.mixing import MixSchedule
+from ferry.client.schedule import Schedule, quota_of
 
 
 @st.composite
@@ -116,7 +116,7 @@ def _rows(loader: object, n: int) -> np.ndarray:
 
 
 def test_a_scheduled_mixture_reads_each_source_in_its_own_order_and_resumes(three: tuple[list[str], str]) -> None:
-    from client import TokenDataset, TokenLoader
+    from ferry.client import TokenDataset, TokenLoader
 
     urls, cache = three
     dss = [TokenDataset(u, seq_len=16, seed=i, cache_dir=cache) for i, u in enumerate(urls)]

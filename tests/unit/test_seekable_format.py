@@ -10,12 +10,12 @@ import pytest
 import xxhash
 import zstandard
 
-from client.frames import FrameReader
-from shard_tools.digest import digest_bytes
-from shard_tools.errors import ManifestError, ShardDigestError, ShardFormatError
-from shard_tools.format import decompress, encode_shard_buffer, parse_shard
-from shard_tools.manifest import ShardInfo, ShardTable
-from shard_tools.seekable import (
+from ferry.client.frames import FrameReader
+from ferry.shard_tools.digest import digest_bytes
+from ferry.shard_tools.errors import ManifestError, ShardDigestError, ShardFormatError
+from ferry.shard_tools.format import decompress, encode_shard_buffer, parse_shard
+from ferry.shard_tools.manifest import ShardInfo, ShardTable
+from ferry.shard_tools.seekable import (
     DEFAULT_FRAME_SIZE,
     MIN_FRAME_SIZE,
     decode_frame,
@@ -290,8 +290,8 @@ def test_a_batch_of_ranges_is_fetched_in_parallel_then_read_from_the_block_cache
 def test_a_shard_is_encoded_as_pieces_written_unjoined_to_any_store(tmp_path: Path) -> None:
     """Format 2's frames are kept apart (joining them cost a fifth of compressing them) and written one after
     the other; what lands, locally or on a remote store, is the same stored shard its row describes."""
-    from shard_tools.seekable import encode_shard_frames
-    from shard_tools.store import resolve
+    from ferry.shard_tools.seekable import encode_shard_frames
+    from ferry.shard_tools.store import resolve
 
     raw, _, _ = raw_shard()
     encoded = encode_shard_frames(raw, 1, FRAME)

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shard_tools import UsageError
-from shard_tools.megatron import write_megatron
-from shard_tools.packunit import cut_shards, with_eos
-from shard_tools.sources import DocBatch, SourceOptions, detect_format, plan_units
-from shard_tools.sources.megatron import plan_megatron
+from ferry.shard_tools import UsageError
+from ferry.shard_tools.megatron import write_megatron
+from ferry.shard_tools.packunit import cut_shards, with_eos
+from ferry.shard_tools.sources import DocBatch, SourceOptions, detect_format, plan_units
+from ferry.shard_tools.sources.megatron import plan_megatron
 
 
 @pytest.mark.parametrize(
@@ -111,7 +111,7 @@ def test_plan_units_orders_and_dedups(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("vocab, eos", [(1000, True), (100_000, True), (100_000, False)])
 def test_megatron_units_pack_into_full_shards(tmp_path: Path, vocab: int, eos: bool) -> None:
-    from shard_tools import PackOptions, open_dataset, pack
+    from ferry.shard_tools import PackOptions, open_dataset, pack
 
     rng = np.random.default_rng(0)
     docs = [rng.integers(0, 999, size=int(n)) for n in rng.integers(1, 300, size=1500)]

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from scripts.replan_common import Counting, mix, run
 
-from client import TokenDataset, TokenLoader
-from client.state_cli import main, read_state
+from ferry.client import TokenDataset, TokenLoader
+from ferry.client.state_cli import main, read_state
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -28,9 +28,9 @@ def _save(path: Path, state: dict[str, Any]) -> str:
 def test_the_commands_are_registered_as_ferry_entry_points() -> None:
     root = Path(__file__).resolve().parents[2]
     eps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["entry-points"]["ferry.commands"]
-    assert eps["state"] == "client.state_cli:register"
-    assert eps["trace"] == "client.trace:register"
-    # what `ferry` does with them (shard_tools.cli.build_parser): load, register, parse
+    assert eps["state"] == "ferry.client.state_cli:register"
+    assert eps["trace"] == "ferry.client.trace:register"
+    # what `ferry` does with them (ferry.shard_tools.cli.build_parser): load, register, parse
     import argparse
     import importlib
 
@@ -41,7 +41,9 @@ def test_the_commands_are_registered_as_ferry_entry_points() -> None:
         getattr(importlib.import_module(module), func)(sub)
     args = parser.parse_args(["state", "skip", "s.json", "--steps", "3", "--global-batch", "8", "-o", "t.json"])
     assert (args.command, args.state_command, args.steps, args.global_batch) == ("state", "skip", 3, 8)
-    assert parser.parse_args(["trace", "--state", "s.json", "--global-batch", "8"]).func.__module__ == "client.trace"
+    assert (
+        parser.parse_args(["trace", "--state", "s.json", "--global-batch", "8"]).func.__module__ == "ferry.client.trace"
+    )
 
 
 def test_show_names_sources_phases_and_where_each_source_stands(tmp_path: Path, capsys: Any) -> None:
@@ -147,7 +149,7 @@ def test_replan_on_load_matches_the_checkpoints_shape_from_version_1_to_2(tmp_pa
     pytest.importorskip("torch")
     import torch.distributed.checkpoint as dcp
 
-    from client.dcp import ReplanOnLoad
+    from ferry.client.dcp import ReplanOnLoad
 
     one, _ = run(Counting(0), None, 1, 5, 2)
     plain = TokenLoader(Counting(0), 5, rank=0, world_size=1)

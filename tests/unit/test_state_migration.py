@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from service.replication_state import DB_NAME, SCHEMA_VERSION, State
-from shard_tools.errors import ConfigError
+from ferry.service.replication_state import DB_NAME, SCHEMA_VERSION, State
+from ferry.shard_tools.errors import ConfigError
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "state-0.1" / DB_NAME
 

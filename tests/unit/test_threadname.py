@@ -10,10 +10,10 @@ import pytest
 from conftest import free_port
 from helpers import make_docs, pack, wait_until, write_serve_config
 
-from service.config import load_config
-from service.daemon import Daemon
-from shard_tools import threadname
-from shard_tools.threadname import OS_NAME_BYTES, name_os_thread, start_named_thread
+from ferry.service.config import load_config
+from ferry.service.daemon import Daemon
+from ferry.shard_tools import threadname
+from ferry.shard_tools.threadname import OS_NAME_BYTES, name_os_thread, start_named_thread
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OS thread names are read from /proc")
 
@@ -82,16 +82,16 @@ def test_elsewhere_naming_is_a_quiet_no_op(monkeypatch: pytest.MonkeyPatch) -> N
 
 @linux_only
 def test_the_daemon_and_its_copy_threads_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import service.executor
+    import ferry.service.executor
 
     copying: set[str] = set()
-    real_copy = service.executor.copy_shard
+    real_copy = ferry.service.executor.copy_shard
 
     def recording_copy(*args: object, **kwargs: object) -> object:
         copying.add(os_name(threading.get_native_id()))  # the OS name of the thread doing the copy
         return real_copy(*args, **kwargs)
 
-    monkeypatch.setattr(service.executor, "copy_shard", recording_copy)
+    monkeypatch.setattr(ferry.service.executor, "copy_shard", recording_copy)
     pack(str(tmp_path / "src" / "alpha"), make_docs(300, 5), {})
     d = Daemon(load_config(write_serve_config(tmp_path, free_port())))
     q = d.subscribe()

@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from client import TokenDataset, TokenLoader
-from client.trace import main
-from shard_tools.cli import main as ferry
-from shard_tools.dataset import open_dataset
-from shard_tools.tokenizer import ByteTokenizer
+from ferry.client import TokenDataset, TokenLoader
+from ferry.client.trace import main
+from ferry.shard_tools.cli import main as ferry
+from ferry.shard_tools.dataset import open_dataset
+from ferry.shard_tools.tokenizer import ByteTokenizer
 
 EOS = 256
 

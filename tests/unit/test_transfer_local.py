@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-import service.transfer as transfer
-from shard_tools.digest import digest_bytes
-from shard_tools.errors import ShardDigestError, ShardFormatError, StorageError
-from shard_tools.store import resolve
+import ferry.service.transfer as transfer
+from ferry.shard_tools.digest import digest_bytes
+from ferry.shard_tools.errors import ShardDigestError, ShardFormatError, StorageError
+from ferry.shard_tools.store import resolve
 
 
 def _setup(tmp_path: Path, size: int) -> tuple[Any, Any, bytes]:

@@ -1,11 +1,11 @@
-"""shard_tools.units: the one table of sizes and rates, and the one byte formatter."""
+"""ferry.shard_tools.units: the one table of sizes and rates, and the one byte formatter."""
 
 from __future__ import annotations
 
 import pytest
 
-from shard_tools.errors import ConfigError, UsageError
-from shard_tools.units import format_bytes, format_rate, parse_rate, parse_size
+from ferry.shard_tools.errors import ConfigError, UsageError
+from ferry.shard_tools.units import format_bytes, format_rate, parse_rate, parse_size
 
 
 @pytest.mark.parametrize(
