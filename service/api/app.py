@@ -47,7 +47,7 @@ from .sse import event_stream
 
 __all__ = ["create_app"]
 
-_STATIC = resources.files("service") / "static"
+_STATIC = resources.files("ferry.service") / "static"
 _STATIC_FILES = {"app.js": "text/javascript", "app.css": "text/css"}
 _NO_STORE = {"Cache-Control": "no-store"}
 # Events that only move counters (bytes, verified shards) many times a second during a sync: they
