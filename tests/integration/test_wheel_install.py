@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -30,8 +31,13 @@ def run(*cmd: str | Path, cwd: Path, timeout: float = 600) -> str:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", out, ROOT, cwd=out)
+    out, src = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("src")
+    for name in ("pyproject.toml", "README.md", "LICENSE"):  # what the Dockerfile copies: the build needs no more
+        if (ROOT / name).exists():
+            shutil.copy(ROOT / name, src / name)
+    for pkg in GENERIC:  # a copy: the build writes build/ and *.egg-info beside its sources
+        shutil.copytree(ROOT / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", out, src, cwd=out)
     (built,) = out.glob("ferry_data-*.whl")
     return built
 
@@ -62,7 +68,7 @@ def test_a_fresh_environment_packs_and_trains_from_the_wheel(wheel: Path, tmp_pa
     (work / "c.jsonl").write_text("".join(json.dumps({"tokens": list(range(i, i + 50))}) + "\n" for i in range(40)))
     run(ferry, "pack", "c.jsonl", "--vocab-size", "1000", "--eos-id", "999", "--out", "ds", cwd=work)
     assert "documents" in run(ferry, "inspect", "ds", cwd=work)
-    probe = "import importlib.util as u; print([m for m in %r if u.find_spec(m) is not None])" % (GENERIC,)
+    probe = f"import importlib.util as u; print([m for m in {GENERIC!r} if u.find_spec(m) is not None])"
     assert run(py, "-c", probe, cwd=work).strip() == "[]"
     assert "torch" not in run(py, "-m", "pip", "list", "--format", "freeze", cwd=work)
 
