@@ -14,6 +14,7 @@ import datetime as _dt
 import os
 import sys
 import time
+import unicodedata
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -85,6 +86,8 @@ class PackOptions:
     progress: bool | None = None  # None: only on a TTY
 
     def __post_init__(self) -> None:
+        if self.name is not None:
+            _check_name(self.name, "--name")
         if self.shard_size < 1024:
             raise UsageError(f"--shard-size {self.shard_size} is too small (at least 1 KiB)")
         if not 1 <= self.compression_level <= 22:
@@ -101,6 +104,22 @@ class PackOptions:
             raise UsageError(f"--vocab-size must be positive, got {self.vocab_size}")
         if self.eos_id is not None and self.eos_id < 0:
             raise UsageError(f"--eos-id must not be negative, got {self.eos_id}")
+
+
+# Controls (C0, DEL, C1), format characters (bidi overrides, zero-width) and line/paragraph separators: a
+# name with one would rewrite a terminal or forge a line wherever a dataset's name is shown or logged.
+_NAME_CONTROLS = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+
+
+def _check_name(name: str, what: str) -> str:
+    """``name``, unless it holds a control character: a UsageError then, naming it by its escape."""
+    bad = next((ch for ch in name if unicodedata.category(ch) in _NAME_CONTROLS), None)
+    if bad is not None:
+        raise UsageError(
+            f"{what} {name!r} holds the control character {bad!r} (at position {name.index(bad)}); "
+            "a dataset name may not hold control characters"
+        )
+    return name
 
 
 @dataclass(frozen=True)
@@ -170,7 +189,7 @@ def _header(opts: PackOptions, info: Tokenizer, out_url: str) -> DatasetHeader:
         raise UsageError("appending EOS needs an EOS id: pass --eos-id (or --no-eos)")
     if info.eos_id is not None and info.eos_id >= info.vocab_size:
         raise UsageError(f"EOS id {info.eos_id} is not below the vocabulary size {info.vocab_size}")
-    name = opts.name or out_url.rstrip("/").rsplit("/", 1)[-1]
+    name = opts.name or _check_name(out_url.rstrip("/").rsplit("/", 1)[-1], "the name taken from --out (pass --name)")
     return DatasetHeader(name, dtype_for_vocab(info.vocab_size), info, opts.append_eos)
 
 
