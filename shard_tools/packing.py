@@ -87,7 +87,7 @@ class PackOptions:
 
     def __post_init__(self) -> None:
         if self.name is not None:
-            _check_name(self.name, "--name")
+            _check_name(self.name)
         if self.shard_size < 1024:
             raise UsageError(f"--shard-size {self.shard_size} is too small (at least 1 KiB)")
         if not 1 <= self.compression_level <= 22:
@@ -111,15 +111,14 @@ class PackOptions:
 _NAME_CONTROLS = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 
 
-def _check_name(name: str, what: str) -> str:
-    """``name``, unless it holds a control character: a UsageError then, naming it by its escape."""
+def _check_name(name: str) -> None:
+    """A UsageError naming the character by its escape when ``name`` holds a control character."""
     bad = next((ch for ch in name if unicodedata.category(ch) in _NAME_CONTROLS), None)
     if bad is not None:
         raise UsageError(
-            f"{what} {name!r} holds the control character {bad!r} (at position {name.index(bad)}); "
+            f"--name {name!r} holds the control character {bad!r} (at position {name.index(bad)}); "
             "a dataset name may not hold control characters"
         )
-    return name
 
 
 @dataclass(frozen=True)
@@ -189,7 +188,7 @@ def _header(opts: PackOptions, info: Tokenizer, out_url: str) -> DatasetHeader:
         raise UsageError("appending EOS needs an EOS id: pass --eos-id (or --no-eos)")
     if info.eos_id is not None and info.eos_id >= info.vocab_size:
         raise UsageError(f"EOS id {info.eos_id} is not below the vocabulary size {info.vocab_size}")
-    name = opts.name or _check_name(out_url.rstrip("/").rsplit("/", 1)[-1], "the name taken from --out (pass --name)")
+    name = opts.name or out_url.rstrip("/").rsplit("/", 1)[-1]
     return DatasetHeader(name, dtype_for_vocab(info.vocab_size), info, opts.append_eos)
 
 
