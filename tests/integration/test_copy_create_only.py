@@ -2,8 +2,9 @@
 shard's name while the copy runs (a ``ferry pack --append``, another daemon) is never replaced. Other
 bytes there fail the copy (WriteConflictError, the object untouched); the very bytes wanted count as
 done. Only a repair (``create_only=False``) replaces what stands at the name. Every copy path: local
-kernel copy and mmap, object store → local disk, presigned PUT, the store's own PUT, multipart, the
-fsspec upload, memory://, and GCS on fake-gcs-server / Azure Blob on Azurite where installed."""
+kernel copy and mmap, object store → local disk, presigned PUT, the store's own PUT (from a local or a
+remote source), the multipart upload, memory://, and GCS on fake-gcs-server / Azure Blob on Azurite
+where installed (a GCS resumable upload is not covered: fake-gcs-server ignores its precondition)."""
 
 from __future__ import annotations
 
