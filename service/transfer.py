@@ -153,12 +153,19 @@ def _copy_stream(src: Location, dst: Location, c: CopySpec) -> None:
         # the store's own PUT of the very bytes hashed: read once into one buffer (no write-buffer copies);
         # one request, on which every store checks a create-only condition (fake-gcs-server ignores it
         # on a resumable upload)
-        data = _read_local_verified(src, c) if src.local else _read_verified(src, c)
+        data = _put_body(dst, _read_local_verified(src, c) if src.local else _read_verified(src, c))
         _final(dst, target, lambda: dst.fs.pipe_file(target, data, mode="create" if c.create_only else "overwrite"))
     elif writes_buffered(dst):
         _upload(src, dst, c, target)
     else:
         _write_then_move(src, dst, c, target)
+
+
+def _put_body(dst: Location, data: bytearray) -> bytes | bytearray:
+    """``data`` as the store's PUT takes it: azure-storage-blob reads a bytearray as an iterable of ints
+    (and fails), so Azure Blob gets a bytes copy; s3fs and gcsfs send the buffer itself."""
+    protocols = dst.fs.protocol if isinstance(dst.fs.protocol, tuple) else (dst.fs.protocol,)
+    return bytes(data) if any(p in ("az", "abfs", "abfss") for p in protocols) else data
 
 
 def _final(dst: Location, target: str, step: Callable[[], object]) -> None:
