@@ -89,7 +89,7 @@ class _PackMeanwhile(Bandwidth):
             self.packed.append(_pack(self.url, self.docs, self.opts, compression_level=9))
 
 
-@pytest.mark.parametrize("dst_kind", ["file", "s3"])
+@pytest.mark.parametrize("dst_kind", ["file", "memory", "s3", "gcs", "azure"])
 def test_a_pack_storing_the_shards_meanwhile_keeps_its_objects(
     file_backend: Any, request: pytest.FixtureRequest, dst_kind: str
 ) -> None:
