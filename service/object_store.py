@@ -62,7 +62,7 @@ _TAKEN_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict", "B
 def create_refused(exc: BaseException) -> bool:
     """Whether ``exc`` (or what caused it) is a store refusing a create-only write because an object has
     the name: FileExistsError (s3fs, gcsfs and adlfs map it so), an S3 412 PreconditionFailed or 409
-    ConditionalRequestConflict (another create of the name runs), an Azure 409/412."""
+    ConditionalRequestConflict (another create of the name runs), an Azure 412 or BlobAlreadyExists."""
     seen: set[int] = set()
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:
@@ -73,10 +73,10 @@ def create_refused(exc: BaseException) -> bool:
         if isinstance(response, dict):
             code = str((response.get("Error") or {}).get("Code") or "")
             status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
-            if code in _TAKEN_CODES or status in (409, 412):
+            if code in _TAKEN_CODES or status == 412:
                 return True
         if type(e).__module__.startswith("azure") and (
-            getattr(e, "status_code", None) in (409, 412) or getattr(e, "error_code", None) in _TAKEN_CODES
+            getattr(e, "status_code", None) == 412 or getattr(e, "error_code", None) in _TAKEN_CODES
         ):
             return True
         e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)

@@ -121,8 +121,8 @@ def _settle(dst: Location, c: CopySpec) -> None:
     if problem is None:
         return
     if problem == "missing":
-        raise StorageError(f"{where}: another writer's object held the name at the copy's final step and "
-                           "vanished since; nothing was stored (a retry copies it)")  # fmt: skip
+        raise StorageError(f"{where}: another writer's object held the name (or was being created) at the copy's "
+                           "final step and vanished since; nothing was stored (a retry copies it)")  # fmt: skip
     raise WriteConflictError(
         f"{where}: another writer stored other bytes at this shard's name while it was being copied ({problem}); "
         "ferry never replaces a stored shard object, which a published version may name: delete it there if "
