@@ -275,15 +275,19 @@ class Engine:
         at the destination must not be replaced: those jobs only verify it (no sources to copy from)."""
         fatal = self.state.fatal(dataset, dest)
         guarded = _unreplaceable(plan, dst)
+        # an object standing at a path that is not guarded is a damaged copy of what the destination's current
+        # version names: the one case a copy replaces it (a repair); every other copy only creates the object
         jobs = [
             Job(dataset, version, c.shard, (), dest, verify_first=True)
             if c.shard.path in guarded
-            else Job(dataset, version, c.shard, c.sources, dest)
+            else Job(dataset, version, c.shard, c.sources, dest, replace=c.reason != "missing")
             for c in plan.copies
             if c.shard.path not in fatal
         ]
         jobs += [
-            Job(dataset, version, v.shard, () if v.shard.path in guarded else v.sources, dest, verify_first=True)
+            Job(dataset, version, v.shard, v.sources, dest, verify_first=True, replace=True)
+            if v.shard.path not in guarded
+            else Job(dataset, version, v.shard, (), dest, verify_first=True)
             for v in plan.verifies
             if v.shard.path not in fatal
         ]
@@ -399,7 +403,7 @@ class Engine:
         manifest, _ = load_version(loc, got[0])
         others = order_sources([c for c in locations if c != cluster], self.priority)
         jobs = [
-            Job(dataset, manifest.version_id, s, others, cluster, verify_first=True)
+            Job(dataset, manifest.version_id, s, others, cluster, verify_first=True, replace=True)
             for s in SourceVersion.of(manifest).shards
         ]
         bad: list[str] = []

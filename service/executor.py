@@ -23,6 +23,7 @@ from ferry.shard_tools.errors import (
     ShardFormatError,
     SourceMissing,
     StorageError,
+    WriteConflictError,
 )
 from ferry.shard_tools.store import Location, not_permitted
 from ferry.shard_tools.threadname import start_named_thread
@@ -47,6 +48,7 @@ class Outcome(enum.Enum):
     OK = "ok"  # the shard is at the destination, verified
     RETRY = "retry"  # try again (another source now, this one after a back-off)
     FATAL = "fatal"  # this source cannot serve the shard: do not ask it again
+    REFUSED = "refused"  # the destination holds other bytes at the shard's name: no source can help
     CANCELLED = "cancelled"  # the daemon is stopping
 
 
@@ -54,6 +56,8 @@ def outcome_of(exc: FerryError) -> Outcome:
     """The decision an error implies, from the error tree alone (``FerryError.retryable``)."""
     if isinstance(exc, Cancelled):
         return Outcome.CANCELLED
+    if isinstance(exc, WriteConflictError):
+        return Outcome.REFUSED
     if exc.retryable and not not_permitted(exc):  # e.g. a store's own mapping of a 403
         return Outcome.RETRY
     return Outcome.FATAL
@@ -69,6 +73,9 @@ class Job:
     sources: tuple[str, ...]
     dest: str
     verify_first: bool = False  # the destination has it with the right size: hash before copying
+    # a repair: the destination's current version names this shard with this digest, so a copy may replace
+    # the (damaged) object at its name; otherwise a copy only creates the object, never replaces one
+    replace: bool = False
 
 
 #: receives each copy attempt: (job, source, bytes, started (Unix time), duration (s), error or None)
@@ -250,6 +257,9 @@ class Executor:
                 if outcome is Outcome.CANCELLED:
                     result.cancelled = True
                     return result
+                if outcome is Outcome.REFUSED:
+                    result.retryable, result.seconds = False, time.monotonic() - t0
+                    return result
                 if outcome is Outcome.FATAL:
                     fatal_sources.add(src_name)
             if len(fatal_sources) >= len(job.sources):
@@ -287,7 +297,8 @@ class Executor:
         started = time.time()
         try:
             copy_shard(src, dst, shard.path, shard.size, shard.digest, chunk_size=self.chunk_size,
-                       throttle=throttle, progress=progress, cancel=self.cancel)  # fmt: skip
+                       throttle=throttle, progress=progress, cancel=self.cancel,
+                       create_only=not job.replace)  # fmt: skip
         except FerryError as exc:
             self.stats.finish(tid, ok=False)
             outcome = outcome_of(exc)

@@ -2,7 +2,9 @@
 
 Whatever the path (mmap of a local file, chunks from fsspec, a re-hash for verification), a piece
 is throttled before it moves, hashed, written, and counted; the size and digest are checked once
-at the end, before anything becomes visible under the final name.
+at the end, before anything becomes visible under the final name. That final step is create-only
+unless the copy is a repair (``CopySpec.create_only``): a path whose create finds the name taken
+raises :class:`NameTaken`, and the caller looks at what stands there.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ __all__ = [
     "PROGRESS_BYTES",
     "PROGRESS_SECONDS",
     "CopySpec",
+    "NameTaken",
     "PacedMeter",
     "Throttle",
     "Progress",
@@ -89,7 +92,8 @@ class PacedMeter:
 
 
 class CopySpec(NamedTuple):
-    """One shard copy's parameters, handed down the copy paths."""
+    """One shard copy's parameters, handed down the copy paths. ``create_only``: the verified shard gets
+    its name only if no object has it (False only for a repair, which replaces a damaged object)."""
 
     path: str
     size: int
@@ -98,6 +102,17 @@ class CopySpec(NamedTuple):
     throttle: Throttle
     progress: Progress
     cancel: threading.Event | None
+    create_only: bool = True
+
+
+class NameTaken(Exception):
+    """A copy path's create-only final step found an object at the shard's name (nothing was replaced).
+
+    Not a FerryError: a signal to ``copy_shard``, which checks what stands there."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__(f"{target} exists")
+        self.target = target
 
 
 def check_cancel(cancel: threading.Event | None) -> None:

@@ -1,7 +1,8 @@
 """Local disk → local disk: in the kernel (``copy_file_range``) where it can, else through ``mmap``.
 
 The kernel path hashes the destination's bytes as they landed; the mmap path writes the very
-bytes it hashed. Either way the shard appears at its final name only whole and verified.
+bytes it hashed. Either way the shard appears at its final name only whole and verified, and
+(unless the copy is a repair) only where nothing has that name yet: :func:`place`.
 """
 
 from __future__ import annotations
@@ -15,17 +16,26 @@ from collections.abc import Iterator
 
 from ferry.shard_tools.digest import Hasher
 from ferry.shard_tools.errors import ShardFormatError, SourceMissing
-from ferry.shard_tools.store import temp_name
+from ferry.shard_tools.store import link_new, temp_name
 
-from .hashed_io import CopySpec, check_cancel, check_digest, pump
+from .hashed_io import CopySpec, NameTaken, check_cancel, check_digest, pump
 
-__all__ = ["copy_local", "mapped_pieces"]
+__all__ = ["copy_local", "mapped_pieces", "place"]
 
 _NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EPERM}
 
 
+def place(tmp: str, path: str, create_only: bool) -> None:
+    """Give the verified temp file ``tmp`` the name ``path``: a hard link that fails if anything has the
+    name (NameTaken then; ``create_only``), else a rename over it (a repair). The caller removes ``tmp``."""
+    if not create_only:
+        os.replace(tmp, path)
+    elif not link_new(tmp, path):
+        raise NameTaken(path)
+
+
 def copy_local(src_path: str, dst_path: str, c: CopySpec) -> None:
-    """Copy the shard at ``src_path`` to ``dst_path`` (temp name, verify, rename)."""
+    """Copy the shard at ``src_path`` to ``dst_path`` (temp name, verify, :func:`place`)."""
     path, size, digest = c.path, c.size, c.digest
     try:
         fd_in = os.open(src_path, os.O_RDONLY)
@@ -45,13 +55,12 @@ def copy_local(src_path: str, dst_path: str, c: CopySpec) -> None:
                 pump(mapped_pieces(fd_in, size, c.chunk, c.cancel), c, lambda piece: _write_all(fd_out, piece))
             os.close(fd_out)
             fd_out = -1
-            os.replace(tmp, dst_path)
-        except BaseException:
+            place(tmp, dst_path, c.create_only)
+        finally:
             if fd_out >= 0:
                 os.close(fd_out)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-            raise
     finally:
         os.close(fd_in)
 

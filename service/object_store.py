@@ -1,5 +1,5 @@
 """What the copy paths need to know about object stores: which buffer writes, part sizes, unfinished
-uploads, and botocore's checksum default.
+uploads, how a store says a create-only write found the name taken, and botocore's checksum default.
 """
 
 from __future__ import annotations
@@ -11,7 +11,14 @@ from typing import Any
 from ferry.shard_tools.errors import StorageError
 from ferry.shard_tools.store import STALE_TEMP_SECONDS, Location
 
-__all__ = ["SINGLE_PUT_MAX", "writes_buffered", "part_size", "abort_stale_uploads", "skip_double_checksums"]
+__all__ = [
+    "SINGLE_PUT_MAX",
+    "writes_buffered",
+    "part_size",
+    "abort_stale_uploads",
+    "skip_double_checksums",
+    "create_refused",
+]
 
 MIN_PART = 5 * 1024 * 1024  # S3's smallest multipart part
 # A shard up to this size goes to an object store as one PUT (one request instead of
@@ -47,6 +54,33 @@ def _open_returns_buffered(dst: Location) -> bool:
     name = getattr(dst.fs, "protocol", "")
     protos = (name,) if isinstance(name, str) else tuple(name)
     return any(p in _BUFFERED_PROTOCOLS for p in protos) or getattr(dst.fs, "buffered_writes", False)
+
+
+_TAKEN_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict", "BlobAlreadyExists", "ConditionNotMet"})
+
+
+def create_refused(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is a store refusing a create-only write because an object has
+    the name: FileExistsError (s3fs, gcsfs and adlfs map it so), an S3 412 PreconditionFailed or 409
+    ConditionalRequestConflict (another create of the name runs), an Azure 412 or BlobAlreadyExists."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, FileExistsError):
+            return True
+        response = getattr(e, "response", None)  # botocore's ClientError
+        if isinstance(response, dict):
+            code = str((response.get("Error") or {}).get("Code") or "")
+            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            if code in _TAKEN_CODES or status == 412:
+                return True
+        if type(e).__module__.startswith("azure") and (
+            getattr(e, "status_code", None) == 412 or getattr(e, "error_code", None) in _TAKEN_CODES
+        ):
+            return True
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+    return False
 
 
 def part_size(size: int, chunk: int) -> int:

@@ -4,7 +4,9 @@ s3fs sends every body through aiobotocore/aiohttp on its one event-loop thread, 
 and buffers it in Python; a presigned URL (made by s3fs, so endpoint, region, addressing and
 credentials are its own) lets each transfer thread send its chunks itself. The last chunk goes
 out only after every byte read matched the manifest's size and digest: otherwise the connection
-is closed with the body short of its Content-Length and the store keeps nothing.
+is closed with the body short of its Content-Length and the store keeps nothing. Unless the copy
+is a repair, the PUT carries ``If-None-Match: *``: the store refuses it (412) where an object
+already has the name, and keeps that object.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from ferry.shard_tools.errors import ShardFormatError, SourceMissing, StorageErr
 from ferry.shard_tools.store import Location
 
 from . import http_pool
-from .hashed_io import CopySpec, check_cancel, check_digest
+from .hashed_io import CopySpec, NameTaken, check_cancel, check_digest
 
 __all__ = ["presign_allowed", "put_presigned", "open_local_source"]
 
@@ -74,7 +76,9 @@ def open_local_source(src: Location, c: CopySpec) -> io.FileIO:
 
 def put_presigned(src: Location, dst: Location, c: CopySpec) -> bool:
     """PUT the local shard to ``dst``; False when the store refused the presigned PUT (the caller
-    then uses s3fs, and so does every later upload to this filesystem). Memory: one chunk per thread.
+    then uses s3fs, and so does every later upload to this filesystem); NameTaken when a create-only
+    PUT found an object at the name (412, or 409 while another create of it runs). Memory: one chunk
+    per thread.
     """
     fs = dst.fs
     target = dst.full(c.path)
@@ -93,6 +97,9 @@ def put_presigned(src: Location, dst: Location, c: CopySpec) -> bool:
         fs.invalidate_cache(target)
         return True
     http_pool.drop(u, conn)
+    if c.create_only and status in (409, 412):
+        fs.invalidate_cache(target)
+        raise NameTaken(target)
     if status >= 500 or status in (408, 429):
         raise StorageError(f"PUT of {target}: HTTP {status} {reason}")
     _refuse(fs)
@@ -103,11 +110,13 @@ def _stream_put(
     conn: http.client.HTTPConnection, u: urllib.parse.SplitResult, f: io.RawIOBase, buf: memoryview, c: CopySpec
 ) -> tuple[int, str]:
     """Send the request and the body from ``f`` (the last piece only once verified); (status, reason)."""
-    path, size, digest, _, throttle, progress, cancel = c
+    path, size, digest, _, throttle, progress, cancel, create_only = c
     hasher = Hasher()
     try:
         conn.putrequest("PUT", f"{u.path}?{u.query}", skip_accept_encoding=True)
         conn.putheader("Content-Length", str(size))
+        if create_only:
+            conn.putheader("If-None-Match", "*")  # not signed: a presigned URL lets the client add it
         conn.endheaders()
         last = 0
         while hasher.nbytes < size:

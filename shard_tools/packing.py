@@ -14,6 +14,7 @@ import datetime as _dt
 import os
 import sys
 import time
+import unicodedata
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -85,6 +86,8 @@ class PackOptions:
     progress: bool | None = None  # None: only on a TTY
 
     def __post_init__(self) -> None:
+        if self.name is not None:
+            _check_name(self.name)
         if self.shard_size < 1024:
             raise UsageError(f"--shard-size {self.shard_size} is too small (at least 1 KiB)")
         if not 1 <= self.compression_level <= 22:
@@ -101,6 +104,21 @@ class PackOptions:
             raise UsageError(f"--vocab-size must be positive, got {self.vocab_size}")
         if self.eos_id is not None and self.eos_id < 0:
             raise UsageError(f"--eos-id must not be negative, got {self.eos_id}")
+
+
+# Controls (C0, DEL, C1), format characters (bidi overrides, zero-width) and line/paragraph separators: a
+# name with one would rewrite a terminal or forge a line wherever a dataset's name is shown or logged.
+_NAME_CONTROLS = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+
+
+def _check_name(name: str) -> None:
+    """A UsageError naming the character by its escape when ``name`` holds a control character."""
+    bad = next((ch for ch in name if unicodedata.category(ch) in _NAME_CONTROLS), None)
+    if bad is not None:
+        raise UsageError(
+            f"--name {name!r} holds the control character {bad!r} (at position {name.index(bad)}); "
+            "a dataset name may not hold control characters"
+        )
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Storage access over fsspec: resolve URLs, read and write whole objects atomically.
 
 Every write goes to its final name in one atomic step: on a local filesystem a temp
-file in the same directory is fsync'ed and renamed over the target; on object stores
-(s3, gs, memory) a single PUT (or a completed multipart upload) is atomic by itself.
+file in the same directory is fsync'ed and renamed over the target (or, to create only,
+hard-linked to it: ``link_new``); on object stores (s3, gs, memory) a single PUT (or a
+completed multipart upload) is atomic by itself.
 Temp files carry ``TEMP_MARKER`` in their name so a planner can find stale ones.
 """
 
@@ -41,6 +42,7 @@ __all__ = [
     "writer_liveness",
     "temp_is_stale",
     "atomic_local_write",
+    "link_new",
     "STALE_TEMP_SECONDS",
     "process_alive",
     "not_permitted",
@@ -419,6 +421,27 @@ def atomic_local_write(path: str, data: bytes | memoryview | tuple[bytes, ...], 
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+_NO_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.ENOSYS, errno.EMLINK})
+
+
+def link_new(tmp: str, path: str) -> bool:
+    """Give the finished file ``tmp`` the name ``path`` only if nothing has that name (a file, a directory, a
+    symbolic link, even a dangling one): True when done, False when the name is taken. A hard link, so the
+    check and the naming are one step; ``tmp`` stays for the caller to remove. On a filesystem without hard
+    links: a check, then a rename (two writers racing there may both write)."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if exc.errno not in _NO_LINKS:
+            raise
+        if os.path.lexists(path):
+            return False
+        os.replace(tmp, path)
+    return True
 
 
 _S3_PROTOCOLS = ("s3://", "s3a://")

@@ -9,11 +9,13 @@ from typing import Any
 import pytest
 from helpers import make_docs
 
+from ferry.service.bandwidth import Bandwidth
 from ferry.service.engine import Engine
 from ferry.service.executor import Executor
 from ferry.service.replication_state import State
 from ferry.shard_tools import PackOptions, open_dataset, pack_documents, verify
 from ferry.shard_tools.digest import digest_bytes
+from ferry.shard_tools.errors import RollbackError
 from ferry.shard_tools.store import resolve
 from tests.helpers import EOS, VOCAB
 
@@ -71,3 +73,41 @@ def test_a_truncated_copy_of_what_the_destination_names_is_repaired(tmp_path: An
     res = _engine().sync_pass("ds", "a", "b", {"a": src, "b": dst})
     assert res.published and res.ok, res.failed
     assert dst.read_bytes(path) == full
+
+
+class _PackMeanwhile(Bandwidth):
+    """Bandwidth that, when the pass first moves bytes, has ``ferry pack`` store the same documents at
+    another zstd level straight into the destination (a writer racing the sync; no lease)."""
+
+    def __init__(self, url: str, docs: Any, opts: dict[str, Any]) -> None:
+        super().__init__()
+        self.url, self.docs, self.opts = url, docs, opts
+        self.packed: list[str] = []
+
+    def take(self, link: str | None, n: int, cancel: Any = None) -> None:
+        if not self.packed:
+            self.packed.append(_pack(self.url, self.docs, self.opts, compression_level=9))
+
+
+@pytest.mark.parametrize("dst_kind", ["file", "memory", "s3", "gcs", "azure"])
+def test_a_pack_storing_the_shards_meanwhile_keeps_its_objects(
+    file_backend: Any, request: pytest.FixtureRequest, dst_kind: str
+) -> None:
+    """The copy's final step is create-only: the racing pack's objects stay, its version verifies, and the
+    pass fails those shards for good (nothing published) instead of naming bytes that differ."""
+    dst_b = request.getfixturevalue(f"{dst_kind}_backend")
+    src_url, dst_url = file_backend.url("src"), dst_b.url("dst")
+    docs = make_docs(80, seed=4)
+    _pack(src_url, docs, {}, compression_level=1)
+    racer = _PackMeanwhile(dst_url, docs, dst_b.storage_options)
+    eng = Engine(Executor(transfers=1, retries=2, backoff=(0.001, 0.01), bandwidth=racer), State(None))
+    dst = resolve(dst_url, dst_b.storage_options)
+    try:
+        res: Any = eng.sync_pass("ds", "a", "b", {"a": resolve(src_url), "b": dst})
+    except RollbackError as exc:  # the racer's version stands there: the pass may not replace it
+        res = exc
+    assert racer.packed and open_dataset(dst_url, storage_options=dst_b.storage_options).version_id == racer.packed[0]
+    report = verify(dst_url, storage_options=dst_b.storage_options)
+    assert report.ok, ("the racing pack's shard objects were replaced", report.bad)
+    assert not isinstance(res, RollbackError) and not res.published and res.failed, res
+    assert all(not f.retryable and "never replaces" in (f.error or "") for f in res.failed), res.failed
