@@ -88,7 +88,7 @@ test-unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check shard_tools client service tests bench tools
+	$(VENV)/bin/ruff check shard_tools client service tests bench tools examples
 	$(PY) tools/typecheck.py
 
 bench: $(STAMP)

@@ -50,7 +50,7 @@ def _readme_for_site(text: str) -> str:
         if re.match(r"[a-z]+:|#", target):
             return m.group(0)
         if target.startswith("docs/"):
-            return f"{bang}[{label}]({target[len('docs/'):]})"
+            return f"{bang}[{label}]({target[len('docs/') :]})"
         return label
 
     return _LINK.sub(fix, text)
@@ -106,7 +106,7 @@ class _SchemaOnlyBackend:
     """Just enough of a daemon for ``create_app`` to build its routes; nothing is ever served."""
 
     def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kwargs: (lambda *args, **kwargs: None)
+        return lambda *args, **kwargs: lambda *args, **kwargs: None
 
 
 def http_api_markdown() -> str:
@@ -121,7 +121,8 @@ def http_api_markdown() -> str:
             body = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
             body_name = body.get("$ref", "").rsplit("/", 1)[-1]
             summary = (op.get("summary") or "").replace("|", "\\|")
-            rows.append(f"| {method.upper()} | `{path}` | {summary} | {query} | {f'`{body_name}`' if body_name else ''} |")
+            body_cell = f"`{body_name}`" if body_name else ""
+            rows.append(f"| {method.upper()} | `{path}` | {summary} | {query} | {body_cell} |")
     return "\n".join(rows) + "\n"
 
 

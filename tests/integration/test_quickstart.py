@@ -53,7 +53,9 @@ def test_the_quickstart_runs_verbatim_and_makes_the_dataset(tmp_path: Path) -> N
     outputs = []
     for language, code in blocks:
         proc = run_block(language, code, work, env)
-        assert proc.returncode == 0, f"README quickstart {language} block exit {proc.returncode}:\n{code}\n{proc.stderr[-4000:]}"
+        assert proc.returncode == 0, (
+            f"README quickstart {language} block exit {proc.returncode}:\n{code}\n{proc.stderr[-4000:]}"
+        )
         outputs.append(proc.stdout)
     east, west = (json.loads((work / "clusters" / c / "web" / "manifest.json").read_text()) for c in ("east", "west"))
     assert west["version_id"] == east["version_id"]
