@@ -13,7 +13,7 @@ TITAN_PY    := $(TITAN_VENV)/bin/python
 TITAN_LOCK  := requirements-titan.lock
 TITAN_STAMP := $(TITAN_VENV)/.installed
 
-.PHONY: demo test test-fast test-unit soak lint bench venv clean browser promtool azurite lock
+.PHONY: demo test test-fast test-unit soak lint bench docs venv clean browser promtool azurite lock
 
 # Azurite (Microsoft's Azure Storage emulator, from npm) for the az:// tests, into a git-ignored folder
 # of this checkout: tests/conftest.py runs .npm-tools/node_modules/azurite (fake-gcs-server, for gs://,
@@ -88,11 +88,15 @@ test-unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check shard_tools client service tests bench tools
+	$(VENV)/bin/ruff check shard_tools client service tests bench tools examples
 	$(PY) tools/typecheck.py
 
 bench: $(STAMP)
 	$(PY) bench/run.py $(BENCH_ARGS)
 
+# The documentation site into site/ (as a module: .venv/bin/ferry would shadow the package for griffe).
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) $(TITAN_VENV) $(NPM_TOOLS) .venv-bench .pytest_cache .mypy_cache .mypy-tree .ruff_cache demo-data bench/data
+	rm -rf $(VENV) $(TITAN_VENV) $(NPM_TOOLS) .venv-bench .pytest_cache .mypy_cache .mypy-tree .ruff_cache demo-data bench/data site

@@ -205,7 +205,7 @@ def _add_pack(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--merge", action="store_true", help="publish one version from the part records of a --part run")
     p.add_argument("--run-id", help="the run to --merge (default: the only run under parts/), or to name a --part run")
     p.add_argument("--parts", type=int, help="with --merge and INPUTS: N of the --part run (to compute its run id)")
-    p.add_argument("--name", help="dataset name (default: last part of --out)")
+    p.add_argument("--name", help="dataset name (default: last part of --out); no control characters")
     p.add_argument("--append", action="store_true", help="publish a new version adding shards to an existing dataset")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary")
     _add_storage(p)

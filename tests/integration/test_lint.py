@@ -20,7 +20,7 @@ def test_ruff_clean() -> None:
     ruff = BIN / "ruff"
     if not ruff.exists():
         pytest.skip("ruff is not installed in this environment (pip install 'ferry-data[test]')")
-    result = _run(str(ruff), "check", "shard_tools", "client", "service", "tests", "bench", "tools")
+    result = _run(str(ruff), "check", "shard_tools", "client", "service", "tests", "bench", "tools", "examples")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
