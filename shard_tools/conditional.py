@@ -30,7 +30,7 @@ check-then-write. What makes it atomic depends on the store:
 - **memory://**: one in-process lock (the store exists in this process only).
 - **any other store**: no atomic primitive is known to ferry; the write is
   check-then-write (a race between two writers can lose one), said once per process in a
-  warning. The README's "Guarantees" section lists this.
+  warning. The documentation's Guarantees page (docs/guarantees.md) lists this.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def write_if(loc: Location, rel: str, data: bytes, token: str | None) -> str:
         _warned.add(protocol)
         warnings.warn(
             f"{loc.url}: this store offers ferry no atomic compare-and-swap; concurrent writers "
-            "of one dataset can lose a version here (see the README's Guarantees)",
+            "of one dataset can lose a version here (see docs/guarantees.md)",
             RuntimeWarning,
             stacklevel=2,
         )

@@ -53,7 +53,7 @@ DEFAULT_SHARD_SIZE = 128 * 2**20
 DEFAULT_LEVEL = 1  # on token streams, about level 3's ratio at a fraction of its time
 # Seekable frames by default: format 2 may be the default only where it costs at most 3% ratio and 5% pack
 # throughput against format 1 at the same level; the bench suite "seek" measures 0.05% ratio and no
-# throughput cost (the README gives the numbers). `--format 1` is one zstd frame (what ferry before 2 reads).
+# throughput cost (docs/BENCHMARKS.md gives the numbers). `--format 1` is one zstd frame (what ferry before 2 reads).
 DEFAULT_STORED_FORMAT = 2
 
 
