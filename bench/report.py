@@ -447,7 +447,7 @@ def _remote_global(rm: dict[str, Any]) -> list[str]:
         return []
     over = cases[0].get("global_over")
     lines = [
-        f'shuffle="global" over a dataset {over}x the cache (ferry reads format-2 frames; the peers at the same '
+        f'shuffle="global" over a dataset {over}x the cache (ferry reads seekable frames; the peers at the same '
         "cache with their closest shuffles: litdata's shuffle=True, MosaicML's all-to-all naive shuffle):",
         "",
         "| RTT | step | dataset | first batch s | tokens/s after it | stall share | downloaded ÷ delivered | "
@@ -562,11 +562,13 @@ def _charts(res: dict[str, Any], img_dir: Path, python: str | None) -> None:
 
 
 def _seek(res: dict[str, Any]) -> list[str]:
-    """Stored format 2 (seekable frames) against format 1: pack cost, frame sizes, cold first batch."""
+    """The seekable stored format (3; 2 in older results) against format 1: pack cost, frame sizes, cold first
+    batch."""
     sk = res.get("seek")
     if not sk:
         return []
-    lines = ["## Seekable shards: format 2 against format 1", ""]
+    seekable = "f3" if "f3" in sk.get("pack", {}).get("ratio", {}) else "f2"
+    lines = [f"## Seekable shards: format {seekable[1:]} against format 1", ""]
     if "error" in sk and "pack" not in sk:
         return [*lines, str(sk["error"]), ""]
     pk = sk.get("pack", {})
@@ -575,7 +577,7 @@ def _seek(res: dict[str, Any]) -> list[str]:
         "| format | pack Mtok/s | ratio | cold first batch s (open + batch) | batch alone s | frames read |",
         "|---|---|---|---|---|---|",
     ]
-    for t in ("f1", "f2"):
+    for t in ("f1", seekable):
         fb = sk.get("first_batch", {}).get(t, {})
         first, alone = ((fb.get(k) or {}).get("median") for k in ("first_batch_s", "batch_s"))
         frames = (fb.get("frames") or {}).get("median", "—")
@@ -584,10 +586,11 @@ def _seek(res: dict[str, Any]) -> list[str]:
     if "ratio_cost" in pk:
         median = pk.get("median_cpu_speed_cost")
         medians = "" if median is None else f"; {median * 100:.2f}% by the medians"
-        lines += ["", f"Format 2 costs {pk['ratio_cost'] * 100:.2f}% ratio, {pk['cpu_speed_cost'] * 100:.2f}% pack "
-                  f"throughput per CPU second (best of {sk.get('repeats')} alternated runs{medians}; "
-                  f"{pk['speed_cost'] * 100:.2f}% wall clock) at zstd {sk.get('level')}; format 2 may be the "
-                  f"default: {pk['format_2_by_default']} (needs ≤ 3% and ≤ 5%)."]  # fmt: skip
+        default = pk.get("seekable_by_default", pk.get("format_2_by_default"))
+        lines += ["", f"Format {seekable[1:]} costs {pk['ratio_cost'] * 100:.2f}% ratio, "
+                  f"{pk['cpu_speed_cost'] * 100:.2f}% pack throughput per CPU second (best of {sk.get('repeats')} "
+                  f"alternated runs{medians}; {pk['speed_cost'] * 100:.2f}% wall clock) at zstd {sk.get('level')}; "
+                  f"format {seekable[1:]} may be the default: {default} (needs ≤ 3% and ≤ 5%)."]  # fmt: skip
     sizes = sk.get("frame_sizes", {})
     if sizes:
         lines += ["", "| frames of one shard | ratio | MiB/s (CPU) |", "|---|---|---|"]

@@ -3,7 +3,7 @@
 The S3 server is moto with ranged GETs answered in time proportional to the range, as S3 does
 (``moto_ranged.py``; moto as shipped copies the whole object for every ranged GET).
 
-Each tool's level-1 pack output (~64 MiB shards; ferry's packed here in stored format 2, the default, and
+Each tool's level-1 pack output (~64 MiB shards; ferry's packed here in stored format 3, the default, and
 in format 1; the peers' from the pack suite or packed here) is uploaded to its own bucket on one moto server;
 every read goes through the same :mod:`netem` proxy (per-connection and total bandwidth caps, a round trip
 per request) at each RTT. Batch 16 x 2049, a simulated step of ``STEP_S``
@@ -52,7 +52,7 @@ HANDOFFS = {  # floors of the stall share: no data read, ready batches of the sa
     "dataloader": "DataLoader handoff alone (floor)",
     "thread": "ready batch from a thread's queue (floor)",
 }
-F1 = "ferry format 1"  # the same corpus in stored format 1 (one zstd frame a shard); "ferry" is format 2, the default
+F1 = "ferry format 1"  # the same corpus in stored format 1 (one zstd frame a shard); "ferry" is format 3, the default
 # the peers' closest equivalents at the same cache: litdata's shuffle=True, MosaicML's all-to-all "naive" shuffle
 GLOBAL_PEERS = {
     "litdata shuffle=True": ("litdata", {}),
@@ -172,7 +172,7 @@ def _mosaic_window(ctx: Context) -> dict[str, int]:
 
 
 def _frames_dir(ctx: Context, frame_size: int) -> Path:
-    return ctx.data / f"remote-frames-{frame_size >> 10}k"
+    return ctx.data / f"remote-frames-s3-{frame_size >> 10}k"  # format 3: the format read by frames
 
 
 def _handoff_args(ctx: Context) -> dict[str, Any]:
@@ -185,7 +185,7 @@ def _format_1_dir(ctx: Context) -> Path:
 
 
 def _pack_frames(ctx: Context, frame_size: int) -> str:
-    """The benchmark corpus packed again in stored format 2 with ``frame_size`` raw bytes per frame (0: in
+    """The benchmark corpus packed again in stored format 3 with ``frame_size`` raw bytes per frame (0: in
     format 1, one zstd frame a shard)."""
     from ferry.shard_tools.packing import PackOptions, pack
     from ferry.shard_tools.seekable import DEFAULT_FRAME_SIZE
@@ -197,7 +197,7 @@ def _pack_frames(ctx: Context, frame_size: int) -> str:
             vocab_size=c.spec.vocab_size,
             eos_id=c.spec.eos_id,
             shard_size=suite_pack.SHARD_SIZE,
-            stored_format=2 if frame_size else 1,
+            stored_format=3 if frame_size else 1,
             frame_size=frame_size or DEFAULT_FRAME_SIZE,
             progress=False,
         )

@@ -1,13 +1,13 @@
-"""Seek: stored format 2 (seekable frames) against format 1 (one zstd frame per shard).
+"""Seek: stored format 3 (seekable frames, the default) against format 1 (one zstd frame per shard).
 
-- pack: the benchmark corpus packed with ``ferry pack --format 1`` and ``--format 2`` at the same level,
-  alternated and repeated: tokens/s and compression ratio (raw ÷ stored), and what format 2 costs —
-  the default is format 2 only while that is ≤ 3% ratio and ≤ 5% throughput;
+- pack: the benchmark corpus packed with ``ferry pack --format 1`` and ``--format 3`` at the same level,
+  alternated and repeated: tokens/s and compression ratio (raw ÷ stored), and what format 3 costs —
+  the default is a seekable format only while that is ≤ 3% ratio and ≤ 5% throughput;
 - frame sizes: one shard's raw bytes compressed as one frame and as frames of 256 KiB – 1 MiB
   (ratio and MiB/s, in process), the measurement behind the default frame size;
 - cold first batch: a fresh process and an empty cache, ``shuffle="global"``, 16 × 2049 tokens, local
-  dataset: seconds from building the loader to the first batch (target < 0.05 s for format 2), and
-  the frames / bytes format 2 read for it.
+  dataset: seconds from building the loader to the first batch (target < 0.05 s for format 3), and
+  the frames / bytes format 3 read for it.
 
 Run as a suite (``bench/run.py --only seek``); ``python bench/suite_seek.py first-batch JSON`` is the
 one-process measurement the suite starts for each cold first batch.
@@ -70,7 +70,7 @@ def _pack_case(ctx: Context) -> Any:
 
 
 def _costs(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Medians and bests per format and what format 2 costs: ratio, wall-clock and CPU-time throughput.
+    """Medians and bests per format and what format 3 costs: ratio, wall-clock and CPU-time throughput.
 
     The decision uses the best CPU-time throughput of each format over its alternated runs: other work
     on a shared machine only ever adds CPU time (cache and memory-bandwidth interference), so the best
@@ -84,13 +84,13 @@ def _costs(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     spread = {t: summary(r, "tokens_per_second") for t, r in runs.items()}
     out: dict[str, Any] = {"tokens_per_s": tps, "tokens_per_cpu_s": cps, "best_tokens_per_cpu_s": best_cps,
                            "ratio": ratio, "spread_tokens_per_s": spread}  # fmt: skip
-    if all(d.get("f1") and d.get("f2") for d in (tps, cps, ratio, best_cps)):
-        out["ratio_cost"] = 1 - ratio["f2"] / ratio["f1"]
-        out["speed_cost"] = 1 - tps["f2"] / tps["f1"]
-        out["median_cpu_speed_cost"] = 1 - cps["f2"] / cps["f1"]
-        out["cpu_speed_cost"] = 1 - best_cps["f2"] / best_cps["f1"]
+    if all(d.get("f1") and d.get("f3") for d in (tps, cps, ratio, best_cps)):
+        out["ratio_cost"] = 1 - ratio["f3"] / ratio["f1"]
+        out["speed_cost"] = 1 - tps["f3"] / tps["f1"]
+        out["median_cpu_speed_cost"] = 1 - cps["f3"] / cps["f1"]
+        out["cpu_speed_cost"] = 1 - best_cps["f3"] / best_cps["f1"]
         ok = out["ratio_cost"] <= MAX_RATIO_COST and out["cpu_speed_cost"] <= MAX_SPEED_COST
-        out["format_2_by_default"] = ok
+        out["seekable_by_default"] = ok
     return out
 
 
@@ -143,7 +143,7 @@ def _first_batch_case(ctx: Context, urls: dict[str, str]) -> Any:
 
 def run(ctx: Context) -> dict[str, Any]:
     repeats = max(7, ctx.repeats)  # at least 7 even for --quick: the decision hangs on a few percent
-    runs = alternate(ctx, ["f1", "f2"], _pack_case(ctx), repeats=repeats, what="seek pack")
+    runs = alternate(ctx, ["f1", "f3"], _pack_case(ctx), repeats=repeats, what="seek pack")
     result: dict[str, Any] = {"level": LEVEL, "repeats": repeats, "pack": _costs(runs)}
     urls = {t: next((x["url"] for x in rs if "url" in x), "") for t, rs in runs.items()}
     if not all(urls.values()):
@@ -152,7 +152,7 @@ def run(ctx: Context) -> dict[str, Any]:
     sys.path.insert(0, str(ctx.repo))
     result["frame_sizes"] = _frame_sizes(urls["f1"])
     log(f"seek frame sizes: {result['frame_sizes']}")
-    first = alternate(ctx, ["f1", "f2"], _first_batch_case(ctx, urls), repeats=repeats, what="seek first batch")
+    first = alternate(ctx, ["f1", "f3"], _first_batch_case(ctx, urls), repeats=repeats, what="seek first batch")
     result["first_batch"] = {
         t: {k: summary(rs, k) for k in ("first_batch_s", "open_s", "batch_s", "frames", "bytes_read")}
         for t, rs in first.items()

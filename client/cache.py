@@ -37,7 +37,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from ferry.shard_tools.digest import Hasher
+from ferry.shard_tools.digest import raw_hasher
 from ferry.shard_tools.errors import CacheError, ShardError
 from ferry.shard_tools.format import ShardView, parse_shard
 from ferry.shard_tools.manifest import ShardInfo
@@ -116,8 +116,9 @@ def _map_shard(path: str, info: ShardInfo, dtype: str, populate: bool) -> ShardV
     return parse_shard(pa.py_buffer(mm), shard=info.path, dtype=dtype, documents=info.documents, tokens=info.tokens)
 
 
-def _file_digest(path: str) -> str:
-    hasher = Hasher()
+def _file_digest(path: str, info: ShardInfo) -> str:
+    """The raw digest of a cached file as ``info``'s row computes it (tree-shaped in stored format 3)."""
+    hasher = raw_hasher(info.frame_size)
     with _guard(path, "read", missing_ok=True), open(path, "rb") as f:
         while chunk := f.read(8 << 20):
             hasher.update(chunk)
@@ -148,7 +149,7 @@ class ShardCache:
         self.verify = verify
         self.fetches = 0  # shards this process downloaded (for tests and stats)
         self._count_lock = threading.Lock()
-        self._verified: set[str] = set()  # raw digests this process wrote or checked
+        self._verified: set[tuple[str, int]] = set()  # (raw digest, frame size) this process wrote or checked
         self._deferred: list[CacheError] = []  # node-cache failures of background fetches, raised by the reader
         locks = os.path.join(self.directory, ".locks")
         with _guard(locks, "create the cache directory"):
@@ -196,10 +197,10 @@ class ShardCache:
         """Present with the right size and, when verifying, its raw digest checked once by this process."""
         if not self.present(info):
             return False
-        if not self.verify or info.raw_digest in self._verified:
+        if not self.verify or (info.raw_digest, info.frame_size) in self._verified:
             return True
-        if _file_digest(self.path(info)) == info.raw_digest:
-            self._verified.add(info.raw_digest)
+        if _file_digest(self.path(info), info) == info.raw_digest:
+            self._verified.add((info.raw_digest, info.frame_size))
             return True
         return False
 
@@ -214,11 +215,11 @@ class ShardCache:
             path = self.path(info)
             if not bad and self._good(info):
                 return  # another process fetched it while we waited
-            self._verified.discard(info.raw_digest)
+            self._verified.discard((info.raw_digest, info.frame_size))
             with _guard(path, "remove the stale copy"), contextlib.suppress(FileNotFoundError):
                 os.unlink(path)  # wrong size or digest; processes that mapped it keep their (checked) copy
             self._download(info, path)  # checked against both manifest digests as it streams
-            self._verified.add(info.raw_digest)
+            self._verified.add((info.raw_digest, info.frame_size))
             with self._count_lock:  # prefetch threads fetch too: += is not atomic across threads
                 self.fetches += 1
         self.evict(keep=path)

@@ -285,7 +285,7 @@ class TokenDataset(SampleSource):
             # pre-fault mapped shards when they will be read through: windows read each shard whole, and a
             # dataset that stays mapped is read whole over an epoch; a global shuffle of a big one is not
             populate = self.shuffle != "global" or int(self.manifest.shards.raw_bytes.sum()) <= budget
-            # format-2 shards: read by frames when whole shards are not wanted (the same test) or not cached yet
+            # format-3 shards: read by frames when whole shards are not wanted (the same test) or not cached yet
             frames = frame_reader_for(self.manifest, self.replicas, budget)
             self._reader = ShardReader(
                 self.manifest, self.cache, max_bytes=budget, populate=populate, frames=frames, whole_shards=populate,

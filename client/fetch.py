@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 
 import zstandard
 
-from ferry.shard_tools.digest import Hasher
+from ferry.shard_tools.digest import Hasher, raw_hasher
 from ferry.shard_tools.errors import ShardDigestError, ShardFormatError, UsageError
 from ferry.shard_tools.format import MAX_EXPANSION
 from ferry.shard_tools.manifest import ShardInfo
@@ -211,7 +211,7 @@ class _RawOut:
 
     def __init__(self, info: ShardInfo, out: BinaryIO) -> None:
         self.info, self.out = info, out
-        self.hasher = Hasher()
+        self.hasher = raw_hasher(info.frame_size)  # tree-shaped in stored format 3, as the row says
         self.written = 0
 
     def write(self, data: bytes) -> int:
@@ -270,7 +270,7 @@ class ShardSink:
             raise ShardFormatError(
                 info.path, f"unreadable zstd frame header ({exc}); the shard is truncated or corrupt"
             ) from exc
-        # format 1 is one frame of the whole raw shard; format 2's first frame holds at most all of it (the
+        # format 1 is one frame of the whole raw shard; formats 2 and 3's first frame holds at most all of it (the
         # frame index pins every frame's size and is checked by the frame reader; here the whole-shard digests)
         if size != info.raw_bytes if info.stored_format == 1 else not 0 < size <= max(info.raw_bytes, 1):
             raise ShardFormatError(info.path, f"frame says {size} raw bytes, manifest says {info.raw_bytes}")

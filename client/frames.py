@@ -1,13 +1,16 @@
-"""Reading format-2 shards by frames: the index once, then only the frames a token or document range touches.
+"""Reading format-3 shards by frames: the index once, then only the frames a token or document range touches.
 
 A :class:`FrameReader` is given a ranged-read callable ``read_range(info, offset, length) -> bytes``
 (:meth:`ferry.client.replicas.Replicas.read_range` in the loader: the first replica that has the bytes, with
 deadlines and hedging). Per shard it reads the frame index once (one ranged read of the shard's tail, checked
-against the manifest's ``index_bytes`` / ``index_digest``) and checks it against the Arrow metadata at the
-head of the raw file (frame 0, decoded only that far: :func:`ferry.shard_tools.seekable.check_layout`) before
-reading anything through it; then it maps a raw byte range to frames, reads the missing ones (adjacent
-frames in one ranged read), checks each against the index's digest before decompressing it (the bounds of
-:func:`ferry.shard_tools.format.decompress`), and keeps decoded frames in an LRU block cache bounded in bytes.
+against the manifest's ``index_bytes`` / ``index_digest``, and its leaves against the manifest's raw digest)
+and checks it against the Arrow metadata at the head of the raw file (frame 0, checked against its leaf:
+:func:`ferry.shard_tools.seekable.check_layout`) before reading anything through it; then it maps a raw byte range
+to frames, reads the missing ones (adjacent frames in one ranged read), checks each against the index's
+digest before decompressing it (the bounds of :func:`ferry.shard_tools.format.decompress`) and its raw bytes
+against its leaf after, and keeps decoded frames in an LRU block cache bounded in bytes. So every frame
+delivered holds the raw bytes the manifest's raw digest names. Format-2 shards (a flat raw digest: no
+frame can be checked against it alone) are not read by frames: the loader reads them whole.
 With ``checked_reads`` the digests are checked inside the ranged read, so a replica's bad bytes are
 refused there and the next replica's taken. One per process, used from one thread (like ``ShardReader``).
 """
@@ -57,7 +60,7 @@ class FrameStats:
 
 
 class FrameReader:
-    """Frames of format-2 shards, fetched by ranged reads, verified, decoded and cached (``limit`` bytes).
+    """Frames of format-3 shards, fetched by ranged reads, verified, decoded and cached (``limit`` bytes).
 
     ``threads``: ranged reads in flight at once when a batch's frames are fetched together
     (:meth:`prefetch_tokens`): a batch of samples over many shards then costs about one round trip for
@@ -108,10 +111,10 @@ class FrameReader:
         return data
 
     def _fetch_index(self, info: ShardInfo) -> FrameIndex:
-        """The frame index as the manifest row pins it (size, structure, digest); its Arrow positions are
-        checked by :meth:`_checked` before any frame is read through it."""
-        if info.stored_format != 2:
-            raise ShardFormatError(info.path, "is not a format-2 (seekable) shard: read it whole")
+        """The frame index as the manifest row pins it (size, structure, digest, leaves); its Arrow positions
+        are checked by :meth:`_checked` before any frame is read through it."""
+        if info.stored_format != 3:
+            raise ShardFormatError(info.path, f"is a format-{info.stored_format} shard, not read by frames: read whole")
         if info.index_bytes > max_index_bytes(info.raw_bytes):  # refused before a byte is asked for
             raise ShardFormatError(
                 info.path,
@@ -139,7 +142,7 @@ class FrameReader:
 
     def _head(self, info: ShardInfo, index: FrameIndex) -> bytes:
         """Raw bytes ``[0, offsets_pos)``: from the block cache, else (within frame 0, as in every shard ferry
-        writes) frame 0 read and checked whole but decoded only as far as the head goes."""
+        writes) frame 0 read, checked against the index and its leaf, and cut to the head."""
         ks = index.frames_of(0, max(1, index.offsets_pos))
         if len(ks) == 1 and (info.path, 0) not in self._blocks:
             return self._read_head(info, index)
@@ -165,7 +168,7 @@ class FrameReader:
             self._indexes.popitem(last=False)
 
     def index(self, info: ShardInfo) -> FrameIndex:
-        """The checked frame index of a format-2 shard (read once per process, kept for the last few thousand)."""
+        """The checked frame index of a format-3 shard (read once per process, kept for the last few thousand)."""
         index = self._indexes.get(info.path)
         if index is not None:
             self._indexes.move_to_end(info.path)
@@ -329,11 +332,11 @@ def _runs(ks: list[int]) -> list[list[int]]:
 
 
 def frame_reader_for(manifest: Any, replicas: Any, budget: int) -> FrameReader | None:
-    """A frame reader for a dataset holding format-2 shards (None when it has none), its block cache a
+    """A frame reader for a dataset holding format-3 shards (None when it has none), its block cache a
     quarter of this process's cache budget, between 8 and 256 MiB. Frames of a batch are fetched 8 at a
     time from remote replicas (round trips overlap); one at a time from local files (measured faster: the
     reads cost no wait, and threads only contend for the cores)."""
-    if not bool(np.any(manifest.shards.index_bytes > 0)):
+    if not bool(np.any(manifest.shards.frame_size > 0)):
         return None
     local = all("://" not in u or u.startswith("file://") for u in replicas.urls)
     limit = min(DEFAULT_BLOCK_LIMIT, max(8 << 20, budget // 4))

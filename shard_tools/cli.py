@@ -131,18 +131,20 @@ def _add_stored_form(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--format",
         type=int,
-        choices=[1, 2],
+        choices=[1, 2, 3],
         default=None,
         dest="stored_format",
-        help="stored shard format: 2 (default) seekable zstd frames + a frame index, read by frames without the "
-        "whole shard (global shuffle, cold starts from remote; ferry before format 2 cannot read it); 1 one zstd "
-        "frame per shard (what older ferry reads)",
+        help="stored shard format: 3 (default) seekable zstd frames + a frame index whose raw digests bind every "
+        "frame to the shard's raw digest, read by frames without the whole shard (global shuffle, cold starts "
+        "from remote; ferry before format 3 cannot read it); 2 the same without per-frame raw digests (what "
+        "ferry before format 3 reads; read whole, not by frames, by this ferry); 1 one zstd frame per shard "
+        "(what ferry before format 2 reads)",
     )
     p.add_argument(
         "--frame-size",
-        help="raw bytes per frame of --format 2 (default 512KiB; 4KiB..64MiB): a sample read by frames costs about "
-        "one frame, so frames near the sample size (e.g. 4KiB for 2048 uint16 tokens) suit global shuffle from "
-        "remote, at some compression ratio",
+        help="raw bytes per frame of --format 3 or 2 (default 512KiB; 4KiB..64MiB): a sample read by frames costs "
+        "about one frame, so frames near the sample size (e.g. 4KiB for 2048 uint16 tokens) suit global shuffle "
+        "from remote, at some compression ratio",
     )
 
 
@@ -273,7 +275,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     if not args.inputs and not args.merge:
         raise UsageError("no input files given (ferry pack INPUT... --out URL)")
     if args.frame_size is not None and args.stored_format == 1:
-        raise UsageError("--frame-size applies to format 2 only (--format 1 stores each shard as one frame)")
+        raise UsageError("--frame-size applies to formats 2 and 3 only (--format 1 stores each shard as one frame)")
     opts = PackOptions(
         name=args.name,
         tokenizer=args.tokenizer,

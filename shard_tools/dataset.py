@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .digest import digest_bytes
+from .digest import digest_bytes, raw_digest
 from .errors import (
     DatasetNotFoundError,
     ManifestError,
@@ -55,7 +55,7 @@ def decode_stored_shard(info: ShardInfo, stored: bytes, *, verify: bool = True) 
     if verify and digest_bytes(stored) != info.stored_digest:
         raise ShardDigestError(info.path, "stored bytes do not match the manifest digest (corrupt copy)")
     raw = decompress(stored, info.raw_bytes, info.path)
-    if verify and digest_bytes(raw) != info.raw_digest:
+    if verify and raw_digest(raw, info.frame_size) != info.raw_digest:
         raise ShardDigestError(info.path, "decompressed bytes do not match the manifest raw digest")
     return raw
 

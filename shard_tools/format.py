@@ -3,10 +3,10 @@
 A raw shard is an Arrow IPC *file* holding one record batch whose column ``tokens``
 is ``list<uint16>`` (vocabulary ≤ 65536) or ``list<uint32>``; one list per document.
 Further columns (``loss_mask``, ``source``…) are allowed and kept. The schema carries
-``ferry.format = 1`` in its metadata (the version of this Arrow content, the same in both stored
-formats). The stored form (``*.arrow.zst``) is, in stored format 1, the raw file compressed as one
-zstd frame with the content size in its header; in stored format 2, a sequence of independently
-compressed frames and a frame index (:mod:`ferry.shard_tools.seekable`). :func:`decompress` reads both.
+``ferry.format = 1`` in its metadata (the version of this Arrow content, the same in every stored
+format). The stored form (``*.arrow.zst``) is, in stored format 1, the raw file compressed as one
+zstd frame with the content size in its header; in stored formats 2 and 3, a sequence of independently
+compressed frames and a frame index (:mod:`ferry.shard_tools.seekable`). :func:`decompress` reads all three.
 
 Readers validate eagerly: schema, dtype, document and token counts, and (by the caller)
 digests. A decompressed shard in a local file is memory-mapped and read zero-copy.
@@ -29,6 +29,8 @@ __all__ = [
     "FORMAT_VERSION",
     "STORED_FORMATS",
     "SHARD_SUFFIX",
+    "MIN_FRAME_SIZE",
+    "MAX_FRAME_SIZE",
     "TOKEN_DTYPES",
     "ShardView",
     "dtype_for_vocab",
@@ -42,9 +44,13 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
-#: Stored formats: 1 = one zstd frame, 2 = seekable frames + frame index (shard_tools.seekable).
-STORED_FORMATS = (1, 2)
+#: Stored formats: 1 = one zstd frame, 2 = seekable frames + frame index, 3 = the same with a tree-shaped raw
+#: digest and a raw digest per frame in the index (shard_tools.seekable).
+STORED_FORMATS = (1, 2, 3)
 SHARD_SUFFIX = ".arrow.zst"
+#: Raw bytes per frame of the seekable formats (2, 3); in format 3 the manifest row records it.
+MIN_FRAME_SIZE = 4 << 10
+MAX_FRAME_SIZE = 64 << 20
 _META_KEY = b"ferry.format"
 TOKEN_DTYPES: dict[str, pa.DataType] = {name: pa.from_numpy_dtype(np.dtype(name)) for name in TOKEN_DTYPE_NAMES}
 _MAX_TOKENS_PER_SHARD = 2**31 - 1  # list<> uses int32 offsets
@@ -139,13 +145,13 @@ MAX_EXPANSION = zstandard.BLOCKSIZE_MAX // 4
 _PREALLOC_EXPANSION = 64
 _PREALLOC_BYTES = 8 << 20
 _STREAM_STEP = 1024  # stored bytes per step: at most 32 MiB of output each
-_SEEKABLE_TAG = b"FSI2"  # the last bytes of a format-2 stored shard (ferry.shard_tools.seekable.INDEX_MAGIC)
+_SEEKABLE_TAGS = (b"FSI2", b"FSI3")  # the last bytes of a format-2 or -3 stored shard (shard_tools.seekable)
 _TRAILING = "bytes after the end of its zstd frame (a shard is one frame); the shard is corrupt or was tampered with"
 
 
 def decompress(stored: bytes | memoryview, raw_bytes: int, shard: str) -> bytes:
     """Decompress a stored shard, checking it is one zstd frame of exactly ``raw_bytes`` bytes (format 1),
-    or, when it ends with a format-2 frame index, frames checked against that index, each as below.
+    or, when it ends with a frame index (formats 2 and 3), frames checked against that index, each as below.
 
     Nothing is allocated on the word of the manifest or the frame header alone:
 
@@ -169,7 +175,7 @@ def decompress(stored: bytes | memoryview, raw_bytes: int, shard: str) -> bytes:
             f"manifest says {raw_bytes} raw bytes from {len(view)} stored bytes, more than any zstd frame "
             f"expands (at most {MAX_EXPANSION}:1): a decompression bomb or a corrupt manifest",
         )
-    if bytes(view[-4:]) == _SEEKABLE_TAG:  # format 2: every frame checked and bounded the same way
+    if bytes(view[-4:]) in _SEEKABLE_TAGS:  # formats 2 and 3: every frame checked and bounded the same way
         from .seekable import decompress_seekable
 
         return decompress_seekable(view, raw_bytes, shard)

@@ -5,7 +5,8 @@ Layout of a dataset root::
     manifest.json              the current version (a copy of versions/<id>.json), written last
     versions/<id>.json         every published version, immutable
     tables/<digest>.arrow      shard tables, content-addressed, immutable
-    shards/<digest>.arrow.zst  shards, content-addressed, immutable (stored format 2: <digest>.s2.arrow.zst)
+    shards/<digest>.arrow.zst  shards, content-addressed, immutable (stored formats 2 and 3: <digest>.s2.arrow.zst,
+                               <digest>.s3.arrow.zst)
 
 The JSON header names the shard table by path and digest. The *version id* is the
 digest of the canonical body: the header without ``version_id``, ``created_at`` and
@@ -15,9 +16,12 @@ the table is detected when it is read.
 
 A shard's stored format is in its row: format 1 (one zstd frame) has ``index_bytes == 0`` and an empty
 ``index_digest``; format 2 (seekable frames, :mod:`ferry.shard_tools.seekable`) records the size and digest of
-the frame index at the end of its stored bytes. A table with only format-1 shards keeps the original
-seven columns (so its bytes, and the version id of a format-1 pack, are what they always were); a table
-holding any format-2 shard has the two index columns as well.
+the frame index at the end of its stored bytes; format 3 (the same, its index carrying a digest of each
+frame's raw bytes) records its frame size as well, and that frame size is what makes its raw digest
+tree-shaped (:mod:`ferry.shard_tools.digest`): the row, not the shard, says how its raw digest is computed. A
+table with only format-1 shards keeps the original seven columns (so its bytes, and the version id of a
+format-1 pack, are what they always were); a table holding any format-2 shard has the two index columns
+as well, and one holding any format-3 shard the ``frame_size`` column too.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import pyarrow.compute as pc
 
 from .digest import check_digest_string, digest_bytes
 from .errors import ManifestError
+from .format import MAX_FRAME_SIZE, MIN_FRAME_SIZE
 from .header import (
     MANIFEST_FORMAT,
     SHARDS_DIR,
@@ -62,6 +67,8 @@ _TABLE_SCHEMA = pa.schema(
 )
 _INDEX_COLUMNS = [("index_bytes", pa.int64()), ("index_digest", pa.string())]
 _TABLE_SCHEMA_2 = pa.schema(list(_TABLE_SCHEMA) + [pa.field(n, t) for n, t in _INDEX_COLUMNS])
+_TABLE_SCHEMA_3 = pa.schema(list(_TABLE_SCHEMA_2) + [pa.field("frame_size", pa.int64())])
+_SCHEMAS = (_TABLE_SCHEMA, _TABLE_SCHEMA_2, _TABLE_SCHEMA_3)  # each the one before with columns added
 
 
 @dataclass(frozen=True)
@@ -87,29 +94,35 @@ class ShardInfo:
     raw_bytes: int
     stored_digest: str
     raw_digest: str
-    index_bytes: int = 0  # format 2: size of the frame index at the end of the stored bytes
-    index_digest: str = ""  # format 2: its digest
+    index_bytes: int = 0  # formats 2, 3: size of the frame index at the end of the stored bytes
+    index_digest: str = ""  # formats 2, 3: its digest
+    frame_size: int = 0  # format 3: raw bytes per frame, over which the raw digest is a tree (0: a flat digest)
 
     @property
     def stored_format(self) -> int:
-        """1: one zstd frame; 2: seekable frames with a frame index."""
-        return 2 if self.index_bytes else 1
+        """1: one zstd frame; 2: seekable frames with a frame index; 3: the same with a tree-shaped raw digest."""
+        return 3 if self.frame_size else 2 if self.index_bytes else 1
 
 
 class ShardTable:
     """The shard table, column by column (numpy for numbers), cheap at a million rows."""
 
     def __init__(self, table: pa.Table) -> None:
-        if not (table.schema.equals(_TABLE_SCHEMA) or table.schema.equals(_TABLE_SCHEMA_2)):
-            raise ManifestError(f"shard table schema is {table.schema}, expected {_TABLE_SCHEMA} (+ index columns)")
+        level = next((i for i, schema in enumerate(_SCHEMAS) if table.schema.equals(schema)), None)
+        if level is None:
+            raise ManifestError(
+                f"shard table schema is {table.schema}, expected {_TABLE_SCHEMA} (+ index columns, + frame_size)"
+            )
         self._table = table.combine_chunks()
-        self.seekable = table.schema.equals(_TABLE_SCHEMA_2)
+        self._level = level
+        self.seekable = level >= 1
         self.documents = self._column_int("documents")
         self.tokens = self._column_int("tokens")
         self.stored_bytes = self._column_int("stored_bytes")
         self.raw_bytes = self._column_int("raw_bytes")
         zeros = np.zeros(len(self.documents), dtype=np.int64)
         self.index_bytes = self._column_int("index_bytes") if self.seekable else zeros
+        self.frame_size = self._column_int("frame_size") if level >= 2 else zeros
 
     def _column_int(self, name: str) -> np.ndarray:
         arr = self._table.column(name)
@@ -128,26 +141,25 @@ class ShardTable:
     @classmethod
     def from_rows(cls, rows: Iterable[ShardInfo]) -> ShardTable:
         rows = list(rows)
-        schema = _TABLE_SCHEMA_2 if any(r.index_bytes for r in rows) else _TABLE_SCHEMA
+        schema = _SCHEMAS[max([2 if r.frame_size else 1 if r.index_bytes else 0 for r in rows], default=0)]
         data: dict[str, list[Any]] = {name: [getattr(r, name) for r in rows] for name in schema.names}
         return cls(pa.Table.from_pydict(data, schema=schema))
 
-    def _with_index_columns(self) -> pa.Table:
-        if self.seekable:
-            return self._table
-        n = len(self)
-        return self._table.append_column("index_bytes", pa.array(np.zeros(n, dtype=np.int64))).append_column(
-            "index_digest", pa.array([""] * n, type=pa.string())
-        )
+    def _widened(self, level: int) -> pa.Table:
+        """The table with the columns of schema ``level`` it lacks (0 / "" on every row)."""
+        table, n = self._table, len(self)
+        for name in _SCHEMAS[level].names[len(table.schema) :]:
+            column = pa.array([""] * n, type=pa.string()) if name == "index_digest" else pa.array(np.zeros(n, np.int64))
+            table = table.append_column(name, column)
+        return table
 
     @classmethod
     def empty(cls) -> ShardTable:
         return cls.from_rows([])
 
     def concat(self, other: ShardTable) -> ShardTable:
-        if self.seekable == other.seekable:
-            return ShardTable(pa.concat_tables([self._table, other._table]))
-        return ShardTable(pa.concat_tables([self._with_index_columns(), other._with_index_columns()]))
+        level = max(self._level, other._level)
+        return ShardTable(pa.concat_tables([self._widened(level), other._widened(level)]))
 
     def __len__(self) -> int:
         return self._table.num_rows
@@ -194,6 +206,7 @@ class ShardTable:
             raw_digest=raw_digest,
             index_bytes=int(self.index_bytes[i]),
             index_digest=self._index_digest(i),
+            frame_size=int(self.frame_size[i]),
         )
 
     def __iter__(self) -> Iterator[ShardInfo]:
@@ -236,7 +249,8 @@ class ShardTable:
             check_digest_string(d)
 
     def _validate_index_columns(self) -> None:
-        """Format 2 rows name a digest and an index inside the stored bytes; format 1 rows neither."""
+        """Format 2 and 3 rows name a digest and an index inside the stored bytes, format 1 rows neither; only
+        rows with an index have a frame size, one ferry writes (the raw digest is hashed in frames of it)."""
         col = self._table.column("index_digest")
         if col.null_count:
             raise ManifestError("shard table column 'index_digest' has nulls; the manifest is corrupt")
@@ -244,15 +258,21 @@ class ShardTable:
         # to_numpy on Arrow arrays, which imports pandas, a visible part of a cold start)
         forms = pc.all(pc.match_substring_regex(col, _DIGEST_RE[:1] + "(" + _DIGEST_RE[1:-1] + ")?$")).as_py()
         has_digest = _ints(pc.utf8_length(col)) > 0
-        bad = np.flatnonzero(((self.index_bytes > 0) != has_digest) | (self.index_bytes > self.stored_bytes))
+        bad = np.flatnonzero(
+            ((self.index_bytes > 0) != has_digest)
+            | (self.index_bytes > self.stored_bytes)
+            | ((self.frame_size > 0) & (self.index_bytes == 0))
+            | ((self.frame_size != 0) & ((self.frame_size < MIN_FRAME_SIZE) | (self.frame_size > MAX_FRAME_SIZE)))
+        )
         if forms is False:  # the slow path only on failure, to name the row
             ok = re.compile(_DIGEST_RE)
             bad = np.union1d(bad, [i for i, d in enumerate(self._index_digests) if d and not ok.match(d)])
         if len(bad):
             row = int(bad[0])
             raise ManifestError(
-                f"shard table row {row} ({self.paths[row]}): index_bytes {int(self.index_bytes[row])} and "
-                f"index_digest {col[row].as_py()!r} disagree; the manifest is corrupt or was tampered with"
+                f"shard table row {row} ({self.paths[row]}): index_bytes {int(self.index_bytes[row])}, "
+                f"index_digest {col[row].as_py()!r} and frame_size {int(self.frame_size[row])} disagree; the "
+                "manifest is corrupt or was tampered with"
             )
 
     def to_ipc(self) -> bytes:

@@ -51,10 +51,12 @@ __all__ = [
 
 DEFAULT_SHARD_SIZE = 128 * 2**20
 DEFAULT_LEVEL = 1  # on token streams, about level 3's ratio at a fraction of its time
-# Seekable frames by default: format 2 may be the default only where it costs at most 3% ratio and 5% pack
-# throughput against format 1 at the same level; the bench suite "seek" measures 0.05% ratio and no
-# throughput cost (docs/BENCHMARKS.md gives the numbers). `--format 1` is one zstd frame (what ferry before 2 reads).
-DEFAULT_STORED_FORMAT = 2
+# Seekable frames by default: a seekable format may be the default only where it costs at most 3% ratio and 5%
+# pack throughput against format 1 at the same level; the bench suite "seek" measures it (the README gives the
+# numbers). Format 3 stores what format 2 does plus 16 bytes of raw digest per frame, and takes the place of
+# its flat raw digest with the tree-shaped one (the README gives its pack cost). `--format 2` packs what
+# ferry before 3 reads, `--format 1` one zstd frame (what ferry before 2 reads).
+DEFAULT_STORED_FORMAT = 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,8 +77,8 @@ class PackOptions:
     text_per_line: bool = False
     shard_size: int = DEFAULT_SHARD_SIZE
     compression_level: int = DEFAULT_LEVEL
-    stored_format: int = DEFAULT_STORED_FORMAT  # --format: 1 one zstd frame, 2 seekable frames (seekable.py)
-    frame_size: int = DEFAULT_FRAME_SIZE  # raw bytes per frame in format 2
+    stored_format: int = DEFAULT_STORED_FORMAT  # --format: 1 one zstd frame, 2 and 3 seekable frames (seekable.py)
+    frame_size: int = DEFAULT_FRAME_SIZE  # raw bytes per frame in formats 2 and 3
     workers: int = 1
     executor: str = "local"  # "local" (in-process / process pool) or "ray"
     ray_address: str | None = None
@@ -93,7 +95,10 @@ class PackOptions:
         if not 1 <= self.compression_level <= 22:
             raise UsageError(f"zstd level {self.compression_level} is outside 1..22")
         if self.stored_format not in STORED_FORMATS:
-            raise UsageError(f"--format {self.stored_format}: choose 1 (one zstd frame) or 2 (seekable frames)")
+            raise UsageError(
+                f"--format {self.stored_format}: choose 3 (seekable frames, the default), 2 (seekable frames, "
+                "read by ferry before 3) or 1 (one zstd frame)"
+            )
         if not MIN_FRAME_SIZE <= self.frame_size <= MAX_FRAME_SIZE:
             raise UsageError(f"frame size {self.frame_size} is outside {MIN_FRAME_SIZE}..{MAX_FRAME_SIZE} bytes")
         if self.workers < 1:

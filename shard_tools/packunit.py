@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .digest import digest_bytes
+from .digest import digest_bytes, raw_digest
 from .errors import FerryError, ShardError, StorageError, TokenRangeError
 from .format import SHARD_SUFFIX, compress, decompress, encode_shard_buffer
 from .header import SHARDS_DIR
@@ -28,6 +28,7 @@ from .manifest import ShardInfo
 from .seekable import (
     DEFAULT_FRAME_SIZE,
     SHARD_SUFFIX_2,
+    SHARD_SUFFIX_3,
     arrow_positions,
     decode_frames,
     encode_shard_frames,
@@ -64,8 +65,8 @@ class Job:
     vocab_size: int
     eos_id: int | None  # appended to each document when not None
     level: int
-    stored_format: int = 1  # 1: one zstd frame; 2: seekable frames + frame index (shard_tools.seekable)
-    frame_size: int = DEFAULT_FRAME_SIZE  # raw bytes per frame in format 2
+    stored_format: int = 1  # 1: one zstd frame; 2, 3: seekable frames + frame index (shard_tools.seekable)
+    frame_size: int = DEFAULT_FRAME_SIZE  # raw bytes per frame in formats 2 and 3
     prefetch: bool = field(default=True, compare=False)  # read the next batch while compressing
 
 
@@ -210,28 +211,29 @@ def store_shard(job: Job, batch: DocBatch, origin: str | None = None) -> ShardIn
     extra = origin_columns(batch, origin) if job.source.origin else {}
     buffer = encode_shard_buffer(batch.tokens, batch.offsets, job.dtype, extra)
     raw = memoryview(buffer)
-    index_bytes, index_digest = 0, ""
+    index_bytes, index_digest, frame_size = 0, "", 0
     stored: bytes | tuple[bytes, ...]
-    if job.stored_format == 2:
-        encoded = encode_shard_frames(buffer, job.level, job.frame_size)
+    if job.stored_format in (2, 3):
+        encoded = encode_shard_frames(buffer, job.level, job.frame_size, job.stored_format)
         stored, stored_bytes, stored_digest = encoded.pieces, encoded.stored_bytes, encoded.stored_digest
-        index_bytes, index_digest = encoded.index_bytes, encoded.index_digest
+        index_bytes, index_digest, raw_hex = encoded.index_bytes, encoded.index_digest, encoded.raw_digest
+        frame_size = job.frame_size if job.stored_format == 3 else 0
     else:
         stored = compress(raw, job.level)
-        stored_bytes, stored_digest = len(stored), digest_bytes(stored)
-    raw_digest = digest_bytes(raw)
-    # the stored format is in the name: both forms of the same content may live in one dataset's history
-    suffix = SHARD_SUFFIX_2 if job.stored_format == 2 else SHARD_SUFFIX
+        stored_bytes, stored_digest, raw_hex = len(stored), digest_bytes(stored), digest_bytes(raw)
+    # the stored format is in the name: several forms of the same content may live in one dataset's history
+    suffix = {2: SHARD_SUFFIX_2, 3: SHARD_SUFFIX_3}.get(job.stored_format, SHARD_SUFFIX)
     info = ShardInfo(
-        path=f"{SHARDS_DIR}/{raw_digest.split(':', 1)[1]}{suffix}",
+        path=f"{SHARDS_DIR}/{raw_hex.split(':', 1)[1]}{suffix}",
         documents=len(batch.offsets) - 1,
         tokens=int(batch.offsets[-1]),
         stored_bytes=stored_bytes,
         raw_bytes=len(raw),
         stored_digest=stored_digest,
-        raw_digest=raw_digest,
+        raw_digest=raw_hex,
         index_bytes=index_bytes,
         index_digest=index_digest,
+        frame_size=frame_size,
     )
     return store_immutable(_out(job), info, stored)
 
@@ -291,7 +293,8 @@ def _read_existing(loc: Location, rel: str) -> bytes:
 
 def describe_stored(stored: bytes, info: ShardInfo) -> ShardInfo | None:
     """The row of ``stored`` (whole stored bytes in ``info``'s format) when it holds exactly the raw
-    content ``info`` describes, every frame and position checked; None when it does not."""
+    content ``info`` describes, every frame and position checked (in format 3 every frame against its leaf
+    and the leaves against the raw digest, at ``info``'s frame size); None when it does not."""
     view = memoryview(stored)
     try:
         if info.index_bytes:
@@ -299,7 +302,12 @@ def describe_stored(stored: bytes, info: ShardInfo) -> ShardInfo | None:
             if size > len(view):
                 return None
             index = parse_index(view[len(view) - size :], shard=info.path, stored_bytes=len(view),
-                                raw_bytes=info.raw_bytes)  # fmt: skip
+                                raw_bytes=info.raw_bytes, version=info.stored_format)  # fmt: skip
+            if index.version == 3 and (index.frame_size, index.root(info.raw_bytes)) != (
+                info.frame_size,
+                info.raw_digest,
+            ):
+                return None
             raw = decode_frames(view, index, info.raw_bytes, info.path)
             if arrow_positions(pa.py_buffer(raw)) != (index.offsets_pos, index.tokens_pos):
                 return None
@@ -309,7 +317,7 @@ def describe_stored(stored: bytes, info: ShardInfo) -> ShardInfo | None:
             index_bytes, index_digest = 0, ""
     except ShardError:
         return None
-    if len(raw) != info.raw_bytes or digest_bytes(raw) != info.raw_digest:
+    if len(raw) != info.raw_bytes or raw_digest(raw, info.frame_size) != info.raw_digest:
         return None
     return replace(
         info,

@@ -56,8 +56,11 @@ def current_version_id(loc: Location) -> str | None:
 
 
 def _check_stored(loc: Location, paths: Sequence[str]) -> None:
-    """Every path must exist: one HEAD each for a few, one listing per directory for many."""
+    """Every path must exist: one HEAD each for a few, one listing per directory for many. Asked of the store,
+    not of a listing this handle kept (the shards may have been stored through another handle)."""
     unique = sorted(set(paths))
+    for head in sorted({p.rpartition("/")[0] for p in unique}):
+        loc.fs.invalidate_cache(loc.full(head))
     if len(unique) <= 64:
         missing = [p for p in unique if not loc.exists(p)]
     else:

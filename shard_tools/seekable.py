@@ -1,28 +1,36 @@
-"""Format 2 stored shards: independently compressed zstd frames and a frame index, both directions.
+"""Stored formats 2 and 3: independently compressed zstd frames and a frame index, both directions.
 
 The raw shard (the Arrow IPC file of :mod:`ferry.shard_tools.format`) is unchanged; only its stored form
-differs from format 1 (one zstd frame). A format-2 stored shard is (integers little-endian)::
+differs from format 1 (one zstd frame). A format-2 or format-3 stored shard is (integers little-endian)::
 
     frame 0 | frame 1 | ... | frame n-1 | index
 
 - frame ``k``: one zstd frame, content size recorded, of raw bytes ``[k*F, min((k+1)*F, raw_bytes))``;
   ``F`` is the frame size (:data:`DEFAULT_FRAME_SIZE`, 512 KiB, unless packed otherwise), so every frame
   but the last holds exactly ``F`` raw bytes and a raw offset maps to its frame by division.
-- index: one zstd *skippable* frame (ignored by every zstd decoder: ``zstd -d`` of a format-2 shard gives
+- index: one zstd *skippable* frame (ignored by every zstd decoder: ``zstd -d`` of such a shard gives
   the raw Arrow file), modelled on zstd's seekable format but with a 128-bit digest per frame::
 
       u32 0x184D2A5E                 skippable-frame magic
-      u32 payload bytes              24 * n + 32
-      n × (u32 stored size, u32 raw size, 16 bytes xxh128 of the stored frame)
-      u32 n, u32 F, u64 offsets_pos, u64 tokens_pos, u32 2 (version), 4 bytes b"FSI2"
+      u32 payload bytes              E * n + 32
+      n × (u32 stored size, u32 raw size, 16 bytes xxh128 of the stored frame
+           [format 3: 16 bytes xxh128 of the frame's raw bytes, its leaf])
+      u32 n, u32 F, u64 offsets_pos, u64 tokens_pos, u32 version (2 | 3), 4 bytes b"FSI2" | b"FSI3"
 
-  ``offsets_pos`` / ``tokens_pos``: where the ``tokens`` column's int32 list offsets and its first token
-  id lie in the raw file, so a document or token range maps to raw bytes (then frames) by arithmetic.
+  ``E`` is 24 bytes (format 2) or 40 (format 3). ``offsets_pos`` / ``tokens_pos``: where the ``tokens``
+  column's int32 list offsets and its first token id lie in the raw file, so a document or token range
+  maps to raw bytes (then frames) by arithmetic.
 
 The manifest pins the index (per-shard ``index_bytes`` and ``index_digest``), the index pins every frame:
 a reader fetches the index once (one ranged read of the shard's tail), then any frame alone, and checks
 each against its digest before decompressing it (with the bounds of :func:`ferry.shard_tools.format.decompress`).
-The stored and raw digests of the manifest keep their meaning (whole stored bytes, whole Arrow file).
+The stored digest of the manifest is that of the whole stored bytes in both formats. The raw digest is
+what tells them apart: in format 2 one digest of the whole Arrow file, in format 3 the root over the
+index's leaves (:func:`ferry.shard_tools.digest.tree_root`), which the manifest row's ``frame_size`` calls for.
+So in format 3 the frame index is checked against the raw digest (its leaves, frame size and raw size
+give the root), and every decoded frame against its leaf: a frame that does not hold the true raw bytes
+fails on its own, whatever the stored and index digests say. The manifest row, not the index, says which
+format a shard is in: an index of the other version is refused (:func:`load_index`).
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ import pyarrow as pa
 import xxhash
 import zstandard
 
-from .digest import Hasher, digest_bytes
+from .digest import Hasher, digest_bytes, leaf_digest, tree_root
 from .errors import ShardDigestError, ShardFormatError
 from .format import (
     _HEADER_DICTIONARY_BATCH,
@@ -44,8 +52,9 @@ from .format import (
     _MESSAGE_HEADER_TYPE,
     _RECORD_BATCH_COMPRESSION,
     MAX_EXPANSION,
+    MAX_FRAME_SIZE,
+    MIN_FRAME_SIZE,
     SHARD_SUFFIX,
-    _check_frame_header,
     _FlatBuffer,
     decompress,
 )
@@ -53,8 +62,12 @@ from .manifest import ShardInfo
 
 __all__ = [
     "DEFAULT_FRAME_SIZE",
+    "MIN_FRAME_SIZE",
+    "MAX_FRAME_SIZE",
     "SHARD_SUFFIX_2",
+    "SHARD_SUFFIX_3",
     "INDEX_MAGIC",
+    "INDEX_MAGIC_3",
     "FrameIndex",
     "encode_seekable",
     "encode_shard_frames",
@@ -73,15 +86,15 @@ __all__ = [
 ]
 
 DEFAULT_FRAME_SIZE = 512 << 10  # measured: same ratio as one frame at zstd 1-3, packs faster (see README)
-MIN_FRAME_SIZE = 4 << 10
-MAX_FRAME_SIZE = 64 << 20
 INDEX_MAGIC = b"FSI2"
+INDEX_MAGIC_3 = b"FSI3"
 SHARD_SUFFIX_2 = ".s2" + SHARD_SUFFIX  # shards/<raw digest>.s2.arrow.zst
+SHARD_SUFFIX_3 = ".s3" + SHARD_SUFFIX  # shards/<tree raw digest>.s3.arrow.zst
 _SKIPPABLE = 0x184D2A5E
-_ENTRY = struct.Struct("<II16s")
+_ENTRIES = {2: struct.Struct("<II16s"), 3: struct.Struct("<II16s16s")}  # by index version (= stored format)
+_TAGS = {2: INDEX_MAGIC, 3: INDEX_MAGIC_3}
 _TRAILER = struct.Struct("<IIQQI4s")
 _HEAD = struct.Struct("<II")
-_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -97,10 +110,16 @@ class FrameIndex:
     offsets_pos: int
     tokens_pos: int
     itemsize: int = 0  # bytes per token id, once :func:`check_layout` has checked the index against the file
+    version: int = 2  # the stored format: 3 has a leaf (the digest of the raw bytes) per frame
+    leaves: bytes = b""  # format 3: 16 bytes per frame
 
     @property
     def frames(self) -> int:
         return len(self.stored_sizes)
+
+    def root(self, raw_bytes: int) -> str:
+        """The tree-shaped raw digest this format-3 index's leaves give."""
+        return tree_root(self.frame_size, raw_bytes, self.leaves)
 
     def span(self, k: int) -> tuple[int, int]:
         """(offset, length) of frame ``k`` in the stored shard."""
@@ -128,16 +147,17 @@ def arrow_positions(raw: pa.Buffer) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class EncodedShard:
-    """A format-2 stored shard, as its pieces in order (the frames, then the index), and what its manifest
-    row records about it. The pieces are kept apart: joining ~60 MiB of frames into one new buffer costs
-    as much CPU as a fifth of compressing them (page faults of a fresh allocation), and a local file is
-    written piece by piece."""
+    """A format-2 or format-3 stored shard, as its pieces in order (the frames, then the index), and what its
+    manifest row records about it (the raw digest as that format computes it). The pieces are kept apart:
+    joining ~60 MiB of frames into one new buffer costs as much CPU as a fifth of compressing them (page
+    faults of a fresh allocation), and a local file is written piece by piece."""
 
     pieces: tuple[bytes, ...]
     stored_bytes: int
     stored_digest: str
     index_bytes: int
     index_digest: str
+    raw_digest: str
 
     @property
     def stored(self) -> bytes:
@@ -145,19 +165,24 @@ class EncodedShard:
         return b"".join(self.pieces)
 
 
-def encode_seekable(raw: pa.Buffer | memoryview | bytes, level: int, frame_size: int = DEFAULT_FRAME_SIZE) -> bytes:
-    """The format-2 stored bytes of a raw shard: its frames, then the index (single-threaded: same bytes
-    every run)."""
-    return encode_shard_frames(raw, level, frame_size).stored
+def encode_seekable(
+    raw: pa.Buffer | memoryview | bytes, level: int, frame_size: int = DEFAULT_FRAME_SIZE, version: int = 3
+) -> bytes:
+    """The format-3 (or ``version`` 2) stored bytes of a raw shard: its frames, then the index
+    (single-threaded: same bytes every run)."""
+    return encode_shard_frames(raw, level, frame_size, version).stored
 
 
 def encode_shard_frames(
-    raw: pa.Buffer | memoryview | bytes, level: int, frame_size: int = DEFAULT_FRAME_SIZE
+    raw: pa.Buffer | memoryview | bytes, level: int, frame_size: int = DEFAULT_FRAME_SIZE, version: int = 3
 ) -> EncodedShard:
-    """As :func:`encode_seekable`, with the digests: the stored digest is taken frame by frame while each
-    frame is fresh in the CPU cache (one cold pass over the stored bytes fewer than hashing them after)."""
+    """As :func:`encode_seekable`, with the digests: the stored digest and (format 3) each frame's leaf are
+    taken frame by frame while the frame is fresh in the CPU cache (no cold pass over the stored or raw
+    bytes after)."""
     if not MIN_FRAME_SIZE <= frame_size <= MAX_FRAME_SIZE:
         raise ShardFormatError("<new>", f"frame size {frame_size} is outside {MIN_FRAME_SIZE}..{MAX_FRAME_SIZE}")
+    if version not in _ENTRIES:
+        raise ShardFormatError("<new>", f"no seekable stored format {version} (2 or 3)")
     buf = raw if isinstance(raw, pa.Buffer) else pa.py_buffer(raw)
     offsets_pos, tokens_pos = arrow_positions(buf)
     view = memoryview(buf).cast("B")
@@ -165,35 +190,48 @@ def encode_shard_frames(
     whole = Hasher()
     parts: list[bytes] = []
     entries: list[bytes] = []
+    leaves: list[bytes] = []
     for start in range(0, len(view), frame_size):
         chunk = view[start : start + frame_size]
         frame = cctx.compress(chunk)
         parts.append(frame)
         whole.update(frame)
-        entries.append(_ENTRY.pack(len(frame), len(chunk), xxhash.xxh3_128_digest(frame)))
-    trailer = _TRAILER.pack(len(entries), frame_size, offsets_pos, tokens_pos, _VERSION, INDEX_MAGIC)
+        entry: tuple[int | bytes, ...] = (len(frame), len(chunk), xxhash.xxh3_128_digest(frame))
+        if version == 3:
+            leaves.append(leaf_digest(chunk))
+            entry += (leaves[-1],)
+        entries.append(_ENTRIES[version].pack(*entry))
+    trailer = _TRAILER.pack(len(entries), frame_size, offsets_pos, tokens_pos, version, _TAGS[version])
     payload = b"".join(entries) + trailer
     index = _HEAD.pack(_SKIPPABLE, len(payload)) + payload
     whole.update(index)
     parts.append(index)
-    return EncodedShard(tuple(parts), whole.nbytes, whole.hexdigest(), len(index), digest_bytes(index))
+    raw_digest = tree_root(frame_size, len(view), b"".join(leaves)) if version == 3 else digest_bytes(view)
+    return EncodedShard(tuple(parts), whole.nbytes, whole.hexdigest(), len(index), digest_bytes(index), raw_digest)
 
 
-def max_index_bytes(raw_bytes: int) -> int:
+def max_index_bytes(raw_bytes: int, version: int = 3) -> int:
     """The longest frame index a shard of ``raw_bytes`` can have (frames of the smallest size)."""
-    return _HEAD.size + _ENTRY.size * -(-max(0, raw_bytes) // MIN_FRAME_SIZE) + _TRAILER.size
+    return _HEAD.size + _ENTRIES[version].size * -(-max(0, raw_bytes) // MIN_FRAME_SIZE) + _TRAILER.size
 
 
 def find_index(stored: memoryview, shard: str) -> int:
     """Size of the index at the end of whole stored bytes (from its trailer; checked by :func:`parse_index`)."""
     if len(stored) < _HEAD.size + _TRAILER.size:
-        raise ShardFormatError(shard, "too short for a format-2 frame index; the shard is truncated")
+        raise ShardFormatError(shard, "too short for a frame index; the shard is truncated")
     frames = struct.unpack_from("<I", stored, len(stored) - _TRAILER.size)[0]
-    return int(_HEAD.size + _ENTRY.size * frames + _TRAILER.size)
+    version = struct.unpack_from("<I", stored, len(stored) - 8)[0]
+    entry = _ENTRIES.get(version)
+    if entry is None or bytes(stored[-4:]) != _TAGS[version]:
+        raise ShardFormatError(shard, "no frame index of format 2 or 3 at the end of the shard (truncated or corrupt)")
+    return int(_HEAD.size + entry.size * frames + _TRAILER.size)
 
 
-def parse_index(data: bytes | memoryview, *, shard: str, stored_bytes: int, raw_bytes: int) -> FrameIndex:
-    """Check an index (the tail of a format-2 shard) against the shard's sizes; ShardFormatError if it lies.
+def parse_index(
+    data: bytes | bytearray | memoryview, *, shard: str, stored_bytes: int, raw_bytes: int, version: int | None = None
+) -> FrameIndex:
+    """Check an index (the tail of a format-2 or format-3 shard) against the shard's sizes; ShardFormatError
+    if it lies. ``version``: the stored format the index must be of (None: either).
 
     Everything is bounded before use: the frame count by the index length, every frame inside the
     shard and before the index, raw sizes summing to ``raw_bytes`` in frames of exactly the frame size
@@ -203,14 +241,20 @@ def parse_index(data: bytes | memoryview, *, shard: str, stored_bytes: int, raw_
     if len(view) < _HEAD.size + _TRAILER.size:
         raise ShardFormatError(shard, f"frame index of {len(view)} bytes is truncated")
     magic, payload = _HEAD.unpack_from(view, 0)
-    count, frame_size, offsets_pos, tokens_pos, version, tag = _TRAILER.unpack_from(view, len(view) - _TRAILER.size)
-    if magic != _SKIPPABLE or tag != INDEX_MAGIC or version != _VERSION:
-        raise ShardFormatError(shard, "no format-2 frame index at the end of the shard (truncated or corrupt)")
-    if payload != len(view) - _HEAD.size or payload != _ENTRY.size * count + _TRAILER.size:
+    count, frame_size, offsets_pos, tokens_pos, found, tag = _TRAILER.unpack_from(view, len(view) - _TRAILER.size)
+    if magic != _SKIPPABLE or found not in _ENTRIES or tag != _TAGS[found]:
+        raise ShardFormatError(shard, "no frame index at the end of the shard (truncated or corrupt)")
+    if version is not None and found != version:
+        raise ShardFormatError(
+            shard, f"holds a format-{found} frame index, its manifest row says format {version}; refused"
+        )
+    entry = _ENTRIES[found]
+    if payload != len(view) - _HEAD.size or payload != entry.size * count + _TRAILER.size:
         raise ShardFormatError(shard, f"frame index of {len(view)} bytes does not hold its {count} frames (truncated)")
     if not MIN_FRAME_SIZE <= frame_size <= MAX_FRAME_SIZE or count != -(-raw_bytes // frame_size):
         raise ShardFormatError(shard, f"frame index says {count} frames of {frame_size} bytes for {raw_bytes} raw")
-    table = np.frombuffer(view, dtype=np.dtype([("s", "<u4"), ("r", "<u4"), ("d", "V16")]), count=count, offset=8)
+    fields = [("s", "<u4"), ("r", "<u4"), ("d", "V16")] + ([("l", "V16")] if found == 3 else [])
+    table = np.frombuffer(view, dtype=np.dtype(fields), count=count, offset=8)
     stored_sizes, raw_sizes = table["s"].astype(np.int64), table["r"].astype(np.int64)
     expected = np.full(count, frame_size, dtype=np.int64)
     if count:
@@ -230,10 +274,13 @@ def parse_index(data: bytes | memoryview, *, shard: str, stored_bytes: int, raw_
     if not (0 <= offsets_pos < raw_bytes and 0 <= tokens_pos <= raw_bytes):
         raise ShardFormatError(shard, "frame index points outside the raw Arrow file")
     digests = b"".join(table["d"].tolist()) if count else b""
-    return FrameIndex(frame_size, stored_sizes, raw_sizes, offsets[:-1], digests, offsets_pos, tokens_pos)
+    leaves = b"".join(table["l"].tolist()) if count and found == 3 else b""
+    return FrameIndex(
+        frame_size, stored_sizes, raw_sizes, offsets[:-1], digests, offsets_pos, tokens_pos, 0, found, leaves
+    )
 
 
-def check_frame(index: FrameIndex, k: int, data: bytes | memoryview, shard: str) -> None:
+def check_frame(index: FrameIndex, k: int, data: bytes | bytearray | memoryview, shard: str) -> None:
     """Raise unless ``data`` is exactly frame ``k`` as the index pins it (size and digest)."""
     if len(data) != int(index.stored_sizes[k]):
         raise ShardFormatError(shard, f"frame {k} is {len(data)} bytes, the index says {int(index.stored_sizes[k])}")
@@ -241,48 +288,52 @@ def check_frame(index: FrameIndex, k: int, data: bytes | memoryview, shard: str)
         raise ShardDigestError(shard, f"frame {k} does not match its digest in the frame index (corrupt copy)")
 
 
-def decode_frame(index: FrameIndex, k: int, data: bytes | memoryview, shard: str, *, verify: bool = True) -> bytes:
-    """The raw bytes of frame ``k`` (checked against the index first when ``verify``)."""
+def decode_frame(
+    index: FrameIndex, k: int, data: bytes | bytearray | memoryview, shard: str, *, verify: bool = True
+) -> bytes:
+    """The raw bytes of frame ``k`` (checked against the index first when ``verify``; in format 3 the raw
+    bytes against the frame's leaf as well, always)."""
     if verify:
         check_frame(index, k, data, shard)
-    return decompress(data, int(index.raw_sizes[k]), f"{shard} frame {k}")
+    raw = decompress(memoryview(data), int(index.raw_sizes[k]), f"{shard} frame {k}")
+    if index.version == 3 and leaf_digest(raw) != index.leaves[16 * k : 16 * k + 16]:
+        raise ShardDigestError(
+            shard, f"frame {k} does not decode to the raw bytes its leaf of the raw digest names (corrupt or forged)"
+        )
+    return raw
 
 
-def decode_head(index: FrameIndex, data: bytes | memoryview, size: int, shard: str) -> bytes:
-    """The first ``size`` raw bytes of frame 0 (``data``): the frame checked whole against the index (size,
-    digest, content size in its header), decoded only as far as ``size`` (a block or two, not the frame)."""
-    check_frame(index, 0, data, shard)
+def decode_head(index: FrameIndex, data: bytes | bytearray | memoryview, size: int, shard: str) -> bytes:
+    """The first ``size`` raw bytes of frame 0 (``data``): the frame checked against the index (size, digest),
+    decoded whole (content size bounded as every frame's) and, in format 3, checked against its leaf: only
+    that binds the head to the raw digest."""
     raw_size = int(index.raw_sizes[0]) if index.frames else 0
     if not 0 <= size <= raw_size:
         raise ShardFormatError(shard, f"head of {size} bytes is outside frame 0 ({raw_size} bytes)")
-    view = memoryview(data).cast("B")
-    _check_frame_header(view, raw_size, f"{shard} frame 0")
-    parts: list[bytes] = []
-    got = 0
-    try:
-        with zstandard.ZstdDecompressor().stream_reader(view, read_size=16 << 10) as reader:
-            while got < size:  # each read yields at least one byte until the frame ends: at most `size` rounds
-                chunk = reader.read(size - got)
-                if not chunk:
-                    break
-                parts.append(chunk)
-                got += len(chunk)
-    except zstandard.ZstdError as exc:
-        raise ShardFormatError(shard, f"frame 0 is not a valid zstd frame ({exc})") from exc
-    if got < size:
-        raise ShardFormatError(shard, f"frame 0 ends after {got} bytes, before the {size}-byte head")
-    return b"".join(parts)
+    return decode_frame(index, 0, data, shard)[:size]
 
 
-def load_index(data: bytes | memoryview, info: ShardInfo) -> FrameIndex:
-    """The frame index of a format-2 shard as its manifest row pins it: size, structure, then digest."""
+def load_index(data: bytes | bytearray | memoryview, info: ShardInfo) -> FrameIndex:
+    """The frame index of a format-2 or format-3 shard as its manifest row pins it: size, structure (of the
+    row's format), then digest; in format 3 also its frame size (the row's) and its leaves (their root must
+    be the row's raw digest)."""
     if len(data) != info.index_bytes:
         raise ShardFormatError(
             info.path, f"frame index read is {len(data)} bytes, manifest says {info.index_bytes} (truncated shard?)"
         )
-    index = parse_index(data, shard=info.path, stored_bytes=info.stored_bytes, raw_bytes=info.raw_bytes)
+    index = parse_index(
+        data, shard=info.path, stored_bytes=info.stored_bytes, raw_bytes=info.raw_bytes, version=info.stored_format
+    )
     if digest_bytes(data) != info.index_digest:
         raise ShardDigestError(info.path, "frame index does not match its digest in the manifest (corrupt copy)")
+    if index.version == 3 and index.frame_size != info.frame_size:
+        raise ShardFormatError(
+            info.path, f"frame index says frames of {index.frame_size} bytes, the manifest {info.frame_size}"
+        )
+    if index.version == 3 and index.root(info.raw_bytes) != info.raw_digest:
+        raise ShardDigestError(
+            info.path, "the frame index's leaves do not give the manifest's raw digest (corrupt or forged index)"
+        )
     return index
 
 
@@ -303,7 +354,8 @@ def decode_frames(stored: memoryview, index: FrameIndex, raw_bytes: int, shard: 
 
 
 def decompress_seekable(stored: bytes | memoryview, raw_bytes: int, shard: str) -> bytes:
-    """Decompress whole format-2 stored bytes into the raw shard, frame by frame, each frame bounded."""
+    """Decompress whole format-2 or format-3 stored bytes into the raw shard, frame by frame, each frame
+    bounded (and in format 3 checked against its leaf)."""
     view = memoryview(stored).cast("B")
     size = find_index(view, shard)
     if size > len(view):

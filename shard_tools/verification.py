@@ -1,8 +1,9 @@
 """``ferry verify``: re-read every shard of a dataset and check every digest and count.
 
-A format-2 shard is checked frame by frame first (index against the manifest, each frame against the
-index, so a mismatch names the frame), then as a whole like a format-1 one, and its index's Arrow
-positions against the decoded file.
+A format-2 or format-3 shard is checked frame by frame first (index against the manifest, each frame
+against the index, so a mismatch names the frame; in format 3 the index's leaves against the raw digest
+and each decoded frame against its leaf), then as a whole like a format-1 one (the raw digest as the
+manifest row's format computes it), and its index's Arrow positions against the decoded file.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from .dataset import Dataset, decode_stored_shard, load_manifest
-from .digest import digest_bytes
+from .digest import digest_bytes, raw_digest
 from .errors import DatasetError, ShardDigestError, ShardError, ShardFormatError, StorageError, TokenRangeError
 from .format import parse_shard
 from .manifest import ShardInfo
@@ -76,7 +77,8 @@ def verify_shard(ds: Dataset, i: int) -> int:
 
 
 def _decode_seekable(info: ShardInfo, stored: bytes) -> tuple[bytes, tuple[int, int]]:
-    """The raw bytes of a format-2 shard, every frame and digest checked, naming the frame that fails."""
+    """The raw bytes of a format-2 or format-3 shard, every frame and digest checked, naming the frame that
+    fails."""
     if len(stored) != info.stored_bytes:
         raise ShardFormatError(
             info.path, f"stored size is {len(stored)} bytes, manifest says {info.stored_bytes} (truncated?)"
@@ -86,7 +88,7 @@ def _decode_seekable(info: ShardInfo, stored: bytes) -> tuple[bytes, tuple[int, 
     raw = decode_frames(view, index, info.raw_bytes, info.path)
     if digest_bytes(view) != info.stored_digest:
         raise ShardDigestError(info.path, "stored bytes do not match the manifest digest (corrupt copy)")
-    if digest_bytes(raw) != info.raw_digest:
+    if raw_digest(raw, info.frame_size) != info.raw_digest:
         raise ShardDigestError(info.path, "decompressed bytes do not match the manifest raw digest")
     return raw, (index.offsets_pos, index.tokens_pos)
 

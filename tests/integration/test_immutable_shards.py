@@ -58,6 +58,18 @@ def test_append_in_other_stored_bytes_keeps_every_version_valid(backend: Any, va
     assert [d.tolist() for d in ds.documents()] == [d.tolist() for d in docs] * 2
 
 
+def test_a_listing_cached_before_an_append_does_not_hide_its_new_shards(backend: Any) -> None:
+    """A process that listed shards/ (fsspec keeps listings of object stores) then appends new shards, stored
+    through another handle of the store (a pack unit resolves its own): publishing asks the store whether they
+    are there, not the listing it kept."""
+    url = backend.url("imm-listed")
+    pack_documents(make_docs(60, seed=1), url, options(backend))
+    before = stored_objects(resolve(url, backend.storage_options))  # listed: the listing is kept
+    second = pack_documents(make_docs(60, seed=2), url, options(backend, append=True))
+    assert second.new_shards > 0 and len(stored_objects(resolve(url, backend.storage_options))) > len(before)
+    assert verify(url, storage_options=backend.storage_options).ok
+
+
 def test_workers_pool_append_reuses_objects(file_backend: Any) -> None:
     url = file_backend.url("imm-workers")
     docs = make_docs(160, seed=5)

@@ -1,4 +1,5 @@
-"""Format-2 (seekable) datasets end to end: pack → sync → verify → load, beside format 1."""
+"""Seekable datasets (format 3, the default, and format 2) end to end: pack → sync → verify → load, beside
+format 1."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from ferry.client.pools import DaemonPool
 from ferry.service.engine import Engine
 from ferry.service.executor import Executor
 from ferry.service.replication_state import State
-from ferry.shard_tools.dataset import open_dataset
+from ferry.shard_tools.dataset import decode_stored_shard, open_dataset
+from ferry.shard_tools.digest import tree_digest
 from ferry.shard_tools.errors import ShardDigestError
 from ferry.shard_tools.megatron import write_megatron
 from ferry.shard_tools.packing import PackOptions, pack
@@ -80,32 +82,36 @@ def samples(url: str, cache: Path, shuffle: str, options: dict[str, Any] | None 
 
 
 @pytest.mark.parametrize("kind", ["parquet", "jsonl", "npy", "megatron", "arrow", "text"])
-def test_every_input_format_packs_to_format_2_identically(kind: str, tmp_path: Path) -> None:
+def test_every_input_format_packs_to_every_stored_format_identically(kind: str, tmp_path: Path) -> None:
     inputs, opts = write_input(kind, tmp_path, make_docs(150, 1))
     urls = {}
-    for fmt in (1, 2):
+    for fmt in (1, 2, 3):
         urls[fmt] = str(tmp_path / f"f{fmt}")
         pack(inputs, urls[fmt], PackOptions(shard_size=SHARD, stored_format=fmt, frame_size=FRAME, **opts))
-    one, two = open_dataset(urls[1]), open_dataset(urls[2])
-    assert {s.stored_format for s in one.manifest.shards} == {1} and {s.stored_format for s in two.manifest.shards} == {
-        2
-    }
-    # the same Arrow content: same raw digests, document for document
-    assert [s.raw_digest for s in one.manifest.shards] == [s.raw_digest for s in two.manifest.shards]
-    assert [d.tolist() for d in one.documents()] == [d.tolist() for d in two.documents()]
-    synced = str(tmp_path / "synced")
-    sync(urls[2], synced, {})
-    assert verify(synced).ok
-    for shuffle in ("global", "window"):
-        a = samples(urls[1], tmp_path / f"c1{shuffle}", shuffle)
-        b = samples(synced, tmp_path / f"c2{shuffle}", shuffle, cache_limit=SHARD)  # a small cache: frames
-        assert np.array_equal(a, b)
+    ds = {fmt: open_dataset(url) for fmt, url in urls.items()}
+    for fmt, d in ds.items():
+        assert {s.stored_format for s in d.manifest.shards} == {fmt}
+    # the same Arrow content: the same raw digests in formats 1 and 2, the tree over it in format 3
+    raws = [decode_stored_shard(info, ds[1].read_stored(i)) for i, info in enumerate(ds[1].manifest.shards)]
+    assert [s.raw_digest for s in ds[1].manifest.shards] == [s.raw_digest for s in ds[2].manifest.shards]
+    assert [s.raw_digest for s in ds[3].manifest.shards] == [tree_digest(raw, FRAME) for raw in raws]
+    assert all(s.path.endswith(".s3.arrow.zst") and s.frame_size == FRAME for s in ds[3].manifest.shards)
+    assert [d.tolist() for d in ds[1].documents()] == [d.tolist() for d in ds[3].documents()]
+    assert [d.tolist() for d in ds[2].documents()] == [d.tolist() for d in ds[3].documents()]
+    for fmt in (2, 3):
+        synced = str(tmp_path / f"synced{fmt}")
+        sync(urls[fmt], synced, {})
+        assert verify(synced).ok
+        for shuffle in ("global", "window"):
+            a = samples(urls[1], tmp_path / f"c1{shuffle}{fmt}", shuffle)
+            b = samples(synced, tmp_path / f"c2{shuffle}{fmt}", shuffle, cache_limit=SHARD)  # small cache: frames
+            assert np.array_equal(a, b)
 
 
-def test_sync_verify_and_load_format_2_on_every_backend(backend: Any, tmp_path: Path) -> None:
+def test_sync_verify_and_load_format_3_on_every_backend(backend: Any, tmp_path: Path) -> None:
     inputs, opts = write_input("parquet", tmp_path, make_docs(300, 2))
     src = str(tmp_path / "src")
-    pack(inputs, src, PackOptions(shard_size=SHARD, stored_format=2, frame_size=FRAME, **opts))
+    pack(inputs, src, PackOptions(shard_size=SHARD, stored_format=3, frame_size=FRAME, **opts))
     dst = backend.url("ds")
     sync(src, dst, backend.storage_options)
     # the stored bytes travel unchanged
@@ -153,7 +159,7 @@ def test_mixed_formats_append_loads_and_verifies(tmp_path: Path) -> None:
     ref_ds.close()
     # the older version (format 1 only) still reads and verifies
     assert verify(out, version=ds.manifest.parent).ok
-    assert ferry("pack", *more, "--out", str(tmp_path / "x"), "--format", "3", "--vocab-size", "9").returncode == 2
+    assert ferry("pack", *more, "--out", str(tmp_path / "x"), "--format", "4", "--vocab-size", "9").returncode == 2
 
 
 def test_frame_size_is_chosen_on_the_command_line(tmp_path: Path) -> None:
@@ -161,7 +167,7 @@ def test_frame_size_is_chosen_on_the_command_line(tmp_path: Path) -> None:
     inputs = write_input("jsonl", tmp_path, docs)[0]
     common = ["--vocab-size", str(VOCAB), "--eos-id", str(EOS), "--shard-size", str(SHARD)]
     out = str(tmp_path / "small")
-    done = ferry("pack", *inputs, "--out", out, "--format", "2", "--frame-size", "4KiB", *common)
+    done = ferry("pack", *inputs, "--out", out, "--format", "3", "--frame-size", "4KiB", *common)
     assert done.returncode == 0, done.stderr
     ds = open_dataset(out)
     info = ds.manifest.shards[0]
@@ -172,16 +178,17 @@ def test_frame_size_is_chosen_on_the_command_line(tmp_path: Path) -> None:
     assert [d.tolist() for d in ds.documents()] == [d.tolist() for d in docs]
     assert ferry("verify", out).returncode == 0
     default = ferry("pack", *inputs, "--out", str(tmp_path / "default"), "--frame-size", "4KiB", *common)
-    assert default.returncode == 0, default.stderr  # format 2 is the default
-    assert open_dataset(str(tmp_path / "default")).manifest.shards[0].stored_format == 2
+    assert default.returncode == 0, default.stderr  # format 3 is the default
+    assert open_dataset(str(tmp_path / "default")).manifest.shards[0].stored_format == 3
+    assert open_dataset(str(tmp_path / "default")).manifest.shards[0].frame_size == 4096
     wrong = ferry("pack", *inputs, "--out", str(tmp_path / "f1"), "--format", "1", "--frame-size", "4KiB", *common)
-    assert wrong.returncode == 2 and "format 2 only" in wrong.stderr
+    assert wrong.returncode == 2 and "formats 2 and 3 only" in wrong.stderr
     tiny = ferry("pack", *inputs, "--out", str(tmp_path / "f2"), "--format", "2", "--frame-size", "1KiB", *common)
     assert tiny.returncode == 2 and "outside" in tiny.stderr
 
 
 def flip_in_frame(url: str, shard: int, frame: int) -> str:
-    """Flip one byte in the middle of ``frame`` of format-2 shard ``shard``; returns the shard path."""
+    """Flip one byte in the middle of ``frame`` of seekable shard ``shard``; returns the shard path."""
     info = open_dataset(url).manifest.shards[shard]
     path = os.path.join(url, info.path)
     body = bytearray(Path(path).read_bytes())
@@ -196,8 +203,8 @@ def flip_in_frame(url: str, shard: int, frame: int) -> str:
 def test_flipped_byte_named_by_verify_and_caught_by_the_loader(tmp_path: Path, caplog: Any) -> None:
     out, good = str(tmp_path / "ds"), str(tmp_path / "good")
     inputs, opts = write_input("parquet", tmp_path, make_docs(300, 5))
-    pack(inputs, out, PackOptions(shard_size=SHARD, stored_format=2, frame_size=FRAME, **opts))
-    pack(inputs, good, PackOptions(shard_size=SHARD, stored_format=2, frame_size=FRAME, **opts))
+    pack(inputs, out, PackOptions(shard_size=SHARD, stored_format=3, frame_size=FRAME, **opts))
+    pack(inputs, good, PackOptions(shard_size=SHARD, stored_format=3, frame_size=FRAME, **opts))
     path = flip_in_frame(out, 1, 2)
     done = ferry("verify", out)
     assert done.returncode == 1
@@ -223,7 +230,7 @@ def test_flipped_byte_named_by_verify_and_caught_by_the_loader(tmp_path: Path, c
 def test_cold_first_batch_reads_only_the_frames_it_touches(tmp_path: Path) -> None:
     out = str(tmp_path / "ds")
     inputs, opts = write_input("parquet", tmp_path, make_docs(2000, 6))
-    pack(inputs, out, PackOptions(shard_size=4 * SHARD, stored_format=2, frame_size=FRAME, **opts))
+    pack(inputs, out, PackOptions(shard_size=4 * SHARD, stored_format=3, frame_size=FRAME, **opts))
     seq = 64
     # the default prefetch: the shards read by frames are also fetched whole, by a helper thread; here the
     # fetches are recorded instead, so that none lands in the cache in the middle of the batch
@@ -261,7 +268,7 @@ def test_prefetch_of_whole_shards_waits_for_the_frames_of_the_batch_at_hand(tmp_
 
     out = str(tmp_path / "ds")
     inputs, opts = write_input("parquet", tmp_path, make_docs(2000, 6))
-    pack(inputs, out, PackOptions(shard_size=4 * SHARD, stored_format=2, frame_size=FRAME, **opts))
+    pack(inputs, out, PackOptions(shard_size=4 * SHARD, stored_format=3, frame_size=FRAME, **opts))
     frames_read_at_submit: list[int] = []
 
     class Recording(DaemonPool):
@@ -291,7 +298,7 @@ def test_window_batches_wait_for_a_started_whole_fetch_instead_of_reading_frames
 
     out = str(tmp_path / "ds")
     inputs, opts = write_input("parquet", tmp_path, make_docs(2000, 6))
-    pack(inputs, out, PackOptions(shard_size=4 * SHARD, stored_format=2, frame_size=FRAME, **opts))
+    pack(inputs, out, PackOptions(shard_size=4 * SHARD, stored_format=3, frame_size=FRAME, **opts))
     download = ShardCache._download
 
     def slow(self: ShardCache, info: Any, path: str) -> None:
@@ -317,10 +324,10 @@ def test_window_batches_wait_for_a_started_whole_fetch_instead_of_reading_frames
     ref.close()
 
 
-def test_loader_over_format_2_equals_format_1(tmp_path: Path) -> None:
+def test_loader_over_formats_2_and_3_equals_format_1(tmp_path: Path) -> None:
     inputs, opts = write_input("parquet", tmp_path, make_docs(400, 8))
     batches = {}
-    for fmt in (1, 2):
+    for fmt in (1, 2, 3):
         url = str(tmp_path / f"f{fmt}")
         pack(inputs, url, PackOptions(shard_size=SHARD, stored_format=fmt, frame_size=FRAME, **opts))
         ds = TokenDataset(url, seq_len=32, seed=1, shuffle="window", window=2, cache_dir=str(tmp_path / f"c{fmt}"))
@@ -328,15 +335,16 @@ def test_loader_over_format_2_equals_format_1(tmp_path: Path) -> None:
         batches[fmt] = [b["input_ids"].numpy().copy() for _, b in zip(range(20), loader, strict=False)]
         ds.close()
     assert all(np.array_equal(a, b) for a, b in zip(batches[1], batches[2], strict=True))
+    assert all(np.array_equal(a, b) for a, b in zip(batches[1], batches[3], strict=True))
 
 
-def test_a_sample_running_into_a_cold_format_2_shard_reads_its_head_by_frames(tmp_path: Path) -> None:
-    """A window's last sample of a shard runs on into the next shard. In format 2 its head is read by frames:
+def test_a_sample_running_into_a_cold_format_3_shard_reads_its_head_by_frames(tmp_path: Path) -> None:
+    """A window's last sample of a shard runs on into the next shard. In format 3 its head is read by frames:
     with a cache of less than half the dataset, each shard is fetched whole once an epoch (for its own window),
     not once more for the sample of the shard before (which doubled the bytes downloaded)."""
     out = str(tmp_path / "ds")
     inputs, opts = write_input("parquet", tmp_path, make_docs(3000, 8))
-    pack(inputs, out, PackOptions(shard_size=4 * SHARD, stored_format=2, frame_size=FRAME, **opts))
+    pack(inputs, out, PackOptions(shard_size=4 * SHARD, stored_format=3, frame_size=FRAME, **opts))
     shards = len(open_dataset(out).manifest.shards)
     assert shards >= 12
     # no prefetch: every whole fetch is one a batch asked for (the prefetch's own churn in a tiny cache aside)

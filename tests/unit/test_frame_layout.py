@@ -1,5 +1,6 @@
 """A frame index is checked against the Arrow head of the file it describes before anything is read through it
-(ferry.shard_tools.seekable.check_layout, ferry.client.frames.FrameReader): lies the index digest cannot catch."""
+(ferry.shard_tools.seekable.check_layout, ferry.client.frames.FrameReader), and every frame against its leaf of the raw
+digest: lies the index digest cannot catch."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from test_seekable_format import FRAME, raw_shard, row
 
 from ferry.client.frames import FrameReader
 from ferry.shard_tools.digest import digest_bytes
-from ferry.shard_tools.errors import ShardDigestError, ShardFormatError
+from ferry.shard_tools.errors import ShardDigestError, ShardError, ShardFormatError
 from ferry.shard_tools.format import encode_shard_buffer, parse_shard
 from ferry.shard_tools.manifest import ShardInfo
 from ferry.shard_tools.seekable import (
@@ -31,10 +32,16 @@ from ferry.shard_tools.seekable import (
 _TRAILER = struct.Struct("<IIQQI4s")
 
 
+def _entry(index_bytes: int, frames: int) -> int:
+    """Bytes per index entry: 24, or 40 with the raw leaf (format 3)."""
+    return (index_bytes - 8 - _TRAILER.size) // frames
+
+
 def _split(stored: bytes) -> tuple[list[bytes], bytearray]:
     n = find_index(memoryview(stored), "t")
     count, frame_size, *_ = _TRAILER.unpack_from(stored, len(stored) - _TRAILER.size)
-    sizes = [struct.unpack_from("<I", stored, len(stored) - n + 8 + 24 * k)[0] for k in range(count)]
+    e = _entry(n, count)
+    sizes = [struct.unpack_from("<I", stored, len(stored) - n + 8 + e * k)[0] for k in range(count)]
     offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
     return [stored[a:b] for a, b in zip(offsets, offsets[1:], strict=False)], bytearray(stored[-n:])
 
@@ -56,19 +63,23 @@ def _positions(by: tuple[int, int] | None = None, to: tuple[int, int] | None = N
 
 
 def _swap(a: int, b: int) -> Callable[[bytes], bytes]:
+    """Frames ``a`` and ``b`` swapped with their stored sizes and digests (their raw leaves left in place)."""
+
     def lie(stored: bytes) -> bytes:
         frames, index = _split(stored)
-        entries = [bytes(index[8 + 24 * k : 32 + 24 * k]) for k in range(len(frames))]
+        e = _entry(len(index), len(frames))
+        entries = [bytes(index[8 + e * k : 32 + e * k]) for k in range(len(frames))]
         frames[a], frames[b] = frames[b], frames[a]
         entries[a], entries[b] = entries[b], entries[a]
-        index[8 : 8 + 24 * len(frames)] = b"".join(entries)
+        for k, entry in enumerate(entries):
+            index[8 + e * k : 32 + e * k] = entry
         return b"".join(frames) + bytes(index)
 
     return lie
 
 
 def _rewrite_head(edit: Callable[[bytearray], None]) -> Callable[[bytes], bytes]:
-    """Frame 0 decoded, edited, compressed again, its index entry made to agree."""
+    """Frame 0 decoded, edited, compressed again, its index entry made to agree (but for its raw leaf)."""
 
     def lie(stored: bytes) -> bytes:
         frames, index = _split(stored)
@@ -86,6 +97,7 @@ def _find(raw: bytearray, old: bytes, new: bytes) -> None:
     raw[at : at + len(old)] = new
 
 
+# lies of the index's Arrow positions, caught by the layout check; the rest rewrite frames, caught by their leaves
 LIES: dict[str, Callable[[bytes], bytes]] = {
     "tokens position moved on by a token": _positions(by=(0, 2)),
     "tokens position moved back by a token": _positions(by=(0, -2)),
@@ -97,6 +109,7 @@ LIES: dict[str, Callable[[bytes], bytes]] = {
     "frame 0 without the Arrow magic": _rewrite_head(lambda raw: _find(raw, b"ARROW1", b"ARROW2")),
     "column renamed in frame 0": _rewrite_head(lambda raw: _find(raw, b"tokens", b"tokenz")),
 }
+POSITION_LIES = {name for name in LIES if "position" in name or "moved" in name}
 
 
 def _forged(lie: Callable[[bytes], bytes]) -> tuple[bytes, ShardInfo]:
@@ -119,9 +132,13 @@ def test_a_lying_index_is_refused_before_a_token_is_read_through_it(name: str, t
     dtype = np.dtype("uint16")
     frames.prefetch_tokens([(info, 0, 50), (info, 3000, 3100)], dtype)  # a batch: indexes, heads, frames
     assert not [key for key in frames._blocks if key[0] == info.path]  # nothing it read stays cached
-    with pytest.raises(ShardFormatError, match=f"{info.path}: frame index (places|does not match)"):
-        frames.tokens(info, dtype, 3000, 3100)
-    with pytest.raises(ShardFormatError, match=info.path):
+    if name in POSITION_LIES:
+        with pytest.raises(ShardFormatError, match=f"{info.path}: frame index (places|does not match)"):
+            frames.tokens(info, dtype, 3000, 3100)
+    else:
+        with pytest.raises(ShardDigestError, match=f"{info.path}: frame 0 does not decode to the raw bytes its leaf"):
+            frames.tokens(info, dtype, 3000, 3100)
+    with pytest.raises(ShardError, match=info.path):
         frames.offsets(info, 0, info.documents)
     frames.close()
 
@@ -151,7 +168,7 @@ def test_every_shard_ferry_writes_passes_the_check(dtype: str, frame_size: int) 
                 frames.tokens(info, np.dtype("uint32" if dtype == "uint16" else "uint16"), 0, 1)
 
 
-def test_the_head_is_decoded_only_as_far_as_it_goes_but_its_frame_is_checked_whole() -> None:
+def test_the_head_frame_is_checked_whole() -> None:
     raw, _, _ = raw_shard(docs=2000)
     stored = encode_seekable(raw, 1, 64 << 10)
     info = row(raw, stored)
@@ -165,11 +182,10 @@ def test_the_head_is_decoded_only_as_far_as_it_goes_but_its_frame_is_checked_who
         decode_head(index, frame, index.offsets_pos, info.path)
     # a frame 0 whose header claims another content size, its digest made to agree
     other = zstandard.ZstdCompressor(write_content_size=True).compress(raw[: index.frame_size // 2])
+    entry = struct.pack("<II16s", len(other), index.frame_size, xxhash.xxh3_128_digest(other)) + index.leaves[:16]
     lying = parse_index(
-        stored[-info.index_bytes :][:8] + struct.pack("<II16s", len(other), index.frame_size,
-                                                      xxhash.xxh3_128_digest(other))
-        + stored[-info.index_bytes + 32 :], shard="t", stored_bytes=len(stored) - length + len(other),
-        raw_bytes=len(raw),
+        stored[-info.index_bytes :][:8] + entry + stored[-info.index_bytes + 8 + len(entry) :], shard="t",
+        stored_bytes=len(stored) - length + len(other), raw_bytes=len(raw),
     )  # fmt: skip
     with pytest.raises(ShardFormatError, match="frame says"):
         decode_head(lying, other, index.offsets_pos, info.path)
@@ -194,7 +210,7 @@ def test_a_row_claiming_an_index_longer_than_any_is_refused_before_reading() -> 
     assert reads == []
 
 
-def test_a_shard_of_empty_documents_packs_to_format_2_and_reads_by_frames() -> None:
+def test_a_shard_of_empty_documents_packs_to_format_3_and_reads_by_frames() -> None:
     """`ferry pack --no-eos` of empty documents: no token at all (Arrow keeps no values buffer in the file)."""
     raw = encode_shard_buffer(np.zeros(0, dtype=np.uint16), np.zeros(4, dtype=np.int64), "uint16").to_pybytes()
     stored = encode_seekable(raw, 1, FRAME)

@@ -1,7 +1,8 @@
-"""Stored format 2 (shard_tools.seekable): frames, frame index, digests, bounds — pure, in memory."""
+"""Stored formats 2 and 3 (shard_tools.seekable): frames, frame index, digests, bounds — pure, in memory."""
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import xxhash
 import zstandard
 
 from ferry.client.frames import FrameReader
-from ferry.shard_tools.digest import digest_bytes
+from ferry.shard_tools.digest import TreeHasher, digest_bytes, raw_digest, tree_digest
 from ferry.shard_tools.errors import ManifestError, ShardDigestError, ShardFormatError
 from ferry.shard_tools.format import decompress, encode_shard_buffer, parse_shard
 from ferry.shard_tools.manifest import ShardInfo, ShardTable
@@ -20,6 +21,7 @@ from ferry.shard_tools.seekable import (
     MIN_FRAME_SIZE,
     decode_frame,
     encode_seekable,
+    encode_shard_frames,
     find_index,
     load_index,
     parse_index,
@@ -38,18 +40,25 @@ def raw_shard(docs: int = 300, seed: int = 0) -> tuple[bytes, np.ndarray, np.nda
 
 
 def row(raw: bytes, stored: bytes) -> ShardInfo:
+    """The manifest row of a stored shard, in the format its index is of (3: a tree-shaped raw digest)."""
     n = find_index(memoryview(stored), "t")
     view = parse_shard(raw, shard="t")
+    version, frame_size = (
+        struct.unpack_from("<I", stored, len(stored) - 8)[0],
+        struct.unpack_from("<I", stored, len(stored) - 28)[0],
+    )
+    frame_size = frame_size if version == 3 else 0
     return ShardInfo(
-        path="shards/t.s2.arrow.zst",
+        path=f"shards/t.s{version}.arrow.zst",
         documents=view.num_documents,
         tokens=view.num_tokens,
         stored_bytes=len(stored),
         raw_bytes=len(raw),
         stored_digest=digest_bytes(stored),
-        raw_digest=digest_bytes(raw),
+        raw_digest=raw_digest(raw, frame_size),
         index_bytes=n,
         index_digest=digest_bytes(stored[-n:]),
+        frame_size=frame_size,
     )
 
 
@@ -212,6 +221,12 @@ def test_shard_table_keeps_format_1_columns_and_mixes_formats() -> None:
     assert mixed[0].index_digest == "" and mixed[0].index_bytes == 0
     back = ShardTable.from_ipc(new.concat(old).to_ipc())  # format 1 appended after format 2
     assert [s.stored_format for s in back] == [2, 1, 1] and back[1].index_digest == ""
+    three = ShardTable.from_rows([ShardInfo(**{**vars(_info(4, 40)), "frame_size": FRAME})])
+    assert len(new._table.schema) == 9 and len(three._table.schema) == 10  # the frame size only where needed
+    for table in (ShardTable.from_ipc(mixed.concat(three).to_ipc()), ShardTable.from_ipc(three.concat(mixed).to_ipc())):
+        table.validate()
+        assert sorted(s.stored_format for s in table) == [1, 1, 2, 3]
+        assert sorted(s.frame_size for s in table) == [0, 0, 0, FRAME]
 
 
 @pytest.mark.parametrize(
@@ -221,6 +236,9 @@ def test_shard_table_keeps_format_1_columns_and_mixes_formats() -> None:
         {"index_bytes": 0},  # a digest on a format-1 row
         {"index_bytes": 1000},  # an index larger than the shard
         {"index_digest": "xxh128:zz"},
+        {"index_bytes": 0, "index_digest": "", "frame_size": FRAME},  # a frame size without an index
+        {"frame_size": 1},  # a leaf a byte: hashing the shard would take one Python step per byte
+        {"frame_size": 1 << 40},  # beyond any frame ferry writes
     ],
 )
 def test_shard_table_refuses_inconsistent_index_columns(bad: dict[str, object]) -> None:
@@ -259,7 +277,7 @@ def test_a_batch_of_ranges_is_fetched_in_parallel_then_read_from_the_block_cache
 
     shards = [raw_shard(docs=600, seed=s) for s in range(4)]
     stored = [encode_seekable(raw, 1, FRAME) for raw, _, _ in shards]
-    infos = [ShardInfo(**{**vars(row(raw, st)), "path": f"shards/{i}.s2.arrow.zst"})
+    infos = [ShardInfo(**{**vars(row(raw, st)), "path": f"shards/{i}.s3.arrow.zst"})
              for i, ((raw, _, _), st) in enumerate(zip(shards, stored, strict=True))]  # fmt: skip
     by_path = {info.path: st for info, st in zip(infos, stored, strict=True)}
     lock, in_flight, most = threading.Lock(), [0], [0]
@@ -302,3 +320,52 @@ def test_a_shard_is_encoded_as_pieces_written_unjoined_to_any_store(tmp_path: Pa
         loc = resolve(url)
         loc.write_bytes("shards/x.s2.arrow.zst", encoded.pieces)
         assert loc.read_bytes("shards/x.s2.arrow.zst") == whole
+
+
+@pytest.mark.parametrize("frame_size", [FRAME, 5000, 64 << 10])
+def test_the_tree_raw_digest_is_the_same_however_the_raw_bytes_arrive(frame_size: int) -> None:
+    """Packing (from the frames), a cache check of a file (in 8 MiB reads) and a fetch (in whatever the
+    decoder yields) compute one raw digest of a format-3 shard; it depends on the frame size, and is no flat
+    digest."""
+    raw, _, _ = raw_shard(docs=2000)
+    encoded = encode_shard_frames(raw, 1, frame_size)
+    assert encoded.raw_digest == tree_digest(raw, frame_size) == raw_digest(raw, frame_size)
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        hasher = TreeHasher(frame_size)
+        cuts = np.sort(rng.integers(0, len(raw), size=int(rng.integers(1, 40))))
+        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(raw)], strict=True):
+            hasher.update(raw[a:b])
+        assert hasher.hexdigest() == encoded.raw_digest and hasher.nbytes == len(raw)
+    assert tree_digest(raw, frame_size * 2) != encoded.raw_digest != digest_bytes(raw)
+    assert encode_shard_frames(raw, 1, frame_size, 2).raw_digest == digest_bytes(raw) == raw_digest(raw, 0)
+
+
+def test_a_format_3_frame_must_decode_to_its_leaf_and_the_leaves_to_the_raw_digest() -> None:
+    """What the stored and index digests cannot say (they are recomputed by whoever rewrote the shard), the
+    leaves can: a frame of other raw bytes fails its leaf; leaves of other bytes fail the raw digest; an index
+    of the other format, or of another frame size, is refused by the row."""
+    raw, _, _ = raw_shard(docs=2000)
+    stored = encode_seekable(raw, 1, FRAME)
+    info = row(raw, stored)
+    index = load_index(stored[-info.index_bytes :], info)
+    assert index.version == 3 and index.root(len(raw)) == info.raw_digest
+    other = zstandard.ZstdCompressor(write_content_size=True).compress(raw[3 * FRAME : 4 * FRAME])
+    sizes = np.where(np.arange(index.frames) == 2, len(other), index.stored_sizes)
+    digests = index.digests[:32] + xxhash.xxh3_128_digest(other) + index.digests[48:]
+    forged = dataclasses.replace(index, digests=digests, stored_sizes=sizes)  # frame 2's entry made to agree
+    with pytest.raises(ShardDigestError, match="frame 2 does not decode to the raw bytes its leaf"):
+        decode_frame(forged, 2, other, "t")
+    lying_leaves = dataclasses.replace(
+        index, leaves=index.leaves[:32] + xxhash.xxh3_128_digest(raw[3 * FRAME : 4 * FRAME]) + index.leaves[48:]
+    )
+    assert lying_leaves.root(len(raw)) != info.raw_digest
+    with pytest.raises(ShardFormatError, match="format-3 frame index, its manifest row says format 2"):
+        load_index(stored[-info.index_bytes :], dataclasses.replace(info, frame_size=0))
+    with pytest.raises(ShardFormatError, match="frames of 4096 bytes, the manifest 8192"):
+        load_index(stored[-info.index_bytes :], dataclasses.replace(info, frame_size=8192))
+    two = encode_seekable(raw, 1, FRAME, version=2)
+    with pytest.raises(ShardFormatError, match="format-2 frame index, its manifest row says format 3"):
+        load_index(two[-row(raw, two).index_bytes :], dataclasses.replace(row(raw, two), frame_size=FRAME))
+    with pytest.raises(ShardFormatError, match="is a format-2 shard, not read by frames"):
+        reader_over(two).index(row(raw, two))
