@@ -59,7 +59,7 @@ class HFTokenizer:
         if eos_token and eos_id is None:
             raise UsageError(f"EOS token {eos_token!r} is not in the vocabulary of {path}")
         name = name or path.rsplit("/", 1)[-1]
-        self.info = Tokenizer(name=name, vocab_size=self._tok.get_vocab_size(), eos_id=eos_id)
+        self.info = Tokenizer(name=name, vocab_size=_vocab_size(self._tok), eos_id=eos_id)
 
     @classmethod
     def from_model_dir(cls, path: str, eos_token: str | None = None) -> HFTokenizer:
@@ -86,6 +86,14 @@ class HFTokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
         return [np.asarray(e.ids, dtype=np.uint32) for e in encodings]
+
+
+def _vocab_size(tok: object) -> int:
+    """One past the largest id the tokenizer can produce. ``get_vocab_size`` counts entries, and
+    a vocabulary with gaps (``{"a": 0, "b": 70000}``) has ids past that count: the token dtype
+    and the range check must allow them."""
+    ids = tok.get_vocab(with_added_tokens=True).values()  # type: ignore[attr-defined]
+    return max(int(tok.get_vocab_size()), max(ids, default=-1) + 1)  # type: ignore[attr-defined]
 
 
 _EOS_GUESSES = ["</s>", "<|endoftext|>", "<eos>", "[SEP]", "<|end_of_text|>"]
