@@ -15,6 +15,7 @@ from .ranges import Readable, lines_before, open_unit
 __all__ = ["read_jsonl"]
 
 _CHUNK = 1 << 20
+_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark, as Windows tools write at the start of a file
 _At = Callable[[int], str]  # names a line of the unit in errors
 _COUNT_ERRORS: tuple[type[BaseException], ...] = (*READ_ERRORS, InputFormatError)
 
@@ -27,6 +28,8 @@ def read_jsonl(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
     try:
         with open_unit(unit, options) as f:
             for lineno, raw in enumerate(_lines(f), 1):
+                if lineno == 1 and unit.start == 0:  # the file's first line (see text._open_text)
+                    raw = raw.removeprefix(_BOM)
                 if not raw.strip():
                     continue
                 pending.append(_parse(at, lineno, field, raw, options))

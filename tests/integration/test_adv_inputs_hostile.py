@@ -73,3 +73,59 @@ def test_tokenizer_ids_past_its_vocab_size_get_a_wide_enough_dtype(tmp_path: Pat
     manifest = open_dataset(str(out)).manifest
     assert manifest.tokenizer.vocab_size == 70001 and manifest.token_dtype == "uint32"
     assert manifest.tokenizer.eos_id == 1
+
+
+# --- byte-order marks ----------------------------------------------------------------------
+
+BOM = b"\xef\xbb\xbf"
+
+
+@pytest.mark.parametrize("lines", [False, True])
+def test_bom_at_the_start_of_a_text_file_is_not_a_token(tmp_path: Path, lines: bool) -> None:
+    """Observed: a text file saved with a UTF-8 BOM packed its three bytes into the first document.
+    Only the file's first BOM is an encoding mark: one starting a later line is text."""
+    path = tmp_path / "t.txt"
+    path.write_bytes(BOM + "héllo\r\n\ufeffworld\r\n".encode())
+    out = tmp_path / "ds"
+    flag = ["--lines"] if lines else []
+    docs = packed(ferry("pack", str(path), "--out", str(out), "--tokenizer", "bytes", *flag), out)
+    assert docs == ([utf8("héllo"), utf8("\ufeffworld")] if lines else [utf8("héllo\n\ufeffworld\n")])
+
+
+def test_bom_at_the_start_of_a_jsonl_file_is_read(tmp_path: Path) -> None:
+    """Observed: a JSON Lines file with a UTF-8 BOM was refused at line 1 as not JSON."""
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(BOM + b'{"text": "a"}\r\n{"text": "\xef\xbb\xbfb"}\r\n')
+    out = tmp_path / "ds"
+    assert packed(ferry("pack", str(path), "--out", str(out), "--tokenizer", "bytes"), out) == [
+        utf8("a"),
+        utf8("\ufeffb"),
+    ]
+
+
+@pytest.mark.parametrize(("name", "lines"), [("t.jsonl", False), ("t.txt", True), ("t.jsonl.zst", False)])
+def test_bom_in_a_file_read_in_parts(tmp_path: Path, name: str, lines: bool) -> None:
+    """A file cut into parts: only the part at byte 0 drops the BOM, every other line is kept."""
+    import zstandard
+
+    texts = [f"\ufeffdoc {i}" if i % 7 == 3 else f"doc {i}" for i in range(400)]  # raw U+FEFF inside lines
+    if "jsonl" in name:
+        body = "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts)
+    else:
+        body = "".join(f"{t}\n" for t in texts)
+    data = BOM + body.encode()
+    if name.endswith(".zst"):
+        cctx = zstandard.ZstdCompressor()
+        data = b"".join(cctx.compress(data[i : i + 1000]) for i in range(0, len(data), 1000))
+    (tmp_path / name).write_bytes(data)
+    options = SourceOptions(tokenizer=ByteTokenizer(), text_per_line=lines, split_size=997)
+    units = plan_units([str(tmp_path / name)], options)
+    assert len(units) >= 3
+    docs = [
+        batch.tokens[batch.offsets[i] : batch.offsets[i + 1]].tolist()
+        for unit in units
+        for batch in read_unit(unit, options)
+        for i in range(len(batch.offsets) - 1)
+    ]
+    expected = [utf8(t) for t in texts]
+    assert docs == expected
