@@ -129,3 +129,81 @@ def test_bom_in_a_file_read_in_parts(tmp_path: Path, name: str, lines: bool) -> 
     ]
     expected = [utf8(t) for t in texts]
     assert docs == expected
+
+
+# --- .npy object arrays --------------------------------------------------------------------
+
+
+class _OpensAFile:
+    """Unpickling this calls ``open(path, "w")``: harmless, and visible as a new file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (open, (self.path, "w"))
+
+
+def test_an_object_npy_cannot_run_code(tmp_path: Path) -> None:
+    """Observed: an object-dtype .npy ran whatever its pickle named (here: open() made a file)
+    before ferry refused the document it produced."""
+    marker = tmp_path / "ran"
+    arr = np.empty(2, dtype=object)
+    arr[0], arr[1] = np.array([1, 2]), _OpensAFile(marker)
+    np.save(tmp_path / "evil.npy", arr, allow_pickle=True)
+    out = tmp_path / "ds"
+    assert_refused(ferry("pack", str(tmp_path / "evil.npy"), "--out", str(out), *PACK), out, "evil.npy", "open")
+    assert not marker.exists()
+
+
+class _LyingArray:
+    """Pickles as ``np.save`` pickles an array, with the state replaced."""
+
+    def __init__(self, state: tuple[object, ...]) -> None:
+        self.state = state
+
+    def __reduce__(self) -> tuple[object, ...]:
+        rebuild, args, _ = np.empty(0, dtype=object).__reduce__()
+        return (rebuild, args, self.state)
+
+
+def lying_npy(path: Path, state: tuple[object, ...]) -> str:
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "|O", "fortran_order": False, "shape": (2,)})
+        f.write(pickle.dumps(_LyingArray(state), protocol=3))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("state", "needle"),
+    [
+        ((1, (100_000,), np.dtype("O"), False, [1, 2]), "not 100000 elements"),  # NumPy read past the list
+        ((1, (2**40,), np.dtype("u1"), False, b"xy"), "not 1099511627776 bytes"),
+        ((1, (2,), np.dtype([("a", "<i4")]), False, b"\x00" * 8), "dtype"),
+        ((1, (1,), np.dtype(("<i4", (2**20,))), False, b"\x00" * 4), "dtype"),
+        ((1, (-1,), np.dtype("O"), False, []), "shape"),
+        ("not a state", "state"),
+    ],
+    ids=["object-shape-past-list", "huge-shape", "fields", "subarray", "negative-shape", "not-a-tuple"],
+)
+def test_an_object_npy_whose_state_lies(tmp_path: Path, state: tuple[object, ...], needle: str) -> None:
+    """Observed: an object array whose state gives a shape larger than its element list killed
+    the pack with SIGSEGV (NumPy's own unpickling trusts it)."""
+    path = lying_npy(tmp_path / "o.npy", state)
+    out = tmp_path / "ds"
+    assert_refused(ferry("pack", path, "--out", str(out), *PACK), out, "o.npy", needle)
+
+
+def test_honest_object_npy_still_packs(tmp_path: Path) -> None:
+    arr = np.empty(5, dtype=object)
+    arr[0], arr[1], arr[2] = np.array([1, 2], dtype=np.int32), [3, np.int64(4)], np.array([], dtype=np.int64)
+    arr[3], arr[4] = np.array([5, 6], dtype=">u2"), (7, 8)
+    np.save(tmp_path / "o.npy", arr, allow_pickle=True)
+    out = tmp_path / "ds"
+    assert packed(ferry("pack", str(tmp_path / "o.npy"), "--out", str(out), *PACK), out) == [
+        [1, 2],
+        [3, 4],
+        [],
+        [5, 6],
+        [7, 8],
+    ]
