@@ -27,6 +27,8 @@ from .parquet import _convert
 __all__ = ["dataset_files", "is_directory", "read_arrow"]
 
 _SPLIT_NAME = re.compile(r"^\w+(\.\w+)*$")  # what `datasets` allows as a split name
+# the Hub's shard names: <split>-00000-of-00003.parquet, some with a -<hash> suffix
+_NUMBERED = re.compile(r"^[^-]+-(?P<index>\d+)-of-(?P<of>\d+)(-[^/]*)?\.parquet$")
 _FILE_MAGIC = b"ARROW1"  # the Arrow IPC *file* format; save_to_disk writes the stream format
 _LAYOUTS = "state.json (Dataset.save_to_disk), dataset_dict.json (DatasetDict.save_to_disk) or data/<split>-*.parquet"
 
@@ -138,6 +140,8 @@ def _saved_files(fs: Any, root: str, path: str, names: set[str]) -> list[tuple[s
             raise InputFormatError(f'{where}: bad entry {entry!r} in "_data_files" (expected {{"filename": NAME}})')
         if name not in names:
             raise InputFormatError(f"{where} lists {name}, which is missing: the saved dataset is incomplete")
+        if (_join(path, name), "arrow") in out:  # save_to_disk never does; reading it twice doubles its rows
+            raise InputFormatError(f'{where} lists {name} twice in "_data_files"; the file is corrupt')
         out.append((_join(path, name), "arrow"))
     return out
 
@@ -148,7 +152,30 @@ def _hub_files(data_path: str, parquet: list[str], split: str | None) -> list[tu
     for name in parquet:
         by_split.setdefault(name[: -len(".parquet")].partition("-")[0], []).append(name)
     name = _pick_split(data_path, sorted(by_split), split)
+    _check_numbered(data_path, name, by_split[name])
     return [(_join(data_path, n), "parquet") for n in by_split[name]]
+
+
+def _check_numbered(data_path: str, split: str, names: list[str]) -> None:
+    """Files numbered ``-IIIII-of-NNNNN`` must be exactly the N of one count: a download stopped
+    half way, or the files of two revisions side by side, is not the split."""
+    numbered = {n: m for n in names if (m := _NUMBERED.match(n))}
+    if not numbered:
+        return
+    counts = sorted({int(m["of"]) for m in numbered.values()})
+    odd = next((n for n in names if n not in numbered), None)
+    if len(counts) > 1 or odd is not None:
+        kinds = ", ".join(f"-of-{c:05d}" for c in counts) + (f" and {odd}" if odd else "")
+        raise InputFormatError(
+            f"{data_path}: split {split!r} mixes files numbered {kinds}; keep the files of one revision only"
+        )
+    total, seen = counts[0], sorted(int(m["index"]) for m in numbered.values())
+    if seen != list(range(total)):
+        missing = next((i for i in range(total) if i not in seen), None)
+        what = f"{split}-{missing:05d}-of-{total:05d} is missing" if missing is not None else "a number repeats"
+        raise InputFormatError(
+            f"{data_path}: split {split!r} has {len(seen)} files numbered of {total}: {what}; download the whole split"
+        )
 
 
 def read_arrow(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:

@@ -207,3 +207,61 @@ def test_honest_object_npy_still_packs(tmp_path: Path) -> None:
         [5, 6],
         [7, 8],
     ]
+
+
+# --- Hugging Face dataset directories ------------------------------------------------------
+
+
+def saved_dataset(root: Path, docs: list[list[int]]) -> Path:
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"tokens": docs}).save_to_disk(str(root))
+    return root
+
+
+def test_state_json_listing_a_file_twice_is_refused(tmp_path: Path) -> None:
+    """Observed: state.json naming its one Arrow file twice packed every row twice, exit 0."""
+    root = saved_dataset(tmp_path / "saved", [[1, 2], [3]])
+    state = json.loads((root / "state.json").read_text())
+    name = state["_data_files"][0]["filename"]
+    state["_data_files"] *= 2
+    (root / "state.json").write_text(json.dumps(state))
+    out = tmp_path / "ds"
+    assert_refused(ferry("pack", str(root), "--out", str(out), *PACK), out, "state.json", f"{name} twice")
+
+
+def hub_shard(data: Path, name: str, docs: list[list[int]]) -> None:
+    data.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"tokens": pa.array(docs, type=pa.list_(pa.int32()))}), data / name)
+
+
+def test_hub_layout_missing_a_numbered_shard_is_refused(tmp_path: Path) -> None:
+    """Observed: data/train-00000-of-00002.parquet alone (a download stopped half way) packed as the
+    whole split, exit 0."""
+    data = tmp_path / "repo" / "data"
+    hub_shard(data, "train-00000-of-00002.parquet", [[1, 2]])
+    hub_shard(data, "test-00000-of-00001.parquet", [[5]])
+    out = tmp_path / "ds"
+    proc = ferry("pack", str(tmp_path / "repo"), "--split", "train", "--out", str(out), *PACK)
+    assert_refused(proc, out, "train-00001-of-00002", "missing")
+    hub_shard(data, "train-00001-of-00002.parquet", [[3]])
+    proc = ferry("pack", str(tmp_path / "repo"), "--split", "train", "--out", str(out), *PACK)
+    assert packed(proc, out) == [[1, 2], [3]]
+
+
+def test_hub_layout_with_two_shard_counts_is_refused(tmp_path: Path) -> None:
+    """Leftovers of an older revision beside a newer one: neither set is the split."""
+    data = tmp_path / "repo" / "data"
+    hub_shard(data, "train-00000-of-00001-0a1b2c.parquet", [[1]])
+    hub_shard(data, "train-00000-of-00002-3d4e5f.parquet", [[2]])
+    hub_shard(data, "train-00001-of-00002-3d4e5f.parquet", [[3]])
+    out = tmp_path / "ds"
+    assert_refused(ferry("pack", str(tmp_path / "repo"), "--out", str(out), *PACK), out, "train", "of-00001", "of-00002")
+
+
+def test_hub_layout_with_a_shard_twice_is_refused(tmp_path: Path) -> None:
+    """Two copies of shard 0 (different hash suffixes) and no shard 1: not the split's rows."""
+    data = tmp_path / "repo" / "data"
+    hub_shard(data, "train-00000-of-00002-0a1b2c.parquet", [[1]])
+    hub_shard(data, "train-00000-of-00002-3d4e5f.parquet", [[1]])
+    out = tmp_path / "ds"
+    assert_refused(ferry("pack", str(tmp_path / "repo"), "--out", str(out), *PACK), out, "train-00001-of-00002")
