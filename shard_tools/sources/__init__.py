@@ -10,7 +10,9 @@ Face dataset directory is planned as its data files (see :mod:`.hf`).
 
 from __future__ import annotations
 
+import glob
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import fsspec
 
@@ -119,11 +121,32 @@ def expand_globs(paths: Sequence[str], options: SourceOptions) -> list[str]:
             continue
         fs, root = fsspec.core.url_to_fs(path, **(options.storage_options or {}))
         matches = sorted(fs.glob(root))
+        if _exists(fs, root):  # a file named like a pattern: 'd[1].jsonl' must not quietly mean d1.jsonl
+            _check_not_also_a_pattern(path, root, matches)
+            out.append(path)
+            continue
         if not matches:
             raise UsageError(f"input pattern {path!r} matches no files")
         protocol = path.split("://", 1)[0] + "://" if "://" in path else ""
         out.extend(m if not protocol or m.startswith(protocol) else protocol + m for m in matches)
     return out
+
+
+def _exists(fs: Any, root: str) -> bool:
+    try:
+        return bool(fs.exists(root))
+    except Exception:  # noqa: BLE001 - as in _file_size: a failure to stat means "not there"
+        return False
+
+
+def _check_not_also_a_pattern(path: str, root: str, matches: Sequence[str]) -> None:
+    others = [m for m in matches if m.rstrip("/") != root.rstrip("/")]
+    if others:
+        more = f" and {len(others) - 1} more" if len(others) > 1 else ""
+        raise UsageError(
+            f"input {path!r} names a file and is also a pattern matching {others[0]}{more}; to pack the "
+            f"file, bracket its pattern characters ({glob.escape(path)!r}), or rename it"
+        )
 
 
 def _file_size(path: str, options: SourceOptions) -> int:

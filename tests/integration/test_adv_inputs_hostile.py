@@ -265,3 +265,22 @@ def test_hub_layout_with_a_shard_twice_is_refused(tmp_path: Path) -> None:
     hub_shard(data, "train-00000-of-00002-3d4e5f.parquet", [[1]])
     out = tmp_path / "ds"
     assert_refused(ferry("pack", str(tmp_path / "repo"), "--out", str(out), *PACK), out, "train-00001-of-00002")
+
+
+# --- file names ----------------------------------------------------------------------------
+
+
+def test_a_file_named_like_a_glob_is_that_file(tmp_path: Path) -> None:
+    """Observed: 'd[1].jsonl' (an existing file) was expanded as a pattern: it packed d1.jsonl
+    when that existed, and was refused as matching nothing when it did not."""
+    named = tmp_path / "d[1].jsonl"
+    named.write_text('{"tokens": [1]}\n')
+    out = tmp_path / "alone"
+    assert packed(ferry("pack", str(named), "--out", str(out), *PACK), out) == [[1]]
+    (tmp_path / "d1.jsonl").write_text('{"tokens": [2, 2]}\n')
+    out = tmp_path / "ambiguous"
+    assert_refused(ferry("pack", str(named), "--out", str(out), *PACK), out, "d[1].jsonl", "d1.jsonl", "d[[]1]", code=2)
+    out = tmp_path / "escaped"
+    assert packed(ferry("pack", str(tmp_path / "d[[]1].jsonl"), "--out", str(out), *PACK), out) == [[1]]
+    out = tmp_path / "pattern"
+    assert packed(ferry("pack", str(tmp_path / "d?.jsonl"), "--out", str(out), *PACK), out) == [[2, 2]]
