@@ -284,3 +284,19 @@ def test_a_file_named_like_a_glob_is_that_file(tmp_path: Path) -> None:
     assert packed(ferry("pack", str(tmp_path / "d[[]1].jsonl"), "--out", str(out), *PACK), out) == [[1]]
     out = tmp_path / "pattern"
     assert packed(ferry("pack", str(tmp_path / "d?.jsonl"), "--out", str(out), *PACK), out) == [[2, 2]]
+
+
+@pytest.mark.parametrize(
+    "spellings",
+    [["a.jsonl", "a.jsonl"], ["a.jsonl", "./a.jsonl"], ["a.jsonl", "ABS"], ["*.jsonl", "a.jsonl"]],
+    ids=["same", "dot", "absolute", "glob-and-match"],
+)
+def test_the_same_file_given_twice_is_refused(tmp_path: Path, spellings: list[str]) -> None:
+    """Observed: `ferry pack a.jsonl ./a.jsonl` packed every document of a.jsonl twice, exit 0."""
+    (tmp_path / "a.jsonl").write_text('{"tokens": [1, 2]}\n')
+    args = [str(tmp_path / "a.jsonl") if s == "ABS" else s for s in spellings]
+    out = tmp_path / "ds"
+    proc = subprocess.run(
+        [*FERRY, "pack", *args, "--out", str(out), *PACK], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert_refused(proc, out, "a.jsonl", "twice", code=2)
