@@ -29,7 +29,8 @@ def read_text(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
             if not options.text_per_line:
                 yield batch_from_lists(tokenizer.encode_batch([f.read()]))
                 return
-            before = lines_before(unit, options) if options.origin else 0  # provenance: lines in the whole file
+            # provenance: lines in the whole file, counted as the text reader below splits them
+            before = lines_before(unit, options, universal=True) if options.origin else 0
             pending: list[str] = []
             lines: list[int] = []
             for lineno, line in enumerate(f, before + 1):

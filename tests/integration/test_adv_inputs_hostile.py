@@ -300,3 +300,26 @@ def test_the_same_file_given_twice_is_refused(tmp_path: Path, spellings: list[st
         [*FERRY, "pack", *args, "--out", str(out), *PACK], capture_output=True, text=True, timeout=120, cwd=tmp_path
     )
     assert_refused(proc, out, "a.jsonl", "twice", code=2)
+
+
+@pytest.mark.parametrize("name", ["t.txt", "t.txt.zst"])
+def test_text_line_numbers_of_a_split_file_count_lone_cr(tmp_path: Path, name: str) -> None:
+    """Observed: --lines splits on \\r, \\n and \\r\\n (text mode) but a part of a split file
+    numbered its lines from a count of \\n alone, so every line after a lone \\r was recorded
+    (origin_row) with a wrong, smaller number than the same file read whole."""
+    import zstandard
+
+    data = "".join(f"a{i}\rb{i}\r\nc{i}\n" if i % 3 else f"d{i}\n" for i in range(1500)).encode()
+    if name.endswith(".zst"):  # frames that end between a \r and its \n, or mid-line
+        cctx = zstandard.ZstdCompressor()
+        data = b"".join(cctx.compress(data[i : i + 701]) for i in range(0, len(data), 701))
+    (tmp_path / name).write_bytes(data)
+
+    def rows(split_size: int | None) -> tuple[int, list[int]]:
+        options = SourceOptions(tokenizer=ByteTokenizer(), text_per_line=True, split_size=split_size)
+        units = plan_units([str(tmp_path / name)], options)
+        return len(units), [int(r) for unit in units for batch in read_unit(unit, options) for r in batch.rows]
+
+    whole, parts = rows(None), rows(997)
+    assert whole[0] == 1 and parts[0] > 3
+    assert parts[1] == whole[1] == list(range(1, len(whole[1]) + 1))
