@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import pickle
 import re
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import numpy as np
 
@@ -50,7 +50,8 @@ class _Dtype:
     def __init__(self, spec: object, align: object = False, copy: object = False) -> None:
         if not isinstance(spec, str) or not _DTYPES.match(spec):
             raise Refused(f"it builds dtype {spec!r}; documents are integer arrays")
-        self.spec, self.dtype = spec, None
+        self.spec: str = spec
+        self.dtype: np.dtype | None = None
 
     def __setstate__(self, state: object) -> None:
         # (version, byte order, subarray, names, fields, item size, alignment, flags[, metadata])
@@ -84,10 +85,13 @@ class _Array:
             raise Refused(f"it gives an array the shape {shape!r}")
         if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
             raise Refused(f"it gives an array the shape {shape!r}")
-        real, count, order = _real_dtype(dtype), math.prod(shape), "F" if fortran else "C"
+        real, count = _real_dtype(dtype), math.prod(shape)
+        order: Literal["C", "F"] = "F" if fortran else "C"
         if real.hasobject:
             if not isinstance(data, list) or len(data) != count:
-                raise Refused(f"the state of an object array of shape {shape} holds {_what(data)}, not {count} elements")
+                raise Refused(
+                    f"the state of an object array of shape {shape} holds {_what(data)}, not {count} elements"
+                )
             flat = np.empty(count, dtype=object)
             for i, item in enumerate(data):
                 flat[i] = resolve(item)
@@ -147,7 +151,9 @@ class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         found = _ALLOWED.get((module, name))
         if found is None:
-            raise Refused(f"its pickle names {module}.{name}; an object .npy may hold only NumPy arrays, lists and numbers")
+            raise Refused(
+                f"its pickle names {module}.{name}; an object .npy may hold only NumPy arrays, lists and numbers"
+            )
         return found
 
 
