@@ -46,6 +46,7 @@ class HFTokenizer:
             from tokenizers import Tokenizer as _HF
         except ImportError as exc:
             raise UsageError("a tokenizer.json needs the 'tokenizers' extra: pip install 'ferry[tokenizers]'") from exc
+        _check_file(path, "tokenizer")
         try:
             self._tok = _HF.from_file(path)
         except Exception as exc:  # noqa: BLE001 - the library raises plain Exception subclasses
@@ -86,6 +87,15 @@ class HFTokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
         return [np.asarray(e.ids, dtype=np.uint32) for e in encodings]
+
+
+def _check_file(path: str, what: str) -> None:
+    """A tokenizer is read whole: a path that is no regular file (``/dev/zero``, a FIFO, a
+    directory) would be read without end or fail obscurely."""
+    if not os.path.exists(path):
+        raise UsageError(f"{what} {path} does not exist")
+    if not os.path.isfile(path):
+        raise UsageError(f"{what} {path} is not a regular file")
 
 
 def _vocab_size(tok: object) -> int:
@@ -129,6 +139,7 @@ class TiktokenTokenizer:
             raise UsageError("tiktoken:PATH needs the 'tiktoken' extra: pip install 'ferry[tiktoken]'") from exc
         if not path or "://" in path:
             raise UsageError(f"tiktoken:{path}: give the path of a local BPE file (ferry downloads no tokenizer)")
+        _check_file(path, "tiktoken BPE file")
         try:
             with open(path, "rb") as f:
                 digest = hashlib.sha256(f.read()).hexdigest()

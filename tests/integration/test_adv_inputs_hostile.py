@@ -6,6 +6,7 @@ input's tokens or ends in one line naming the file, never a traceback and nothin
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -326,3 +327,40 @@ def test_text_line_numbers_of_a_split_file_count_lone_cr(tmp_path: Path, name: s
     whole, parts = rows(None), rows(997)
     assert whole[0] == 1 and parts[0] > 3 and len(whole[1]) == 3500
     assert parts[1] == whole[1] == list(range(1, len(whole[1]) + 1))
+
+
+# --- paths that are no regular file --------------------------------------------------------
+
+
+def _limit_memory() -> None:  # in the child: reading without end fails at 2 GiB, not at the machine's end
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="needs /dev/zero")
+@pytest.mark.parametrize(
+    ("link", "args", "needle", "code"),
+    [
+        ("m.idx", ["m.idx", *PACK], "m.idx: not a regular file", 1),
+        ("tok.json", ["t.jsonl", "--tokenizer", "tok.json"], "tokenizer tok.json is not a regular file", 2),
+        ("r.bpe", ["t.jsonl", "--tokenizer", "tiktoken:r.bpe", "--eos-id", "1"], "r.bpe is not a regular file", 2),
+    ],
+    ids=["megatron-idx", "tokenizer-json", "tiktoken"],
+)
+def test_a_device_is_not_read_without_end(tmp_path: Path, link: str, args: list[str], needle: str, code: int) -> None:
+    """Observed: a Megatron .idx, tokenizer.json or tiktoken file linked to /dev/zero was read
+    until memory ran out (the OOM killer ended the pack; under a limit, a MemoryError traceback)."""
+    (tmp_path / link).symlink_to("/dev/zero")
+    (tmp_path / "m.bin").write_bytes(b"")
+    (tmp_path / "t.jsonl").write_text('{"text": "a"}\n')
+    out = tmp_path / "ds"
+    proc = subprocess.run(
+        [*FERRY, "pack", *args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        preexec_fn=_limit_memory,
+    )
+    assert_refused(proc, out, needle, code=code)
