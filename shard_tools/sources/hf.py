@@ -82,8 +82,13 @@ def _join(path: str, name: str) -> str:
 
 
 def _read_json(fs: Any, root: str, path: str, name: str) -> Any:
+    """A JSON file of the layout, which must be a regular file: a link to ``/dev/zero`` or a FIFO
+    would be read without end."""
     where = _join(path, name)
     try:
+        info = fs.info(f"{root}/{name}")
+        if info.get("type") != "file":
+            raise InputFormatError(f"{where}: not a regular file")
         with fs.open(f"{root}/{name}", "rb") as f:
             return json.loads(f.read().decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:

@@ -345,12 +345,16 @@ def _limit_memory() -> None:  # in the child: reading without end fails at 2 GiB
         ("m.idx", ["m.idx", *PACK], "m.idx: not a regular file", 1),
         ("tok.json", ["t.jsonl", "--tokenizer", "tok.json"], "tokenizer tok.json is not a regular file", 2),
         ("r.bpe", ["t.jsonl", "--tokenizer", "tiktoken:r.bpe", "--eos-id", "1"], "r.bpe is not a regular file", 2),
+        ("saved/state.json", ["saved", *PACK], "state.json: not a regular file", 1),
+        ("dict/dataset_dict.json", ["dict", *PACK], "dataset_dict.json: not a regular file", 1),
     ],
-    ids=["megatron-idx", "tokenizer-json", "tiktoken"],
+    ids=["megatron-idx", "tokenizer-json", "tiktoken", "state-json", "dataset-dict-json"],
 )
 def test_a_device_is_not_read_without_end(tmp_path: Path, link: str, args: list[str], needle: str, code: int) -> None:
-    """Observed: a Megatron .idx, tokenizer.json or tiktoken file linked to /dev/zero was read
-    until memory ran out (the OOM killer ended the pack; under a limit, a MemoryError traceback)."""
+    """Observed: a Megatron .idx, tokenizer.json, tiktoken file, or a dataset directory's state.json
+    or dataset_dict.json linked to /dev/zero was read until memory ran out (the OOM killer ended
+    the pack; under a limit, a MemoryError traceback)."""
+    (tmp_path / link).parent.mkdir(exist_ok=True)
     (tmp_path / link).symlink_to("/dev/zero")
     (tmp_path / "m.bin").write_bytes(b"")
     (tmp_path / "t.jsonl").write_text('{"text": "a"}\n')
