@@ -22,7 +22,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import InputFormatError, UsageError
 from .base import DocBatch, SourceOptions, Unit
-from .parquet import _convert
+from .parquet import _convert, find_column
 
 __all__ = ["dataset_files", "is_directory", "read_arrow"]
 
@@ -189,12 +189,7 @@ def read_arrow(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
     try:
         with _open(unit.path, options) as source:
             schema, batches = _ipc_batches(source)
-            if column not in schema.names:
-                raise InputFormatError(
-                    f"{unit.path}: no column {column!r} (columns: {', '.join(schema.names)}); "
-                    "use --tokens-column / --text-column"
-                )
-            index = schema.names.index(column)
+            index = find_column(unit.path, column, schema.names)
             for batch in batches:
                 for start in range(0, batch.num_rows, options.batch_documents):
                     arr = _checked(batch.column(index).slice(start, options.batch_documents))

@@ -368,3 +368,19 @@ def test_a_device_is_not_read_without_end(tmp_path: Path, link: str, args: list[
         preexec_fn=_limit_memory,
     )
     assert_refused(proc, out, needle, code=code)
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
+def test_two_columns_of_one_name_are_refused(tmp_path: Path, suffix: str) -> None:
+    """Observed: a Parquet or Arrow file with two columns named 'tokens' packed the first, exit 0."""
+    table = pa.Table.from_arrays([pa.array([[1, 2]]), pa.array([[3, 4, 5]])], names=["tokens", "tokens"])
+    path = tmp_path / f"two{suffix}"
+    if suffix == ".parquet":
+        pq.write_table(table, path)
+    else:
+        with pa.OSFile(str(path), "wb") as f, pa.ipc.new_stream(f, table.schema) as writer:
+            writer.write_table(table)
+    out = tmp_path / "ds"
+    assert_refused(
+        ferry("pack", str(path), "--out", str(out), *PACK), out, f"two{suffix}", "2 columns are named 'tokens'"
+    )
