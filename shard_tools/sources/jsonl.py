@@ -3,6 +3,7 @@ list field, or a text field with a tokenizer."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterator
 
@@ -84,7 +85,10 @@ def _lines(f: Readable) -> Iterator[bytes]:
 
 def _parse(at: _At, lineno: int, field: str, raw: bytes, options: SourceOptions) -> object:
     try:
-        record = json.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        record = json.loads(text)
+        if raw.count(_spelled(field)) > 1:  # rare: look closer
+            _check_one_key(at, lineno, field, text)
     except UnicodeDecodeError as exc:
         raise InputFormatError(f"{at(lineno)}: not valid UTF-8 ({exc})") from exc
     except RecursionError as exc:
@@ -95,6 +99,20 @@ def _parse(at: _At, lineno: int, field: str, raw: bytes, options: SourceOptions)
         found = f"keys {', '.join(map(repr, list(record)[:8]))}" if isinstance(record, dict) else _json_type(record)
         raise InputFormatError(f"{at(lineno)}: expected a JSON object with field {field!r}, found {found}")
     return _check(at, lineno, field, record[field], options)
+
+
+@functools.lru_cache(maxsize=16)
+def _spelled(field: str) -> bytes:
+    """``field`` as a JSON key is written (without escapes)."""
+    return json.dumps(field, ensure_ascii=False).encode()
+
+
+def _check_one_key(at: _At, lineno: int, field: str, text: str) -> None:
+    """``{"tokens": [1], "tokens": [2]}`` is valid JSON, and ``json`` keeps the last value
+    unsaid: a record naming the field twice is refused rather than read either way."""
+    pairs = json.loads(text, object_pairs_hook=lambda kv: kv)
+    if isinstance(pairs, list) and sum(1 for item in pairs if isinstance(item, tuple) and item[0] == field) > 1:
+        raise InputFormatError(f"{at(lineno)}: field {field!r} appears more than once in the record")
 
 
 def _json_type(value: object) -> str:

@@ -329,6 +329,20 @@ def test_text_line_numbers_of_a_split_file_count_lone_cr(tmp_path: Path, name: s
     assert parts[1] == whole[1] == list(range(1, len(whole[1]) + 1))
 
 
+def test_a_jsonl_record_naming_its_field_twice_is_refused(tmp_path: Path) -> None:
+    """Observed: {"tokens": [1], "tokens": [2, 3]} packed [2, 3] (json keeps the last), exit 0.
+    The field's name inside a value or a nested object is no repeat."""
+    good = b'{"tokens": [4], "meta": {"tokens": "x"}, "note": "\\"tokens\\""}\n'
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(good + b'{"tokens": [1], "tokens": [2, 3]}\n')
+    out = tmp_path / "ds"
+    assert_refused(
+        ferry("pack", str(path), "--out", str(out), *PACK), out, "t.jsonl:2", "'tokens' appears more than once"
+    )
+    path.write_bytes(good)
+    assert packed(ferry("pack", str(path), "--out", str(out), *PACK), out) == [[4]]
+
+
 # --- paths that are no regular file --------------------------------------------------------
 
 
