@@ -51,6 +51,10 @@ class HFTokenizer:
             self._tok = _HF.from_file(path)
         except Exception as exc:  # noqa: BLE001 - the library raises plain Exception subclasses
             raise UsageError(f"cannot load tokenizer {path}: {exc}") from exc
+        # a tokenizer.json may carry the truncation and padding a model was served with: packing
+        # keeps every token of every document and adds none
+        self._tok.no_truncation()
+        self._tok.no_padding()
         eos_id = None
         candidates = [eos_token] if eos_token else _EOS_GUESSES if guess else []
         for tok in candidates:

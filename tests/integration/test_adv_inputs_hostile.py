@@ -75,6 +75,55 @@ def test_tokenizer_ids_past_its_vocab_size_get_a_wide_enough_dtype(tmp_path: Pat
     assert manifest.tokenizer.eos_id == 1
 
 
+def bpe_tokenizer(path: Path, **settings: object) -> str:
+    """A small byte-level BPE trained here, saved with extra top-level ``settings``."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["[UNK]", "</s>"],
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(["hello world foo bar baz"] * 50, trainer)
+    doc = json.loads(tok.to_str())
+    doc.update(settings)
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"truncation": {"direction": "Right", "max_length": 3, "strategy": "LongestFirst", "stride": 0}},
+        {
+            "padding": {
+                "strategy": "BatchLongest",
+                "direction": "Right",
+                "pad_to_multiple_of": None,
+                "pad_id": 0,
+                "pad_type_id": 0,
+                "pad_token": "[UNK]",
+            }
+        },
+    ],
+    ids=["truncation", "padding"],
+)
+def test_tokenizer_json_truncation_and_padding_do_not_apply(tmp_path: Path, setting: dict[str, object]) -> None:
+    """Observed: a tokenizer.json saved with truncation (max_length 3) cut every document to 3
+    tokens, and one saved with padding padded every document of a batch to the longest, exit 0."""
+    plain = bpe_tokenizer(tmp_path / "plain.json")
+    configured = bpe_tokenizer(tmp_path / "configured.json", **setting)
+    (tmp_path / "t.jsonl").write_text('{"text": "hello world foo bar baz hello"}\n{"text": "a"}\n')
+    docs = []
+    for tok in (plain, configured):
+        out = tmp_path / Path(tok).stem
+        docs.append(packed(ferry("pack", str(tmp_path / "t.jsonl"), "--out", str(out), "--tokenizer", tok), out))
+    assert len(docs[0][0]) > 3 and len(docs[0][1]) == 1
+    assert docs[1] == docs[0]
+
+
 # --- byte-order marks ----------------------------------------------------------------------
 
 BOM = b"\xef\xbb\xbf"
