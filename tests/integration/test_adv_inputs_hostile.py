@@ -124,6 +124,36 @@ def test_tokenizer_json_truncation_and_padding_do_not_apply(tmp_path: Path, sett
     assert docs[1] == docs[0]
 
 
+def tiktoken_file(path: Path) -> str:
+    """A tiktoken BPE file of the 256 single bytes (rank = byte)."""
+    import base64
+
+    path.write_text("".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256)))
+    return f"tiktoken:{path}"
+
+
+@pytest.mark.parametrize("kind", ["bytes", "tokenizer.json", "tiktoken"])
+def test_lone_surrogate_in_jsonl_text_with_every_tokenizer(tmp_path: Path, kind: str) -> None:
+    """Observed: '"a\\ud800b"' (valid JSON, no valid text) ended in a TypeError traceback from a
+    tokenizer.json, and was packed as U+FFFD by a tiktoken file (tiktoken replaces it), exit 0."""
+    tok = {
+        "bytes": "bytes",
+        "tokenizer.json": bpe_tokenizer(tmp_path / "tok.json"),
+        "tiktoken": tiktoken_file(tmp_path / "r.bpe"),
+    }[kind]
+    eos = ["--eos-id", "0"] if kind == "tiktoken" else []
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b'{"text": "fine \\ud83d\\ude00"}\n{"text": "a\\ud800b"}\n')  # a pair, then a lone one
+    out = tmp_path / "ds"
+    proc = ferry("pack", str(path), "--out", str(out), "--tokenizer", tok, *eos)
+    assert_refused(proc, out, "t.jsonl:2", "'text' is not valid Unicode")
+    path.write_bytes(b'{"text": "fine \\ud83d\\ude00"}\n')
+    docs = packed(ferry("pack", str(path), "--out", str(out), "--tokenizer", tok, *eos), out)
+    assert len(docs) == 1 and len(docs[0]) >= 5
+    if kind != "tokenizer.json":  # byte-level ids are the UTF-8 bytes of the emoji
+        assert docs == [utf8("fine \U0001f600")]
+
+
 # --- byte-order marks ----------------------------------------------------------------------
 
 BOM = b"\xef\xbb\xbf"
