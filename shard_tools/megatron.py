@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import stat
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -59,10 +60,13 @@ def read_index(prefix: str) -> MegatronIndex:
     idx_path, bin_path = prefix + ".idx", prefix + ".bin"
     try:
         with open(idx_path, "rb") as f:
+            _regular(idx_path, os.fstat(f.fileno()))  # /dev/zero or a FIFO would be read without end
             data = f.read()
-        bin_size = os.path.getsize(bin_path)
+        bin_stat = os.stat(bin_path)
     except OSError as exc:
         raise MegatronIndexError(f"{prefix}: cannot read .idx/.bin ({exc})") from exc
+    _regular(bin_path, bin_stat)
+    bin_size = bin_stat.st_size
     dtype, nseq, ndoc = _parse_header(idx_path, data)
     off = _HEADER.size
     lengths = np.frombuffer(data, np.int32, nseq, off)
@@ -73,6 +77,13 @@ def read_index(prefix: str) -> MegatronIndex:
     _check_sequences(idx_path, bin_path, bin_size, dtype.itemsize, lengths, pointers)
     _check_documents(idx_path, nseq, doc_indices)
     return MegatronIndex(dtype, lengths, pointers, doc_indices)
+
+
+def _regular(path: str, st: os.stat_result) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise MegatronIndexError(
+            f"{path}: not a regular file (a device, FIFO or directory); give a Megatron .idx/.bin pair"
+        )
 
 
 def _parse_header(idx_path: str, data: bytes) -> tuple[np.dtype, int, int]:

@@ -48,10 +48,15 @@ class HFTokenizer:
             raise UsageError(
                 "a tokenizer.json needs the 'tokenizers' extra: pip install 'ferry-data[tokenizers]'"
             ) from exc
+        _check_file(path, "tokenizer")
         try:
             self._tok = _HF.from_file(path)
         except Exception as exc:  # noqa: BLE001 - the library raises plain Exception subclasses
             raise UsageError(f"cannot load tokenizer {path}: {exc}") from exc
+        # a tokenizer.json may carry the truncation and padding a model was served with: packing
+        # keeps every token of every document and adds none
+        self._tok.no_truncation()
+        self._tok.no_padding()
         eos_id = None
         candidates = [eos_token] if eos_token else _EOS_GUESSES if guess else []
         for tok in candidates:
@@ -61,7 +66,7 @@ class HFTokenizer:
         if eos_token and eos_id is None:
             raise UsageError(f"EOS token {eos_token!r} is not in the vocabulary of {path}")
         name = name or path.rsplit("/", 1)[-1]
-        self.info = Tokenizer(name=name, vocab_size=self._tok.get_vocab_size(), eos_id=eos_id)
+        self.info = Tokenizer(name=name, vocab_size=_vocab_size(self._tok), eos_id=eos_id)
 
     @classmethod
     def from_model_dir(cls, path: str, eos_token: str | None = None) -> HFTokenizer:
@@ -88,6 +93,23 @@ class HFTokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
         return [np.asarray(e.ids, dtype=np.uint32) for e in encodings]
+
+
+def _check_file(path: str, what: str) -> None:
+    """A tokenizer is read whole: a path that is no regular file (``/dev/zero``, a FIFO, a
+    directory) would be read without end or fail obscurely."""
+    if not os.path.exists(path):
+        raise UsageError(f"{what} {path} does not exist")
+    if not os.path.isfile(path):
+        raise UsageError(f"{what} {path} is not a regular file")
+
+
+def _vocab_size(tok: object) -> int:
+    """One past the largest id the tokenizer can produce. ``get_vocab_size`` counts entries, and
+    a vocabulary with gaps (``{"a": 0, "b": 70000}``) has ids past that count: the token dtype
+    and the range check must allow them."""
+    ids = tok.get_vocab(with_added_tokens=True).values()  # type: ignore[attr-defined]
+    return max(int(tok.get_vocab_size()), max(ids, default=-1) + 1)  # type: ignore[attr-defined]
 
 
 _EOS_GUESSES = ["</s>", "<|endoftext|>", "<eos>", "[SEP]", "<|end_of_text|>"]
@@ -123,6 +145,7 @@ class TiktokenTokenizer:
             raise UsageError("tiktoken:PATH needs the 'tiktoken' extra: pip install 'ferry-data[tiktoken]'") from exc
         if not path or "://" in path:
             raise UsageError(f"tiktoken:{path}: give the path of a local BPE file (ferry downloads no tokenizer)")
+        _check_file(path, "tiktoken BPE file")
         try:
             with open(path, "rb") as f:
                 digest = hashlib.sha256(f.read()).hexdigest()

@@ -10,7 +10,10 @@ Face dataset directory is planned as its data files (see :mod:`.hf`).
 
 from __future__ import annotations
 
+import glob
+import os
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import fsspec
 
@@ -70,21 +73,36 @@ def detect_format(path: str, explicit: str | None = None) -> str:
 
 
 def plan_units(paths: Sequence[str], options: SourceOptions, explicit_format: str | None = None) -> list[Unit]:
-    """Units of work for ``paths`` in input order (Megatron prefixes given as .bin and .idx count once)."""
+    """Units of work for ``paths`` in input order (Megatron prefixes given as .bin and .idx count
+    once). A file given twice (``a.jsonl ./a.jsonl``, or a glob and one of its matches) is a
+    UsageError: packing it twice would double its documents."""
     units: list[Unit] = []
     seen_prefixes: set[str] = set()
+    seen: dict[str, str] = {}
     for path, fmt in _formats(expand_globs(paths, options), options, explicit_format):
         if fmt == "megatron":
             prefix = path[:-4] if path.endswith((".bin", ".idx")) else path
-            if prefix in seen_prefixes:
+            if _identity(prefix) in seen_prefixes:
                 continue
-            seen_prefixes.add(prefix)
+            seen_prefixes.add(_identity(prefix))
             units.extend(plan_megatron(prefix, options))
-        else:
-            units.extend(plan_file(path, fmt, _file_size(path, options), options))
+            continue
+        if (earlier := seen.setdefault(_identity(path), path)) is not path:
+            raise UsageError(
+                f"input {path!r} is given twice (also as {earlier!r}); each input is packed once. "
+                "To weight a source, mix datasets when loading (TokenDataset.mix)"
+            )
+        units.extend(plan_file(path, fmt, _file_size(path, options), options))
     if not units:
         raise UsageError("no input files given")
     return units
+
+
+def _identity(path: str) -> str:
+    """``path`` spelled one way: a local path absolute and normalised (symlinks kept: two names
+    may share a target, as the Hub cache's links to identical files do), a URL as given."""
+    local = path[len("file://") :] if path.startswith("file://") else path
+    return path if "://" in local else os.path.normpath(os.path.abspath(local))
 
 
 def _formats(paths: Sequence[str], options: SourceOptions, explicit: str | None) -> Iterator[tuple[str, str]]:
@@ -119,11 +137,32 @@ def expand_globs(paths: Sequence[str], options: SourceOptions) -> list[str]:
             continue
         fs, root = fsspec.core.url_to_fs(path, **(options.storage_options or {}))
         matches = sorted(fs.glob(root))
+        if _exists(fs, root):  # a file named like a pattern: 'd[1].jsonl' must not quietly mean d1.jsonl
+            _check_not_also_a_pattern(path, root, matches)
+            out.append(path)
+            continue
         if not matches:
             raise UsageError(f"input pattern {path!r} matches no files")
         protocol = path.split("://", 1)[0] + "://" if "://" in path else ""
         out.extend(m if not protocol or m.startswith(protocol) else protocol + m for m in matches)
     return out
+
+
+def _exists(fs: Any, root: str) -> bool:
+    try:
+        return bool(fs.exists(root))
+    except Exception:  # noqa: BLE001 - as in _file_size: a failure to stat means "not there"
+        return False
+
+
+def _check_not_also_a_pattern(path: str, root: str, matches: Sequence[str]) -> None:
+    others = [m for m in matches if m.rstrip("/") != root.rstrip("/")]
+    if others:
+        more = f" and {len(others) - 1} more" if len(others) > 1 else ""
+        raise UsageError(
+            f"input {path!r} names a file and is also a pattern matching {others[0]}{more}; to pack the "
+            f"file, bracket its pattern characters ({glob.escape(path)!r}), or rename it"
+        )
 
 
 def _file_size(path: str, options: SourceOptions) -> int:

@@ -22,11 +22,13 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import InputFormatError, UsageError
 from .base import DocBatch, SourceOptions, Unit
-from .parquet import _convert
+from .parquet import _convert, find_column
 
 __all__ = ["dataset_files", "is_directory", "read_arrow"]
 
 _SPLIT_NAME = re.compile(r"^\w+(\.\w+)*$")  # what `datasets` allows as a split name
+# the Hub's shard names: <split>-00000-of-00003.parquet, some with a -<hash> suffix
+_NUMBERED = re.compile(r"^[^-]+-(?P<index>\d+)-of-(?P<of>\d+)(-[^/]*)?\.parquet$")
 _FILE_MAGIC = b"ARROW1"  # the Arrow IPC *file* format; save_to_disk writes the stream format
 _LAYOUTS = "state.json (Dataset.save_to_disk), dataset_dict.json (DatasetDict.save_to_disk) or data/<split>-*.parquet"
 
@@ -80,8 +82,13 @@ def _join(path: str, name: str) -> str:
 
 
 def _read_json(fs: Any, root: str, path: str, name: str) -> Any:
+    """A JSON file of the layout, which must be a regular file: a link to ``/dev/zero`` or a FIFO
+    would be read without end."""
     where = _join(path, name)
     try:
+        info = fs.info(f"{root}/{name}")
+        if info.get("type") != "file":
+            raise InputFormatError(f"{where}: not a regular file")
         with fs.open(f"{root}/{name}", "rb") as f:
             return json.loads(f.read().decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -138,6 +145,8 @@ def _saved_files(fs: Any, root: str, path: str, names: set[str]) -> list[tuple[s
             raise InputFormatError(f'{where}: bad entry {entry!r} in "_data_files" (expected {{"filename": NAME}})')
         if name not in names:
             raise InputFormatError(f"{where} lists {name}, which is missing: the saved dataset is incomplete")
+        if (_join(path, name), "arrow") in out:  # save_to_disk never does; reading it twice doubles its rows
+            raise InputFormatError(f'{where} lists {name} twice in "_data_files"; the file is corrupt')
         out.append((_join(path, name), "arrow"))
     return out
 
@@ -148,7 +157,30 @@ def _hub_files(data_path: str, parquet: list[str], split: str | None) -> list[tu
     for name in parquet:
         by_split.setdefault(name[: -len(".parquet")].partition("-")[0], []).append(name)
     name = _pick_split(data_path, sorted(by_split), split)
+    _check_numbered(data_path, name, by_split[name])
     return [(_join(data_path, n), "parquet") for n in by_split[name]]
+
+
+def _check_numbered(data_path: str, split: str, names: list[str]) -> None:
+    """Files numbered ``-IIIII-of-NNNNN`` must be exactly the N of one count: a download stopped
+    half way, or the files of two revisions side by side, is not the split."""
+    numbered = {n: m for n in names if (m := _NUMBERED.match(n))}
+    if not numbered:
+        return
+    counts = sorted({int(m["of"]) for m in numbered.values()})
+    odd = next((n for n in names if n not in numbered), None)
+    if len(counts) > 1 or odd is not None:
+        kinds = ", ".join(f"-of-{c:05d}" for c in counts) + (f" and {odd}" if odd else "")
+        raise InputFormatError(
+            f"{data_path}: split {split!r} mixes files numbered {kinds}; keep the files of one revision only"
+        )
+    total, seen = counts[0], sorted(int(m["index"]) for m in numbered.values())
+    if seen != list(range(total)):
+        missing = next((i for i in range(total) if i not in seen), None)
+        what = f"{split}-{missing:05d}-of-{total:05d} is missing" if missing is not None else "a number repeats"
+        raise InputFormatError(
+            f"{data_path}: split {split!r} has {len(seen)} files numbered of {total}: {what}; download the whole split"
+        )
 
 
 def read_arrow(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
@@ -157,12 +189,7 @@ def read_arrow(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
     try:
         with _open(unit.path, options) as source:
             schema, batches = _ipc_batches(source)
-            if column not in schema.names:
-                raise InputFormatError(
-                    f"{unit.path}: no column {column!r} (columns: {', '.join(schema.names)}); "
-                    "use --tokens-column / --text-column"
-                )
-            index = schema.names.index(column)
+            index = find_column(unit.path, column, schema.names)
             for batch in batches:
                 for start in range(0, batch.num_rows, options.batch_documents):
                     arr = _checked(batch.column(index).slice(start, options.batch_documents))

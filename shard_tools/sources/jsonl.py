@@ -3,7 +3,9 @@ list field, or a text field with a tokenizer."""
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -15,6 +17,10 @@ from .ranges import Readable, lines_before, open_unit
 __all__ = ["read_jsonl"]
 
 _CHUNK = 1 << 20
+# a \u escape of a UTF-16 surrogate: "\ud800" is valid JSON but, unpaired, no text (tokenizers
+# fail on it, or silently replace it with U+FFFD)
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark, as Windows tools write at the start of a file
 _At = Callable[[int], str]  # names a line of the unit in errors
 _COUNT_ERRORS: tuple[type[BaseException], ...] = (*READ_ERRORS, InputFormatError)
 
@@ -27,6 +33,8 @@ def read_jsonl(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
     try:
         with open_unit(unit, options) as f:
             for lineno, raw in enumerate(_lines(f), 1):
+                if lineno == 1 and unit.start == 0:  # the file's first line (see text._open_text)
+                    raw = raw.removeprefix(_BOM)
                 if not raw.strip():
                     continue
                 pending.append(_parse(at, lineno, field, raw, options))
@@ -81,7 +89,10 @@ def _lines(f: Readable) -> Iterator[bytes]:
 
 def _parse(at: _At, lineno: int, field: str, raw: bytes, options: SourceOptions) -> object:
     try:
-        record = json.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        record = json.loads(text)
+        if raw.count(_spelled(field)) > 1:  # rare: look closer
+            _check_one_key(at, lineno, field, text)
     except UnicodeDecodeError as exc:
         raise InputFormatError(f"{at(lineno)}: not valid UTF-8 ({exc})") from exc
     except RecursionError as exc:
@@ -91,7 +102,27 @@ def _parse(at: _At, lineno: int, field: str, raw: bytes, options: SourceOptions)
     if not isinstance(record, dict) or field not in record:
         found = f"keys {', '.join(map(repr, list(record)[:8]))}" if isinstance(record, dict) else _json_type(record)
         raise InputFormatError(f"{at(lineno)}: expected a JSON object with field {field!r}, found {found}")
-    return _check(at, lineno, field, record[field], options)
+    value = record[field]
+    if options.tokenizer is not None and isinstance(value, str) and _SURROGATE.search(raw):
+        try:  # only JSON's \u escapes can spell a lone surrogate: raw UTF-8 cannot
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InputFormatError(f"{at(lineno)}: field {field!r} is not valid Unicode text ({exc})") from exc
+    return _check(at, lineno, field, value, options)
+
+
+@functools.lru_cache(maxsize=16)
+def _spelled(field: str) -> bytes:
+    """``field`` as a JSON key is written (without escapes)."""
+    return json.dumps(field, ensure_ascii=False).encode()
+
+
+def _check_one_key(at: _At, lineno: int, field: str, text: str) -> None:
+    """``{"tokens": [1], "tokens": [2]}`` is valid JSON, and ``json`` keeps the last value
+    unsaid: a record naming the field twice is refused rather than read either way."""
+    pairs = json.loads(text, object_pairs_hook=lambda kv: kv)
+    if isinstance(pairs, list) and sum(1 for item in pairs if isinstance(item, tuple) and item[0] == field) > 1:
+        raise InputFormatError(f"{at(lineno)}: field {field!r} appears more than once in the record")
 
 
 def _json_type(value: object) -> str:
@@ -120,12 +151,4 @@ def _flush(at: _LineNames, pending: list, lines: list[int], options: SourceOptio
     rows = np.asarray(lines, dtype=np.int64) + at.before() if options.origin else None
     if options.tokenizer is None:
         return batch_from_lists(pending)._replace(rows=rows)
-    try:
-        return batch_from_lists(options.tokenizer.encode_batch(pending))._replace(rows=rows)
-    except UnicodeError:  # a lone surrogate escape such as "\ud800" is valid JSON but not text
-        for text, lineno in zip(pending, lines, strict=True):
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                raise InputFormatError(f"{at(lineno)}: field is not valid Unicode text ({exc})") from exc
-        raise
+    return batch_from_lists(options.tokenizer.encode_batch(pending))._replace(rows=rows)

@@ -1,7 +1,7 @@
 """NumPy ``.npy`` input: a 1-D token stream split on EOS, or an object array of documents.
 
-Object arrays are stored pickled by NumPy, so loading one runs pickle: only pack ``.npy``
-files you trust.
+NumPy stores object arrays pickled, and a pickle can name any function to call: they are read
+by :mod:`.npyobject`, which builds only what ``np.save`` writes for arrays of documents.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import InputFormatError, TokenRangeError, UsageError
 from .base import DocBatch, SourceOptions, Unit, batch_from_lists
+from .npyobject import Refused, load_object_array
 
 __all__ = ["read_npy"]
 
@@ -43,10 +44,10 @@ def read_npy(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
 
 
 def _load(path: str) -> np.ndarray:
-    """Map a plain array; load (unpickle) only an array whose header says object dtype. A file
-    without the ``.npy`` magic is refused first: ``np.load`` would open zip archives and unpickle
-    arbitrary files. A plain array that cannot be mapped (truncated) is an error, never read
-    into memory whole."""
+    """Map a plain array; unpickle (with :func:`.npyobject.load_object_array`) only an array whose header
+    says object dtype. A file without the ``.npy`` magic is refused first: ``np.load`` would
+    open zip archives and unpickle arbitrary files. A plain array that cannot be mapped
+    (truncated) is an error, never read into memory whole."""
     try:
         with open(path, "rb") as f:
             if f.read(len(_MAGIC)) != _MAGIC:
@@ -56,9 +57,11 @@ def _load(path: str) -> np.ndarray:
             if version not in _HEADER_READERS:
                 raise InputFormatError(f"{path}: .npy format version {version} is not supported")
             has_object = _HEADER_READERS[version](f)[2].hasobject
-        arr = np.load(path, mmap_mode=None if has_object else "r", allow_pickle=has_object)
+            arr = load_object_array(f) if has_object else np.load(path, mmap_mode="r")
     except InputFormatError:
         raise
+    except Refused as exc:
+        raise InputFormatError(f"{path}: not loaded: {exc}") from exc
     except Exception as exc:  # unpickling can raise any type
         raise InputFormatError(
             f"{path}: not a readable .npy file ({type(exc).__name__}: {exc}); is it truncated or corrupt?"

@@ -15,7 +15,7 @@ from fsspec.implementations.local import LocalFileSystem
 from ..errors import InputFormatError
 from .base import DocBatch, SourceOptions, Unit, batch_from_lists
 
-__all__ = ["read_parquet"]
+__all__ = ["read_parquet", "find_column"]
 
 
 def read_parquet(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
@@ -23,16 +23,24 @@ def read_parquet(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
     try:
         with _open(unit.path, options) as f:
             pf = pq.ParquetFile(f)
-            if column not in pf.schema_arrow.names:
-                raise InputFormatError(
-                    f"{unit.path}: no column {column!r} (columns: {', '.join(pf.schema_arrow.names)}); "
-                    "use --tokens-column / --text-column"
-                )
+            find_column(unit.path, column, pf.schema_arrow.names)
             groups = None if unit.stop is None else _row_groups(unit, pf.metadata.num_row_groups)
             for batch in pf.iter_batches(columns=[column], batch_size=options.batch_documents, row_groups=groups):
                 yield _convert(unit.path, column, batch.column(0), options)
     except (pa.ArrowException, OSError) as exc:
         raise InputFormatError(f"{unit.path}: not a readable Parquet file ({exc})") from exc
+
+
+def find_column(path: str, column: str, names: list[str]) -> int:
+    """The index of ``column`` among a file's columns; missing, or named twice (Arrow and Parquet
+    allow that, and a reader would take one of the two unsaid), is an InputFormatError."""
+    if column not in names:
+        raise InputFormatError(
+            f"{path}: no column {column!r} (columns: {', '.join(names)}); use --tokens-column / --text-column"
+        )
+    if names.count(column) > 1:
+        raise InputFormatError(f"{path}: {names.count(column)} columns are named {column!r}; which to read is unclear")
+    return names.index(column)
 
 
 def _row_groups(unit: Unit, count: int) -> list[int]:

@@ -57,22 +57,44 @@ def open_part(unit: Unit, options: SourceOptions) -> Iterator[io.RawIOBase]:
             yield _Chunks(_frame_lines(raw, unit, _size(raw)))
 
 
-def lines_before(unit: Unit, options: SourceOptions) -> int:
-    """How many lines of the file come before the first line ``unit`` owns (for error messages:
-    it reads the file up to the unit, so it is only called when there is an error to report)."""
+def lines_before(unit: Unit, options: SourceOptions, *, universal: bool = False) -> int:
+    """How many lines of the file come before the first line ``unit`` owns (for error messages
+    and row numbers: it reads the file up to the unit). ``universal`` counts lines as text mode
+    splits them, a lone ``\r`` ending one too; else only ``\n`` ends a line."""
     if not is_part(unit) or unit.start == 0:
         return 0
-    count = 0
+    assert unit.stop is not None
+    count = _LineCount(universal)
     with fsspec.open(unit.path, "rb", **(options.storage_options or {})) as raw:
         if unit.span == "bytes":
-            source: Readable = _Window(raw, unit.start, unit.path)
-        else:
-            source = _decompressed(raw, 0, unit.start, unit.path)
+            count.feed_all(_Window(raw, unit.start, unit.path))
+            return count.total
+        count.feed_all(_decompressed(raw, 0, unit.start, unit.path))
+        with _decompressed(raw, unit.start, unit.stop, unit.path) as frames:
+            while chunk := frames.read(_CHUNK):  # the partial line the unit skips, to its first newline
+                end = chunk.find(b"\n")
+                count.feed(chunk if end < 0 else chunk[: end + 1])
+                if end >= 0:
+                    break
+    return count.total
+
+
+class _LineCount:
+    """Line ends in a stream of blocks (a ``\r\n`` split across two blocks counts once)."""
+
+    def __init__(self, universal: bool) -> None:
+        self.universal, self.total, self._cr = universal, 0, False
+
+    def feed(self, block: bytes) -> None:
+        self.total += block.count(b"\n")
+        if self.universal and block:
+            pairs = block.count(b"\r\n") + int(self._cr and block[:1] == b"\n")
+            self.total += block.count(b"\r") - pairs
+            self._cr = block.endswith(b"\r")
+
+    def feed_all(self, source: Readable) -> None:
         while block := source.read(_CHUNK):
-            count += block.count(b"\n")
-        if unit.span == "zstd_frames":
-            count += 1  # the partial line the unit skips ends at its first newline
-    return count
+            self.feed(block)
 
 
 def _size(f: Any) -> int:

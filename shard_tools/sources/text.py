@@ -29,7 +29,8 @@ def read_text(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
             if not options.text_per_line:
                 yield batch_from_lists(tokenizer.encode_batch([f.read()]))
                 return
-            before = lines_before(unit, options) if options.origin else 0  # provenance: lines in the whole file
+            # provenance: lines in the whole file, counted as the text reader below splits them
+            before = lines_before(unit, options, universal=True) if options.origin else 0
             pending: list[str] = []
             lines: list[int] = []
             for lineno, line in enumerate(f, before + 1):
@@ -54,11 +55,14 @@ def _batch(encoded: list, lines: list[int], options: SourceOptions) -> DocBatch:
 
 @contextmanager
 def _open_text(unit: Unit, options: SourceOptions) -> Iterator[IO[str]]:
-    """The unit as text with universal newlines, as ``open(..., "rt")`` reads a whole file."""
+    """The unit as text with universal newlines, as ``open(..., "rt")`` reads a whole file. A UTF-8
+    byte-order mark at the start of the file marks the encoding and is no part of the text; the
+    same character anywhere else is text."""
     if not is_part(unit):
         storage = options.storage_options or {}
-        with fsspec.open(unit.path, "rt", compression="infer", encoding="utf-8", **storage) as f:
+        with fsspec.open(unit.path, "rt", compression="infer", encoding="utf-8-sig", **storage) as f:
             yield f
         return
+    encoding = "utf-8-sig" if unit.start == 0 else "utf-8"
     with open_part(unit, options) as raw:  # a part starts and ends at a \n, so lines split the same
-        yield io.TextIOWrapper(io.BufferedReader(raw), encoding="utf-8")
+        yield io.TextIOWrapper(io.BufferedReader(raw), encoding=encoding)
