@@ -8,8 +8,9 @@ only what the API states about it: descriptions, bounds, the values a string tak
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
-from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
 
@@ -51,11 +52,13 @@ _MODELS: dict[type, type[BaseModel]] = {}  # record class of ferry.client.servic
 
 
 def _api_type(tp: Any) -> Any:
-    """``tp`` with every record class of ferry.client.service_types replaced by its model (lists included)."""
+    """``tp`` with every record class of ferry.client.service_types replaced by its model (in lists and unions too)."""
     if tp in _MODELS:
         return _MODELS[tp]
     if get_origin(tp) is list:
         return list[_api_type(get_args(tp)[0])]  # type: ignore[misc]
+    if get_origin(tp) in (Union, types.UnionType):
+        return Union[tuple(_api_type(arg) for arg in get_args(tp))]  # noqa: UP007 (built from a tuple)
     return tp
 
 

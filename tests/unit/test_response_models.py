@@ -27,6 +27,7 @@ class _Series:
     points: list[_Point]
     step: float | None = None
     tags: list[str] = field(default_factory=list)
+    last: _Point | None = None
 
 
 def test_a_model_has_its_records_fields_and_adds_only_what_the_api_states() -> None:
@@ -39,15 +40,23 @@ def test_a_model_has_its_records_fields_and_adds_only_what_the_api_states() -> N
         step={"description": "seconds between points", "ge": 0},
     )
     schema = series.model_json_schema()
-    assert list(schema["properties"]) == ["name", "kind", "points", "step", "tags"]
+    assert list(schema["properties"]) == ["name", "kind", "points", "step", "tags", "last"]
     assert schema["required"] == ["name", "kind", "points"] and schema["additionalProperties"] is False
     assert schema["description"] == "A series of points." and schema["title"] == "SeriesOut"
     assert schema["properties"]["kind"]["enum"] == ["a", "b"]
     assert schema["properties"]["points"]["items"] == {"$ref": "#/$defs/PointOut"}  # the nested record's model
+    assert schema["properties"]["last"]["anyOf"] == [{"$ref": "#/$defs/PointOut"}, {"type": "null"}]
     step = schema["properties"]["step"]
     assert step["description"] == "seconds between points" and step["default"] is None
     built = series(name="x", kind="a", points=[point(t=1.0)])
-    assert built.model_dump() == {"name": "x", "kind": "a", "points": [{"t": 1.0}], "step": None, "tags": []}
+    assert built.model_dump() == {
+        "name": "x",
+        "kind": "a",
+        "points": [{"t": 1.0}],
+        "step": None,
+        "tags": [],
+        "last": None,
+    }
     with pytest.raises(pydantic.ValidationError):
         series(name="x", kind="c", points=[])  # not one of the values the API states
     with pytest.raises(pydantic.ValidationError):
