@@ -167,12 +167,12 @@ def measure_one(n: int, repeat: int, planner: bool, loader: bool) -> dict[str, A
 
 
 def _measure_planner(root: str, manifest: Any, repeat: int) -> dict[str, Any]:
-    """Time ``ferry.service.planner.plan_sync`` against an empty, a half-full and a complete destination,
+    """Time ``ferry.service.replication.planner.plan_sync`` against an empty, a half-full and a complete destination,
     and the ``SourceVersion.of(manifest)`` conversion the engine does before planning."""
     try:
-        from ferry.service.planner import SourceVersion, plan_sync
+        from ferry.service.replication.planner import SourceVersion, plan_sync
     except ImportError as exc:
-        return {"skipped": f"ferry.service.planner not importable ({exc})"}
+        return {"skipped": f"ferry.service.replication.planner not importable ({exc})"}
     out: dict[str, Any] = {}
     out["source_version_of_s"], src = _median_time(lambda: SourceVersion.of(manifest), repeat)
     paths = [s.path for s in src.shards]
@@ -230,9 +230,9 @@ def measure_engine_steps(n: int) -> dict[str, Any]:
     """The steps of one ``Engine.sync_pass`` on a changed version, timed one by one, in-process:
     shard table load, ``SourceVersion.of``, the recursive listing of a destination holding
     ``n`` shards (sparse files), ``plan_sync`` for an empty destination, ``State.set_pending``."""
-    from ferry.service.engine import listing, load_version, read_header
-    from ferry.service.planner import SourceVersion, plan_sync
-    from ferry.service.replication_state import State
+    from ferry.service.replication.engine import listing, load_version, read_header
+    from ferry.service.replication.planner import SourceVersion, plan_sync
+    from ferry.service.replication.state import State
     from ferry.shard_tools.store import resolve
 
     out: dict[str, Any] = {"shards": n}

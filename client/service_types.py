@@ -1,7 +1,9 @@
-"""Typed records of the ferry service's JSON API, as the client sees them.
+"""Typed records of the ferry service's JSON API: the one definition of each response record.
 
-They mirror ``ferry.service.api.models`` field for field (a test pins that) without importing the
-service: the client package stands alone. Unknown fields from a newer server are ignored.
+The service builds its response models (``ferry.service.api.models``, the OpenAPI schema) from these
+dataclasses, and its daemon hands out ``HistoryEntry`` and ``Limits`` as they are; the client reads
+responses into them without importing the service (this module needs neither pydantic nor fastapi).
+Unknown fields from a newer server are ignored.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
-"""ferry's replication service: decide (planner), do (executor, transfer), count (stats), remember
-(replication_state), and the daemon and ``ferry sync`` that drive them; the HTTP API is ``ferry.service.api``.
+"""ferry's replication service: ``replication/`` decides and remembers, ``transfer/`` copies and counts,
+and the daemon and ``ferry sync`` drive them; the HTTP API is ``ferry.service.api``.
 
-Where things are: ``config`` (ferry.toml, typed), ``planner`` (manifests in, actions out, pure),
-``engine`` (one pass: plan → copy → publish → retire), ``executor`` and ``slots`` (a bounded pool of
-shard jobs; outcomes from the error tree), ``transfer`` (one shard copy: which path) over
-``hashed_io`` (the one read-hash-write loop), ``local_copy``, ``object_store``, ``s3_presigned`` and
-``http_pool``; ``replication_state`` (SQLite: every durable fact), ``stats`` (live counters),
-``records`` (what the daemon hands out), ``events``, ``lease``, ``bandwidth``, ``daemon``, ``cli``,
-and ``noop_check`` over ``s3_get`` (``ferry sync``'s no-op without the storage stack).
+Where things are: ``config`` (ferry.toml, typed), ``records`` (what the daemon hands out), ``events``,
+``names`` (the dataset name rule), ``daemon``, ``cli`` (``ferry sync`` / ``ferry serve``) and ``lease_cli``
+at the top; ``replication`` (planner, engine, passes, state, lease, noop_check); ``transfer`` (executor,
+slots, transfer, hashed_io, local_copy, object_store, s3_presigned, s3_get, http_pool, bandwidth, stats).
+``transfer`` never imports ``replication``, and neither imports ``api``.
 
 The names below load on first use, so ``ferry sync`` imports only what a pass needs.
 """

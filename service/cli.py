@@ -20,9 +20,9 @@ from .config import Config, format_rate, load_config, parse_rate, redact
 
 if TYPE_CHECKING:  # the engine and its storage stack load only when a command needs them
     from .daemon import Daemon
-    from .executor import Executor, JobResult
-    from .passes import PassResult
-    from .stats import Stats
+    from .replication.passes import PassResult
+    from .transfer.executor import Executor, JobResult
+    from .transfer.stats import Stats
 
 __all__ = [
     "register",
@@ -313,11 +313,11 @@ def _sync(args: argparse.Namespace) -> int:
     dst_options = {**both, **parse_storage_options(args.dst_option)}
     t0 = time.monotonic()
     if not args.verify_only:
-        from .noop_check import up_to_date_header
+        from .replication.noop_check import up_to_date_header
 
         header = up_to_date_header(args.src, args.dst, src_options, dst_options)
         if header is not None:  # nothing to do, known without the storage stack
-            from .passes import PassResult
+            from .replication.passes import PassResult
 
             res = PassResult.of_source("dataset", "src", "dst", header)
             res.mark_up_to_date()
@@ -325,12 +325,12 @@ def _sync(args: argparse.Namespace) -> int:
 
     from ferry.shard_tools.store import resolve
 
-    from .bandwidth import Bandwidth
-    from .engine import Engine
-    from .executor import Executor
-    from .object_store import skip_double_checksums
-    from .replication_state import State
-    from .stats import Stats
+    from .replication.engine import Engine
+    from .replication.state import State
+    from .transfer.bandwidth import Bandwidth
+    from .transfer.executor import Executor
+    from .transfer.object_store import skip_double_checksums
+    from .transfer.stats import Stats
 
     skip_double_checksums()
     src = resolve(args.src, src_options)
@@ -396,9 +396,9 @@ def _report(res: PassResult, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _verify_only(executor: Executor, names: dict[str, Any], args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
-    from .engine import load_version, read_header
-    from .executor import Job
-    from .planner import SourceVersion
+    from .replication.engine import load_version, read_header
+    from .replication.planner import SourceVersion
+    from .transfer.executor import Job
 
     header = read_header(names["src"])
     if header is None:

@@ -28,14 +28,9 @@ from ferry.shard_tools.header import MANIFEST_FILE
 from ferry.shard_tools.store import Location, resolve
 from ferry.shard_tools.threadname import start_named_thread
 
-from .bandwidth import Bandwidth
 from .config import Config, Rule, link_name, parse_rate
-from .engine import Engine, PassResult, read_header
 from .events import EventBus
-from .executor import Executor
-from .hashed_io import CHUNK_SIZE
 from .names import name_problem
-from .object_store import skip_double_checksums
 from .records import (
     ClusterInfo,
     DatasetInfo,
@@ -48,8 +43,13 @@ from .records import (
     TransferInfo,
     VersionTiming,
 )
-from .replication_state import State
-from .stats import Stats
+from .replication.engine import Engine, PassResult, read_header
+from .replication.state import State
+from .transfer.bandwidth import Bandwidth
+from .transfer.executor import Executor
+from .transfer.hashed_io import CHUNK_SIZE
+from .transfer.object_store import skip_double_checksums
+from .transfer.stats import Stats
 
 __all__ = ["Daemon", "UNCHANGED"]
 

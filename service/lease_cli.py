@@ -43,8 +43,8 @@ def _fmt_seconds(seconds: float) -> str:
 
 
 def _report(view: Any, now: float) -> dict[str, Any]:
-    """What ``show`` says about a :class:`ferry.service.lease.LeaseView` (JSON-ready, bounded values)."""
-    from ferry.service.lease import safe_text
+    """What ``show`` says about a :class:`ferry.service.replication.lease.LeaseView` (JSON-ready, bounded values)."""
+    from ferry.service.replication.lease import safe_text
 
     out: dict[str, Any] = {"url": view.url, "exists": view.exists, "size": view.size}
     info = view.info
@@ -73,7 +73,7 @@ def _report(view: Any, now: float) -> dict[str, Any]:
 
 
 def _print_human(r: dict[str, Any]) -> None:
-    from ferry.service.lease import safe_text
+    from ferry.service.replication.lease import safe_text
 
     url = safe_text(r["url"], 300)
     if r["state"] == "none":
@@ -111,7 +111,7 @@ def _location(args: argparse.Namespace) -> Any:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    from ferry.service.lease import view_lease
+    from ferry.service.replication.lease import view_lease
 
     loc = _location(args)
     report = _report(view_lease(loc), time.time())
@@ -136,7 +136,7 @@ def _confirm(args: argparse.Namespace) -> bool:
 
 
 def _cmd_break(args: argparse.Namespace) -> int:
-    from ferry.service.lease import break_lease, safe_text, view_lease
+    from ferry.service.replication.lease import break_lease, safe_text, view_lease
 
     loc = _location(args)
     view = view_lease(loc)

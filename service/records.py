@@ -1,8 +1,9 @@
-"""Plain read-only records the daemon hands out (the API wraps them in pydantic models).
+"""Plain read-only records the daemon hands out (the API turns them into its response records).
 
 Every record is a frozen dataclass of JSON-friendly fields: str, int, float, bool, None,
 lists and dicts of those. Times are Unix seconds (float); sizes are bytes; rates bytes/s.
-Field names are the API's (``service/api/models.py``, whose OpenAPI schema is the reference):
+Field names are the API's: ``client/service_types.py`` defines the API's records (``service/api/models.py``
+builds the OpenAPI schema from them), and two of them are the daemon's too, ``HistoryEntry`` and ``LimitsInfo``:
 ``source``/``destination`` for the two ends of a copy, ``reason`` for why something failed,
 ``rate_bps`` for a rate. Events use the same names.
 """
@@ -11,6 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from ferry.client.service_types import HistoryEntry  # a finished transfer attempt (ok or not): the API's record
+from ferry.client.service_types import Limits as LimitsInfo  # the limits in force, as changed at run time
 
 __all__ = [
     "ClusterInfo",
@@ -102,23 +106,6 @@ class TransferInfo:
 
 
 @dataclass(frozen=True)
-class HistoryEntry:
-    """A finished transfer attempt (ok or not)."""
-
-    id: int
-    dataset: str
-    version: str
-    shard: str
-    source: str
-    destination: str
-    bytes: int
-    started_at: float
-    duration_s: float
-    ok: bool
-    error: str | None
-
-
-@dataclass(frozen=True)
 class ErrorInfo:
     """A shard that failed at a destination and has not been repaired since."""
 
@@ -170,15 +157,6 @@ class StatsSnapshot:
     transfers_in_flight: int
     uptime_seconds: float
     errors: list[ErrorCount]  # failed attempts since start, by kind (open errors: Daemon.errors())
-
-
-@dataclass(frozen=True)
-class LimitsInfo:
-    """The limits in force (ferry.toml's ``[limits]`` transfers, bwlimit and per_link, as changed at run time)."""
-
-    transfers: int
-    global_bps: float | None  # bytes/s, None = unlimited
-    links: dict[str, float | None]  # "SRC->DST" -> bytes/s
 
 
 @dataclass(frozen=True)

@@ -559,13 +559,13 @@ def _ferry_main(args: list[str]) -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (int(nofile), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     ttl = os.environ.get("FLEET_LEASE_TTL")
     if ttl:  # the lease ttl of the fleet's writers, so that a SIGSTOP outlasts it within the run
-        import ferry.service.engine
-        import ferry.service.lease
+        import ferry.service.replication.engine
+        import ferry.service.replication.lease
 
-        assert ferry.service.lease.Lease.__init__.__kwdefaults__ is not None
-        assert ferry.service.engine.Engine.__init__.__kwdefaults__ is not None
-        ferry.service.lease.Lease.__init__.__kwdefaults__["ttl"] = float(ttl)
-        ferry.service.engine.Engine.__init__.__kwdefaults__["lease_ttl"] = float(ttl)
+        assert ferry.service.replication.lease.Lease.__init__.__kwdefaults__ is not None
+        assert ferry.service.replication.engine.Engine.__init__.__kwdefaults__ is not None
+        ferry.service.replication.lease.Lease.__init__.__kwdefaults__["ttl"] = float(ttl)
+        ferry.service.replication.engine.Engine.__init__.__kwdefaults__["lease_ttl"] = float(ttl)
     from ferry.shard_tools.cli import main
 
     return int(main(args) or 0)

@@ -18,7 +18,7 @@ from ferry.shard_tools.errors import NotFoundError, UsageError
 
 from ..config import ApiConfig
 from .auth import NAME_PATTERN, check_token, valid_name
-from .backend import ApiBackend, Invalid
+from .backend import ApiBackend
 from .fastpath import CachedReads, FastReadsApp
 from .guard import MAX_BODY_BYTES, RequestGuard
 from .metrics import CONTENT_TYPE, render_metrics
@@ -168,10 +168,7 @@ def _status_routes(read: APIRouter, backend: ApiBackend, cache: ResponseCache) -
             raise RequestValidationError(
                 [{"loc": ("path", "name"), "msg": "invalid dataset name", "type": "value_error"}]
             )
-        detail = backend.dataset(name, 0)
-        if detail is None:
-            raise HTTPException(404, "unknown dataset")
-        return detail
+        return backend.dataset(name, 0)  # an unknown name: NotFoundError, the 404 below with its message
 
     @read.get("/replicas", response_model=ReplicaMatrix, summary="Dataset × cluster completeness matrix")
     async def get_replicas() -> Response:
@@ -321,8 +318,7 @@ def _error_handlers(app: FastAPI) -> None:
     async def validation_failed(request: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"detail": _validation_detail(exc.errors())}, status_code=422)
 
-    @app.exception_handler(Invalid)
-    @app.exception_handler(UsageError)  # a refused value; a NotFoundError (a UsageError too) is the 404 above
+    @app.exception_handler(UsageError)  # a refused value (Invalid too); a NotFoundError is the 404 above
     async def invalid(request: Request, exc: Exception) -> JSONResponse:
         # shaped like FastAPI's own 422 body, so one schema (HTTPValidationError) describes every 422
         return JSONResponse({"detail": [{"loc": ["body"], "msg": str(exc), "type": "value_error"}]}, status_code=422)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from ferry.shard_tools.errors import InvalidValueError
+
 from .models import (
     ActionResult,
     ClusterOut,
@@ -35,7 +37,7 @@ __all__ = ["ApiBackend", "Invalid", "Unsubscribe"]
 # ferry.shard_tools.errors.NotFoundError (HTTP 404); the app maps nothing else to 404.
 
 
-class Invalid(ValueError):
+class Invalid(InvalidValueError):
     """The request is well-formed but the daemon refuses its values (HTTP 422)."""
 
 
@@ -47,7 +49,7 @@ class ApiBackend(Protocol):
 
     def clusters(self) -> list[ClusterOut]: ...
     def datasets(self) -> list[DatasetSummary]: ...
-    def dataset(self, name: str, shard_limit: int) -> DatasetDetail | None: ...
+    def dataset(self, name: str, shard_limit: int) -> DatasetDetail: ...  # NotFoundError: 404
     def replicas(self) -> ReplicaMatrix: ...
     def transfers(self) -> list[TransferOut]: ...
     def history(self, limit: int, dataset: str | None) -> list[HistoryEntry]: ...

@@ -146,11 +146,8 @@ class DaemonBackend:
     def datasets(self) -> list[DatasetSummary]:
         return [self._summary(d) for d in self._d.datasets()]
 
-    def dataset(self, name: str, shard_limit: int) -> DatasetDetail | None:
-        try:
-            info = self._d.dataset(name)
-        except NotFoundError:
-            return None
+    def dataset(self, name: str, shard_limit: int) -> DatasetDetail:
+        info = self._d.dataset(name)  # NotFoundError, naming the dataset: the API's 404
         return DatasetDetail(
             name=info.name,
             source=info.source,

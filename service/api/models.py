@@ -1,10 +1,20 @@
-"""Pydantic models of every API request and response body (the OpenAPI schema is generated from them)."""
+"""Pydantic models of every API request and response body (the OpenAPI schema is generated from them).
+
+A response record's fields are owned by its dataclass in ``ferry.client.service_types`` (which the client
+reads responses into, without importing the service); its model here is built from that dataclass and adds
+only what the API states about it: descriptions, bounds, the values a string takes.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import dataclasses
+import types
+import typing
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
+
+from ferry.client import service_types as wire
 
 from .auth import NAME_MAX_LENGTH, NAME_PATTERN
 
@@ -38,195 +48,151 @@ class _Out(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ClusterOut(_Out):
-    """A named storage location. ``url`` never carries credentials (userinfo and query are stripped)."""
-
-    name: str
-    url: str
-    protocol: str
-    priority: int = Field(description="lower = preferred as a copy source")
-    is_source: bool = Field(description="true when some rule replicates from this cluster")
-    is_destination: bool = Field(description="true when some rule replicates to this cluster")
+_MODELS: dict[type, type[BaseModel]] = {}  # record class of ferry.client.service_types -> its model here
 
 
-class DatasetSummary(_Out):
-    """One replicated dataset as the source cluster publishes it."""
-
-    name: str
-    source: str = Field(description="cluster the dataset is replicated from")
-    destinations: list[str]
-    version: str | None = Field(description="current version id at the source (null when not readable yet)")
-    versions: int = Field(description="number of versions seen at the source")
-    shards: int
-    bytes: int = Field(description="stored (compressed) bytes of the current version")
-    tokens: int
+def _api_type(tp: Any) -> Any:
+    """``tp`` with every record class of ferry.client.service_types replaced by its model (in lists and unions too)."""
+    if tp in _MODELS:
+        return _MODELS[tp]
+    if get_origin(tp) is list:
+        return list[_api_type(get_args(tp)[0])]  # type: ignore[misc]
+    if get_origin(tp) in (Union, types.UnionType):
+        return Union[tuple(_api_type(arg) for arg in get_args(tp))]  # noqa: UP007 (built from a tuple)
+    return tp
 
 
-class ReplicaCell(_Out):
-    """Completeness of one dataset on one cluster."""
-
-    dataset: str
-    cluster: str
-    role: Literal["source", "destination"]
-    state: CellState
-    published_version: str | None = Field(description="version named by this cluster's manifest (null when none)")
-    target_version: str | None = Field(description="version the cluster is converging to")
-    verified_shards: int
-    total_shards: int
-    verified_bytes: int
-    total_bytes: int
-    percent: float = Field(ge=0, le=100)
-    lag_seconds: float | None = Field(description="seconds since the target version was first seen; null when complete")
-
-
-class DatasetDetail(_Out):
-    """A dataset with its versions, shard totals and completeness per cluster."""
-
-    name: str
-    source: str
-    destinations: list[str]
-    version: str | None
-    versions: list[str] = Field(description="versions seen at the source, oldest first")
-    shards: int
-    bytes: int
-    tokens: int
-    replicas: list[ReplicaCell]
+def response_model(record: type, name: str, doc: str, **fields: dict[str, Any]) -> type[BaseModel]:
+    """The response model ``name`` of ``record``, a dataclass of ferry.client.service_types, which owns
+    the record: its field names, their order, types and defaults. ``fields`` adds what only the API
+    states, per field: ``Field`` arguments (description, bounds) and, under ``"annotation"``, a narrower
+    type (a Literal of the values a str takes). ``doc`` is the schema's description.
+    """
+    unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(record)})
+    if unknown:
+        raise TypeError(f"{name}: {', '.join(unknown)} not a field of {record.__qualname__}")
+    hints = typing.get_type_hints(record)
+    spec: dict[str, Any] = {}
+    for f in dataclasses.fields(record):
+        extra = dict(fields.get(f.name, {}))
+        annotation = extra.pop("annotation", _api_type(hints[f.name]))
+        if f.default is not dataclasses.MISSING:
+            extra["default"] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            extra["default_factory"] = f.default_factory
+        spec[f.name] = (annotation, Field(**extra))
+    model = create_model(name, __base__=_Out, __doc__=doc, __module__=__name__, **spec)
+    _MODELS[record] = model
+    return model
 
 
-class ReplicaMatrix(_Out):
-    """The dataset × cluster completeness matrix."""
-
-    datasets: list[str]
-    clusters: list[str]
-    cells: list[ReplicaCell]
-
-
-class TransferOut(_Out):
-    """A shard copy in flight."""
-
-    id: int
-    dataset: str
-    version: str
-    shard: str
-    source: str
-    destination: str
-    bytes_done: int
-    bytes_total: int
-    percent: float = Field(ge=0, le=100)
-    rate_bps: float = Field(description="bytes per second since the copy started")
-    started_at: float = Field(description="unix time")
-
-
-class HistoryEntry(_Out):
-    """A finished transfer attempt, successful or not."""
-
-    id: int
-    dataset: str
-    version: str
-    shard: str
-    source: str
-    destination: str
-    bytes: int
-    started_at: float
-    duration_s: float
-    ok: bool
-    error: str | None
-
-
-class ErrorEntry(_Out):
-    """An open replication error."""
-
-    id: int
-    at: float
-    dataset: str
-    version: str
-    cluster: str = Field(description="destination cluster")
-    shard: str
-    reason: str
-    retryable: bool
-    attempts: int
-
-
-class LinkOut(_Out):
-    """One source → destination link: lag, SLA attainment and bandwidth limit."""
-
-    source: str
-    destination: str
-    lag_seconds: float | None
-    sla_minutes: float
-    versions_total: int
-    versions_within_sla: int
-    share_within_sla: float | None = Field(
-        description="fraction of versions replicated within the SLA; null if none yet"
+if TYPE_CHECKING:  # to a type checker each model is its record (the same fields); at run time, the model
+    from ferry.client.service_types import (
+        ActionResult,
+        DatasetDetail,
+        DatasetSummary,
+        ErrorEntry,
+        HistoryEntry,
+        ReplicaCell,
+        ReplicaMatrix,
+        ThroughputPoint,
     )
-    limit_bps: float | None = Field(description="bandwidth limit of the link in bytes/s; null = unlimited")
-    rate_bps: float = Field(description="current copy rate in bytes/s")
-
-
-class ThroughputPoint(_Out):
-    """Bytes per second averaged over one bucket ending at ``t``."""
-
-    t: float
-    bps: float
-
-
-class ThroughputOut(_Out):
-    """Copy throughput over the recent past (default: the last hour)."""
-
-    bucket_seconds: float
-    points: list[ThroughputPoint]
-
-
-class LimitsOut(_Out):
-    """Current limits: parallel transfers and bandwidth (bytes/s; null = unlimited)."""
-
-    transfers: int
-    global_bps: float | None
-    links: dict[str, float | None] = Field(description='per link, keyed "source->destination"')
-
-
-class OtherWriterOut(_Out):
-    """Another writer (a daemon, a ``ferry sync``) holding a destination's lease, seen by the last pass."""
-
-    dataset: str
-    cluster: str = Field(description="the destination whose lease the other writer holds")
-    holder: str = Field(description="kind:host:pid:id of the lease holder")
-
-
-class StatusOut(_Out):
-    """Daemon state in one call: paused, limits, counters."""
-
-    paused: bool
-    ready: bool
-    version: str
-    uptime_seconds: float
-    transfers_in_flight: int
-    open_errors: int = Field(description="open errors, as /errors lists them (counted up to 10000)")
-    copied_bytes_total: int
-    rate_bps: float
-    pending_bytes: int
-    pending_shards: int
-    eta_seconds: float | None
-    limits: LimitsOut
-    sla_minutes: float
-    read_protected: bool
-    other_writers: list[OtherWriterOut] = Field(
-        default_factory=list, description="destinations another writer's lease kept this daemon out of"
+    from ferry.client.service_types import Cluster as ClusterOut
+    from ferry.client.service_types import Limits as LimitsOut
+    from ferry.client.service_types import Link as LinkOut
+    from ferry.client.service_types import OtherWriter as OtherWriterOut
+    from ferry.client.service_types import Status as StatusOut
+    from ferry.client.service_types import Throughput as ThroughputOut
+    from ferry.client.service_types import Transfer as TransferOut
+else:
+    ClusterOut = response_model(
+        wire.Cluster,
+        "ClusterOut",
+        "A named storage location. ``url`` never carries credentials (userinfo and query are stripped).",
+        priority={"description": "lower = preferred as a copy source"},
+        is_source={"description": "true when some rule replicates from this cluster"},
+        is_destination={"description": "true when some rule replicates to this cluster"},
     )
+    DatasetSummary = response_model(
+        wire.DatasetSummary,
+        "DatasetSummary",
+        "One replicated dataset as the source cluster publishes it.",
+        source={"description": "cluster the dataset is replicated from"},
+        version={"description": "current version id at the source (null when not readable yet)"},
+        versions={"description": "number of versions seen at the source"},
+        bytes={"description": "stored (compressed) bytes of the current version"},
+    )
+    ReplicaCell = response_model(
+        wire.ReplicaCell,
+        "ReplicaCell",
+        "Completeness of one dataset on one cluster.",
+        role={"annotation": Literal["source", "destination"]},
+        state={"annotation": CellState},
+        published_version={"description": "version named by this cluster's manifest (null when none)"},
+        target_version={"description": "version the cluster is converging to"},
+        percent={"ge": 0, "le": 100},
+        lag_seconds={"description": "seconds since the target version was first seen; null when complete"},
+    )
+    DatasetDetail = response_model(
+        wire.DatasetDetail,
+        "DatasetDetail",
+        "A dataset with its versions, shard totals and completeness per cluster.",
+        versions={"description": "versions seen at the source, oldest first"},
+    )
+    ReplicaMatrix = response_model(wire.ReplicaMatrix, "ReplicaMatrix", "The dataset × cluster completeness matrix.")
+    TransferOut = response_model(
+        wire.Transfer,
+        "TransferOut",
+        "A shard copy in flight.",
+        percent={"ge": 0, "le": 100},
+        rate_bps={"description": "bytes per second since the copy started"},
+        started_at={"description": "unix time"},
+    )
+    HistoryEntry = response_model(wire.HistoryEntry, "HistoryEntry", "A finished transfer attempt, successful or not.")
+    ErrorEntry = response_model(
+        wire.ErrorEntry, "ErrorEntry", "An open replication error.", cluster={"description": "destination cluster"}
+    )
+    LinkOut = response_model(
+        wire.Link,
+        "LinkOut",
+        "One source → destination link: lag, SLA attainment and bandwidth limit.",
+        share_within_sla={"description": "fraction of versions replicated within the SLA; null if none yet"},
+        limit_bps={"description": "bandwidth limit of the link in bytes/s; null = unlimited"},
+        rate_bps={"description": "current copy rate in bytes/s"},
+    )
+    ThroughputPoint = response_model(
+        wire.ThroughputPoint, "ThroughputPoint", "Bytes per second averaged over one bucket ending at ``t``."
+    )
+    ThroughputOut = response_model(
+        wire.Throughput, "ThroughputOut", "Copy throughput over the recent past (default: the last hour)."
+    )
+    LimitsOut = response_model(
+        wire.Limits,
+        "LimitsOut",
+        "Current limits: parallel transfers and bandwidth (bytes/s; null = unlimited).",
+        links={"description": 'per link, keyed "source->destination"'},
+    )
+    OtherWriterOut = response_model(
+        wire.OtherWriter,
+        "OtherWriterOut",
+        "Another writer (a daemon, a ``ferry sync``) holding a destination's lease, seen by the last pass.",
+        cluster={"description": "the destination whose lease the other writer holds"},
+        holder={"description": "kind:host:pid:id of the lease holder"},
+    )
+    StatusOut = response_model(
+        wire.Status,
+        "StatusOut",
+        "Daemon state in one call: paused, limits, counters.",
+        open_errors={"description": "open errors, as /errors lists them (counted up to 10000)"},
+        other_writers={"description": "destinations another writer's lease kept this daemon out of"},
+    )
+    ActionResult = response_model(wire.ActionResult, "ActionResult", "Answer to a control call.")
 
 
 class HealthOut(_Out):
     """Liveness / readiness."""
 
     status: Literal["ok", "starting"]
-
-
-class ActionResult(_Out):
-    """Answer to a control call."""
-
-    ok: bool
-    message: str
-    affected: int = 0
 
 
 class EventOut(_Out):

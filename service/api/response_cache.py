@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from typing import Any
 
 from pydantic import BaseModel
 
 __all__ = ["ResponseCache", "dump_json"]
 
 
-def dump_json(value: BaseModel | Sequence[BaseModel]) -> bytes:
-    """JSON bytes of a model or a list of models (pydantic-core does the work)."""
+def dump_json(value: Any) -> bytes:
+    """JSON bytes of a model or a list of models (pydantic-core does the work). ``Any``: a type checker sees
+    a response model as its record of ferry.client.service_types (see models.py)."""
     if isinstance(value, BaseModel):
         return value.model_dump_json().encode()
     return b"[" + b",".join(item.model_dump_json().encode() for item in value) + b"]"
@@ -37,7 +39,7 @@ class ResponseCache:
             self._generation += 1
             self._entries.clear()
 
-    def get(self, key: str, produce: Callable[[], BaseModel | Sequence[BaseModel]]) -> bytes:
+    def get(self, key: str, produce: Callable[[], Any]) -> bytes:
         now = time.monotonic()
         with self._lock:
             hit = self._entries.get(key)

@@ -18,6 +18,8 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
 
+from pydantic_core import to_jsonable_python
+
 from .backend import ApiBackend
 from .models import EventOut
 
@@ -113,7 +115,7 @@ async def event_stream(
     unsubscribe = backend.subscribe(box.on_event)
     seq = 0
     try:
-        yield format_event("hello", {"time": time.time(), "status": backend.status().model_dump()}, seq)
+        yield format_event("hello", {"time": time.time(), "status": to_jsonable_python(backend.status())}, seq)
         last_beat = last_flush = time.monotonic()
         while not stopping.is_set():
             pause = min_flush_interval - (time.monotonic() - last_flush)

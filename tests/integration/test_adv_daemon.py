@@ -25,9 +25,9 @@ import pytest
 from conftest import free_port
 from helpers import Service, pack, running_service, wait_until, write_serve_config
 
-from ferry.service.engine import Engine
-from ferry.service.executor import Executor
-from ferry.service.replication_state import State
+from ferry.service.replication.engine import Engine
+from ferry.service.replication.state import State
+from ferry.service.transfer.executor import Executor
 from ferry.shard_tools.errors import StorageError
 from ferry.shard_tools.header import version_id_of
 from ferry.shard_tools.store import resolve

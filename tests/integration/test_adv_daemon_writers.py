@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from helpers import pack, running_service, wait_until
 
-from ferry.service.engine import Engine
-from ferry.service.executor import Executor
-from ferry.service.lease import Lease
-from ferry.service.replication_state import State
+from ferry.service.replication.engine import Engine
+from ferry.service.replication.lease import Lease
+from ferry.service.replication.state import State
+from ferry.service.transfer.executor import Executor
 from ferry.shard_tools.dataset import load_manifest
 from ferry.shard_tools.store import resolve
 

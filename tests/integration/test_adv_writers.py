@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from helpers import documents, make_docs, pack, wait_until
 
-from ferry.service.engine import Engine
-from ferry.service.executor import Executor
-from ferry.service.lease import LEASE_FILE, Lease, read_lease
-from ferry.service.replication_state import State
+from ferry.service.replication.engine import Engine
+from ferry.service.replication.lease import LEASE_FILE, Lease, read_lease
+from ferry.service.replication.state import State
+from ferry.service.transfer.executor import Executor
 from ferry.shard_tools.conditional import read_versioned, write_if
 from ferry.shard_tools.dataset import load_manifest
 from ferry.shard_tools.errors import LeaseHeldError, RollbackError, WriteConflictError
@@ -158,7 +158,8 @@ def holder(file_backend: Any) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     """Another live process (this host) holding the lease of a destination dataset."""
     dst = file_backend.url("held")
     code = (
-        "import sys, time; from ferry.service.lease import Lease; from ferry.shard_tools.store import resolve; "
+        "import sys, time; from ferry.service.replication.lease import Lease; "
+        "from ferry.shard_tools.store import resolve; "
         f"lease = Lease(resolve({dst!r}), 'daemon'); lease.acquire(); print('held', flush=True); time.sleep(120)"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)

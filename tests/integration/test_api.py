@@ -127,6 +127,8 @@ def test_control_calls_change_the_daemon(svc: Service) -> None:
 
     http = httpx.Client(base_url=svc.url, headers={"Authorization": f"Bearer {TOKEN}"})
     assert http.post("/api/v1/sync", json={"dataset": "nope"}).status_code == 404
+    unknown = http.get("/api/v1/datasets/nope")  # the 404 says what is unknown, like every other 404
+    assert unknown.status_code == 404 and "'nope'" in unknown.json()["detail"], unknown.text
     assert http.post("/api/v1/sync", json={"source": "east"}).json()["affected"] == 1  # every link from east
     assert http.post("/api/v1/sync", json={"destination": "east"}).status_code == 404  # no link ends at east
     assert http.post("/api/v1/sync", json={"source": "east", "destination": "mars"}).status_code == 404

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-import ferry.service.transfer as transfer
-from ferry.service import object_store
-from ferry.service.object_store import skip_double_checksums
+import ferry.service.transfer.transfer as transfer
+from ferry.service.transfer import object_store
+from ferry.service.transfer.object_store import skip_double_checksums
 from ferry.shard_tools.digest import digest_bytes
 from ferry.shard_tools.errors import StorageError, WriteConflictError
 from ferry.shard_tools.store import Location, resolve

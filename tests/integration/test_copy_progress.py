@@ -13,10 +13,10 @@ import pytest
 from conftest import Backend
 from helpers import pack, running_service, wait_until
 
-import ferry.service.transfer as transfer
-from ferry.service.bandwidth import TokenBucket
-from ferry.service.hashed_io import PROGRESS_BYTES, PROGRESS_SECONDS
-from ferry.service.stats import Stats
+import ferry.service.transfer.transfer as transfer
+from ferry.service.transfer.bandwidth import TokenBucket
+from ferry.service.transfer.hashed_io import PROGRESS_BYTES, PROGRESS_SECONDS
+from ferry.service.transfer.stats import Stats
 from ferry.shard_tools.digest import digest_bytes
 from ferry.shard_tools.store import resolve
 
@@ -62,7 +62,7 @@ def test_progress_when_the_source_is_s3(tmp_path: Path, s3_backend: Backend) -> 
 
 def test_rate_reads_the_limit_while_copying_and_decays_when_idle(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [1000.0]
-    monkeypatch.setattr("ferry.service.stats.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("ferry.service.transfer.stats.time.monotonic", lambda: clock[0])
     stats = Stats()
     tid = stats.start("ds", "v", "s", "a", "b", 100 * RATE)
     clock[0] += 60  # idle for a minute first: the rate must not average the copy over the idle time

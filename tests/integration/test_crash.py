@@ -19,7 +19,7 @@ from conftest import free_port
 from helpers import documents, make_docs, pack
 from helpers import wait_until as wait_for
 
-from ferry.service.engine import listing
+from ferry.service.replication.engine import listing
 from ferry.shard_tools.dataset import load_manifest
 from ferry.shard_tools.digest import digest_bytes
 from ferry.shard_tools.errors import DatasetNotFoundError

@@ -173,7 +173,7 @@ def test_ferry_serve_stops_on_sigterm(tmp_path: Path) -> None:
     assert proc.returncode == 0, err
     assert "daemon stopped" in err and "signal 15" in err
     assert documents(str(tmp_path / "d1" / "gamma"), {}) == [x.tolist() for x in docs]
-    from ferry.service.replication_state import DB_NAME
+    from ferry.service.replication.state import DB_NAME
 
     assert (tmp_path / "state" / DB_NAME).exists() and result.shards > 0
 

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from helpers import pack, wait_until
 
-from ferry.service.engine import Engine
-from ferry.service.executor import Executor, JobResult
-from ferry.service.lease import LEASE_FILE, Lease, break_lease, read_lease, view_lease
-from ferry.service.passes import PassResult
-from ferry.service.replication_state import State
+from ferry.service.replication.engine import Engine
+from ferry.service.replication.lease import LEASE_FILE, Lease, break_lease, read_lease, view_lease
+from ferry.service.replication.passes import PassResult
+from ferry.service.replication.state import State
+from ferry.service.transfer.executor import Executor, JobResult
 from ferry.shard_tools.errors import LeaseHeldError, StorageError, WriteConflictError
 from ferry.shard_tools.store import resolve
 
@@ -33,7 +33,7 @@ def lease_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 HOLD = """
 import sys, time
-from ferry.service.lease import Lease
+from ferry.service.replication.lease import Lease
 from ferry.shard_tools.store import resolve
 lease = Lease(resolve(sys.argv[1]), "daemon", ttl=float(sys.argv[2]))
 lease.__enter__()
@@ -164,7 +164,7 @@ def test_a_writer_whose_lease_is_broken_stops_copying_and_publishes_nothing(
             break_lease(loc, view_lease(loc))
             wait_until(lambda: leases[0].lost is not None, 10, "the writer to notice at its renewal")
 
-    monkeypatch.setattr("ferry.service.engine.Lease", Recorded)
+    monkeypatch.setattr("ferry.service.replication.engine.Lease", Recorded)
     monkeypatch.setattr(Engine, "_on_result", on_result)
     eng = Engine(Executor(transfers=1, backoff=(0.001, 0.01)), State(None), writer="sync", lease_ttl=0.3)
     locs = {"src": resolve(src), "dst": resolve(dst)}

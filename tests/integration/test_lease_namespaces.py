@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from helpers import pack, wait_until
 
-from ferry.service.lease import Lease, read_lease
+from ferry.service.replication.lease import Lease, read_lease
 from ferry.shard_tools.errors import LeaseHeldError
 from ferry.shard_tools.store import STALE_TEMP_SECONDS, resolve
 
@@ -70,7 +70,7 @@ def kill(proc: subprocess.Popen[str]) -> None:
 
 HOLD = """
 import os, sys, time
-from ferry.service.lease import Lease
+from ferry.service.replication.lease import Lease
 from ferry.shard_tools.store import resolve, temp_name
 loc = resolve(sys.argv[1])
 if sys.argv[2] != "-":
@@ -85,7 +85,7 @@ time.sleep(300)
 
 TRY = """
 import sys
-from ferry.service.lease import Lease
+from ferry.service.replication.lease import Lease
 from ferry.shard_tools.errors import LeaseHeldError
 from ferry.shard_tools.store import resolve
 try:
@@ -193,11 +193,12 @@ def test_temp_file_of_a_killed_writer_in_this_namespace_is_deleted_at_once(file_
 
 SAME_NS = """
 import subprocess, sys, time
-from ferry.service.lease import Lease
+from ferry.service.replication.lease import Lease
 from ferry.shard_tools.errors import LeaseHeldError
 from ferry.shard_tools.store import resolve
 loc = resolve(sys.argv[1])
-code = "import sys, time; from ferry.service.lease import Lease; from ferry.shard_tools.store import resolve; " \\
+code = "import sys, time; from ferry.service.replication.lease import Lease; " \\
+       "from ferry.shard_tools.store import resolve; " \\
        "Lease(resolve(sys.argv[1]), 'daemon', ttl=600).acquire(); print('held', flush=True); time.sleep(300)"
 holder = subprocess.Popen([sys.executable, "-c", code, sys.argv[1]], stdout=subprocess.PIPE, text=True)
 assert holder.stdout.readline().strip() == "held"
@@ -223,7 +224,8 @@ def test_a_writer_whose_proc_is_another_namespaces_claims_no_identity(file_backe
     """``unshare -p`` without a new /proc: /proc shows the parent namespace, where this process' pid
     means another process. Its lease records no namespace (so nobody judges it by pid)."""
     dst = file_backend.url("d")
-    code = "import sys; from ferry.service.lease import Lease; from ferry.shard_tools.store import resolve; " \
+    code = "import sys; from ferry.service.replication.lease import Lease; " \
+           "from ferry.shard_tools.store import resolve; " \
            "Lease(resolve(sys.argv[1]), 'daemon', ttl=600).acquire()"  # fmt: skip
     run = subprocess.run(["unshare", "-pf", sys.executable, "-c", code, dst], capture_output=True, text=True,
                          timeout=60, cwd=ROOT)  # fmt: skip

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from helpers import documents, make_docs, pack
 
-from ferry.service.engine import Engine
-from ferry.service.executor import Executor
-from ferry.service.replication_state import State
+from ferry.service.replication.engine import Engine
+from ferry.service.replication.state import State
+from ferry.service.transfer.executor import Executor
 from ferry.shard_tools.dataset import open_dataset
 from ferry.shard_tools.errors import RollbackError
 from ferry.shard_tools.store import resolve

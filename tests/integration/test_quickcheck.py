@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from helpers import make_docs, pack
 
-import ferry.service.noop_check as noop_check
+import ferry.service.replication.noop_check as noop_check
 from ferry.service.cli import main
-from ferry.service.s3_get import S3Get, plan_s3_get, sign_v4
+from ferry.service.transfer.s3_get import S3Get, plan_s3_get, sign_v4
 
 KEYS = {"key": "AKIDEXAMPLE", "secret": "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"}
 

@@ -12,9 +12,9 @@ import pytest
 from faults import faulty_location
 from helpers import documents, make_docs, pack
 
-from ferry.service.engine import Engine, PassResult, listing
-from ferry.service.executor import Executor
-from ferry.service.replication_state import State
+from ferry.service.replication.engine import Engine, PassResult, listing
+from ferry.service.replication.state import State
+from ferry.service.transfer.executor import Executor
 from ferry.shard_tools.dataset import open_dataset
 from ferry.shard_tools.manifest import Manifest, ShardTable
 from ferry.shard_tools.publish import publish_version
@@ -166,7 +166,7 @@ def test_bandwidth_limit_is_respected(file_backend: Any) -> None:
     result = pack(src_url, make_docs(1500, 8), {}, shard_size=64 * 1024)
     src, dst = resolve(src_url), resolve(file_backend.url("ds6-dst"))
     rate = result.stored_bytes / 1.5  # about 1.5 s at the limit
-    from ferry.service.bandwidth import Bandwidth
+    from ferry.service.transfer.bandwidth import Bandwidth
 
     eng = Engine(Executor(transfers=4, bandwidth=Bandwidth(rate)), State(None))
     t0 = time.monotonic()
@@ -238,7 +238,7 @@ def synthetic_dataset(url: str, sizes: list[int], seed: int = 0) -> Manifest:
 
 
 def test_s3_multipart_upload_completes_only_when_verified(file_backend: Any, s3_backend: Any) -> None:
-    from ferry.service.transfer import copy_shard
+    from ferry.service.transfer.transfer import copy_shard
     from ferry.shard_tools.errors import ShardDigestError
 
     m = synthetic_dataset(file_backend.url("big"), [12 * 2**20 + 7, 3 * 2**20])

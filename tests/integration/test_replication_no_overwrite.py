@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from helpers import make_docs
 
-from ferry.service.bandwidth import Bandwidth
-from ferry.service.engine import Engine
-from ferry.service.executor import Executor
-from ferry.service.replication_state import State
+from ferry.service.replication.engine import Engine
+from ferry.service.replication.state import State
+from ferry.service.transfer.bandwidth import Bandwidth
+from ferry.service.transfer.executor import Executor
 from ferry.shard_tools import PackOptions, open_dataset, pack_documents, verify
 from ferry.shard_tools.digest import digest_bytes
 from ferry.shard_tools.errors import RollbackError

@@ -19,9 +19,9 @@ import torch
 from ferry.client.dataset import TokenDataset
 from ferry.client.loader import TokenLoader
 from ferry.client.pools import DaemonPool
-from ferry.service.engine import Engine
-from ferry.service.executor import Executor
-from ferry.service.replication_state import State
+from ferry.service.replication.engine import Engine
+from ferry.service.replication.state import State
+from ferry.service.transfer.executor import Executor
 from ferry.shard_tools.dataset import decode_stored_shard, open_dataset
 from ferry.shard_tools.digest import tree_digest
 from ferry.shard_tools.errors import ShardDigestError

@@ -94,8 +94,8 @@ def test_injected_transport_sees_the_token_and_maps_errors() -> None:
 
 
 def test_client_types_mirror_the_api_models() -> None:
-    """ferry.client.service_types repeats ferry.service.api.models (the client must not import the service):
-    keep them equal."""
+    """ferry.service.api.models builds its response models from ferry.client.service_types (the client must
+    not import the service): each pair has the same fields, in the same order."""
     import dataclasses
 
     from ferry.client import service_types as ct

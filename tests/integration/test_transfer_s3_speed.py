@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from faults import faulty_location
 
-import ferry.service.transfer as transfer
-from ferry.service import http_pool, object_store, s3_presigned
-from ferry.service.object_store import skip_double_checksums
+import ferry.service.transfer.transfer as transfer
+from ferry.service.transfer import http_pool, object_store, s3_presigned
+from ferry.service.transfer.object_store import skip_double_checksums
 from ferry.shard_tools.digest import digest_bytes
 from ferry.shard_tools.errors import ShardDigestError, ShardFormatError
 from ferry.shard_tools.store import resolve

@@ -9,8 +9,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from ferry.service.api.app import create_app
+from ferry.service.api.backend import Invalid
 from ferry.service.api.models import ActionResult, ReplicaMatrix, RetryIn, SyncIn
-from ferry.shard_tools.errors import NotFoundError, UsageError
+from ferry.shard_tools.errors import FerryError, InvalidValueError, NotFoundError, UsageError
 
 TOKEN = "not-a-real-token-0123"
 
@@ -48,7 +49,11 @@ class _Backend:
 
 @pytest.mark.parametrize(
     ("fail", "status"),
-    [(NotFoundError("no rule replicates a dataset named 'x'"), 404), (UsageError("transfers must be at least 1"), 422)],
+    [
+        (NotFoundError("no rule replicates a dataset named 'x'"), 404),
+        (UsageError("transfers must be at least 1"), 422),
+        (Invalid("bwlimit must be a finite rate"), 422),
+    ],
 )
 def test_only_not_found_errors_are_404(fail: Exception, status: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FERRY_API_TOKEN", TOKEN)
@@ -58,3 +63,12 @@ def test_only_not_found_errors_are_404(fail: Exception, status: int, monkeypatch
             r = client.post(path, json={}, headers={"Authorization": f"Bearer {TOKEN}"})
             assert r.status_code == status, (path, r.status_code, r.text)
             assert str(fail) in r.text
+
+
+def test_a_refused_value_is_an_error_of_the_tree() -> None:
+    """What the backend refuses is an InvalidValueError (a UsageError, so `ferry` exits 2 on it; still a
+    ValueError), not an error of its own outside FerryError."""
+    exc = Invalid("transfers must be at least 1")
+    assert isinstance(exc, InvalidValueError) and isinstance(exc, UsageError) and isinstance(exc, FerryError)
+    assert isinstance(exc, ValueError) and not isinstance(exc, NotFoundError)
+    assert exc.exit_code == 2 and not exc.retryable

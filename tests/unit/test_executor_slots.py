@@ -8,9 +8,8 @@ import time
 
 import pytest
 
-from ferry.service.executor import Executor, Job, JobResult
-from ferry.service.planner import ShardRef
-from ferry.service.slots import Slots
+from ferry.service.transfer.executor import Executor, Job, JobResult, ShardRef
+from ferry.service.transfer.slots import Slots
 
 
 class Gauge:

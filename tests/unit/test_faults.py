@@ -8,10 +8,10 @@ import pytest
 from faults import faulty_location
 from helpers import documents, make_docs, pack
 
-from ferry.service.engine import Engine, listing
-from ferry.service.executor import Executor
-from ferry.service.replication_state import State
-from ferry.service.stats import Stats
+from ferry.service.replication.engine import Engine, listing
+from ferry.service.replication.state import State
+from ferry.service.transfer.executor import Executor
+from ferry.service.transfer.stats import Stats
 from ferry.shard_tools.errors import FerryError
 from ferry.shard_tools.store import TEMP_MARKER, resolve
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ferry.service.lease import (
+from ferry.service.replication.lease import (
     LEASE_FILE,
     MAX_LEASE_BYTES,
     MAX_TTL,

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ferry.service.planner import (
+from ferry.service.replication.planner import (
     ShardRef,
     SourceVersion,
     VersionRecord,

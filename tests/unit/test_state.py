@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ferry.service.replication_state import BATCH_SECONDS, BATCH_STATEMENTS, DB_NAME, State
+from ferry.service.replication.state import BATCH_SECONDS, BATCH_STATEMENTS, DB_NAME, State
 
 
 def _committed_replicas(state_dir: Path) -> set[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ferry.service.replication_state import DB_NAME, SCHEMA_VERSION, State
+from ferry.service.replication.state import DB_NAME, SCHEMA_VERSION, State
 from ferry.shard_tools.errors import ConfigError
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "state-0.1" / DB_NAME

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-import ferry.service.transfer as transfer
+import ferry.service.transfer.transfer as transfer
 from ferry.shard_tools.digest import digest_bytes
 from ferry.shard_tools.errors import ShardDigestError, ShardFormatError, StorageError
 from ferry.shard_tools.store import resolve

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .executor import JobResult
+    from ..transfer.executor import JobResult
 
 __all__ = ["PassResult"]
 

@@ -28,16 +28,15 @@ from ferry.shard_tools.errors import (
 from ferry.shard_tools.store import Location, not_permitted
 from ferry.shard_tools.threadname import start_named_thread
 
+from ..config import link_name
+from ..events import EventBus
 from .bandwidth import Bandwidth
-from .config import link_name
-from .events import EventBus
 from .hashed_io import CHUNK_SIZE
-from .planner import ShardRef
 from .slots import Slots
 from .stats import Stats
 from .transfer import copy_shard, verify_shard
 
-__all__ = ["Job", "JobResult", "Executor", "Outcome", "outcome_of"]
+__all__ = ["ShardRef", "Job", "JobResult", "Executor", "Outcome", "outcome_of"]
 
 _PROGRESS_EVERY = 0.25  # seconds between progress events per transfer
 
@@ -61,6 +60,15 @@ def outcome_of(exc: FerryError) -> Outcome:
     if exc.retryable and not not_permitted(exc):  # e.g. a store's own mapping of a 403
         return Outcome.RETRY
     return Outcome.FATAL
+
+
+@dataclass(frozen=True)
+class ShardRef:
+    """One shard to copy or plan: its path, stored size and stored digest."""
+
+    path: str
+    size: int
+    digest: str
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass
 
-from .records import ErrorCount, StatsSnapshot, TransferInfo
+from ..records import ErrorCount, StatsSnapshot, TransferInfo
 
 __all__ = ["Stats"]
 

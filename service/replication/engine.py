@@ -21,14 +21,14 @@ from ferry.shard_tools.header import MANIFEST_FILE, SHARDS_DIR, VERSIONS_DIR, pa
 from ferry.shard_tools.publish import carry_lineage, descends_from, store_version, swap_manifest
 from ferry.shard_tools.store import STALE_TEMP_SECONDS, TEMP_MARKER, Location, temp_is_stale
 
-from .events import EventBus
-from .executor import Executor, Job, JobResult
+from ..events import EventBus
+from ..transfer.executor import Executor, Job, JobResult
+from ..transfer.object_store import abort_stale_uploads
+from ..transfer.stats import Stats
 from .lease import DEFAULT_TTL, Lease
-from .object_store import abort_stale_uploads
 from .passes import PassResult
 from .planner import SourceVersion, SyncPlan, VersionRecord, order_sources, plan_retention, plan_sync
-from .replication_state import State
-from .stats import Stats
+from .state import State
 
 if TYPE_CHECKING:
     from ferry.shard_tools.manifest import Manifest

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 from ferry.shard_tools.store import TEMP_MARKER
 
+from ..transfer.executor import ShardRef  # what the executor copies is what the planner plans
+
 if TYPE_CHECKING:
     from ferry.shard_tools.manifest import Manifest
 
@@ -32,15 +34,6 @@ __all__ = [
     "plan_retention",
     "order_sources",
 ]
-
-
-@dataclass(frozen=True)
-class ShardRef:
-    """What the planner needs of one shard: its path, stored size and stored digest."""
-
-    path: str
-    size: int
-    digest: str
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from typing import Any
 from ferry.shard_tools.errors import ConfigError
 from ferry.shard_tools.threadname import start_named_thread
 
-from .records import ErrorInfo, HistoryEntry, ScrubReport, VersionTiming
+from ..records import ErrorInfo, HistoryEntry, ScrubReport, VersionTiming
 
 __all__ = ["State", "DB_NAME", "SCHEMA_VERSION", "BATCH_STATEMENTS", "BATCH_SECONDS"]
 
