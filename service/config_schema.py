@@ -207,7 +207,7 @@ def _report(model: type[BaseModel], exc: ValidationError, prefix: tuple[str, ...
     if len(lines) == 1:
         return lines[0]
     more = [f"... and {len(lines) - _MAX_LISTED} more"] if len(lines) > _MAX_LISTED else []
-    return "\n  ".join([f"{len(lines)} problems in ferry.toml:", *lines[:_MAX_LISTED], *more])
+    return "\n  ".join([f"{len(lines)} problems in ferry.toml", *lines[:_MAX_LISTED], *more])
 
 
 def _path(loc: Sequence[Any]) -> str:

@@ -202,7 +202,7 @@ def test_every_problem_is_listed_and_no_option_value_is_shown() -> None:
         parse_config(doc, env={})
     lines = str(info.value).splitlines()
     assert lines == [
-        "4 problems in ferry.toml:",
+        "4 problems in ferry.toml",
         "  clusters.a.storage_options: expected a table",
         "  limits.retries: must be >= 1, got 0",
         "  keep_versions: must be >= 1, got 0",
