@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from configs import Api, Cluster, FerryToml, Limits, Rule
 
 from ferry.service.config import format_rate, link_name, load_config, parse_config, parse_rate, redact
 from ferry.shard_tools.errors import ConfigError
@@ -77,13 +80,13 @@ def test_full_example(tmp_path: Path) -> None:
 
 def test_defaults() -> None:
     cfg = parse_config(
-        {"clusters": {"a": {"url": "/a"}, "b": {"url": "memory://b"}}, "rules": [{"from": "a", "to": "*"}]}
+        FerryToml(clusters={"a": Cluster("/a"), "b": Cluster("memory://b")}, rules=[Rule("a", "*")]).doc()
     )
     assert cfg.limits.transfers == 4 and cfg.limits.bwlimit is None and cfg.keep_versions == 3
     assert cfg.scrub_interval is None and cfg.api.port == 8765 and cfg.api.read_protected is False
 
 
-BASE = {"clusters": {"a": {"url": "/a"}, "b": {"url": "/b"}}, "rules": [{"from": "a", "to": ["b"]}]}
+BASE = FerryToml(clusters={"a": Cluster("/a"), "b": Cluster("/b")}, rules=[Rule("a", ["b"])]).doc()
 
 
 @pytest.mark.parametrize(
@@ -222,8 +225,6 @@ def test_parse_api_alone_names_the_section() -> None:
 
 def test_reading_a_file_without_pydantic_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     """The models load with the first file read; without the 'service' extra that says what to install."""
-    import sys
-
     import ferry.service
     from ferry.shard_tools.errors import UsageError
 
@@ -232,3 +233,30 @@ def test_reading_a_file_without_pydantic_names_the_extra(monkeypatch: pytest.Mon
     monkeypatch.delattr(ferry.service, "config_schema", raising=False)
     with pytest.raises(UsageError, match=r"the 'service' extra \(pydantic\): pip install 'ferry-data\[service\]'"):
         parse_config(BASE, env={})
+
+
+def test_the_tests_config_builder_writes_what_it_means(tmp_path: Path) -> None:
+    """tests/configs.py: the text parses back to its doc(), and ferry reads both alike."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    options = {"key": "$K", "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}, "anon": False}
+    toml = FerryToml(
+        clusters={"lake": Cluster("s3://lake/ds", priority=5, storage_options=options), "eu": Cluster(tmp_path / "eu")},
+        rules=[Rule("lake", ["eu"], datasets="web-*"), Rule("eu", "*")],
+        limits=Limits(transfers=3, bwlimit="1GiB/s", per_link={"lake->eu": 2.5e6}),
+        api=Api(port=0, read_protected=True, header_timeout=2.5),
+        state_dir="st ate",
+        scrub_interval=0,
+        cluster="eu",
+    )
+    assert tomllib.loads(toml.text()) == toml.doc()
+    assert toml.doc()["rules"][0] == {"from": "lake", "to": ["eu"], "datasets": "web-*"}
+    assert "poll_interval" not in toml.doc() and "retries" not in toml.doc()["limits"]  # None: ferry's default
+    loaded = load_config(toml.write(tmp_path / "ferry.toml"), env={"K": "v"})
+    parsed = parse_config(toml.doc(), base_dir=tmp_path, env={"K": "v"})
+    assert loaded == replace(parsed, source_path=tmp_path / "ferry.toml")
+    assert loaded.state_dir == tmp_path / "st ate" and loaded.limits.per_link == {"lake->eu": 2.5e6}
+    assert loaded.api.read_protected and loaded.api.header_timeout == 2.5 and loaded.scrub_interval is None
