@@ -1,6 +1,9 @@
 """``ferry.toml``: clusters, replication rules, limits, schedules and the API section, validated.
 
-Parsing turns user input into frozen dataclasses with precise errors (ConfigError). Credentials
+Parsing turns user input into frozen dataclasses with precise errors (ConfigError) naming each key
+path. Each key's type, default and range are checked by the pydantic models of
+:mod:`ferry.service.config_schema`, imported only when a file is parsed (``ferry sync`` needs neither a
+file nor pydantic); this module ties the sections together and resolves the environment. Credentials
 never live in the file: a secret-looking storage option must be an environment reference
 (``"$NAME"`` or ``"${NAME}"``), resolved at load time, and :meth:`Cluster.public_url` strips
 anything secret before a URL is shown.
@@ -9,7 +12,6 @@ anything secret before a URL is shown.
 from __future__ import annotations
 
 import fnmatch
-import math
 import os
 import re
 import sys
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from ferry.shard_tools.errors import ConfigError
+from ferry.shard_tools.errors import ConfigError, UsageError
 from ferry.shard_tools.units import format_rate, parse_rate
 
 if sys.version_info >= (3, 11):
@@ -181,220 +183,109 @@ class Config:
         return list(seen)
 
 
-def _check_keys(section: Mapping[str, Any], allowed: set[str], where: str) -> None:
-    unknown = sorted(set(section) - allowed)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})")
-
-
-def _number(value: Any, where: str, *, minimum: float = 0.0, integer: bool = False) -> Any:
-    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if not ok or isinstance(value, bool) or value < minimum:
-        kind = "an integer" if integer else "a number"
-        raise ConfigError(f"{where}: expected {kind} >= {minimum:g}, got {value!r}")
-    return value
-
-
-def _check_url(url: Any, where: str) -> str:
-    if not isinstance(url, str) or not url.strip():
-        raise ConfigError(f"{where}: url must be a non-empty string")
+def url_problem(url: str) -> str | None:
+    """What is wrong with a cluster's URL (an unknown scheme, embedded credentials, no bucket), or None."""
     parts = urlsplit(url)
-    if parts.scheme and len(parts.scheme) > 1:
-        if parts.scheme not in _KNOWN_SCHEMES and "::" not in url:
-            import fsspec
+    if not parts.scheme or len(parts.scheme) == 1:  # a plain (or Windows) path
+        return None
+    if parts.scheme not in _KNOWN_SCHEMES and "::" not in url:
+        import fsspec
 
-            if parts.scheme not in fsspec.available_protocols():
-                raise ConfigError(f"{where}: unknown URL scheme {parts.scheme!r} in {url!r}")
-        if parts.username or parts.password:
-            raise ConfigError(f"{where}: credentials must not be embedded in the URL; use the environment")
-        if parts.scheme not in ("file", "local", "memory") and not (parts.netloc or parts.path.strip("/")):
-            raise ConfigError(f"{where}: URL {url!r} names no bucket or path")
-    return url
+        if parts.scheme not in fsspec.available_protocols():
+            return f"unknown URL scheme {parts.scheme!r} in {redact(url)!r}"
+    if parts.username or parts.password:
+        return "credentials must not be embedded in the URL; use the environment"
+    if parts.scheme not in ("file", "local", "memory") and not (parts.netloc or parts.path.strip("/")):
+        return f"URL {redact(url)!r} names no bucket or path"
+    return None
+
+
+def _schema() -> Any:
+    """The pydantic models of ferry.toml (service/config_schema.py), loaded when a file is parsed."""
+    try:
+        from . import config_schema
+    except ImportError as exc:
+        if not (exc.name or "").startswith("pydantic"):
+            raise
+        raise UsageError(
+            "reading ferry.toml needs the 'service' extra (pydantic): pip install 'ferry-data[service]'"
+        ) from exc
+    return config_schema
 
 
 def parse_config(
     doc: Mapping[str, Any], *, base_dir: Path | None = None, env: Mapping[str, str] | None = None
 ) -> Config:
-    """Validate a parsed ``ferry.toml`` mapping. Relative local paths are taken from ``base_dir``."""
+    """Validate a parsed ``ferry.toml`` mapping. Relative local paths are taken from ``base_dir``.
+
+    Each key's type, default and range are the pydantic models' (service/config_schema.py); here the
+    sections are tied together: a rule's and a link's clusters must exist, ``$NAME`` options come
+    from ``env``, relative paths from ``base_dir``.
+    """
     env = os.environ if env is None else env
     base = base_dir or Path.cwd()
-    _check_keys(
-        doc,
-        {
-            "clusters",
-            "rules",
-            "limits",
-            "state_dir",
-            "poll_interval",
-            "keep_versions",
-            "scrub_interval",
-            "api",
-            "cluster",
-        },
-        "ferry.toml",
-    )
-    clusters = _parse_clusters(doc.get("clusters"), base, env)
-    rules = [_parse_rule(section, f"rules[{i}]", clusters) for i, section in enumerate(_rule_list(doc.get("rules")))]
-    limits = _parse_limits(doc.get("limits", {}), clusters)
-    api = parse_api(doc.get("api", {}))
-    state_dir = Path(_string(doc.get("state_dir", ".ferry-state"), "state_dir"))
+    checked = _schema().check_file(doc)
+    clusters = {name: _cluster(name, section, base, env) for name, section in checked.clusters.items()}
+    state_dir = Path(checked.state_dir)
     if not state_dir.is_absolute():
         state_dir = (base / state_dir).resolve()
-    scrub = doc.get("scrub_interval")
+    if checked.cluster is not None and checked.cluster not in clusters:
+        raise ConfigError(f"cluster: {checked.cluster!r} is not one of the configured clusters ({', '.join(clusters)})")
     return Config(
         clusters=clusters,
-        rules=tuple(rules),
-        limits=limits,
+        rules=tuple(_rule(section, f"rules[{i}]", clusters) for i, section in enumerate(checked.rules)),
+        limits=_limits(checked.limits, clusters),
         state_dir=state_dir,
-        poll_interval=float(_number(doc.get("poll_interval", 30.0), "poll_interval", minimum=0.01)),
-        keep_versions=int(_number(doc.get("keep_versions", 3), "keep_versions", minimum=1, integer=True)),
-        scrub_interval=None if scrub in (None, 0) else float(_number(scrub, "scrub_interval", minimum=1)),
-        api=api,
-        cluster=_own_cluster(doc.get("cluster"), clusters),
+        poll_interval=float(checked.poll_interval),
+        keep_versions=checked.keep_versions,
+        scrub_interval=None if checked.scrub_interval is None else float(checked.scrub_interval),
+        api=ApiConfig(**checked.api.model_dump()),
+        cluster=checked.cluster,
     )
 
 
-def _parse_clusters(raw: Any, base: Path, env: Mapping[str, str]) -> dict[str, Cluster]:
-    """``[clusters.NAME]`` sections; relative local URLs are taken from ``base``."""
-    if not isinstance(raw, Mapping) or not raw:
-        raise ConfigError("ferry.toml: [clusters.NAME] sections are required (at least two clusters)")
-    clusters: dict[str, Cluster] = {}
-    for name, section in raw.items():
-        where = f"clusters.{name}"
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-            raise ConfigError(f"{where}: cluster names use letters, digits, '_', '.', '-'")
-        if not isinstance(section, Mapping):
-            raise ConfigError(f"{where}: expected a table")
-        _check_keys(section, {"url", "storage_options", "priority"}, where)
-        url = _check_url(section.get("url"), where)
-        if "://" not in url and not Path(url).is_absolute():
-            url = str((base / url).resolve())
-        opts = section.get("storage_options", {})
-        if not isinstance(opts, Mapping):
-            raise ConfigError(f"{where}.storage_options: expected a table")
-        priority = _number(section.get("priority", 100), f"{where}.priority", integer=True)
-        clusters[name] = Cluster(name, url, _resolve_options(opts, f"{where}.storage_options", env), priority)
-    return clusters
+def _cluster(name: str, section: Any, base: Path, env: Mapping[str, str]) -> Cluster:
+    """A checked ``[clusters.NAME]``: a relative local URL is taken from ``base``, options from ``env``."""
+    url = section.url
+    if "://" not in url and not Path(url).is_absolute():
+        url = str((base / url).resolve())
+    options = _resolve_options(section.storage_options, f"clusters.{name}.storage_options", env)
+    return Cluster(name, url, options, section.priority)
 
 
-def _rule_list(raw: Any) -> list[Any]:
-    if not isinstance(raw, list) or not raw:
-        raise ConfigError("ferry.toml: at least one [[rules]] entry is required")
-    return raw
-
-
-def _parse_rule(section: Any, where: str, clusters: Mapping[str, Cluster]) -> Rule:
-    """One ``[[rules]]`` entry: which datasets go from which cluster to which."""
-    if not isinstance(section, Mapping):
-        raise ConfigError(f"{where}: expected a table")
-    _check_keys(section, {"datasets", "from", "to"}, where)
-    pattern = section.get("datasets", "*")
-    if not isinstance(pattern, str) or not pattern or "/" in pattern:
-        raise ConfigError(f"{where}.datasets: expected a glob of dataset names such as 'fineweb-*'")
-    src = section.get("from")
+def _rule(section: Any, where: str, clusters: Mapping[str, Cluster]) -> Rule:
+    """A checked ``[[rules]]`` entry whose clusters exist: which datasets go from which cluster to which."""
+    src = section.source
     if src not in clusters:
         raise ConfigError(f"{where}.from: unknown cluster {src!r} (known: {', '.join(clusters)})")
-    to = section.get("to")
-    if to == "*":
+    if section.to == "*":
         dsts = tuple(c for c in clusters if c != src)
-    elif isinstance(to, list) and to and all(isinstance(t, str) for t in to):
-        for t in to:
+    else:
+        for t in section.to:
             if t not in clusters:
                 raise ConfigError(f"{where}.to: unknown cluster {t!r} (known: {', '.join(clusters)})")
             if t == src:
                 raise ConfigError(f"{where}.to: cluster {t!r} is also the source")
-        dsts = tuple(dict.fromkeys(to))
-    else:
-        raise ConfigError(f'{where}.to: expected a list of cluster names or "*"')
+        dsts = tuple(dict.fromkeys(section.to))
     if not dsts:
         raise ConfigError(f"{where}: no destination clusters")
-    return Rule(pattern, str(src), dsts)
+    return Rule(section.datasets, src, dsts)
 
 
-def _own_cluster(value: Any, clusters: Mapping[str, Cluster]) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or value not in clusters:
-        raise ConfigError(f"cluster: {value!r} is not one of the configured clusters ({', '.join(clusters)})")
-    return value
-
-
-def _string(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{where}: expected a non-empty string")
-    return value
-
-
-def _parse_limits(section: Any, clusters: Mapping[str, Cluster]) -> Limits:
-    if not isinstance(section, Mapping):
-        raise ConfigError("limits: expected a table")
-    _check_keys(section, {"transfers", "bwlimit", "per_link", "retries"}, "limits")
+def _limits(section: Any, clusters: Mapping[str, Cluster]) -> Limits:
+    """A checked ``[limits]`` whose ``per_link`` names links between known clusters."""
     per_link: dict[str, float | None] = {}
-    raw = section.get("per_link", {})
-    if not isinstance(raw, Mapping):
-        raise ConfigError('limits.per_link: expected a table of "SRC->DST" = "rate"')
-    for link, rate in raw.items():
+    for link, rate in section.per_link.items():
         src, sep, dst = link.partition("->")
         if not sep or src.strip() not in clusters or dst.strip() not in clusters:
             raise ConfigError(f'limits.per_link: {link!r} is not "SRC->DST" with two known clusters')
-        per_link[link_name(src.strip(), dst.strip())] = parse_rate(rate, f"limits.per_link.{link}")
-    return Limits(
-        transfers=int(_number(section.get("transfers", 4), "limits.transfers", minimum=1, integer=True)),
-        bwlimit=parse_rate(section.get("bwlimit"), "limits.bwlimit"),
-        per_link=per_link,
-        retries=int(_number(section.get("retries", 5), "limits.retries", minimum=1, integer=True)),
-    )
+        per_link[link_name(src.strip(), dst.strip())] = rate
+    return Limits(transfers=section.transfers, bwlimit=section.bwlimit, per_link=per_link, retries=section.retries)
 
 
 def parse_api(section: Any) -> ApiConfig:
     """Validate an ``[api]`` table."""
-    if not isinstance(section, Mapping):
-        raise ConfigError("api: expected a table")
-    _check_keys(section, {"host", "port", "token_env", "read_protected", "sla_minutes", *_API_LIMITS}, "api")
-    if "token" in section:  # pragma: no cover - caught by _check_keys; kept for the clearer message
-        raise ConfigError("api.token: put the token in an environment variable and name it with token_env")
-    read_protected = section.get("read_protected", False)
-    if not isinstance(read_protected, bool):
-        raise ConfigError("api.read_protected: expected true or false")
-    return ApiConfig(
-        host=_string(section.get("host", ApiConfig.host), "api.host"),
-        port=_port(section.get("port", ApiConfig.port)),
-        token_env=_string(section.get("token_env", ApiConfig.token_env), "api.token_env"),
-        read_protected=read_protected,
-        sla_minutes=float(_number(section.get("sla_minutes", ApiConfig.sla_minutes), "api.sla_minutes", minimum=0)),
-        **_api_limits(section),
-    )
-
-
-# [api] connection limits: key -> (integer?, minimum); each must be > 0, a timeout a number of seconds
-_API_LIMITS: dict[str, tuple[bool, float]] = {
-    "max_connections": (True, 8),
-    "max_event_streams": (True, 1),
-    "backlog": (True, 1),
-    "header_timeout": (False, 0.1),
-    "body_timeout": (False, 0.1),
-    "send_timeout": (False, 0.1),
-    "keep_alive_timeout": (False, 0.1),
-    "max_header_bytes": (True, 1024),
-    "max_headers": (True, 8),
-}
-
-
-def _api_limits(section: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, (integer, minimum) in _API_LIMITS.items():
-        value = _number(section.get(key, getattr(ApiConfig, key)), f"api.{key}", minimum=minimum, integer=integer)
-        if not math.isfinite(value):
-            raise ConfigError(f"api.{key}: expected a finite number, got {value!r}")
-        out[key] = int(value) if integer else float(value)
-    return out
-
-
-def _port(value: Any) -> int:
-    port = int(_number(value, "api.port", integer=True, minimum=0))
-    if port > 65535:
-        raise ConfigError(f"api.port: {port} is not a TCP port (0..65535)")
-    return port
+    return ApiConfig(**_schema().check_api(section).model_dump())
 
 
 def load_config(path: str | Path, *, env: Mapping[str, str] | None = None) -> Config:

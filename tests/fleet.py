@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from configs import Api, Cluster, FerryToml, Limits, Rule
+
 ROOT = Path(__file__).resolve().parents[1]
 DATASET = "corpus"
 VOCAB, EOS = 4096, 0
@@ -325,37 +327,16 @@ PRIORITIES = {"origin": {"origin": 1, "hub": 10, "far": 50}, "hub": {"hub": 1, "
 
 def daemon_config(topo: Topology, me: str, port: int, keep_versions: int) -> Path:
     """ferry.toml of cluster ``me``'s daemon: rules origin → hub → far, fast polls, its own state."""
-    clusters = "\n".join(
-        f'[clusters.{c}]\nurl = "{topo.cluster_url(c)}"\npriority = {PRIORITIES[me][c]}\n' for c in CLUSTERS
-    )
-    keep = keep_versions if me == "hub" else 3
-    path = topo.root / f"ferry-{me}.toml"
-    path.write_text(f"""
-cluster = "{me}"
-state_dir = "{topo.root / ("state-" + me)}"
-poll_interval = 0.3
-keep_versions = {keep}
-
-{clusters}
-[[rules]]
-datasets = "*"
-from = "origin"
-to = ["hub"]
-
-[[rules]]
-datasets = "*"
-from = "hub"
-to = ["far"]
-
-[limits]
-transfers = 2
-retries = 3
-
-[api]
-host = "127.0.0.1"
-port = {port}
-""")
-    return path
+    return FerryToml(
+        clusters={c: Cluster(topo.cluster_url(c), priority=PRIORITIES[me][c]) for c in CLUSTERS},
+        rules=[Rule("origin", ["hub"], datasets="*"), Rule("hub", ["far"], datasets="*")],
+        limits=Limits(transfers=2, retries=3),
+        api=Api(host="127.0.0.1", port=port),
+        cluster=me,
+        state_dir=topo.root / ("state-" + me),
+        poll_interval=0.3,
+        keep_versions=keep_versions if me == "hub" else 3,
+    ).write(topo.root / f"ferry-{me}.toml")
 
 
 def free_port() -> int:

@@ -11,11 +11,12 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from configs import Api, Cluster, FerryToml, Limits, Rule
 
 from ferry.client.service_client import ServiceClient
 from ferry.service.api import RunningServer, start_server
@@ -108,43 +109,29 @@ class Service:
 def write_serve_config(root: Path, port: int) -> Path:
     """A ferry.toml for a `ferry serve` subprocess: clusters src → d1 under ``root``, fast polls, one attempt."""
     (root / "d1").mkdir(parents=True, exist_ok=True)
-    p = root / "ferry.toml"
-    p.write_text(f"""
-state_dir = "{root}/state"
-poll_interval = 0.2
-
-[clusters.src]
-url = "{root}/src"
-[clusters.d1]
-url = "{root}/d1"
-
-[[rules]]
-datasets = "*"
-from = "src"
-to = ["d1"]
-
-[limits]
-retries = 1
-
-[api]
-port = {port}
-""")
-    return p
+    return FerryToml(
+        clusters={"src": Cluster(f"{root}/src"), "d1": Cluster(f"{root}/d1")},
+        rules=[Rule("src", ["d1"], datasets="*")],
+        limits=Limits(retries=1),
+        api=Api(port=port),
+        state_dir=f"{root}/state",
+        poll_interval=0.2,
+    ).write(root / "ferry.toml")
 
 
 def make_config(root: Path, *, read_protected: bool = False, bwlimit: str | None = None, **extra: Any) -> Config:
     (root / "east").mkdir(parents=True, exist_ok=True)
     (root / "west").mkdir(parents=True, exist_ok=True)
-    doc: dict[str, Any] = {
-        "clusters": {"east": {"url": str(root / "east"), "priority": 10}, "west": {"url": str(root / "west")}},
-        "rules": [{"datasets": "*", "from": "east", "to": ["west"]}],
-        "limits": {"transfers": 2, "retries": 1, **({"bwlimit": bwlimit} if bwlimit else {})},
-        "state_dir": str(root / "state"),
-        "poll_interval": 0.3,
-        "api": {"token_env": TOKEN_ENV, "read_protected": read_protected, "sla_minutes": 1},
-        **extra,
-    }
-    return parse_config(doc, base_dir=root)
+    toml = FerryToml(
+        clusters={"east": Cluster(root / "east", priority=10), "west": Cluster(root / "west")},
+        rules=[Rule("east", ["west"], datasets="*")],
+        limits=Limits(transfers=2, retries=1, bwlimit=bwlimit or None),
+        state_dir=root / "state",
+        poll_interval=0.3,
+        api=Api(token_env=TOKEN_ENV, read_protected=read_protected, sla_minutes=1),
+    )
+    toml = replace(toml, **{key: Api(**value) if key == "api" else value for key, value in extra.items()})
+    return parse_config(toml.doc(), base_dir=root)
 
 
 @contextmanager

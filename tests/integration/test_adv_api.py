@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from configs import Api, Cluster, FerryToml, Rule
 from helpers import TOKEN, Service, pack, running_service, wait_until
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -62,12 +63,13 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
     for name in ("east", "west"):
         (root / name).mkdir()
     port = free_port()
-    config = root / "ferry.toml"
-    config.write_text(
-        f'state_dir = "state"\npoll_interval = 0.3\n'
-        f'[clusters.east]\nurl = "{root / "east"}"\n[clusters.west]\nurl = "{root / "west"}"\n'
-        f'[[rules]]\nfrom = "east"\nto = ["west"]\n[api]\nport = {port}\ntoken_env = "FT_ADV_TOKEN"\n'
-    )
+    config = FerryToml(
+        clusters={"east": Cluster(root / "east"), "west": Cluster(root / "west")},
+        rules=[Rule("east", ["west"])],
+        api=Api(port=port, token_env="FT_ADV_TOKEN"),
+        state_dir="state",
+        poll_interval=0.3,
+    ).write(root / "ferry.toml")
     env = {**os.environ, "FT_ADV_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
     log = root / "serve.log"
     with log.open("w") as out:

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 import s3fs
+from configs import Api, Cluster, FerryToml, Rule
 from helpers import make_docs, wait_until
 
 from ferry.shard_tools.packing import PackOptions, pack_documents
@@ -37,30 +38,17 @@ def test_no_secret_in_any_response_page_or_log(tmp_path: Path, moto_endpoint: st
         PackOptions(vocab_size=1000, eos_id=999, shard_size=8192, progress=False, storage_options=opts),
     )
     port = free_port()
-    cluster_opts = f"""[clusters.{{name}}.storage_options]
-key = "$FT_KEY"
-secret = "$FT_SECRET"
-[clusters.{{name}}.storage_options.client_kwargs]
-endpoint_url = "{moto_endpoint}"
-"""
-    config = tmp_path / "ferry.toml"
-    config.write_text(
-        f"""state_dir = "state"
-poll_interval = 0.3
-[clusters.east]
-url = "s3://sec-east"
-{cluster_opts.format(name="east")}
-[clusters.west]
-url = "s3://sec-west"
-{cluster_opts.format(name="west")}
-[[rules]]
-from = "east"
-to = ["west"]
-[api]
-port = {port}
-token_env = "FT_TOKEN"
-"""
-    )
+    options = {"key": "$FT_KEY", "secret": "$FT_SECRET", "client_kwargs": {"endpoint_url": moto_endpoint}}
+    config = FerryToml(
+        clusters={
+            "east": Cluster("s3://sec-east", storage_options=options),
+            "west": Cluster("s3://sec-west", storage_options=options),
+        },
+        rules=[Rule("east", ["west"])],
+        api=Api(port=port, token_env="FT_TOKEN"),
+        state_dir="state",
+        poll_interval=0.3,
+    ).write(tmp_path / "ferry.toml")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "FSSPEC_"))}
     env.update(FT_KEY=KEY, FT_SECRET=SECRET, FT_TOKEN=TOKEN)
     log = tmp_path / "serve.log"

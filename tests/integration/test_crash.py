@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from configs import Api, Cluster, FerryToml, Limits, Rule
 from conftest import free_port
 from helpers import documents, make_docs, pack
 from helpers import wait_until as wait_for
@@ -24,28 +25,6 @@ from ferry.shard_tools.dataset import load_manifest
 from ferry.shard_tools.digest import digest_bytes
 from ferry.shard_tools.errors import DatasetNotFoundError
 from ferry.shard_tools.store import TEMP_MARKER, resolve
-
-CONFIG = """
-state_dir = "{root}/state"
-poll_interval = 0.2
-
-[clusters.src]
-url = "{root}/src"
-[clusters.dst]
-url = "{root}/dst"
-
-[[rules]]
-datasets = "*"
-from = "src"
-to = ["dst"]
-
-[limits]
-transfers = 4
-bwlimit = "{rate}"
-
-[api]
-port = {port}
-"""
 
 
 class ManifestWatcher(threading.Thread):
@@ -85,7 +64,14 @@ def test_sigkill_at_random_moments(tmp_path: Path) -> None:
     assert first.shards >= 100
     rate = first.stored_bytes / 8  # ~8 s of copying in all: the kills land mid-transfer
     config = tmp_path / "ferry.toml"
-    config.write_text(CONFIG.format(root=tmp_path, rate=int(rate), port=free_port()))
+    FerryToml(
+        clusters={"src": Cluster(f"{tmp_path}/src"), "dst": Cluster(f"{tmp_path}/dst")},
+        rules=[Rule("src", ["dst"], datasets="*")],
+        limits=Limits(transfers=4, bwlimit=str(int(rate))),
+        api=Api(port=free_port()),
+        state_dir=f"{tmp_path}/state",
+        poll_interval=0.2,
+    ).write(config)
     cmd = [sys.executable, "-m", "ferry.service.cli", "serve", "--config", str(config), "--log-level", "info"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     watcher = ManifestWatcher(str(tmp_path / "dst" / "big"))

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from configs import Api, Cluster, FerryToml, Limits, Rule
 from conftest import free_port
 from helpers import documents, make_docs, pack
 from helpers import wait_until as wait_for
@@ -19,36 +20,21 @@ from ferry.service.daemon import Daemon
 from ferry.shard_tools.errors import ConfigError, NotFoundError
 from ferry.shard_tools.store import resolve
 
-CONFIG = """
-state_dir = "{root}/state"
-poll_interval = {poll}
-keep_versions = 2
-
-[clusters.src]
-url = "{root}/src"
-[clusters.d1]
-url = "{root}/d1"
-priority = 20
-[clusters.d2]
-url = "memory://{mem}"
-
-[[rules]]
-datasets = "*"
-from = "src"
-to = ["d1", "d2"]
-
-[limits]
-transfers = 3
-
-[api]
-port = {port}
-"""
-
 
 def write_config(root: Path, poll: float = 0.2) -> Path:
-    p = root / "ferry.toml"
-    p.write_text(CONFIG.format(root=root, poll=poll, mem=f"daemon-{os.getpid()}-{root.name}", port=free_port()))
-    return p
+    return FerryToml(
+        clusters={
+            "src": Cluster(f"{root}/src"),
+            "d1": Cluster(f"{root}/d1", priority=20),
+            "d2": Cluster(f"memory://daemon-{os.getpid()}-{root.name}"),
+        },
+        rules=[Rule("src", ["d1", "d2"], datasets="*")],
+        limits=Limits(transfers=3),
+        api=Api(port=free_port()),
+        state_dir=f"{root}/state",
+        poll_interval=poll,
+        keep_versions=2,
+    ).write(root / "ferry.toml")
 
 
 def complete(d: Daemon, dataset: str, version: str | None = None) -> bool:

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from configs import Api, Cluster, FerryToml, Limits, Rule
 from conftest import free_port, wait_for_port
 
 from ferry.shard_tools import PackOptions, pack_documents
@@ -51,31 +52,15 @@ PRIORITIES = {
 
 
 def _config(root: Path, me: str, port: int, bwlimit: str | None) -> Path:
-    clusters = "\n".join(f'[clusters.{c}]\nurl = "{root / c}"\npriority = {PRIORITIES[me][c]}\n' for c in CLUSTERS)
-    limit = f'bwlimit = "{bwlimit}"' if bwlimit else ""
-    text = f"""
-cluster = "{me}"
-state_dir = "{root / ("state-" + me)}"
-poll_interval = 0.3
-
-{clusters}
-[[rules]]
-datasets = "*"
-from = "east"
-to = "*"
-
-[limits]
-transfers = 2
-retries = 3
-{limit}
-
-[api]
-host = "127.0.0.1"
-port = {port}
-"""
-    path = root / f"ferry-{me}.toml"
-    path.write_text(text)
-    return path
+    return FerryToml(
+        clusters={c: Cluster(root / c, priority=PRIORITIES[me][c]) for c in CLUSTERS},
+        rules=[Rule("east", "*", datasets="*")],
+        limits=Limits(transfers=2, retries=3, bwlimit=bwlimit or None),
+        api=Api(host="127.0.0.1", port=port),
+        cluster=me,
+        state_dir=root / ("state-" + me),
+        poll_interval=0.3,
+    ).write(root / f"ferry-{me}.toml")
 
 
 class Daemon:
@@ -309,10 +294,8 @@ def test_cluster_option_is_validated(tmp_path: Path) -> None:
     from ferry.service.config import parse_config
     from ferry.shard_tools.errors import ConfigError
 
-    doc: dict[str, Any] = {
-        "clusters": {c: {"url": str(tmp_path / c)} for c in CLUSTERS},
-        "rules": [{"datasets": "*", "from": "east", "to": "*"}],
-    }
+    clusters = {c: Cluster(tmp_path / c) for c in CLUSTERS}
+    doc = FerryToml(clusters=clusters, rules=[Rule("east", "*", datasets="*")]).doc()
     assert parse_config(doc).cluster is None  # one daemon for every destination (the one-machine setup)
     assert parse_config({**doc, "cluster": "west"}).cluster == "west"
     for bad in ("south", 3, ""):

@@ -126,3 +126,21 @@ def test_noop_resync_imports_neither_numpy_nor_pyarrow(tmp_path: Path) -> None:
     assert first == "HEAVY ['numpy', 'pyarrow'] 0", runs[0].stderr  # the copy needed the shard table
     assert json.loads(runs[1].stdout)["up_to_date"] is True
     assert again == "HEAVY [] 0", runs[1].stderr
+
+
+def test_sync_runs_without_pydantic(tmp_path: Path) -> None:
+    """`ferry sync` reads no ferry.toml: it works, copy and no-op, where the 'service' extra is absent."""
+    pack(str(tmp_path / "src"), make_docs(30, 8), {})
+    src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
+    probe = (
+        "import sys; sys.modules['pydantic'] = None\n"  # any `import pydantic` now fails
+        "from ferry.shard_tools.cli import main\n"
+        "rc = main()\n"
+        "print('RC', rc, file=sys.stderr)"
+    )
+    for _ in range(2):
+        run = subprocess.run([sys.executable, "-c", probe, "sync", src, dst, "--json", "--no-progress"],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert run.stderr.strip().splitlines()[-1] == "RC 0", run.stderr
+    assert json.loads(run.stdout)["up_to_date"] is True
+    assert documents(dst, {}) == documents(src, {})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from configs import Cluster, FerryToml, Rule
 
 from ferry.service.config import parse_config
 from ferry.shard_tools.errors import ConfigError
@@ -14,10 +15,8 @@ AZURITE = (
 
 
 def _config(options: dict[str, object]) -> dict[str, object]:
-    return {
-        "clusters": {"a": {"url": "az://container/ds", "storage_options": options}, "b": {"url": "/b"}},
-        "rules": [{"from": "a", "to": ["b"]}],
-    }
+    clusters = {"a": Cluster("az://container/ds", storage_options=options), "b": Cluster("/b")}
+    return FerryToml(clusters=clusters, rules=[Rule("a", ["b"])]).doc()
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from configs import Api, Cluster, FerryToml, Limits, Rule
 
 from ferry.service.config import format_rate, link_name, load_config, parse_config, parse_rate, redact
 from ferry.shard_tools.errors import ConfigError
@@ -77,13 +80,13 @@ def test_full_example(tmp_path: Path) -> None:
 
 def test_defaults() -> None:
     cfg = parse_config(
-        {"clusters": {"a": {"url": "/a"}, "b": {"url": "memory://b"}}, "rules": [{"from": "a", "to": "*"}]}
+        FerryToml(clusters={"a": Cluster("/a"), "b": Cluster("memory://b")}, rules=[Rule("a", "*")]).doc()
     )
     assert cfg.limits.transfers == 4 and cfg.limits.bwlimit is None and cfg.keep_versions == 3
     assert cfg.scrub_interval is None and cfg.api.port == 8765 and cfg.api.read_protected is False
 
 
-BASE = {"clusters": {"a": {"url": "/a"}, "b": {"url": "/b"}}, "rules": [{"from": "a", "to": ["b"]}]}
+BASE = FerryToml(clusters={"a": Cluster("/a"), "b": Cluster("/b")}, rules=[Rule("a", ["b"])]).doc()
 
 
 @pytest.mark.parametrize(
@@ -148,3 +151,112 @@ def test_helpers() -> None:
     assert format_rate(None) == "off" and format_rate(100 * 2**20) == "100.0MiB/s"
     assert redact("s3://user:pw@bucket/path?X-Amz-Signature=abc") == "s3://bucket/path"
     assert redact("/plain/path") == "/plain/path"
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"poll_interval": float("inf")}, r"^poll_interval: expected a finite number, got inf$"),
+        ({"poll_interval": float("nan")}, r"^poll_interval: expected a finite number"),
+        ({"scrub_interval": float("nan")}, r"^scrub_interval: expected a finite number"),
+        ({"scrub_interval": float("inf")}, r"^scrub_interval: expected a finite number"),
+        ({"scrub_interval": False}, r"^scrub_interval: expected a number, got False$"),
+        ({"api": {"sla_minutes": float("nan")}}, r"^api\.sla_minutes: expected a finite number"),
+        ({"limits": {"bwlimit": float("nan")}}, r"^limits\.bwlimit: expected a finite number"),
+        ({"limits": {"per_link": {"a->b": float("inf")}}}, r"^limits\.per_link\.a->b: expected a finite number"),
+    ],
+)
+def test_numbers_must_be_finite(patch: dict, message: str) -> None:
+    """An infinite poll_interval overflows the daemon's wait and a NaN one spins it without polling."""
+    with pytest.raises(ConfigError, match=message):
+        parse_config({**BASE, **patch}, env={})
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"limits": {"transfers": 0}}, r"^limits\.transfers: must be >= 1, got 0$"),
+        ({"limits": {"transfers": "8"}}, r"^limits\.transfers: expected an integer, got '8'$"),
+        ({"api": {"max_connections": 2}}, r"^api\.max_connections: must be >= 8, got 2$"),
+        ({"api": {"port": 70000}}, r"^api\.port: must be <= 65535, got 70000$"),
+        ({"clusters": {"a b": {"url": "/a"}, "b": {"url": "/b"}}}, r"^clusters\.a b: cluster names use letters"),
+        ({"clusters": {"a": {"url": ""}, "b": {"url": "/b"}}}, r"^clusters\.a\.url: must be a non-empty string"),
+        ({"clusters": {"a": {"priority": 1}, "b": {"url": "/b"}}}, r"^clusters\.a\.url: required key is missing$"),
+        ({"clusters": {"a": "/a", "b": {"url": "/b"}}}, r"^clusters\.a: expected a table"),
+        ({"clusters": {}}, r"^clusters: \[clusters\.NAME\] sections are required"),
+        ({"rules": []}, r"^rules: at least one \[\[rules\]\] entry is required$"),
+        ({"rules": [{"from": "a", "to": ["b"], "dataset": "x"}]}, r"^rules\[0\]: unknown key\(s\) dataset \(allowed: "),
+        ({"rules": [{"to": ["b"]}]}, r"^rules\[0\]\.from: required key is missing$"),
+        ({"rules": [{"from": "a", "to": ["b"], "datasets": "x/y"}]}, r"^rules\[0\]\.datasets: expected a glob"),
+        ({"colour": "blue", "shade": 1}, r"^ferry\.toml: unknown key\(s\) colour, shade \(allowed: api, cluster, "),
+        ({"api": {"token": "abc"}}, r"^api\.token: unknown key; put the token in an environment variable"),
+    ],
+)
+def test_error_messages_name_the_key(patch: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        parse_config({**BASE, **patch}, env={})
+    assert "pydantic" not in str(info.value) and "Input should" not in str(info.value)
+
+
+def test_every_problem_is_listed_and_no_option_value_is_shown() -> None:
+    doc = {**BASE, "keep_versions": 0, "limits": {"retries": 0}, "api": {"port": -1}}
+    doc["clusters"] = {"a": {"url": "/a", "storage_options": "s3cr3t-value"}, "b": {"url": "/b"}}
+    with pytest.raises(ConfigError) as info:
+        parse_config(doc, env={})
+    lines = str(info.value).splitlines()
+    assert lines == [
+        "4 problems in ferry.toml",
+        "  clusters.a.storage_options: expected a table",
+        "  limits.retries: must be >= 1, got 0",
+        "  keep_versions: must be >= 1, got 0",
+        "  api.port: must be >= 0, got -1",
+    ]
+
+
+def test_parse_api_alone_names_the_section() -> None:
+    from ferry.service.config import ApiConfig, parse_api
+
+    assert parse_api({}) == ApiConfig() and parse_api({"port": 0}).port == 0
+    with pytest.raises(ConfigError, match=r"^api: expected a table"):
+        parse_api(["port", 1])
+    with pytest.raises(ConfigError, match=r"^api\.read_protected: expected true or false, got 'yes'$"):
+        parse_api({"read_protected": "yes"})
+
+
+def test_reading_a_file_without_pydantic_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The models load with the first file read; without the 'service' extra that says what to install."""
+    import ferry.service
+    from ferry.shard_tools.errors import UsageError
+
+    monkeypatch.setitem(sys.modules, "pydantic", None)  # as if pydantic were not installed
+    monkeypatch.delitem(sys.modules, "ferry.service.config_schema", raising=False)
+    monkeypatch.delattr(ferry.service, "config_schema", raising=False)
+    with pytest.raises(UsageError, match=r"the 'service' extra \(pydantic\): pip install 'ferry-data\[service\]'"):
+        parse_config(BASE, env={})
+
+
+def test_the_tests_config_builder_writes_what_it_means(tmp_path: Path) -> None:
+    """tests/configs.py: the text parses back to its doc(), and ferry reads both alike."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    options = {"key": "$K", "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}, "anon": False}
+    toml = FerryToml(
+        clusters={"lake": Cluster("s3://lake/ds", priority=5, storage_options=options), "eu": Cluster(tmp_path / "eu")},
+        rules=[Rule("lake", ["eu"], datasets="web-*"), Rule("eu", "*")],
+        limits=Limits(transfers=3, bwlimit="1GiB/s", per_link={"lake->eu": 2.5e6}),
+        api=Api(port=0, read_protected=True, header_timeout=2.5),
+        state_dir="st ate",
+        scrub_interval=0,
+        cluster="eu",
+    )
+    assert tomllib.loads(toml.text()) == toml.doc()
+    assert toml.doc()["rules"][0] == {"from": "lake", "to": ["eu"], "datasets": "web-*"}
+    assert "poll_interval" not in toml.doc() and "retries" not in toml.doc()["limits"]  # None: ferry's default
+    loaded = load_config(toml.write(tmp_path / "ferry.toml"), env={"K": "v"})
+    parsed = parse_config(toml.doc(), base_dir=tmp_path, env={"K": "v"})
+    assert loaded == replace(parsed, source_path=tmp_path / "ferry.toml")
+    assert loaded.state_dir == tmp_path / "st ate" and loaded.limits.per_link == {"lake->eu": 2.5e6}
+    assert loaded.api.read_protected and loaded.api.header_timeout == 2.5 and loaded.scrub_interval is None
