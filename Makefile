@@ -13,7 +13,7 @@ TITAN_PY    := $(TITAN_VENV)/bin/python
 TITAN_LOCK  := requirements-titan.lock
 TITAN_STAMP := $(TITAN_VENV)/.installed
 
-.PHONY: demo test test-fast test-unit soak lint bench docs venv clean browser promtool azurite lock
+.PHONY: demo test test-fast test-unit soak lint bench docs venv clean browser promtool azurite lock lock-tool
 
 # Azurite (Microsoft's Azure Storage emulator, from npm) for the az:// tests, into a git-ignored folder
 # of this checkout: tests/conftest.py runs .npm-tools/node_modules/azurite (fake-gcs-server, for gs://,
@@ -38,12 +38,30 @@ $(TITAN_STAMP): pyproject.toml $(TITAN_LOCK)
 	$(TITAN_PY) -m pip install -q --no-deps -e .
 	touch $(TITAN_STAMP)
 
-# Re-resolve both locks under constraints-dev.txt and pin every package with its hash (after a change
-# to pyproject.toml's requirements; tests/unit/test_lockfile.py fails until the lock matches them).
-lock:
+# Re-resolve both locks under constraints-dev.txt and pin every file with its sha256, with uv's
+# `uv pip compile` (after a change to pyproject.toml's requirements or constraints-dev.txt;
+# tests/unit/test_lockfile.py fails until the locks match them). uv reads no pip.conf: it gets pip's
+# configured find-links and extra indexes (this machine's torch CPU wheel lies in a find-links folder)
+# and, as pip does, takes the best version across all of them. uv keeps the versions a lock pins while
+# they still fit: `make lock LOCK_FLAGS=--upgrade` takes the newest of all, `--upgrade-package NAME` of one.
+LOCK_FLAGS ?=
+# A pip setting as pip takes it: its environment variable, else pip's configuration files.
+PIP_CONF   = $(or $($(2)),$(shell $(PIP) config get global.$(1) 2>/dev/null))
+UV_COMPILE = $(VENV)/bin/uv pip compile --quiet --generate-hashes --python $(PY) -c constraints-dev.txt $(LOCK_FLAGS) \
+	--index-strategy unsafe-best-match --custom-compile-command "make lock" \
+	$(addprefix --index-url ,$(call PIP_CONF,index-url,PIP_INDEX_URL)) \
+	$(addprefix --extra-index-url ,$(call PIP_CONF,extra-index-url,PIP_EXTRA_INDEX_URL)) \
+	$(addprefix --find-links ,$(call PIP_CONF,find-links,PIP_FIND_LINKS))
+
+lock: lock-tool
+	$(UV_COMPILE) pyproject.toml --extra all -o $(LOCK)
+	$(UV_COMPILE) pyproject.toml requirements-titan.in --extra loader --extra torchtitan -o $(TITAN_LOCK)
+
+# uv at constraints-dev.txt's version, into .venv: only `make lock` needs it.
+lock-tool:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PY) tools/lockfile.py write
+	$(PIP) install -q -c constraints-dev.txt uv
 
 # Debian's Chromium for the dashboard's browser tests (installed when missing and we are root).
 browser:

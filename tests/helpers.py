@@ -1,5 +1,6 @@
-"""What the tests share: one way to make and pack documents, one bounded wait, and the set-up of a
-real daemon + uvicorn on 127.0.0.1 for the API, client, status and dashboard tests.
+"""What the tests share: one way to make and pack documents, one bounded wait, the set-up of a
+real daemon + uvicorn on 127.0.0.1 for the API, client, status and dashboard tests, and the reading
+of the dev/test locks.
 
 Imported by name (``from helpers import pack``): ``tests/`` is on ``sys.path`` because of
 ``tests/conftest.py``. Test modules import this module or conftest, never each other.
@@ -7,6 +8,7 @@ Imported by name (``from helpers import pack``): ``tests/`` is on ``sys.path`` b
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -31,6 +33,31 @@ TOKEN_ENV = "FERRY_TEST_API_TOKEN"
 
 VOCAB = 1000
 EOS = VOCAB - 1  # make_docs never draws it, so every document reads back exactly as packed
+
+ROOT = Path(__file__).resolve().parents[1]
+DEV_LOCK = ROOT / "requirements-dev.lock"
+TITAN_LOCK = ROOT / "requirements-titan.lock"
+_LOCKED = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)((?:\s+--hash=sha256:[0-9a-f]{64})+)$")
+
+
+def normal_name(name: str) -> str:
+    """A distribution's name as pip compares it (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def locked_versions(text: str, lock: str = "lock") -> dict[str, str]:
+    """name → pinned version of a lock `make lock` wrote: every requirement (a backslash at the end of
+    a line continues it, as pip reads it) must be ``name==version`` with one or more ``--hash=sha256:…``."""
+    pins: dict[str, str] = {}
+    for raw in text.replace("\\\n", " ").splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _LOCKED.match(line)
+        if m is None:
+            raise ValueError(f"{lock}: not 'name==version --hash=sha256:…': {line!r}")
+        pins[normal_name(m.group(1))] = m.group(2)
+    return pins
 
 
 def make_docs(n_docs: int, seed: int = 0, vocab: int = VOCAB) -> list[np.ndarray]:

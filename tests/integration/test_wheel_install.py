@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.lockfile import LOCK, read_lock
+from tests.helpers import DEV_LOCK, locked_versions
 
 ROOT = Path(__file__).resolve().parents[2]
 GENERIC = ("client", "service", "shard_tools")
@@ -61,7 +61,7 @@ def test_a_fresh_environment_packs_and_trains_from_the_wheel(wheel: Path, tmp_pa
     venv.create(env_dir, with_pip=True)
     py, ferry = env_dir / "bin" / "python", env_dir / "bin" / "ferry"
     pins = tmp_path / "pins.txt"  # the lock's versions, without hashes: the wheel itself has none there
-    pins.write_text("".join(f"{n}=={v}\n" for n, v in read_lock(LOCK.read_text()).items()))
+    pins.write_text("".join(f"{n}=={v}\n" for n, v in locked_versions(DEV_LOCK.read_text()).items()))
     run(py, "-m", "pip", "install", "--quiet", "--no-compile", "-c", pins, wheel, cwd=work)
 
     assert "pack" in run(ferry, "--help", cwd=work)
