@@ -268,7 +268,8 @@ class Replicas:
             return b""
 
         def exact(i: int, data: bytes) -> None:
-            if len(data) != length:
+            self._ranged(i, rel, start, start + length, data)
+            if len(data) < length:
                 raise ShardError(rel, f"{self.names[i]} returned {len(data)} of bytes [{start}, {start + length})")
             if check is not None:
                 check(data)
@@ -279,6 +280,16 @@ class Replicas:
             if lost.missing == len(lost.errors):
                 raise ShardMissingError(rel, "no replica has it: " + self._lost(lost)) from None
             raise StorageError(f"cannot read bytes [{start}, {start + length}) of {rel}: {self._lost(lost)}") from None
+
+    def _ranged(self, i: int, rel: str, start: int, end: int, data: bytes) -> None:
+        """ShardError unless the answer to a read of bytes ``[start, end)`` is at most ``end - start`` bytes:
+        a server without Range support answers each with the whole object."""
+        if len(data) > end - start:
+            raise ShardError(
+                rel,
+                f"{self.names[i]} answered a read of bytes [{start}, {end}) with {len(data)} bytes: it ignores Range "
+                "requests (serve the dataset from a server or store that supports them)",
+            )
 
     # --- manifests ------------------------------------------------------------------------------------------
 
@@ -380,7 +391,10 @@ class Replicas:
         pending: list[Future[tuple[int, bytes]]] = []
 
         def part_of(a: int, b: int) -> tuple[int, bytes]:
-            return self._read(info.path, (a, b), b - a, self._order, exclude=exclude)
+            def ranged(i: int, data: bytes) -> None:
+                self._ranged(i, info.path, a, b, data)
+
+            return self._read(info.path, (a, b), b - a, self._order, check=ranged, exclude=exclude)
 
         try:
             for k in range(len(spans)):
