@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 import zstandard
 
 from shard_tools.digest import Hasher
-from shard_tools.errors import ShardDigestError, ShardFormatError, UsageError
+from shard_tools.errors import FerryError, ShardDigestError, ShardFormatError, UsageError
 from shard_tools.format import MAX_EXPANSION
 from shard_tools.manifest import ShardInfo
 from shard_tools.store import Location
@@ -179,7 +179,7 @@ def race(
                 except Exception as exc:  # noqa: BLE001 — every failure of one replica is a reason to try the next
                     kind = on_error(att.replica, exc, elapsed)
                     missing += kind == "missing"
-                    errors.append((att.replica, f"{'missing' if kind == 'missing' else exc}"))
+                    errors.append((att.replica, "missing" if kind == "missing" else _text(exc)))
                     kinds.add(type(exc))
             if done:
                 continue
@@ -204,6 +204,12 @@ def race(
         unanswered = sorted({a.replica for a in running.values() if a.deadline == float("inf")} - {winner})
         if unanswered and on_unanswered is not None:
             on_unanswered(unanswered)
+
+
+def _text(exc: BaseException) -> str:
+    """A failed attempt in words: a ferry error's message; another's with its class, which often says more
+    than the message (aiohttp's ``TooManyRedirects`` reads ``0, message='', url=...``)."""
+    return str(exc) if isinstance(exc, FerryError) else f"{type(exc).__name__}: {exc}"
 
 
 class _RawOut:

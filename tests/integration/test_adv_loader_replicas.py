@@ -197,3 +197,14 @@ def test_a_replica_that_ignores_range_requests_is_named_as_such(root: Path, tmp_
         finally:
             srv.close()
         assert "corrupt" not in str(err.value) and "longer than" not in str(err.value)
+
+
+def test_a_replica_redirecting_in_a_loop_is_named_as_such(root: Path, tmp_path: Path) -> None:
+    """The storage library's error says only '0, message=...' for it: its class names the cause."""
+    srv = Replica(root, "redirect")
+    try:
+        with pytest.raises(ShardError) as err:
+            _epoch(srv.url("ds"), tmp_path)
+    finally:
+        srv.close()
+    assert "redirect" in str(err.value).lower()
