@@ -102,7 +102,10 @@ class Replicas:
         else:
             plain = isinstance(storage_options, Sequence) and not isinstance(storage_options, (str, bytes))
             if not plain or not all(isinstance(o, Mapping) for o in storage_options):
-                raise UsageError(f"storage_options must be a mapping or a list of them, got {show(storage_options)}")
+                # by type only: the value is likely to hold keys and secrets (a JSON string of the mapping)
+                names = [type(o).__name__ for o in storage_options] if plain else [type(storage_options).__name__]
+                kinds = f"a list of {', '.join(names[:8])}" if plain else f"a value of type {names[0]}"
+                raise UsageError(f"storage_options must be a mapping or a list of them, got {kinds}")
             self.options = [dict(o) for o in storage_options]
             if len(self.options) != len(self.urls):
                 raise UsageError(

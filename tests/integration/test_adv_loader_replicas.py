@@ -208,3 +208,19 @@ def test_a_replica_redirecting_in_a_loop_is_named_as_such(root: Path, tmp_path: 
     finally:
         srv.close()
     assert "redirect" in str(err.value).lower()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        json.dumps({"key": "AKIAEXAMPLE", "secret": SECRET}),  # the JSON text instead of the mapping
+        [{"key": "AKIAEXAMPLE"}, f"secret={SECRET}"],
+        ("secret", SECRET),
+    ],
+)
+def test_malformed_storage_options_are_refused_without_printing_them(
+    good: Replica, tmp_path: Path, options: Any
+) -> None:
+    with pytest.raises(UsageError, match="storage_options must be a mapping") as err:
+        TokenDataset([good.url("ds"), good.url("ds")], seq_len=SEQ, storage_options=options, cache_dir=str(tmp_path))
+    assert SECRET not in str(err.value) and "AKIAEXAMPLE" not in str(err.value)
