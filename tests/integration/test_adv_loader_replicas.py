@@ -224,3 +224,29 @@ def test_malformed_storage_options_are_refused_without_printing_them(
     with pytest.raises(UsageError, match="storage_options must be a mapping") as err:
         TokenDataset([good.url("ds"), good.url("ds")], seq_len=SEQ, storage_options=options, cache_dir=str(tmp_path))
     assert SECRET not in str(err.value) and "AKIAEXAMPLE" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"deadline_floor": float("inf")},
+        {"deadline_slack": float("inf")},
+        {"prior_latency": float("inf")},
+        {"prior_rate": float("inf")},
+        {"deadline_floor": 1e300},
+        {"prior_rate": 1e-300},
+    ],
+)
+def test_fetch_options_without_a_finite_deadline_are_usage_errors(good: Replica, tmp_path: Path, option: Any) -> None:
+    """They made every read raise OverflowError (or would wait for ever on a hung replica)."""
+    with pytest.raises(UsageError, match=f"fetch.{next(iter(option))}"):
+        TokenDataset(good.url("ds"), seq_len=SEQ, cache_dir=str(tmp_path), fetch=option)
+
+
+def test_the_largest_fetch_options_still_read(good: Replica, root: Path, tmp_path: Path) -> None:
+    """Deadlines past what a thread can wait for are waited for as long as it can, not an OverflowError."""
+    limits = {"deadline_floor": 1e6, "deadline_slack": 1e6, "prior_latency": 1e6, "prior_rate": 1.0}
+    ds = TokenDataset(good.url("ds"), seq_len=SEQ, shuffle="none", cache_dir=str(tmp_path), fetch=limits)
+    rows = np.concatenate([b["input_ids"].numpy() for b in TokenLoader(ds, batch_size=8)])
+    want = token_stream(str(root / "ds"))[: len(rows) * SEQ].reshape(-1, SEQ)
+    assert np.array_equal(rows, want)
