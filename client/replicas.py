@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, BinaryIO
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from shard_tools.digest import digest_bytes
 from shard_tools.errors import (
@@ -57,7 +57,17 @@ def shown(url: str) -> str:
         return re.sub(r"^([^:/?#]+://)[^/?#]*@", r"\1", url).partition("?")[0].partition("#")[0]
     if len(parts.scheme) < 2 or not (parts.netloc and "@" in parts.netloc or parts.query or parts.fragment):
         return url  # a plain (or Windows) path, or nothing to hide
-    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+    return urlunsplit((parts.scheme, _host(parts), parts.path, "", ""))
+
+
+# Azure URLs name the container before the "@" (abfs://container@account.dfs.core.windows.net/path)
+_CONTAINER_AT = {"abfs", "abfss", "az", "wasb", "wasbs"}
+
+
+def _host(parts: SplitResult) -> str:
+    """The netloc without user info (an Azure container name, without a ":", stays)."""
+    user, at, host = parts.netloc.rpartition("@")
+    return parts.netloc if at and parts.scheme.lower() in _CONTAINER_AT and ":" not in user else host
 
 
 def _secrets(url: str) -> list[str]:
@@ -68,7 +78,8 @@ def _secrets(url: str) -> list[str]:
         return []  # its shown form already leaves them out; text quoting it whole is replaced whole
     if len(parts.scheme) < 2:
         return []
-    hidden = [parts.netloc.rpartition("@")[0] if "@" in parts.netloc else "", parts.password or "", parts.query]
+    user = parts.netloc[: len(parts.netloc) - len(_host(parts))].rstrip("@")
+    hidden = [user, parts.password or "", parts.query]
     return sorted({h for h in hidden if len(h) >= 4}, key=len, reverse=True)  # shorter ones: too common to cut
 
 

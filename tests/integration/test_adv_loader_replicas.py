@@ -19,6 +19,7 @@ import pytest
 from scripts.loader_common import pack_test_dataset, token_stream
 
 from client import TokenDataset, TokenLoader
+from client.replicas import shown
 from shard_tools.errors import DatasetError, FerryError, ShardError, UsageError
 
 FAST = {"part_size": 4096, "connections": 4, "deadline_floor": 0.3, "deadline_slack": 1.0}
@@ -250,3 +251,21 @@ def test_the_largest_fetch_options_still_read(good: Replica, root: Path, tmp_pat
     rows = np.concatenate([b["input_ids"].numpy() for b in TokenLoader(ds, batch_size=8)])
     want = token_stream(str(root / "ds"))[: len(rows) * SEQ].reshape(-1, SEQ)
     assert np.array_equal(rows, want)
+
+
+@pytest.mark.parametrize(
+    ("url", "printed"),
+    [
+        (f"https://alice:{SECRET}@host:8443/ds?{TOKEN}#frag", "https://host:8443/ds"),
+        ("https://ghp_tokenonly@host/ds", "https://host/ds"),
+        (f"s3://AKIAEXAMPLE:{SECRET}@bucket/ds", "s3://bucket/ds"),
+        (f"az://container/ds?sv=2024&{TOKEN}", "az://container/ds"),  # an Azure SAS token
+        ("abfs://container@account.dfs.core.windows.net/ds", "abfs://container@account.dfs.core.windows.net/ds"),
+        (f"abfs://key:{SECRET}@account/ds", "abfs://account/ds"),
+        (f"http://alice:{SECRET}@[::1/ds?{TOKEN}", "http://[::1/ds"),  # not even a valid URL
+        ("s3://bucket/ds", "s3://bucket/ds"),
+        ("/data/ds@2024?", "/data/ds@2024?"),  # a path is a path
+    ],
+)
+def test_a_url_is_printed_without_its_credentials(url: str, printed: str) -> None:
+    assert shown(url) == printed
