@@ -269,3 +269,22 @@ def test_the_largest_fetch_options_still_read(good: Replica, root: Path, tmp_pat
 )
 def test_a_url_is_printed_without_its_credentials(url: str, printed: str) -> None:
     assert shown(url) == printed
+
+
+def test_a_state_that_names_a_url_with_credentials_does_not_pass_them_on(good: Replica, tmp_path: Path) -> None:
+    """A mixture's plan written before URLs were printed without credentials: loading it, describing it
+    and saving the next state show the URL without them."""
+    from client.state_cli import describe
+
+    ds = TokenDataset(good.url("ds", auth=True), seq_len=SEQ, cache_dir=str(tmp_path))
+    loader = TokenLoader(TokenDataset.mix([ds, ds], [(0, [1, 1]), (8, [1, 2])]), batch_size=2)
+    batches = iter(loader)
+    next(batches)
+    old = loader.state_dict()
+    for source in old["plan"]["sources"]:
+        source[1] = good.url("ds", auth=True)  # as an older ferry wrote it
+    resumed = TokenLoader(TokenDataset.mix([ds, ds], [(0, [1, 1]), (8, [1, 2])]), batch_size=2)
+    resumed.load_state_dict(old)
+    next(iter(resumed))
+    for text in (json.dumps(resumed.state_dict()), "\n".join(describe(old))):
+        assert SECRET not in text and good.url("ds") in text
