@@ -12,6 +12,7 @@ import pytest
 from scripts.loader_common import pack_test_dataset
 
 from client import TokenDataset, TokenLoader
+from client.mixing import MixSchedule
 from shard_tools.errors import StateError, UsageError
 
 SCHEDULE = [(0, [1, 1]), (50, [1, 2])]
@@ -52,3 +53,19 @@ def test_a_saved_plan_with_a_phase_past_every_stream_position_is_a_state_error(
     state["plan"]["phases"].append([start, [1, 1]])
     with pytest.raises(StateError, match="plan phases"):
         _mixture(urls, tmp_path).load_state_dict(state, strict=strict)
+
+
+def test_too_many_sources_is_said_so_in_one_short_line() -> None:
+    with pytest.raises(UsageError, match="at most 4096 sources") as err:
+        MixSchedule([1] * 5000)
+    assert len(str(err.value)) < 300
+
+
+def test_a_weight_too_small_for_the_period_is_named_in_one_short_line() -> None:
+    """3 : 0.001 is within 1:4096, but 0.001 of a sum of 13.001 is not: the message names that weight."""
+    with pytest.raises(UsageError, match=r"0\.001 is below 1/4096 of the weights' sum 13\.001") as err:
+        MixSchedule([3, 0.001, *[1] * 10])
+    assert len(str(err.value)) < 300
+    with pytest.raises(UsageError, match="differ by more than") as err:
+        MixSchedule([*[1.0] * 2000, 1e-6])
+    assert len(str(err.value)) < 300
