@@ -69,3 +69,12 @@ def test_a_weight_too_small_for_the_period_is_named_in_one_short_line() -> None:
     with pytest.raises(UsageError, match="differ by more than") as err:
         MixSchedule([*[1.0] * 2000, 1e-6])
     assert len(str(err.value)) < 300
+
+
+def test_a_state_of_another_long_schedule_is_refused_in_one_short_line(urls: list[str], tmp_path: Path) -> None:
+    long = [(k * 10, [1 + k % 3, 1]) for k in range(4096)]
+    loader = _mixture(urls, tmp_path, long)
+    next(iter(loader))
+    with pytest.raises(StateError, match="weights .* differ") as err:
+        _mixture(urls, tmp_path, [1, 1]).load_state_dict(loader.state_dict())
+    assert len(str(err.value)) < 600
