@@ -120,7 +120,7 @@ class TokenDataset(SampleSource):
         else:
             self.num_samples = int(shards.documents.sum())
         if self.num_samples == 0:
-            url, length = self.replicas.urls[0], self.seq_len
+            url, length = self.replicas.names[0], self.seq_len
             raise DatasetError(f"dataset {url} has {total_tokens} tokens: not one sample of seq_len {length} + 1")
         self._first = self._first_samples()
         self.order: SampleOrder = make_order(self.shuffle, self._first, self.seed, self.window)
@@ -135,7 +135,7 @@ class TokenDataset(SampleSource):
 
     def __repr__(self) -> str:
         return (
-            f"TokenDataset({self.replicas.urls[0]!r}, version={self.manifest.version_id}, seq_len={self.seq_len}, "
+            f"TokenDataset({self.replicas.names[0]!r}, version={self.manifest.version_id}, seq_len={self.seq_len}, "
             f"samples={self.num_samples}, shuffle={self.shuffle!r}, mode={self.mode!r})"
         )
 
@@ -151,7 +151,7 @@ class TokenDataset(SampleSource):
             return tokenizer.eos_id if tokenizer.eos_id is not None else 0
         if pad_id >= tokenizer.vocab_size:
             raise UsageError(
-                f"pad_id {pad_id} is not below the vocab_size {tokenizer.vocab_size} of {self.replicas.urls[0]}; "
+                f"pad_id {pad_id} is not below the vocab_size {tokenizer.vocab_size} of {self.replicas.names[0]}; "
                 "pass an id of the vocabulary (or none for the EOS id)"
             )
         return pad_id
@@ -169,7 +169,7 @@ class TokenDataset(SampleSource):
 
     @property
     def url(self) -> str | None:
-        return self.replicas.urls[0]
+        return self.replicas.names[0]
 
     @property
     def version_id(self) -> str:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
@@ -23,7 +24,7 @@ from typing import Any, BinaryIO
 import zstandard
 
 from ferry.shard_tools.digest import Hasher, raw_hasher
-from ferry.shard_tools.errors import ShardDigestError, ShardFormatError, UsageError
+from ferry.shard_tools.errors import FerryError, ShardDigestError, ShardFormatError, UsageError
 from ferry.shard_tools.format import MAX_EXPANSION
 from ferry.shard_tools.manifest import ShardInfo
 from ferry.shard_tools.store import Location
@@ -50,6 +51,8 @@ class FetchOptions:
     deadline_floor, deadline_slack: a request's deadline is ``floor + slack * expected`` seconds
         (2 s and 4x: a healthy request on a jittery link is not hedged, a hung one costs ~2 s).
     prior_rate, prior_latency: assumed per-connection rate (bytes/s) and round trip before measurements.
+
+    Each real-valued option lies in a range (``_FLOAT_RANGE``) that keeps every deadline finite.
     """
 
     part_size: int = 4 << 20
@@ -81,10 +84,20 @@ class FetchOptions:
                 if out[key] < low:
                     raise UsageError(f"fetch.{key} must be at least {low}, got {v}")
             else:
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                    raise UsageError(f"fetch.{key} must be a positive number, got {checks.show(v)}")
+                lo, hi = _FLOAT_RANGE[key]
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+                    raise UsageError(f"fetch.{key} must be a number in [{lo:g}, {hi:g}], got {checks.show(v)}")
                 out[key] = float(v)
         return cls(**out)
+
+
+# the range of each real-valued option: every deadline stays a finite number of seconds
+_FLOAT_RANGE = {
+    "deadline_floor": (1e-3, 1e6),
+    "deadline_slack": (1e-3, 1e6),
+    "prior_rate": (1.0, 1e15),
+    "prior_latency": (1e-6, 1e6),
+}
 
 
 class Link:
@@ -165,9 +178,8 @@ def race(
             if not running:
                 break
             newest = max(running.values(), key=lambda a: a.started)
-            done, _ = wait(
-                list(running), timeout=max(0.0, newest.deadline - time.monotonic()), return_when=FIRST_COMPLETED
-            )
+            left = min(max(0.0, newest.deadline - time.monotonic()), threading.TIMEOUT_MAX)  # a wait has a limit
+            done, _ = wait(list(running), timeout=left, return_when=FIRST_COMPLETED)
             for fut in done:
                 att = running.pop(fut)
                 elapsed = time.monotonic() - att.started
@@ -179,7 +191,7 @@ def race(
                 except Exception as exc:  # noqa: BLE001 — every failure of one replica is a reason to try the next
                     kind = on_error(att.replica, exc, elapsed)
                     missing += kind == "missing"
-                    errors.append((att.replica, f"{'missing' if kind == 'missing' else exc}"))
+                    errors.append((att.replica, "missing" if kind == "missing" else _text(exc)))
                     kinds.add(type(exc))
             if done:
                 continue
@@ -204,6 +216,12 @@ def race(
         unanswered = sorted({a.replica for a in running.values() if a.deadline == float("inf")} - {winner})
         if unanswered and on_unanswered is not None:
             on_unanswered(unanswered)
+
+
+def _text(exc: BaseException) -> str:
+    """A failed attempt in words: a ferry error's message; another's with its class, which often says more
+    than the message (aiohttp's ``TooManyRedirects`` reads ``0, message='', url=...``)."""
+    return str(exc) if isinstance(exc, FerryError) else f"{type(exc).__name__}: {exc}"
 
 
 class _RawOut:

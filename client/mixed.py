@@ -13,7 +13,7 @@ from ferry.shard_tools.errors import InvalidValueError, StateError, UsageError
 from .checks import show
 from .mixing import check_weights
 from .replan import merge_plan, source_keys
-from .schedule import Schedule
+from .schedule import MAX_START, Schedule
 from .source import SampleSource
 
 __all__ = ["MixedDataset"]
@@ -237,8 +237,8 @@ def _phases(datasets: Any, weights: Any) -> list[tuple[int, list[float]]]:
 
 
 def _start(value: Any) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise UsageError(f"a phase starts at a global sample number (an integer >= 0), got {show(value)}")
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not 0 <= value < MAX_START:
+        raise UsageError(f"a phase starts at a global sample number (an integer in [0, 2**62)), got {show(value)}")
     return int(value)
 
 

@@ -60,12 +60,12 @@ class MixSchedule:
         if not weights:
             raise InvalidValueError("mixing needs at least one source")
         weights = check_weights(weights)
+        if len(weights) > MAX_PERIOD:
+            raise InvalidValueError(f"a mixture has at most {MAX_PERIOD} sources, got {len(weights)}")
         total = sum(Fraction(w) for w in weights)
         fracs = [(Fraction(w) / total).limit_denominator(MAX_PERIOD) for w in weights]
         if min(fracs) == 0:
-            raise InvalidValueError(
-                f"weights {list(weights)} differ by more than 1:{MAX_PERIOD}; that is not supported"
-            )
+            raise InvalidValueError(_too_small(weights, fracs.index(min(fracs))))
         period = 1
         for f in fracs:
             period = period * f.denominator // math.gcd(period, f.denominator)
@@ -82,7 +82,7 @@ class MixSchedule:
             # the limited fractions may not sum to one exactly; settle the difference on the largest
             quota[int(np.argmax(quota))] += period - sum(quota)
         if min(quota) <= 0:
-            raise InvalidValueError(f"weight too small to be represented with period {period}: {list(weights)}")
+            raise InvalidValueError(_too_small(weights, quota.index(min(quota))))
         self.period = period
         self.quota = np.asarray(quota, dtype=np.int64)
         self.source, self.rank = _lay_out(quota, period)
@@ -109,6 +109,13 @@ class MixSchedule:
         cycle, offset = np.divmod(pos, self.period)
         src = self.source[offset]
         return src, cycle * self.quota[src] + self.rank[offset]
+
+
+def _too_small(weights: Sequence[float], j: int) -> str:
+    return (
+        f"mixing weight {weights[j]:g} is below 1/{MAX_PERIOD} of the weights' sum {sum(weights):g}: weights that "
+        f"differ by more than about 1:{MAX_PERIOD} are not supported, got {_show(weights)}"
+    )
 
 
 def _lay_out(quota: list[int], period: int) -> tuple[np.ndarray, np.ndarray]:

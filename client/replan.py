@@ -17,6 +17,7 @@ from typing import Any
 
 from ferry.shard_tools.errors import StateError
 
+from .checks import show
 from .source import SampleSource
 from .state import SavedState, fingerprint
 
@@ -101,13 +102,19 @@ def mixture_difference(plan: dict[str, Any], identity: dict[str, Any]) -> str:
     gone = [k for k in live if k not in keys]
     if added:
         named = [_describe(i) for k, i in zip(keys, identity["sources"], strict=True) if k in added]
-        parts.append("sources added: " + ", ".join(named))
+        parts.append("sources added: " + _few(named))
     if gone:
-        parts.append("sources removed: " + ", ".join(_describe(old[k]["identity"]) for k in gone))
+        parts.append("sources removed: " + _few([_describe(old[k]["identity"]) for k in gone]))
     if not parts:
         was = [p[1] for p in plan["phases"] if p[0] >= anchor]
-        parts.append(f"weights (quota per source) differ: state {was}, loader {_config_quotas(identity)}")
+        parts.append(f"weights (quota per source) differ: state {show(was)}, loader {show(_config_quotas(identity))}")
     return "the loader's mixture differs from the state's: " + "; ".join(parts)
+
+
+def _few(items: Sequence[str], limit: int = 4) -> str:
+    """The first ``limit`` items, and how many more (a message stays one short line)."""
+    more = f" and {len(items) - limit} more" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
 
 
 def _config_quotas(identity: dict[str, Any]) -> list[list[int]]:

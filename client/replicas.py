@@ -8,17 +8,21 @@ last for later reads of the same kind; one that merely lacks an object (a partia
 daemon's destination still being filled, which may have no manifest yet) keeps its place, so shards it
 holds keep being read from it. Every stored shard is checked against the manifest (size, stored digest,
 decompressed size and raw digest) as it streams into the cache. Filesystems, thread pools and
-connections are per process, so the object can be pickled into DataLoader workers.
+connections are per process, so the object can be pickled into DataLoader workers. A URL is printed (in
+errors, stats and states) as :func:`shown` makes it: without the user info and query string a URL may
+carry credentials in.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, BinaryIO
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from ferry.shard_tools.digest import digest_bytes
 from ferry.shard_tools.errors import (
@@ -39,9 +43,44 @@ from .fetch import FetchOptions, Link, Missing, RaceLost, ShardSink, race, start
 from .pools import DaemonPool
 from .stats import COUNTERS
 
-__all__ = ["Replicas"]
+__all__ = ["Replicas", "shown"]
 
 _MANIFEST_HINT = 1 << 20  # a manifest header is read as one ranged GET of this many bytes (it is far smaller)
+
+
+def shown(url: str) -> str:
+    """``url`` as ferry prints it: without user info (``user:password@``), query string or fragment, where
+    credentials and tokens go (``https://user:pw@host/ds?token=...`` is shown as ``https://host/ds``)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # e.g. an unclosed IPv6 bracket: cut what may hide a secret without parsing
+        return re.sub(r"^([^:/?#]+://)[^/?#]*@", r"\1", url).partition("?")[0].partition("#")[0]
+    if len(parts.scheme) < 2 or not (parts.netloc and "@" in parts.netloc or parts.query or parts.fragment):
+        return url  # a plain (or Windows) path, or nothing to hide
+    return urlunsplit((parts.scheme, _host(parts), parts.path, "", ""))
+
+
+# Azure URLs name the container before the "@" (abfs://container@account.dfs.core.windows.net/path)
+_CONTAINER_AT = {"abfs", "abfss", "az", "wasb", "wasbs"}
+
+
+def _host(parts: SplitResult) -> str:
+    """The netloc without user info (an Azure container name, without a ":", stays)."""
+    user, at, host = parts.netloc.rpartition("@")
+    return parts.netloc if at and parts.scheme.lower() in _CONTAINER_AT and ":" not in user else host
+
+
+def _secrets(url: str) -> list[str]:
+    """The user info, password and query string of ``url`` (longest first), to scrub from other text."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return []  # its shown form already leaves them out; text quoting it whole is replaced whole
+    if len(parts.scheme) < 2:
+        return []
+    user = parts.netloc[: len(parts.netloc) - len(_host(parts))].rstrip("@")
+    hidden = [user, parts.password or "", parts.query]
+    return sorted({h for h in hidden if len(h) >= 4}, key=len, reverse=True)  # shorter ones: too common to cut
 
 
 class _Pools:
@@ -68,12 +107,16 @@ class Replicas:
         fetch: FetchOptions | Mapping[str, Any] | None = None,
     ) -> None:
         self.urls = _urls(urls)
+        self.names = [shown(u) for u in self.urls]  # what errors, stats and states show of each URL
         if storage_options is None or isinstance(storage_options, Mapping):
             self.options = [dict(storage_options or {}) for _ in self.urls]
         else:
             plain = isinstance(storage_options, Sequence) and not isinstance(storage_options, (str, bytes))
             if not plain or not all(isinstance(o, Mapping) for o in storage_options):
-                raise UsageError(f"storage_options must be a mapping or a list of them, got {show(storage_options)}")
+                # by type only: the value is likely to hold keys and secrets (a JSON string of the mapping)
+                names = [type(o).__name__ for o in storage_options] if plain else [type(storage_options).__name__]
+                kinds = f"a list of {', '.join(names[:8])}" if plain else f"a value of type {names[0]}"
+                raise UsageError(f"storage_options must be a mapping or a list of them, got {kinds}")
             self.options = [dict(o) for o in storage_options]
             if len(self.options) != len(self.urls):
                 raise UsageError(
@@ -187,32 +230,42 @@ class Replicas:
                 if check is not None:
                     check(i, data)
             except Exception:
-                COUNTERS.request(self.urls[i], len(data), elapsed, "failed")
+                COUNTERS.request(self.names[i], len(data), elapsed, "failed")
                 raise
-            COUNTERS.request(self.urls[i], len(data), elapsed, "ok")
+            COUNTERS.request(self.names[i], len(data), elapsed, "ok")
             self._links[i].observe(len(data), elapsed)
             if i in self._hung:
                 with self._lock:
                     self._hung.discard(i)
 
         def hedge(i: int) -> None:
-            COUNTERS.hedged(self.urls[i])
+            COUNTERS.hedged(self.names[i])
             self._demote(i)
 
         def failed(i: int, exc: BaseException, elapsed: float) -> str:
             if isinstance(exc, (FileNotFoundError, Missing)):
-                COUNTERS.request(self.urls[i], 0, elapsed, "missing")
+                COUNTERS.request(self.names[i], 0, elapsed, "missing")
                 return "missing"
             if not isinstance(exc, (ShardError, ManifestError)):  # a bad answer was counted by good()
-                COUNTERS.request(self.urls[i], 0, elapsed, "failed")
+                COUNTERS.request(self.names[i], 0, elapsed, "failed")
             self._demote(i, order)
             return "failed"
 
         spare = tries[0] if len(tries) == 1 else None
         return race(tries, begin, deadline, good, hedge, failed, spare, self._unanswered)
 
+    def scrub(self, text: str) -> str:
+        """``text`` (e.g. a storage library's error, which may quote a URL whole) with every replica URL as
+        :func:`shown` prints it and their credentials left out."""
+        for url, name in zip(self.urls, self.names, strict=True):
+            if url != name:
+                text = text.replace(url, name)
+                for secret in _secrets(url):
+                    text = text.replace(secret, "***")
+        return text
+
     def _lost(self, lost: RaceLost) -> str:
-        return "; ".join(f"{self.urls[i]}: {text}" for i, text in lost.errors)
+        return self.scrub("; ".join(f"{self.names[i]}: {text}" for i, text in lost.errors))
 
     def read_range(
         self, path_or_info: str | ShardInfo, start: int, length: int, *, check: Callable[[bytes], None] | None = None
@@ -229,8 +282,9 @@ class Replicas:
             return b""
 
         def exact(i: int, data: bytes) -> None:
-            if len(data) != length:
-                raise ShardError(rel, f"{self.urls[i]} returned {len(data)} of bytes [{start}, {start + length})")
+            self._ranged(i, rel, start, start + length, data)
+            if len(data) < length:
+                raise ShardError(rel, f"{self.names[i]} returned {len(data)} of bytes [{start}, {start + length})")
             if check is not None:
                 check(data)
 
@@ -240,6 +294,16 @@ class Replicas:
             if lost.missing == len(lost.errors):
                 raise ShardMissingError(rel, "no replica has it: " + self._lost(lost)) from None
             raise StorageError(f"cannot read bytes [{start}, {start + length}) of {rel}: {self._lost(lost)}") from None
+
+    def _ranged(self, i: int, rel: str, start: int, end: int, data: bytes) -> None:
+        """ShardError unless the answer to a read of bytes ``[start, end)`` is at most ``end - start`` bytes:
+        a server without Range support answers each with the whole object."""
+        if len(data) > end - start:
+            raise ShardError(
+                rel,
+                f"{self.names[i]} answered a read of bytes [{start}, {end}) with {len(data)} bytes: it ignores Range "
+                "requests (serve the dataset from a server or store that supports them)",
+            )
 
     # --- manifests ------------------------------------------------------------------------------------------
 
@@ -251,9 +315,9 @@ class Replicas:
         except RaceLost as lost:
             if lost.missing == len(lost.errors):
                 what = (
-                    f"no ferry dataset at any of {self.urls}"
+                    f"no ferry dataset at any of {self.names}"
                     if version is None
-                    else f"version {version} is not published at any of {self.urls}"
+                    else f"version {version} is not published at any of {self.names}"
                 )
                 raise DatasetNotFoundError(f"{what}: {self._lost(lost)}") from None
             raise DatasetError(f"cannot read the dataset manifest from any replica: {self._lost(lost)}") from None
@@ -318,7 +382,7 @@ class Replicas:
                 COUNTERS.add("cache", "shards_fetched", 1)
                 return
             except ShardError as exc:
-                errors.append(f"{'+'.join(self.urls[i] for i in sorted(used))}: {exc}")
+                errors.append(self.scrub(f"{'+'.join(self.names[i] for i in sorted(used))}: {exc}"))
                 kinds.add(type(exc))
             except RaceLost as lost:
                 errors.append(self._lost(lost))
@@ -341,7 +405,10 @@ class Replicas:
         pending: list[Future[tuple[int, bytes]]] = []
 
         def part_of(a: int, b: int) -> tuple[int, bytes]:
-            return self._read(info.path, (a, b), b - a, self._order, exclude=exclude)
+            def ranged(i: int, data: bytes) -> None:
+                self._ranged(i, info.path, a, b, data)
+
+            return self._read(info.path, (a, b), b - a, self._order, check=ranged, exclude=exclude)
 
         try:
             for k in range(len(spans)):
@@ -354,7 +421,7 @@ class Replicas:
                 if len(data) < want:
                     raise ShardError(
                         info.path,
-                        f"{self.urls[i]} returned {len(data)} of {want} bytes at {spans[k][0]} (truncated copy)",
+                        f"{self.names[i]} returned {len(data)} of {want} bytes at {spans[k][0]} (truncated copy)",
                     )
                 sink.feed(data)
             sink.finish()
@@ -368,5 +435,8 @@ def _urls(urls: Any) -> list[str]:
     many = isinstance(urls, Sequence) and not isinstance(urls, (str, bytes))
     out = [os.fspath(u) if isinstance(u, os.PathLike) else u for u in (urls if many else [urls])]
     if not out or not all(isinstance(u, str) and u.strip() and "\0" not in u for u in out):
-        raise UsageError(f"url must be a dataset URL or a non-empty list of them, got {show(urls)}")
+        hidden = [shown(u) if isinstance(u, str) else u for u in (urls if many else [urls])]
+        raise UsageError(
+            f"url must be a dataset URL or a non-empty list of them, got {show(hidden if many else hidden[0])}"
+        )
     return out

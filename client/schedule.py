@@ -20,9 +20,10 @@ import numpy as np
 
 from .mixing import MAX_PERIOD, MixSchedule
 
-__all__ = ["Schedule", "MAX_PHASES", "quota_of"]
+__all__ = ["Schedule", "MAX_PHASES", "MAX_START", "quota_of"]
 
 MAX_PHASES = 4096
+MAX_START = 2**62  # exclusive bound of a phase's start: a stream position (as ferry.client.state.MAX_POSITION)
 Phases = Sequence[tuple[int, Sequence[int]]]
 
 
@@ -129,7 +130,8 @@ class Schedule:
 
 
 def _check(phases: Phases) -> None:
-    """ValueError unless: 1..MAX_PHASES phases, starts strictly increasing from 0, equal widths, exact quotas."""
+    """ValueError unless: 1..MAX_PHASES phases, starts strictly increasing from 0 and below MAX_START, equal
+    widths, exact quotas."""
     if not isinstance(phases, Sequence) or not 0 < len(phases) <= MAX_PHASES:
         raise ValueError(f"a schedule has 1 to {MAX_PHASES} phases")
     width = None
@@ -137,6 +139,8 @@ def _check(phases: Phases) -> None:
     for start, quota in phases:
         if not _is_int(start) or start <= last or (last < 0 and start != 0):
             raise ValueError(f"phase starts must be integers increasing from 0, got {start!r} after {last}")
+        if start >= MAX_START:
+            raise ValueError(f"a phase starts at a stream position below 2**62, got {start!r}")
         last = start
         if width is None:
             width = len(quota)

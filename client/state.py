@@ -14,7 +14,8 @@ only load into a loader with the same number of sources or skips):
 
 - ``position``: global samples delivered over the whole run (``epoch``/``consumed`` then only
   describe it; after a skip ``consumed`` may exceed an epoch);
-- ``plan``: a mixture's sources ``[key, url, identity as canonical JSON, eras]`` (key = fingerprint of
+- ``plan``: a mixture's sources ``[key, url, identity as canonical JSON, eras]`` (url as
+  :func:`ferry.client.replicas.shown` prints it, without credentials; key = fingerprint of
   the identity plus ``#k`` for its ``k``-th occurrence; eras as below, for a source continued on a
   newer version) and its phases ``[start, quota per source]`` over the
   whole run; ``anchor`` is where the last re-plan happened (phases from it on are the loader's own
@@ -43,6 +44,7 @@ from ferry.shard_tools.errors import StateError
 
 from .checks import COUNT_LIMIT, SEED_LIMIT, bound, show
 from .mixing import MAX_PERIOD
+from .replicas import shown
 from .schedule import MAX_PHASES
 
 __all__ = ["STATE_VERSION", "MAX_POSITION", "SavedState", "fingerprint", "make_state", "parse_state", "skip_state"]
@@ -246,7 +248,8 @@ def _decode_source(s: Any) -> dict[str, Any]:
         raise StateError(bad) from None
     if not isinstance(identity, dict) or fingerprint(identity) != s[0].split("#", 1)[0]:
         raise StateError(f"loader state plan source {s[0]} does not match its identity; the state is corrupt")
-    return {"key": s[0], "url": s[1], "identity": identity, "eras": _check_eras(s[3])}
+    # the URL as ferry prints it: one written with credentials by an older ferry does not pass them on
+    return {"key": s[0], "url": shown(s[1]) if s[1] else s[1], "identity": identity, "eras": _check_eras(s[3])}
 
 
 def _check_eras(eras: Any) -> list[list[Any]]:

@@ -4,6 +4,8 @@
   ``StreamSampler`` (a ``Sampler``) for code that insists on map-style datasets.
 - :mod:`ferry.client.integrations.torchtitan`: ``FerryDataLoader``, a torchtitan data loader
   (needs the ``torchtitan`` extra; imported only when asked for).
+- :mod:`ferry.client.integrations.vocab`: ``check_tokenizer``, whether a job's tokenizer can be the one a
+  dataset was tokenized with (``FerryDataLoader`` checks torchtitan's).
 
 Each adapter reuses the loader's order and state (:mod:`ferry.client.partition`, :mod:`ferry.client.state`):
 the samples and the resumable state are TokenLoader's.

@@ -157,8 +157,12 @@ class StreamSampler(Sampler[int]):
 
 def _check_rows(batch: Any, batch_size: int) -> None:
     ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
-    if isinstance(ids, torch.Tensor) and ids.ndim == 2 and ids.shape[0] != batch_size:
+    if not isinstance(ids, torch.Tensor):
+        return
+    rows = ids.shape[0] if ids.ndim == 2 else None  # one sample (ndim 1): DataLoader(batch_size=None)
+    if rows != batch_size:
+        got = f"{rows} samples" if rows is not None else f"one sample of shape {tuple(ids.shape)}, not a batch"
         raise UsageError(
-            f"a batch has {ids.shape[0]} samples but the StreamSampler has batch_size={batch_size}; "
-            "give DataLoader the sampler's batch_size"
+            f"a batch has {got} but the StreamSampler has batch_size={batch_size}; give DataLoader the sampler's "
+            "batch_size"
         )

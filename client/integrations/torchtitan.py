@@ -25,6 +25,7 @@ from ferry.shard_tools.errors import StateError, UsageError
 
 from ..dataset import TokenDataset
 from ..loader import TokenLoader
+from .vocab import check_tokenizer
 
 try:
     from torchtitan.components.dataloader import BaseDataLoader
@@ -86,6 +87,9 @@ class FerryDataLoader(BaseDataLoader):
         strict_resume: bool = True
         """Refuse a checkpoint made for another dataset version, seed, seq_len or shuffle."""
 
+        check_tokenizer: bool = True
+        """Refuse a job tokenizer with fewer ids than the dataset's vocabulary or another EOS id."""
+
     def __init__(
         self,
         config: Config,
@@ -97,8 +101,8 @@ class FerryDataLoader(BaseDataLoader):
         tokenizer: Any = None,
         **kwargs: Any,
     ) -> None:
-        # tokenizer: the dataset is tokenized already; snapshot_every_n_steps and other
-        # runtime arguments torchtitan passes to its loaders have no meaning here (the state is exact)
+        # tokenizer: the dataset is tokenized already, it is only checked against the manifest's; snapshot_every_n_steps
+        # and other runtime arguments torchtitan passes to its loaders have no meaning here (the state is exact)
         if not config.dataset_path:
             raise UsageError("FerryDataLoader.Config.dataset_path must be the URL of a ferry dataset")
         self.config = config
@@ -112,6 +116,8 @@ class FerryDataLoader(BaseDataLoader):
             cache_limit=config.cache_limit,
             window=config.window,
         )
+        if config.check_tokenizer:
+            check_tokenizer(self.dataset, tokenizer, where="FerryDataLoader.Config.check_tokenizer")
         self.loader = TokenLoader(
             self.dataset,
             batch_size=local_batch_size,

@@ -120,6 +120,19 @@ def test_state_checks(tmp_path: Path) -> None:
         FerryDataLoader.Config().build(dp_world_size=1, dp_rank=0, seq_len=SEQ_LEN, local_batch_size=1)
 
 
+def test_a_tokenizer_that_cannot_be_the_datasets_is_refused(tmp_path: Path) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    data, _ = _pack(tmp_path / "data")
+    small = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel(vocab={f"w{i}": i for i in range(VOCAB // 2)}, unk_token="w0")
+    )
+    build = {"dp_world_size": 1, "dp_rank": 0, "seq_len": SEQ_LEN, "local_batch_size": 1, "tokenizer": small}
+    with pytest.raises(UsageError, match="check_tokenizer"):
+        FerryDataLoader.Config(dataset_path=data).build(**build)
+    unchecked = FerryDataLoader.Config(dataset_path=data, check_tokenizer=False).build(**build)
+    assert next(iter(unchecked))[0]["input"].shape == (1, SEQ_LEN)
+
+
 # ---------------------------------------------------------------- torchtitan's Trainer, end to end
 
 
