@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any
 
-from ferry.shard_tools.cli import parse_storage_options, print_json
+from ferry.shard_tools.cli import parse_storage_options, print_error, print_json
 from ferry.shard_tools.errors import FerryError, UsageError, WriteConflictError
 
 __all__ = ["register", "main"]
@@ -210,11 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except UsageError as exc:
-        print(f"ferry lease: error: {exc}", file=sys.stderr)
+        print_error("lease", exc)
         return 2
     except FerryError as exc:
-        message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        print(f"ferry lease: error: {message}", file=sys.stderr)
+        print_error("lease", exc)
         return exc.exit_code
 
 

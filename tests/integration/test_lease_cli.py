@@ -209,3 +209,12 @@ def test_show_and_break_on_s3(s3_backend: Any) -> None:
     assert run.returncode == 0, run.stderr
     assert not lease.renew() and lease.lost is not None and "broken by" in lease.lost
     assert json.loads(lease_cli("show", url, *opts, "--json").stdout)["state"] == "broken"
+
+
+def test_lease_errors_print_control_characters_escaped(tmp_path: Path) -> None:
+    """`python -m ferry.service.lease_cli` ends its errors through the one CLI error printer: a URL holding an
+    escape sequence is shown escaped, never sent to the terminal raw."""
+    run = lease_cli("break", "--yes", str(tmp_path / "no\x1b[2Jdataset"))
+    assert run.returncode != 0
+    assert "\x1b" not in run.stderr and "\\x1b" in run.stderr, run.stderr
+    assert run.stderr.startswith("ferry lease: error: ")
