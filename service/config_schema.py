@@ -19,7 +19,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from ferry.shard_tools.errors import ConfigError
 from ferry.shard_tools.units import parse_rate
 
-from .config import ApiConfig, Cluster, Config, Limits, url_problem
+from .config_types import ApiConfig, Cluster, Config, Limits, url_problem
 
 __all__ = ["FileSection", "ClusterSection", "RuleSection", "LimitsSection", "ApiSection", "check_file", "check_api"]
 
