@@ -21,6 +21,7 @@ from ferry.shard_tools.errors import DatasetError, FerryError, StateError, Usage
 from ferry.shard_tools.manifest import Manifest
 
 from . import checks
+from .agree import agreed_manifest
 from .cache import ShardCache, default_cache_dir
 from .frames import frame_reader_for
 from .mixed import MixedDataset
@@ -55,6 +56,10 @@ class TokenDataset(SampleSource):
         pad_id: padding id in document mode, below the vocabulary size (default: the tokenizer's EOS id, else 0).
         storage_options: fsspec options, one mapping for all URLs or one per URL.
         version: read this published version instead of the current one.
+        agree_version: under ``torch.distributed`` (world size > 1), without ``version``, every rank reads the
+            version rank 0 read (see :mod:`ferry.client.agree`): a rank whose replicas lack it raises
+            ``DatasetError`` on every rank. ``False``: each rank reads the current version it finds (for a
+            dataset built on some ranks only).
         prefetch: shard prefetch depth, in batches ahead of the read position (at least; 0: no prefetch).
         prefetch_bytes: prefetch the shards of the next batches, across window and epoch boundaries, until they
             hold this many raw bytes; never more than the share of the cache not in use. ``"auto"`` (the
@@ -86,6 +91,7 @@ class TokenDataset(SampleSource):
         verify_cache: bool = True,
         fetch: Mapping[str, Any] | None = None,
         prefetch_bytes: int | str | None = "auto",
+        agree_version: bool = True,
     ) -> None:
         from .replicas import Replicas
 
@@ -100,13 +106,15 @@ class TokenDataset(SampleSource):
         if prefetch_bytes is not None and prefetch_bytes != "auto":
             self.prefetch_bytes = checks.size("prefetch_bytes", prefetch_bytes) if prefetch_bytes != 0 else 0
         verify = checks.flag("verify_cache", verify_cache)
+        agree = checks.flag("agree_version", agree_version)
         pad = None if pad_id is None else checks.integer("pad_id", pad_id, 0, 2**63)
         directory = _cache_dir(cache_dir)
         limit = _cache_limit(cache_limit)
         if version is not None:
             checks.text("version", version)
         self.replicas = Replicas(url, storage_options, fetch=fetch)
-        self.manifest: Manifest = self.replicas.load_manifest(version)
+        load = self.replicas.load_manifest
+        self.manifest: Manifest = agreed_manifest(load, self.replicas.names, version) if agree else load(version)
         if self.prefetch_bytes is None and self.replicas.local(0):
             self.prefetch_bytes = 0  # auto: a local first replica is fetched at disk speed, depth is enough
         self.token_dtype = np.dtype(self.manifest.token_dtype)
