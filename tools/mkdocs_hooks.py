@@ -25,13 +25,18 @@ HELP_COLUMNS = "100"
 _LINK = re.compile(r"(!?)\[([^\]\n]*)\]\(([^)\s]+)\)")
 
 
-def on_config(config: Any) -> Any:
+def _link_tree() -> None:
+    """.mypy-tree/ferry/<package> -> <package>/, the path mkdocstrings searches. Made when mkdocs loads this
+    module, while it reads mkdocs.yml: mkdocstrings' handler drops a search path that does not exist yet
+    when its own on_config runs, which may be before this module's."""
     spec = importlib.util.spec_from_file_location("ferry_typecheck", ROOT / "tools" / "typecheck.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.link_tree()  # .mypy-tree/ferry/<package> -> <package>/, the path mkdocstrings searches
-    return config
+    module.link_tree()
+
+
+_link_tree()
 
 
 def on_files(files: Any, config: Any) -> Any:

@@ -107,6 +107,8 @@ def test_procs_finds_an_orphan_left_in_a_session_and_kills_it(tmp_path: Path) ->
     assert job.proc.wait(10) == 0
     orphan = int(wait_for(lambda: job.out.read_text().strip(), 10.0))
     try:
+        # the shell forks the orphan, then the orphan execs sleep: until then its command line is the shell's
+        assert wait_for(lambda: any(p.startswith(f"pid {orphan} (sleep 60") for p in procs.lingering()), 10.0, 0.05)
         [left] = procs.lingering()
         assert left.startswith(f"pid {orphan} (sleep 60") and "orphaning" in left
     finally:
