@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from ferry.shard_tools import PackOptions, open_dataset, pack_documents, packunit, verify
+from ferry.shard_tools import PackOptions, open_dataset, pack_documents, verify
 from ferry.shard_tools.format.digest import digest_bytes
+from ferry.shard_tools.packer import packunit
 from ferry.shard_tools.packer.packunit import Job, store_shard
 from ferry.shard_tools.sources import DocBatch, SourceOptions
 from ferry.shard_tools.storage.store import Location, resolve
