@@ -76,9 +76,9 @@ def synthetic_table(n: int, seed: int = 0) -> pa.Table:
 
 def publish_synthetic(root: str, n: int, seed: int = 0) -> dict[str, Any]:
     """Build and publish a synthetic manifest of ``n`` shards at ``root``; returns timings and sizes."""
-    from ferry.shard_tools.manifest import Manifest, ShardTable, Tokenizer
-    from ferry.shard_tools.publish import publish_version
-    from ferry.shard_tools.store import resolve
+    from ferry.shard_tools.format.manifest import Manifest, ShardTable, Tokenizer
+    from ferry.shard_tools.storage.publish import publish_version
+    from ferry.shard_tools.storage.store import resolve
 
     t0 = time.perf_counter()
     table = ShardTable(synthetic_table(n, seed))
@@ -122,7 +122,7 @@ def _median_time(fn: Any, repeat: int) -> tuple[float, Any]:
 def measure_one(n: int, repeat: int, planner: bool, loader: bool) -> dict[str, Any]:
     """Everything for one size, in this process (the parent runs each size in a fresh child)."""
     from ferry.shard_tools.dataset import load_manifest
-    from ferry.shard_tools.store import resolve
+    from ferry.shard_tools.storage.store import resolve
 
     out: dict[str, Any] = {"shards": n}
     with tempfile.TemporaryDirectory(prefix="ferry-scale-") as root:
@@ -201,7 +201,7 @@ def _measure_loader(root: str, repeat: int) -> dict[str, Any]:
     first batch — everything before the first shard download, which needs no real shards."""
     try:
         from ferry.client import TokenDataset, TokenLoader
-        from ferry.client.partition import rank_positions
+        from ferry.client.sampling.partition import rank_positions
     except ImportError as exc:
         return {"skipped": f"client.TokenDataset not importable ({exc})"}
     out: dict[str, Any] = {}
@@ -233,7 +233,7 @@ def measure_engine_steps(n: int) -> dict[str, Any]:
     from ferry.service.replication.engine import listing, load_version, read_header
     from ferry.service.replication.planner import SourceVersion, plan_sync
     from ferry.service.replication.state import State
-    from ferry.shard_tools.store import resolve
+    from ferry.shard_tools.storage.store import resolve
 
     out: dict[str, Any] = {"shards": n}
     with tempfile.TemporaryDirectory(prefix="ferry-scale-engine-") as root:
@@ -329,7 +329,7 @@ def measure_daemon(n: int, timeout: float = 300.0) -> dict[str, Any]:
         ds = os.path.join(root, "east", "corpus")
         info = publish_synthetic(ds, n)
         from ferry.shard_tools.dataset import load_manifest
-        from ferry.shard_tools.store import resolve
+        from ferry.shard_tools.storage.store import resolve
 
         t0 = time.perf_counter()
         manifest = load_manifest(resolve(ds))

@@ -221,7 +221,7 @@ def _tmpfs_with_room(nbytes: int) -> str | None:
 
 
 def _pack(path: Path, mib: int) -> tuple[int, int]:
-    from ferry.shard_tools.packing import PackOptions, pack_documents
+    from ferry.shard_tools.packer.packing import PackOptions, pack_documents
 
     rng = np.random.default_rng(7)
     tokens = mib * 2**20 // 2

@@ -187,8 +187,8 @@ def _format_1_dir(ctx: Context) -> Path:
 def _pack_frames(ctx: Context, frame_size: int) -> str:
     """The benchmark corpus packed again in stored format 3 with ``frame_size`` raw bytes per frame (0: in
     format 1, one zstd frame a shard)."""
-    from ferry.shard_tools.packing import PackOptions, pack
-    from ferry.shard_tools.seekable import DEFAULT_FRAME_SIZE
+    from ferry.shard_tools.format.seekable import DEFAULT_FRAME_SIZE
+    from ferry.shard_tools.packer.packing import PackOptions, pack
 
     out = _frames_dir(ctx, frame_size) if frame_size else _format_1_dir(ctx)
     if not (out / "manifest.json").exists():

@@ -44,9 +44,9 @@ def synthesize(root: Path, n: int) -> dict[str, Any]:
     import pyarrow as pa
 
     from ferry.shard_tools import ShardTable
-    from ferry.shard_tools.manifest import Manifest
-    from ferry.shard_tools.publish import publish_version
-    from ferry.shard_tools.store import resolve
+    from ferry.shard_tools.format.manifest import Manifest
+    from ferry.shard_tools.storage.publish import publish_version
+    from ferry.shard_tools.storage.store import resolve
 
     out = root / f"shards-{n}"
     tiny_root, info, tiny = _tiny_shard(root)

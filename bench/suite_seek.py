@@ -101,9 +101,9 @@ def _frame_sizes(url: str) -> dict[str, Any]:
     import zstandard
 
     from ferry.shard_tools.dataset import open_dataset
-    from ferry.shard_tools.digest import digest_bytes
-    from ferry.shard_tools.format import compress
-    from ferry.shard_tools.seekable import encode_shard_frames
+    from ferry.shard_tools.format.digest import digest_bytes
+    from ferry.shard_tools.format.seekable import encode_shard_frames
+    from ferry.shard_tools.format.shard import compress
 
     ds = open_dataset(url)
     info = ds.manifest.shards[0]
@@ -162,8 +162,8 @@ def run(ctx: Context) -> dict[str, Any]:
 
 def _first_batch(args: dict[str, Any]) -> dict[str, Any]:
     """One cold first batch in this (fresh) process: build the dataset and loader, take one batch."""
-    from ferry.client.dataset import TokenDataset
-    from ferry.client.loader import TokenLoader
+    from ferry.client.stream.dataset import TokenDataset
+    from ferry.client.stream.loader import TokenLoader
 
     t0 = time.perf_counter()
     ds = TokenDataset(args["url"], seq_len=SEQ_LEN, seed=args["seed"], shuffle="global", cache_dir=args["cache"])

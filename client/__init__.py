@@ -9,20 +9,20 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .dataset import TokenDataset
-    from .loader import TokenLoader
-    from .mixed import MixedDataset
-    from .service_client import ServiceClient
+    from .service.service_client import ServiceClient
+    from .stream.dataset import TokenDataset
+    from .stream.loader import TokenLoader
+    from .stream.mixed import MixedDataset
 
 __all__ = ["TokenDataset", "MixedDataset", "TokenLoader", "ServiceClient"]
 
 # Imported on first use (PEP 562): `ferry status` and ServiceClient need no torch, and every `ferry`
-# command loads client.cli, which would otherwise pay torch's multi-second import.
+# command loads client.service.cli, which would otherwise pay torch's multi-second import.
 _LAZY = {
-    "TokenDataset": ".dataset",
-    "TokenLoader": ".loader",
-    "MixedDataset": ".mixed",
-    "ServiceClient": ".service_client",
+    "TokenDataset": ".stream.dataset",
+    "TokenLoader": ".stream.loader",
+    "MixedDataset": ".stream.mixed",
+    "ServiceClient": ".service.service_client",
 }
 
 

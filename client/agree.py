@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from ferry.shard_tools.errors import DatasetError, FerryError
-from ferry.shard_tools.manifest import Manifest
+from ferry.shard_tools.format.manifest import Manifest
 
 __all__ = ["agreed_manifest", "Agreement"]
 

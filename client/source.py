@@ -23,7 +23,7 @@ MODES = ("tokens", "document")
 
 
 class SampleSource(IterableDataset[dict[str, torch.Tensor]]):
-    """What :class:`~ferry.client.loader.TokenLoader` reads: ``n`` samples per epoch, written into batches."""
+    """What :class:`~ferry.client.stream.loader.TokenLoader` reads: ``n`` samples per epoch, written into batches."""
 
     seq_len: int
     mode: str
@@ -46,7 +46,7 @@ class SampleSource(IterableDataset[dict[str, torch.Tensor]]):
         return {}
 
     def restored(self, saved: Any) -> SampleSource:
-        """This source with the history of ``saved`` (a :class:`~ferry.client.state.SavedState` of this
+        """This source with the history of ``saved`` (a :class:`~ferry.client.resume.state.SavedState` of this
         configuration)."""
         return self
 

@@ -323,7 +323,7 @@ def _sync(args: argparse.Namespace) -> int:
             res.mark_up_to_date()
             return _print_report(_report(res, args), args, t0, ok=True)
 
-    from ferry.shard_tools.store import resolve
+    from ferry.shard_tools.storage.store import resolve
 
     from .replication.engine import Engine
     from .replication.state import State

@@ -24,8 +24,8 @@ from ferry.shard_tools.errors import (
     RollbackError,
     StorageError,
 )
-from ferry.shard_tools.header import MANIFEST_FILE
-from ferry.shard_tools.store import Location, resolve
+from ferry.shard_tools.format.header import MANIFEST_FILE
+from ferry.shard_tools.storage.store import Location, resolve
 from ferry.shard_tools.threadname import start_named_thread
 
 from .config import Config, Rule, link_name, parse_rate
@@ -145,7 +145,7 @@ class Daemon:
         self._started = True
         # `ferry sync` loads the shard-table code (numpy, pyarrow) only when a pass has work; a
         # daemon loads it up front so its first pass does not wait for those imports.
-        import ferry.shard_tools.manifest  # noqa: F401
+        import ferry.shard_tools.format.manifest  # noqa: F401
 
         self._thread = start_named_thread(self._loop, "ferry-daemon")
         log.info("daemon started: %d clusters, %d rules, state in %s",

@@ -105,7 +105,7 @@ def _print_human(r: dict[str, Any]) -> None:
 
 
 def _location(args: argparse.Namespace) -> Any:
-    from ferry.shard_tools.store import resolve
+    from ferry.shard_tools.storage.store import resolve
 
     return resolve(args.url, parse_storage_options(args.storage_option))
 

@@ -2,7 +2,7 @@
 
 Every record is a frozen dataclass of JSON-friendly fields: str, int, float, bool, None,
 lists and dicts of those. Times are Unix seconds (float); sizes are bytes; rates bytes/s.
-Field names are the API's: ``client/service_types.py`` defines the API's records (``service/api/models.py``
+Field names are the API's: ``client/service/service_types.py`` defines the API's records (``service/api/models.py``
 builds the OpenAPI schema from them), and two of them are the daemon's too, ``HistoryEntry`` and ``LimitsInfo``:
 ``source``/``destination`` for the two ends of a copy, ``reason`` for why something failed,
 ``rate_bps`` for a rate. Events use the same names.
@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ferry.client.service_types import HistoryEntry  # a finished transfer attempt (ok or not): the API's record
-from ferry.client.service_types import Limits as LimitsInfo  # the limits in force, as changed at run time
+from ferry.client.service.service_types import HistoryEntry  # a finished transfer attempt (ok or not): the API's record
+from ferry.client.service.service_types import Limits as LimitsInfo  # the limits in force, as changed at run time
 
 __all__ = [
     "ClusterInfo",

@@ -21,17 +21,17 @@ _LAZY = {
     "open_dataset": "dataset",
     "load_manifest": "dataset",
     "decode_stored_shard": "dataset",
-    "Manifest": "manifest",
-    "ShardInfo": "manifest",
-    "ShardTable": "manifest",
-    "Tokenizer": "manifest",
-    "PackOptions": "packing",
-    "PackResult": "packing",
-    "PartResult": "packing",
-    "pack": "packing",
-    "pack_documents": "packing",
-    "pack_part": "packing",
-    "merge_parts": "packing",
+    "Manifest": "format.manifest",
+    "ShardInfo": "format.manifest",
+    "ShardTable": "format.manifest",
+    "Tokenizer": "format.manifest",
+    "PackOptions": "packer.packing",
+    "PackResult": "packer.packing",
+    "PartResult": "packer.packing",
+    "pack": "packer.packing",
+    "pack_documents": "packer.packing",
+    "pack_part": "packer.packing",
+    "merge_parts": "packer.packing",
     "verify": "verification",
     "VerifyReport": "verification",
     "export_megatron": "export",
@@ -63,8 +63,8 @@ __all__ = [
 if TYPE_CHECKING:
     from .dataset import Dataset, decode_stored_shard, load_manifest, open_dataset
     from .export import export_megatron
-    from .manifest import Manifest, ShardInfo, ShardTable, Tokenizer
-    from .packing import PackOptions, PackResult, PartResult, merge_parts, pack, pack_documents, pack_part
+    from .format.manifest import Manifest, ShardInfo, ShardTable, Tokenizer
+    from .packer.packing import PackOptions, PackResult, PartResult, merge_parts, pack, pack_documents, pack_part
     from .verification import VerifyReport, verify
 
 

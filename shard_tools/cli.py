@@ -266,8 +266,8 @@ def _compression_level(spec: str) -> int:
 
 
 def _cmd_pack(args: argparse.Namespace) -> int:
-    from .packing import PackOptions, merge_parts, pack, pack_part, parse_part_spec
-    from .seekable import DEFAULT_FRAME_SIZE
+    from .format.seekable import DEFAULT_FRAME_SIZE
+    from .packer.packing import PackOptions, merge_parts, pack, pack_part, parse_part_spec
     from .units import parse_size
 
     if args.merge and args.part:
@@ -331,7 +331,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from .dataset import list_versions, load_manifest
-    from .store import resolve
+    from .storage.store import resolve
 
     loc = resolve(args.url, parse_storage_options(args.storage_option))
     m = load_manifest(loc, args.version)

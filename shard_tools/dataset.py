@@ -7,7 +7,6 @@ from typing import Any
 
 import numpy as np
 
-from .digest import digest_bytes, raw_digest
 from .errors import (
     DatasetNotFoundError,
     ManifestError,
@@ -15,10 +14,11 @@ from .errors import (
     ShardFormatError,
     ShardMissingError,
 )
-from .format import ShardView, decompress, parse_shard
-from .header import MANIFEST_FILE, VERSIONS_DIR, version_path
-from .manifest import Manifest, ShardInfo
-from .store import Location, resolve
+from .format.digest import digest_bytes, raw_digest
+from .format.header import MANIFEST_FILE, VERSIONS_DIR, version_path
+from .format.manifest import Manifest, ShardInfo
+from .format.shard import ShardView, decompress, parse_shard
+from .storage.store import Location, resolve
 
 __all__ = ["Dataset", "open_dataset", "load_manifest", "decode_stored_shard", "list_versions"]
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from .dataset import open_dataset
 from .errors import StorageError
-from .megatron import write_megatron
+from .format.megatron import write_megatron
 
 __all__ = ["export_megatron"]
 

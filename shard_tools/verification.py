@@ -17,12 +17,12 @@ import numpy as np
 import pyarrow as pa
 
 from .dataset import Dataset, decode_stored_shard, load_manifest
-from .digest import digest_bytes, raw_digest
 from .errors import DatasetError, ShardDigestError, ShardError, ShardFormatError, StorageError, TokenRangeError
-from .format import parse_shard
-from .manifest import ShardInfo
-from .seekable import arrow_positions, decode_frames, load_index
-from .store import resolve
+from .format.digest import digest_bytes, raw_digest
+from .format.manifest import ShardInfo
+from .format.seekable import arrow_positions, decode_frames, load_index
+from .format.shard import parse_shard
+from .storage.store import resolve
 
 __all__ = ["VerifyReport", "verify", "verify_shard"]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from fsspec.spec import AbstractFileSystem
 
-from ferry.shard_tools.store import Location
+from ferry.shard_tools.storage.store import Location
 
 __all__ = ["FaultyFileSystem", "faulty_location"]
 

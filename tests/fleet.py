@@ -371,7 +371,7 @@ def wait_for(check: Callable[[], Any], timeout: float, interval: float = 0.2) ->
 
 def read_version(loc: Any) -> str | None:
     """The version ``manifest.json`` names at ``loc``, None if there is none (yet)."""
-    from ferry.shard_tools.header import parse_header
+    from ferry.shard_tools.format.header import parse_header
 
     try:
         data = loc.read_bytes("manifest.json")
@@ -382,7 +382,7 @@ def read_version(loc: Any) -> str | None:
 
 def history(loc: Any, chain: Sequence[Any]) -> list[str]:
     """The parent chain of ``loc``'s current version, newest first (read from ``chain``, first found)."""
-    from ferry.shard_tools.header import parse_header
+    from ferry.shard_tools.format.header import parse_header
 
     out: list[str] = []
     v = read_version(loc)
@@ -405,8 +405,8 @@ class Ledger:
         self.changes: list[str] = []
 
     def scan(self, where: str, loc: Any, *, recheck: bool = False) -> None:
-        from ferry.shard_tools.digest import digest_bytes
-        from ferry.shard_tools.store import TEMP_MARKER
+        from ferry.shard_tools.format.digest import digest_bytes
+        from ferry.shard_tools.storage.store import TEMP_MARKER
 
         for prefix in ("shards", "versions"):
             loc.fs.invalidate_cache()
@@ -586,7 +586,7 @@ def inv_no_version_lost(packs: Iterable[Job], origin_history: Sequence[str]) -> 
 
 def inv_no_rollback(observed: Mapping[str, Sequence[str]], chain: Sequence[Any]) -> list[str]:
     """Each destination's version only moved forward along the parent chain."""
-    from ferry.shard_tools.publish import descends_from
+    from ferry.shard_tools.storage.publish import descends_from
 
     out = []
     for where, seq in observed.items():
@@ -700,7 +700,7 @@ class Fleet:
 
     def __init__(self, topo: Topology, sizes: Sizes, seed: int, env: Mapping[str, str], namespaces: bool,
                  off: frozenset[str] = frozenset()) -> None:  # fmt: skip
-        from ferry.shard_tools.store import resolve
+        from ferry.shard_tools.storage.store import resolve
 
         self.off = off
         self.topo, self.sizes, self.seed = topo, sizes, seed

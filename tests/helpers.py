@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 from configs import Api, Cluster, FerryToml, Limits, Rule
 
-from ferry.client.service_client import ServiceClient
+from ferry.client.service.service_client import ServiceClient
 from ferry.service.api import RunningServer, start_server
 from ferry.service.config import Config, parse_config
 from ferry.service.daemon import Daemon
 from ferry.shard_tools.dataset import open_dataset
-from ferry.shard_tools.packing import PackOptions, PackResult, pack_documents
+from ferry.shard_tools.packer.packing import PackOptions, PackResult, pack_documents
 
 TOKEN = "test-token-0123456789"
 TOKEN_ENV = "FERRY_TEST_API_TOKEN"

@@ -174,7 +174,7 @@ class _Run:
     """One demo run: its arguments, working directory, corpus and clock."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from ferry.shard_tools.packing import PackOptions
+        from ferry.shard_tools.packer.packing import PackOptions
 
         self.args = args
         self.root = Path(args.data).resolve()
@@ -194,7 +194,7 @@ class _Run:
 
     def pack_version(self, first: bool) -> Any:
         """Three quarters of the corpus as the first version at east; the rest appended as the second."""
-        from ferry.shard_tools.packing import PackOptions, pack_documents
+        from ferry.shard_tools.packer.packing import PackOptions, pack_documents
 
         cut = len(self.docs) * 3 // 4
         if first:
@@ -245,7 +245,7 @@ def _stop(serve: subprocess.Popen[bytes]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ferry.client.service_client import ServiceClient
+    from ferry.client.service.service_client import ServiceClient
 
     run = _Run(_parser().parse_args(argv))
     args = run.args

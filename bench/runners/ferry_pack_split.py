@@ -10,7 +10,7 @@ from _common import args, emit, now
 
 import ferry.shard_tools.sources.split as split
 from ferry.shard_tools import PackOptions, open_dataset, pack
-from ferry.shard_tools.packing import _prepare
+from ferry.shard_tools.packer.packing import _prepare
 
 
 def shards_without_split(out: str, shard_size: int) -> int:

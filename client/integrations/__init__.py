@@ -7,8 +7,8 @@
 - :mod:`ferry.client.integrations.vocab`: ``check_tokenizer``, whether a job's tokenizer can be the one a
   dataset was tokenized with (``FerryDataLoader`` checks torchtitan's).
 
-Each adapter reuses the loader's order and state (:mod:`ferry.client.partition`, :mod:`ferry.client.state`):
-the samples and the resumable state are TokenLoader's.
+Each adapter reuses the loader's order and state (:mod:`ferry.client.sampling.partition`,
+:mod:`ferry.client.resume.state`): the samples and the resumable state are TokenLoader's.
 """
 
 from __future__ import annotations

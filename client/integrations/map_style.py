@@ -3,7 +3,7 @@
 For code that insists on ``torch.utils.data.Dataset`` + ``Sampler`` (``__len__`` /
 ``__getitem__``): ``MapStyleView(ds)[p]`` is the sample at stream position ``p`` (any
 epoch), and ``StreamSampler`` yields, for one rank, exactly the positions
-:class:`~ferry.client.loader.TokenLoader` reads (:mod:`ferry.client.partition`). So
+:class:`~ferry.client.stream.loader.TokenLoader` reads (:mod:`ferry.client.sampling.partition`). So
 ``DataLoader(MapStyleView(ds), sampler=StreamSampler(ds, B), batch_size=B)`` gives
 TokenLoader's batches, for any ``num_workers``, and the sampler's state is TokenLoader's
 state: either loads the other's.
@@ -21,11 +21,11 @@ from torch.utils.data import Dataset, Sampler
 from ferry.shard_tools.errors import UsageError
 
 from .. import checks
-from ..loader import SHAPE_LIMIT, rank_world
-from ..partition import batches_until, global_batch_size, rank_positions
-from ..replan import resume
+from ..resume.replan import resume
+from ..resume.state import MAX_POSITION, make_state, parse_state
+from ..sampling.partition import batches_until, global_batch_size, rank_positions
 from ..source import SampleSource, to_batch
-from ..state import MAX_POSITION, make_state, parse_state
+from ..stream.loader import SHAPE_LIMIT, rank_world
 
 __all__ = ["MapStyleView", "StreamSampler"]
 

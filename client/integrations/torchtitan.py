@@ -3,7 +3,7 @@
 torchtitan builds its data loader from ``Trainer.Config.dataloader`` with the data-parallel
 rank and degree, ``seq_len`` and the local batch size, iterates it for
 ``({"input": ..., "positions": ...}, labels)`` pairs and saves it in its checkpoint as a
-``Stateful``. This one is a :class:`~ferry.client.loader.TokenLoader` underneath: the order
+``Stateful``. This one is a :class:`~ferry.client.stream.loader.TokenLoader` underneath: the order
 depends only on the seed and the global batch position, and the state (TokenLoader's small
 dict, the same on every rank) loads into another data-parallel degree, where torchtitan's
 own loader refuses ("dataloader resharding is not supported yet").
@@ -23,8 +23,8 @@ import torch
 
 from ferry.shard_tools.errors import StateError, UsageError
 
-from ..dataset import TokenDataset
-from ..loader import TokenLoader
+from ..stream.dataset import TokenDataset
+from ..stream.loader import TokenLoader
 from .vocab import check_tokenizer
 
 try:

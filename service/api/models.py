@@ -1,6 +1,6 @@
 """Pydantic models of every API request and response body (the OpenAPI schema is generated from them).
 
-A response record's fields are owned by its dataclass in ``ferry.client.service_types`` (which the client
+A response record's fields are owned by its dataclass in ``ferry.client.service.service_types`` (which the client
 reads responses into, without importing the service); its model here is built from that dataclass and adds
 only what the API states about it: descriptions, bounds, the values a string takes.
 """
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
 
-from ferry.client import service_types as wire
+from ferry.client.service import service_types as wire
 
 from .auth import NAME_MAX_LENGTH, NAME_PATTERN
 
@@ -48,11 +48,12 @@ class _Out(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-_MODELS: dict[type, type[BaseModel]] = {}  # record class of ferry.client.service_types -> its model here
+_MODELS: dict[type, type[BaseModel]] = {}  # record class of ferry.client.service.service_types -> its model here
 
 
 def _api_type(tp: Any) -> Any:
-    """``tp`` with every record class of ferry.client.service_types replaced by its model (in lists and unions too)."""
+    """``tp`` with every record class of ferry.client.service.service_types replaced by its model (in lists and
+    unions too)."""
     if tp in _MODELS:
         return _MODELS[tp]
     if get_origin(tp) is list:
@@ -63,7 +64,7 @@ def _api_type(tp: Any) -> Any:
 
 
 def response_model(record: type, name: str, doc: str, **fields: dict[str, Any]) -> type[BaseModel]:
-    """The response model ``name`` of ``record``, a dataclass of ferry.client.service_types, which owns
+    """The response model ``name`` of ``record``, a dataclass of ferry.client.service.service_types, which owns
     the record: its field names, their order, types and defaults. ``fields`` adds what only the API
     states, per field: ``Field`` arguments (description, bounds) and, under ``"annotation"``, a narrower
     type (a Literal of the values a str takes). ``doc`` is the schema's description.
@@ -87,7 +88,7 @@ def response_model(record: type, name: str, doc: str, **fields: dict[str, Any]) 
 
 
 if TYPE_CHECKING:  # to a type checker each model is its record (the same fields); at run time, the model
-    from ferry.client.service_types import (
+    from ferry.client.service.service_types import (
         ActionResult,
         DatasetDetail,
         DatasetSummary,
@@ -97,13 +98,13 @@ if TYPE_CHECKING:  # to a type checker each model is its record (the same fields
         ReplicaMatrix,
         ThroughputPoint,
     )
-    from ferry.client.service_types import Cluster as ClusterOut
-    from ferry.client.service_types import Limits as LimitsOut
-    from ferry.client.service_types import Link as LinkOut
-    from ferry.client.service_types import OtherWriter as OtherWriterOut
-    from ferry.client.service_types import Status as StatusOut
-    from ferry.client.service_types import Throughput as ThroughputOut
-    from ferry.client.service_types import Transfer as TransferOut
+    from ferry.client.service.service_types import Cluster as ClusterOut
+    from ferry.client.service.service_types import Limits as LimitsOut
+    from ferry.client.service.service_types import Link as LinkOut
+    from ferry.client.service.service_types import OtherWriter as OtherWriterOut
+    from ferry.client.service.service_types import Status as StatusOut
+    from ferry.client.service.service_types import Throughput as ThroughputOut
+    from ferry.client.service.service_types import Transfer as TransferOut
 else:
     ClusterOut = response_model(
         wire.Cluster,

@@ -19,7 +19,7 @@ __all__ = ["ResponseCache", "dump_json"]
 
 def dump_json(value: Any) -> bytes:
     """JSON bytes of a model or a list of models (pydantic-core does the work). ``Any``: a type checker sees
-    a response model as its record of ferry.client.service_types (see models.py)."""
+    a response model as its record of ferry.client.service.service_types (see models.py)."""
     if isinstance(value, BaseModel):
         return value.model_dump_json().encode()
     return b"[" + b",".join(item.model_dump_json().encode() for item in value) + b"]"

@@ -17,9 +17,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ferry.shard_tools.errors import DatasetNotFoundError, LeaseHeldError, ManifestError, RollbackError, StorageError
-from ferry.shard_tools.header import MANIFEST_FILE, SHARDS_DIR, VERSIONS_DIR, parse_header, version_path
-from ferry.shard_tools.publish import carry_lineage, descends_from, store_version, swap_manifest
-from ferry.shard_tools.store import STALE_TEMP_SECONDS, TEMP_MARKER, Location, temp_is_stale
+from ferry.shard_tools.format.header import MANIFEST_FILE, SHARDS_DIR, VERSIONS_DIR, parse_header, version_path
+from ferry.shard_tools.storage.publish import carry_lineage, descends_from, store_version, swap_manifest
+from ferry.shard_tools.storage.store import STALE_TEMP_SECONDS, TEMP_MARKER, Location, temp_is_stale
 
 from ..events import EventBus
 from ..transfer.executor import Executor, Job, JobResult
@@ -31,7 +31,7 @@ from .planner import SourceVersion, SyncPlan, VersionRecord, order_sources, plan
 from .state import State
 
 if TYPE_CHECKING:
-    from ferry.shard_tools.manifest import Manifest
+    from ferry.shard_tools.format.manifest import Manifest
 
 __all__ = ["Engine", "PassResult", "read_header", "load_version", "listing"]
 
@@ -47,7 +47,7 @@ def read_header(loc: Location, rel: str = MANIFEST_FILE) -> tuple[bytes, dict[st
 
 def load_version(loc: Location, header: bytes) -> tuple[Manifest, bytes]:
     """The manifest whose header is ``header`` with its shard table read from ``loc``."""
-    from ferry.shard_tools.manifest import Manifest  # numpy + pyarrow: only when there is work to plan
+    from ferry.shard_tools.format.manifest import Manifest  # numpy + pyarrow: only when there is work to plan
 
     doc = parse_header(header)
     try:

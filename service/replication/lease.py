@@ -4,7 +4,7 @@ A writer (the daemon, or ``ferry sync``) takes ``<dataset>/.ferry-lease.json`` b
 copies into a destination and keeps renewing it while it works; a second writer finds it
 held, by whom and until when, and stays out (``LeaseHeldError``) instead of racing the first
 one — publishing over it, or deleting its temp files as stale. Taking, renewing, releasing
-and breaking are compare-and-swaps (:mod:`ferry.shard_tools.conditional`), so two writers that race
+and breaking are compare-and-swaps (:mod:`ferry.shard_tools.storage.conditional`), so two writers that race
 for a free lease cannot both win, and ``ferry lease break`` never breaks a lease that a new
 writer took after it was shown.
 
@@ -39,9 +39,9 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ferry.shard_tools.conditional import read_versioned, write_if
 from ferry.shard_tools.errors import LeaseHeldError, StorageError, WriteConflictError
-from ferry.shard_tools.store import Liveness, Location, WriterId, this_writer, writer_liveness
+from ferry.shard_tools.storage.conditional import read_versioned, write_if
+from ferry.shard_tools.storage.store import Liveness, Location, WriterId, this_writer, writer_liveness
 from ferry.shard_tools.threadname import start_named_thread
 
 __all__ = [
@@ -90,7 +90,7 @@ def safe_text(value: object, limit: int = 120) -> str:
 class LeaseInfo:
     """What a lease file says: who holds it and until when (seconds since the epoch). ``ns``,
     ``boot`` and ``start`` identify the holder process across containers (see
-    :class:`ferry.shard_tools.store.WriterId`); None in a lease an older ferry wrote."""
+    :class:`ferry.shard_tools.storage.store.WriterId`); None in a lease an older ferry wrote."""
 
     holder: str
     kind: str

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ferry.shard_tools.errors import FerryError
-from ferry.shard_tools.header import MANIFEST_FILE, parse_header
+from ferry.shard_tools.format.header import MANIFEST_FILE, parse_header
 
 from ..transfer.s3_get import fetch, plan_s3_get
 

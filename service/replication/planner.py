@@ -14,12 +14,12 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ferry.shard_tools.store import TEMP_MARKER
+from ferry.shard_tools.storage.store import TEMP_MARKER
 
 from ..transfer.executor import ShardRef  # what the executor copies is what the planner plans
 
 if TYPE_CHECKING:
-    from ferry.shard_tools.manifest import Manifest
+    from ferry.shard_tools.format.manifest import Manifest
 
 __all__ = [
     "ShardRef",

@@ -25,7 +25,7 @@ from ferry.shard_tools.errors import (
     StorageError,
     WriteConflictError,
 )
-from ferry.shard_tools.store import Location, not_permitted
+from ferry.shard_tools.storage.store import Location, not_permitted
 from ferry.shard_tools.threadname import start_named_thread
 
 from ..config import link_name

@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
-from ferry.shard_tools.digest import Hasher
 from ferry.shard_tools.errors import Cancelled, ShardDigestError, ShardFormatError, SourceMissing
-from ferry.shard_tools.store import Location
+from ferry.shard_tools.format.digest import Hasher
+from ferry.shard_tools.storage.store import Location
 
 __all__ = [
     "CHUNK_SIZE",

@@ -14,9 +14,9 @@ import os
 import threading
 from collections.abc import Iterator
 
-from ferry.shard_tools.digest import Hasher
 from ferry.shard_tools.errors import ShardFormatError, SourceMissing
-from ferry.shard_tools.store import link_new, temp_name
+from ferry.shard_tools.format.digest import Hasher
+from ferry.shard_tools.storage.store import link_new, temp_name
 
 from .hashed_io import CopySpec, NameTaken, check_cancel, check_digest, pump
 

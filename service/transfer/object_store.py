@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from ferry.shard_tools.errors import StorageError
-from ferry.shard_tools.store import STALE_TEMP_SECONDS, Location
+from ferry.shard_tools.storage.store import STALE_TEMP_SECONDS, Location
 
 __all__ = [
     "SINGLE_PUT_MAX",

@@ -18,9 +18,9 @@ import threading
 import urllib.parse
 import weakref
 
-from ferry.shard_tools.digest import Hasher
 from ferry.shard_tools.errors import ShardFormatError, SourceMissing, StorageError
-from ferry.shard_tools.store import Location
+from ferry.shard_tools.format.digest import Hasher
+from ferry.shard_tools.storage.store import Location
 
 from . import http_pool
 from .hashed_io import CopySpec, NameTaken, check_cancel, check_digest

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ferry.shard_tools.errors import Cancelled, FerryError, SourceMissing, StorageError, WriteConflictError
-from ferry.shard_tools.store import Location, not_permitted, storage_error, temp_name
+from ferry.shard_tools.storage.store import Location, not_permitted, storage_error, temp_name
 
 from . import object_store
 from .hashed_io import (

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import zstandard
 
-from ..tokenizer import TextTokenizer
+from .tokenizer import TextTokenizer
 
 __all__ = ["DocBatch", "SourceOptions", "Unit", "batch_from_lists", "READ_ERRORS"]
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..errors import MegatronIndexError
-from ..megatron import read_index
+from ..format.megatron import read_index
 from .base import DocBatch, SourceOptions, Unit
 
 __all__ = ["plan_megatron", "read_megatron"]

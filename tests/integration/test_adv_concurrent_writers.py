@@ -36,10 +36,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ferry.shard_tools.conditional import read_versioned
-from ferry.shard_tools.header import parse_header
-from ferry.shard_tools.publish import descends_from
-from ferry.shard_tools.store import Location, resolve
+from ferry.shard_tools.format.header import parse_header
+from ferry.shard_tools.storage.conditional import read_versioned
+from ferry.shard_tools.storage.publish import descends_from
+from ferry.shard_tools.storage.store import Location, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = int(os.environ.get("FERRY_WRITER_ROUNDS", "50"))  # a developer may run fewer
@@ -78,7 +78,7 @@ def _ferry(args: list[str], env: Mapping[str, str]) -> subprocess.Popen[str]:
 
 def _shards_stored(loc: Location, header: dict[str, Any]) -> str | None:
     """None if every shard the version names is stored at its recorded size, else why not."""
-    from ferry.shard_tools.manifest import Manifest
+    from ferry.shard_tools.format.manifest import Manifest
 
     table = loc.read_bytes(header["shard_table"]["path"])
     manifest = Manifest.from_json(json.dumps(header).encode(), table)

@@ -29,8 +29,8 @@ from ferry.service.replication.engine import Engine
 from ferry.service.replication.state import State
 from ferry.service.transfer.executor import Executor
 from ferry.shard_tools.errors import StorageError
-from ferry.shard_tools.header import version_id_of
-from ferry.shard_tools.store import resolve
+from ferry.shard_tools.format.header import version_id_of
+from ferry.shard_tools.storage.store import resolve
 
 FORGED = "1999-01-01 00:00:00,000 WARNING ferry.daemon: FORGED"
 
@@ -268,7 +268,7 @@ def test_access_refusals_are_classified_fatal() -> None:
     from botocore.exceptions import ClientError
     from s3fs.errors import translate_boto_error
 
-    from ferry.shard_tools.store import not_permitted, storage_error
+    from ferry.shard_tools.storage.store import not_permitted, storage_error
 
     denied = ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"},
                           "ResponseMetadata": {"HTTPStatusCode": 403}}, "PutObject")  # fmt: skip

@@ -16,7 +16,7 @@ from ferry.service.replication.lease import Lease
 from ferry.service.replication.state import State
 from ferry.service.transfer.executor import Executor
 from ferry.shard_tools.dataset import load_manifest
-from ferry.shard_tools.store import resolve
+from ferry.shard_tools.storage.store import resolve
 
 
 def test_daemon_stays_out_while_another_writer_holds_the_lease(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ferry.shard_tools import PackOptions, open_dataset, pack_documents
-from ferry.shard_tools.megatron import read_index, write_megatron
+from ferry.shard_tools.format.megatron import read_index, write_megatron
 
 FERRY = [sys.executable, "-m", "ferry.shard_tools.cli"]
 OPTS = PackOptions(vocab_size=500, eos_id=499, shard_size=2048, name="exp")

@@ -19,7 +19,7 @@ import pytest
 
 from ferry.shard_tools import open_dataset
 from ferry.shard_tools.sources import SourceOptions, plan_units, read_unit
-from ferry.shard_tools.tokenizer import ByteTokenizer
+from ferry.shard_tools.sources.tokenizer import ByteTokenizer
 
 FERRY = [sys.executable, "-m", "ferry.shard_tools.cli"]
 PACK = ["--vocab-size", "1000", "--eos-id", "999"]

@@ -346,7 +346,7 @@ _FULL_DISK = """
 import json, resource, signal, sys, time
 from ferry.client import TokenDataset, TokenLoader
 from ferry.shard_tools.errors import FerryError
-from ferry.client.cache import ShardCache
+from ferry.client.fetching.cache import ShardCache
 url, cache, workers, late = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "late"
 if late:  # the background fetches fail only after every batch was read by frames
     in_background = ShardCache.ensure_in_background

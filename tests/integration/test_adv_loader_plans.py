@@ -12,7 +12,7 @@ import pytest
 from scripts.loader_common import pack_test_dataset
 
 from ferry.client import TokenDataset, TokenLoader
-from ferry.client.mixing import MixSchedule
+from ferry.client.sampling.mixing import MixSchedule
 from ferry.shard_tools.errors import StateError, UsageError
 
 SCHEDULE = [(0, [1, 1]), (50, [1, 2])]

@@ -19,7 +19,7 @@ import pytest
 from scripts.loader_common import pack_test_dataset, token_stream
 
 from ferry.client import TokenDataset, TokenLoader
-from ferry.client.replicas import shown
+from ferry.client.fetching.replicas import shown
 from ferry.shard_tools.errors import DatasetError, FerryError, ShardError, UsageError
 
 FAST = {"part_size": 4096, "connections": 4, "deadline_floor": 0.3, "deadline_slack": 1.0}
@@ -274,7 +274,7 @@ def test_a_url_is_printed_without_its_credentials(url: str, printed: str) -> Non
 def test_a_state_that_names_a_url_with_credentials_does_not_pass_them_on(good: Replica, tmp_path: Path) -> None:
     """A mixture's plan written before URLs were printed without credentials: loading it, describing it
     and saving the next state show the URL without them."""
-    from ferry.client.state_cli import describe
+    from ferry.client.resume.state_cli import describe
 
     ds = TokenDataset(good.url("ds", auth=True), seq_len=SEQ, cache_dir=str(tmp_path))
     loader = TokenLoader(TokenDataset.mix([ds, ds], [(0, [1, 1]), (8, [1, 2])]), batch_size=2)

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ferry.shard_tools import MegatronIndexError, open_dataset
-from ferry.shard_tools.megatron import _HEADER, read_index, write_megatron
+from ferry.shard_tools.format.megatron import _HEADER, read_index, write_megatron
 
 FERRY = [sys.executable, "-m", "ferry.shard_tools.cli"]
 PACK = ["--vocab-size", "1000", "--eos-id", "999"]
@@ -338,14 +338,14 @@ def test_a_multi_line_library_message_prints_as_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Arrow's thrift errors and NumPy's unpickling errors span lines; the CLI joins them."""
-    import ferry.shard_tools.packing
+    import ferry.shard_tools.packer.packing
     from ferry.shard_tools.cli import main
     from ferry.shard_tools.errors import InputFormatError
 
     def fail(*args: object, **kwargs: object) -> None:
         raise InputFormatError("x.parquet: not a readable Parquet file (thrift\nDeserializing failed.\n)")
 
-    monkeypatch.setattr(ferry.shard_tools.packing, "pack", fail)
+    monkeypatch.setattr(ferry.shard_tools.packer.packing, "pack", fail)
     assert main(["pack", "x.parquet", "--out", str(tmp_path / "ds"), *PACK]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "(thrift; Deserializing failed.; )" in err

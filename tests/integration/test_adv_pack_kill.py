@@ -30,7 +30,8 @@ FERRY = [sys.executable, "-m", "ferry.shard_tools.cli"]
 FERRY_SPAWN = [
     sys.executable,
     "-c",
-    "import multiprocessing, sys; import ferry.shard_tools.executors as ex; from ferry.shard_tools.cli import main; "
+    "import multiprocessing, sys; import ferry.shard_tools.packer.executors as ex; "
+    "from ferry.shard_tools.cli import main; "
     "ex.worker_context = lambda: multiprocessing.get_context('spawn'); sys.exit(main())",
 ]
 # zstd level 19 on 2,000 random ids per document: a few seconds of work per worker.

@@ -21,11 +21,11 @@ import zstandard
 from conftest import arrow_file, run_verify
 
 from ferry.shard_tools import ManifestError, ShardFormatError, open_dataset, verify
-from ferry.shard_tools.digest import digest_bytes
-from ferry.shard_tools.format import compress, decompress, encode_shard, parse_shard
-from ferry.shard_tools.manifest import Manifest, ShardInfo, ShardTable, Tokenizer
-from ferry.shard_tools.publish import publish_version
-from ferry.shard_tools.store import resolve
+from ferry.shard_tools.format.digest import digest_bytes
+from ferry.shard_tools.format.manifest import Manifest, ShardInfo, ShardTable, Tokenizer
+from ferry.shard_tools.format.shard import compress, decompress, encode_shard, parse_shard
+from ferry.shard_tools.storage.publish import publish_version
+from ferry.shard_tools.storage.store import resolve
 
 TIB = 1 << 40
 _BLOCK_MAX = 128 << 10
@@ -296,7 +296,7 @@ _FUZZ = textwrap.dedent(
     import random, sys
     import numpy as np
     from ferry.shard_tools import ShardFormatError
-    from ferry.shard_tools.format import encode_shard, parse_shard
+    from ferry.shard_tools.format.shard import encode_shard, parse_shard
     raw = encode_shard(np.arange(1000, dtype=np.uint16), np.array([0, 400, 1000]), "uint16")
     rng = random.Random(1)
     for _ in range(3000):

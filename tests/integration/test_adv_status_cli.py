@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from ferry.client.cli import render_status
-from ferry.client.service_types import ErrorEntry, Limits, ReplicaCell, ReplicaMatrix, Status, Transfer
+from ferry.client.service.cli import render_status
+from ferry.client.service.service_types import ErrorEntry, Limits, ReplicaCell, ReplicaMatrix, Status, Transfer
 
 FERRY = [sys.executable, "-m", "ferry.shard_tools.cli"]
 DS = "corpus\x1b[2J\x1b[31mRED"  # clear screen, then red
@@ -156,7 +156,7 @@ def test_render_status_escapes_every_server_string() -> None:
 
 
 def test_printable_keeps_ordinary_text() -> None:
-    from ferry.client.cli import printable
+    from ferry.client.service.cli import printable
 
     assert printable("corpus-v2.en_US ünïcode 数据 😀") == "corpus-v2.en_US ünïcode 数据 😀"
     assert printable("a\x00b\x1b\x7f\x85\u200b\u2028") == "a\\x00b\\x1b\\x7f\\x85\\u200b\\u2028"

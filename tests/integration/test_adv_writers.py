@@ -23,11 +23,11 @@ from ferry.service.replication.engine import Engine
 from ferry.service.replication.lease import LEASE_FILE, Lease, read_lease
 from ferry.service.replication.state import State
 from ferry.service.transfer.executor import Executor
-from ferry.shard_tools.conditional import read_versioned, write_if
 from ferry.shard_tools.dataset import load_manifest
 from ferry.shard_tools.errors import LeaseHeldError, RollbackError, WriteConflictError
-from ferry.shard_tools.publish import descends_from, store_version, swap_manifest
-from ferry.shard_tools.store import Location, resolve, temp_name
+from ferry.shard_tools.storage.conditional import read_versioned, write_if
+from ferry.shard_tools.storage.publish import descends_from, store_version, swap_manifest
+from ferry.shard_tools.storage.store import Location, resolve, temp_name
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -159,7 +159,7 @@ def holder(file_backend: Any) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     dst = file_backend.url("held")
     code = (
         "import sys, time; from ferry.service.replication.lease import Lease; "
-        "from ferry.shard_tools.store import resolve; "
+        "from ferry.shard_tools.storage.store import resolve; "
         f"lease = Lease(resolve({dst!r}), 'daemon'); lease.acquire(); print('held', flush=True); time.sleep(120)"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)

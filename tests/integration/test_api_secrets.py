@@ -18,7 +18,7 @@ import s3fs
 from configs import Api, Cluster, FerryToml, Rule
 from helpers import make_docs, wait_until
 
-from ferry.shard_tools.packing import PackOptions, pack_documents
+from ferry.shard_tools.packer.packing import PackOptions, pack_documents
 
 KEY = "AKIAFERRYKEY7Q3X9Z"
 SECRET = "ferry-s3cr3t-value-never-shown-42"

@@ -18,8 +18,8 @@ from helpers import wait_until
 from scripts.loader_common import pack_test_dataset
 
 from ferry.client import TokenDataset, TokenLoader
-from ferry.client.cache import ShardCache
-from ferry.client.replicas import Replicas
+from ferry.client.fetching.cache import ShardCache
+from ferry.client.fetching.replicas import Replicas
 from ferry.shard_tools.dataset import open_dataset
 from ferry.shard_tools.errors import DatasetError, DatasetNotFoundError, ShardError
 

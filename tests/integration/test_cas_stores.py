@@ -1,6 +1,6 @@
 """Compare-and-swap on every store that has one, each cloud store on its emulator over HTTP.
 
-The contract (``ferry.shard_tools.conditional``): ``write_if`` with a stale token, or a create over an
+The contract (``ferry.shard_tools.storage.conditional``): ``write_if`` with a stale token, or a create over an
 existing object, writes nothing and raises WriteConflictError, and concurrent read-modify-write
 cycles lose no update. On GCS (fake-gcs-server) and Azure Blob (Azurite) that takes the store's
 own preconditions: a check-then-write loses updates here.
@@ -13,9 +13,9 @@ import threading
 import pytest
 from conftest import Backend, azurite_connection_string
 
-from ferry.shard_tools.conditional import cas_kind, read_versioned, write_if
 from ferry.shard_tools.errors import StorageError, WriteConflictError
-from ferry.shard_tools.store import resolve, storage_error
+from ferry.shard_tools.storage.conditional import cas_kind, read_versioned, write_if
+from ferry.shard_tools.storage.store import resolve, storage_error
 
 WRITERS = 6
 INCREMENTS = 8  # successful increments per writer
@@ -159,7 +159,7 @@ def test_a_retried_write_that_was_stored_is_not_a_conflict(name: str, request: p
     """A client library re-sends a conditional write whose response was lost: the first attempt was
     stored, so the retry's precondition fails — on the very write it repeats. That is success (the
     writer re-basing on its own version would publish its documents twice); another write is not."""
-    from ferry.shard_tools.conditional import _PUT_IF
+    from ferry.shard_tools.storage.conditional import _PUT_IF
 
     backend: Backend = request.getfixturevalue(f"{name}_backend")
     loc = resolve(backend.url("retry"), backend.storage_options)

@@ -16,7 +16,7 @@ import pytest
 
 from ferry.shard_tools import PackOptions, open_dataset, pack_documents
 from ferry.shard_tools.cli import main
-from ferry.shard_tools.megatron import read_index
+from ferry.shard_tools.format.megatron import read_index
 
 FERRY = [sys.executable, "-m", "ferry.shard_tools.cli"]
 

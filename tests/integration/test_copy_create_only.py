@@ -17,9 +17,9 @@ import pytest
 import ferry.service.transfer.transfer as transfer
 from ferry.service.transfer import object_store
 from ferry.service.transfer.object_store import skip_double_checksums
-from ferry.shard_tools.digest import digest_bytes
 from ferry.shard_tools.errors import StorageError, WriteConflictError
-from ferry.shard_tools.store import Location, resolve
+from ferry.shard_tools.format.digest import digest_bytes
+from ferry.shard_tools.storage.store import Location, resolve
 
 PATH = "shards/a.bin"
 SMALL = 3 * 2**20 + 7

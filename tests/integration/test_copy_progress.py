@@ -17,8 +17,8 @@ import ferry.service.transfer.transfer as transfer
 from ferry.service.transfer.bandwidth import TokenBucket
 from ferry.service.transfer.hashed_io import PROGRESS_BYTES, PROGRESS_SECONDS
 from ferry.service.transfer.stats import Stats
-from ferry.shard_tools.digest import digest_bytes
-from ferry.shard_tools.store import resolve
+from ferry.shard_tools.format.digest import digest_bytes
+from ferry.shard_tools.storage.store import resolve
 
 RATE = 1024 * 1024  # bytes/s the copies are limited to
 SIZE = 2 * RATE + 12345  # two seconds and a bit at the limit: one 8 MiB chunk on every path

@@ -22,9 +22,9 @@ from helpers import wait_until as wait_for
 
 from ferry.service.replication.engine import listing
 from ferry.shard_tools.dataset import load_manifest
-from ferry.shard_tools.digest import digest_bytes
 from ferry.shard_tools.errors import DatasetNotFoundError
-from ferry.shard_tools.store import TEMP_MARKER, resolve
+from ferry.shard_tools.format.digest import digest_bytes
+from ferry.shard_tools.storage.store import TEMP_MARKER, resolve
 
 
 class ManifestWatcher(threading.Thread):

@@ -18,7 +18,7 @@ from helpers import wait_until as wait_for
 from ferry.service.config import load_config
 from ferry.service.daemon import Daemon
 from ferry.shard_tools.errors import ConfigError, NotFoundError
-from ferry.shard_tools.store import resolve
+from ferry.shard_tools.storage.store import resolve
 
 
 def write_config(root: Path, poll: float = 0.2) -> Path:

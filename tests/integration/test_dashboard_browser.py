@@ -214,7 +214,7 @@ def test_read_protected_service_asks_for_the_token_first(page, tmp_path: Path, m
 
 def test_another_writer_is_shown_until_its_lease_ends(page, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     from ferry.service.replication.lease import Lease
-    from ferry.shard_tools.store import resolve
+    from ferry.shard_tools.storage.store import resolve
 
     with running_service(tmp_path, monkeypatch) as svc:
         page.goto(svc.url + "/")

@@ -20,7 +20,7 @@ from fleet import (
 )
 from helpers import pack
 
-from ferry.shard_tools.store import resolve
+from ferry.shard_tools.storage.store import resolve
 
 
 def test_schedule_is_a_function_of_the_seed_and_covers_every_fault_on_every_role() -> None:

@@ -20,14 +20,14 @@ import xxhash
 import zstandard
 from test_seekable_datasets import FRAME, SHARD, make_docs, write_input
 
-from ferry.client.dataset import TokenDataset
+from ferry.client.stream.dataset import TokenDataset
 from ferry.shard_tools.dataset import open_dataset
-from ferry.shard_tools.digest import digest_bytes
 from ferry.shard_tools.errors import ShardError
-from ferry.shard_tools.header import MANIFEST_FILE, version_path
-from ferry.shard_tools.manifest import Manifest, ShardTable
-from ferry.shard_tools.packing import PackOptions, pack
-from ferry.shard_tools.seekable import FrameIndex, find_index, parse_index
+from ferry.shard_tools.format.digest import digest_bytes
+from ferry.shard_tools.format.header import MANIFEST_FILE, version_path
+from ferry.shard_tools.format.manifest import Manifest, ShardTable
+from ferry.shard_tools.format.seekable import FrameIndex, find_index, parse_index
+from ferry.shard_tools.packer.packing import PackOptions, pack
 from ferry.shard_tools.verification import verify
 
 VICTIM = 1

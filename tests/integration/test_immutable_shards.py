@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from ferry.shard_tools import PackOptions, open_dataset, pack_documents, packunit, verify
-from ferry.shard_tools.digest import digest_bytes
-from ferry.shard_tools.packunit import Job, store_shard
+from ferry.shard_tools import PackOptions, open_dataset, pack_documents, verify
+from ferry.shard_tools.format.digest import digest_bytes
+from ferry.shard_tools.packer import packunit
+from ferry.shard_tools.packer.packunit import Job, store_shard
 from ferry.shard_tools.sources import DocBatch, SourceOptions
-from ferry.shard_tools.store import Location, resolve
+from ferry.shard_tools.storage.store import Location, resolve
 from tests.helpers import EOS, VOCAB, make_docs
 
 VARIANTS = {
@@ -174,7 +175,7 @@ def test_parts_and_merge_append_at_another_level(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
     from ferry.shard_tools import pack
-    from ferry.shard_tools.packing import merge_parts, pack_part
+    from ferry.shard_tools.packer.packing import merge_parts, pack_part
 
     docs = make_docs(150, seed=12)
     inputs = []

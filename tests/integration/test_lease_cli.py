@@ -20,7 +20,7 @@ from ferry.service.replication.passes import PassResult
 from ferry.service.replication.state import State
 from ferry.service.transfer.executor import Executor, JobResult
 from ferry.shard_tools.errors import LeaseHeldError, StorageError, WriteConflictError
-from ferry.shard_tools.store import resolve
+from ferry.shard_tools.storage.store import resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,7 +34,7 @@ def lease_cli(*args: str) -> subprocess.CompletedProcess[str]:
 HOLD = """
 import sys, time
 from ferry.service.replication.lease import Lease
-from ferry.shard_tools.store import resolve
+from ferry.shard_tools.storage.store import resolve
 lease = Lease(resolve(sys.argv[1]), "daemon", ttl=float(sys.argv[2]))
 lease.__enter__()
 print(lease.holder, flush=True)

@@ -23,7 +23,7 @@ from helpers import pack, wait_until
 
 from ferry.service.replication.lease import Lease, read_lease
 from ferry.shard_tools.errors import LeaseHeldError
-from ferry.shard_tools.store import STALE_TEMP_SECONDS, resolve
+from ferry.shard_tools.storage.store import STALE_TEMP_SECONDS, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,7 +71,7 @@ def kill(proc: subprocess.Popen[str]) -> None:
 HOLD = """
 import os, sys, time
 from ferry.service.replication.lease import Lease
-from ferry.shard_tools.store import resolve, temp_name
+from ferry.shard_tools.storage.store import resolve, temp_name
 loc = resolve(sys.argv[1])
 if sys.argv[2] != "-":
     Lease(loc, "daemon", ttl=float(sys.argv[2])).__enter__()  # taken and renewed until killed
@@ -87,7 +87,7 @@ TRY = """
 import sys
 from ferry.service.replication.lease import Lease
 from ferry.shard_tools.errors import LeaseHeldError
-from ferry.shard_tools.store import resolve
+from ferry.shard_tools.storage.store import resolve
 try:
     Lease(resolve(sys.argv[1]), "sync").acquire()
 except LeaseHeldError as exc:
@@ -195,10 +195,10 @@ SAME_NS = """
 import subprocess, sys, time
 from ferry.service.replication.lease import Lease
 from ferry.shard_tools.errors import LeaseHeldError
-from ferry.shard_tools.store import resolve
+from ferry.shard_tools.storage.store import resolve
 loc = resolve(sys.argv[1])
 code = "import sys, time; from ferry.service.replication.lease import Lease; " \\
-       "from ferry.shard_tools.store import resolve; " \\
+       "from ferry.shard_tools.storage.store import resolve; " \\
        "Lease(resolve(sys.argv[1]), 'daemon', ttl=600).acquire(); print('held', flush=True); time.sleep(300)"
 holder = subprocess.Popen([sys.executable, "-c", code, sys.argv[1]], stdout=subprocess.PIPE, text=True)
 assert holder.stdout.readline().strip() == "held"
@@ -225,7 +225,7 @@ def test_a_writer_whose_proc_is_another_namespaces_claims_no_identity(file_backe
     means another process. Its lease records no namespace (so nobody judges it by pid)."""
     dst = file_backend.url("d")
     code = "import sys; from ferry.service.replication.lease import Lease; " \
-           "from ferry.shard_tools.store import resolve; " \
+           "from ferry.shard_tools.storage.store import resolve; " \
            "Lease(resolve(sys.argv[1]), 'daemon', ttl=600).acquire()"  # fmt: skip
     run = subprocess.run(["unshare", "-pf", sys.executable, "-c", code, dst], capture_output=True, text=True,
                          timeout=60, cwd=ROOT)  # fmt: skip

@@ -20,7 +20,7 @@ from ferry.service.replication.state import State
 from ferry.service.transfer.executor import Executor
 from ferry.shard_tools.dataset import open_dataset
 from ferry.shard_tools.errors import RollbackError
-from ferry.shard_tools.store import resolve
+from ferry.shard_tools.storage.store import resolve
 
 HUBS = ["file", "memory", "s3"]
 

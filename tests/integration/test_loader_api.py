@@ -113,7 +113,7 @@ def test_with_workers_batches_are_made_ready_off_the_training_thread(
 ) -> None:
     """Receiving a worker's item and making its tensors is work the loop would wait on in ``next()``: a
     thread does it while the loop runs its step, and the batches are the same as without workers."""
-    import ferry.client.loader as loader_module
+    import ferry.client.stream.loader as loader_module
 
     url, cache = url_cache
     threads: list[str] = []

@@ -7,7 +7,7 @@ import pytest
 from scripts.loader_common import EOS, make_documents, pack_test_dataset, token_stream
 
 from ferry.client import TokenDataset, TokenLoader
-from ferry.client.reader import IGNORE_INDEX
+from ferry.client.stream.reader import IGNORE_INDEX
 from ferry.shard_tools.errors import UsageError
 
 N_DOCS = 120

@@ -37,9 +37,9 @@ from conftest import free_port, wait_for_port
 
 from ferry.shard_tools import PackOptions, pack_documents
 from ferry.shard_tools.dataset import load_manifest
-from ferry.shard_tools.digest import digest_bytes
 from ferry.shard_tools.errors import FerryError
-from ferry.shard_tools.store import TEMP_MARKER, resolve
+from ferry.shard_tools.format.digest import digest_bytes
+from ferry.shard_tools.storage.store import TEMP_MARKER, resolve
 
 DATASET = "corpus"
 CLUSTERS = ("east", "west", "north")

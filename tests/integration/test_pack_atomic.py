@@ -18,7 +18,7 @@ import pytest
 
 from ferry.shard_tools import DatasetNotFoundError, FerryError, open_dataset, verify
 from ferry.shard_tools.dataset import load_manifest
-from ferry.shard_tools.store import resolve
+from ferry.shard_tools.storage.store import resolve
 
 ARGS = ["--vocab-size", "50257", "--eos-id", "50256", "--name", "atomic"]
 

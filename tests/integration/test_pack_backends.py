@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 
 from ferry.shard_tools import PackOptions, ShardMissingError, open_dataset, pack, pack_documents, verify
 from ferry.shard_tools.export import export_megatron
-from ferry.shard_tools.megatron import read_index
-from ferry.shard_tools.store import resolve
+from ferry.shard_tools.format.megatron import read_index
+from ferry.shard_tools.storage.store import resolve
 
 
 def docs_and_files(tmp_path: Path) -> tuple[list[list[int]], list[str]]:

@@ -15,7 +15,7 @@ from parquet_corpus import parquet_corpus, shard_bytes
 
 from ferry.shard_tools import ManifestError, PackOptions, UsageError, open_dataset, pack, verify
 from ferry.shard_tools.cli import main
-from ferry.shard_tools.packing import merge_parts, pack_part
+from ferry.shard_tools.packer.packing import merge_parts, pack_part
 
 OPTS = PackOptions(vocab_size=50_257, eos_id=50_256, shard_size=16 * 1024, name="fan")
 
@@ -96,7 +96,8 @@ def test_tampered_part_record_is_refused(tmp_path: Path) -> None:
 # `ferry pack` whose part record write is replaced by SIGKILL: a node dying after storing its
 # shards and before recording them, the latest point at which a part can be lost.
 DIE_BEFORE_RECORD = (
-    "import os, signal, sys; import ferry.shard_tools.packing as packing; from ferry.shard_tools.cli import main; "
+    "import os, signal, sys; import ferry.shard_tools.packer.packing as packing; "
+    "from ferry.shard_tools.cli import main; "
     "packing.write_part = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL); sys.exit(main())"
 )
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from scripts.loader_common import pack_test_dataset
 
 from ferry.client import TokenDataset, TokenLoader
-from ferry.client.partition import batches_until, rank_positions, split_stream, worker_batches
+from ferry.client.sampling.partition import batches_until, rank_positions, split_stream, worker_batches
 
 
 @settings(max_examples=300, deadline=None)

@@ -12,7 +12,7 @@ import pytest
 from parquet_corpus import parquet_corpus, shard_bytes
 
 from ferry.shard_tools import PackOptions, TokenRangeError, open_dataset, pack, verify
-from ferry.shard_tools.packing import merge_parts, pack_part
+from ferry.shard_tools.packer.packing import merge_parts, pack_part
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (optional extra: pip install 'ferry-data[ray]')")
 

@@ -18,12 +18,12 @@ from helpers import upload_to_moto
 from scripts.loader_common import pack_test_dataset
 
 from ferry.client import TokenDataset, TokenLoader
-from ferry.client.cache import ShardCache
-from ferry.client.replicas import Replicas
+from ferry.client.fetching.cache import ShardCache
+from ferry.client.fetching.replicas import Replicas
 from ferry.shard_tools.dataset import open_dataset
 from ferry.shard_tools.errors import ShardMissingError
-from ferry.shard_tools.packing import PackOptions, pack_documents
-from ferry.shard_tools.seekable import MIN_FRAME_SIZE
+from ferry.shard_tools.format.seekable import MIN_FRAME_SIZE
+from ferry.shard_tools.packer.packing import PackOptions, pack_documents
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -186,11 +186,11 @@ def test_a_replica_that_never_answers_fails_in_bounded_time_with_a_ferry_error_f
 def test_a_manifest_longer_than_the_first_ranged_read_is_read_whole(
     dataset: dict[str, str], net: Netem, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import ferry.client.replicas
+    import ferry.client.fetching.replicas
 
     whole = Replicas(dataset["b"], _options(net)).load_manifest()
     assert net.count("manifest.json") == 1 and net.count("", method="HEAD") == 0  # one ranged GET, no HEAD
-    monkeypatch.setattr(ferry.client.replicas, "_MANIFEST_HINT", 64)
+    monkeypatch.setattr(ferry.client.fetching.replicas, "_MANIFEST_HINT", 64)
     net.clear()
     short = Replicas(dataset["b"], _options(net)).load_manifest()
     assert short.version_id == whole.version_id and short.shards.paths == whole.shards.paths
@@ -201,7 +201,7 @@ def test_s3_locations_share_one_warm_botocore_session(dataset: dict[str, str], n
     """A new botocore session parses botocore's service models again (~0.1 s before the first request of
     every dataset, and of every DataLoader worker); ferry's S3 filesystems share one per process, made
     before a fork and so inherited warm by workers. A caller's profile keeps its own session."""
-    from ferry.shard_tools.store import resolve
+    from ferry.shard_tools.storage.store import resolve
 
     a = resolve(dataset["a"], _options(net)).fs
     b = resolve(dataset["b"], {**_options(net), "client_kwargs": {"endpoint_url": net.url + "/"}}).fs

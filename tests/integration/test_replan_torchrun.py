@@ -13,7 +13,7 @@ from scripts.loader_common import pack_test_dataset
 from scripts.replan_common import mix, run
 
 from ferry.client import TokenDataset
-from ferry.client.schedule import Schedule
+from ferry.client.sampling.schedule import Schedule
 
 pytest.importorskip("torch")
 

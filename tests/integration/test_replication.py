@@ -16,16 +16,16 @@ from ferry.service.replication.engine import Engine, PassResult, listing
 from ferry.service.replication.state import State
 from ferry.service.transfer.executor import Executor
 from ferry.shard_tools.dataset import open_dataset
-from ferry.shard_tools.manifest import Manifest, ShardTable
-from ferry.shard_tools.publish import publish_version
-from ferry.shard_tools.store import TEMP_MARKER, Location, resolve
+from ferry.shard_tools.format.manifest import Manifest, ShardTable
+from ferry.shard_tools.storage.publish import publish_version
+from ferry.shard_tools.storage.store import TEMP_MARKER, Location, resolve
 
 PAIRS = [("file", "file"), ("file", "memory"), ("file", "s3"), ("s3", "file")]
 
 
 def dead_writers_temp(path: str) -> str:
     """A temp name for ``path`` made by a process on this host that has exited since."""
-    code = f"from ferry.shard_tools.store import temp_name; print(temp_name({path!r}))"
+    code = f"from ferry.shard_tools.storage.store import temp_name; print(temp_name({path!r}))"
     return subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip()
 
 
@@ -218,8 +218,8 @@ def test_retention_keeps_k_versions_and_last_copies(file_backend: Any) -> None:
 
 def synthetic_dataset(url: str, sizes: list[int], seed: int = 0) -> Manifest:
     """A dataset whose shard bodies are random bytes (valid manifest; for transfer tests only)."""
-    from ferry.shard_tools.digest import digest_bytes
-    from ferry.shard_tools.manifest import ShardInfo, Tokenizer
+    from ferry.shard_tools.format.digest import digest_bytes
+    from ferry.shard_tools.format.manifest import ShardInfo, Tokenizer
 
     loc = resolve(url)
     rng = np.random.default_rng(seed)
@@ -256,6 +256,6 @@ def test_s3_multipart_upload_completes_only_when_verified(file_backend: Any, s3_
     res = engine().sync_pass("ds", "a", "b", {"a": src, "b": dst})
     assert res.published and res.copied == 2 and res.temps_deleted == 1
     assert dst.fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", []) == []
-    from ferry.shard_tools.digest import digest_bytes
+    from ferry.shard_tools.format.digest import digest_bytes
 
     assert digest_bytes(dst.read_bytes(big.path)) == big.stored_digest

@@ -14,9 +14,9 @@ from ferry.service.replication.state import State
 from ferry.service.transfer.bandwidth import Bandwidth
 from ferry.service.transfer.executor import Executor
 from ferry.shard_tools import PackOptions, open_dataset, pack_documents, verify
-from ferry.shard_tools.digest import digest_bytes
 from ferry.shard_tools.errors import RollbackError
-from ferry.shard_tools.store import resolve
+from ferry.shard_tools.format.digest import digest_bytes
+from ferry.shard_tools.storage.store import resolve
 from tests.helpers import EOS, VOCAB
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from ferry.shard_tools.dataset import load_manifest
 from ferry.shard_tools.errors import ManifestError
-from ferry.shard_tools.store import resolve
+from ferry.shard_tools.storage.store import resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "scale_manifest.py"
@@ -82,7 +82,7 @@ def test_synthetic_manifest_round_trips_and_locates(tmp_path: Path) -> None:
 )
 def test_one_bad_row_in_a_large_table_is_caught(column: str, value: str | None) -> None:
     """The vectorised validation still names a single bad row among 20k good ones."""
-    from ferry.shard_tools.manifest import ShardTable
+    from ferry.shard_tools.format.manifest import ShardTable
 
     table = _bench_module().synthetic_table(20_000, seed=5)
     values = table.column(column).to_pylist()

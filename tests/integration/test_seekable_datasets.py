@@ -16,19 +16,19 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from ferry.client.dataset import TokenDataset
-from ferry.client.loader import TokenLoader
-from ferry.client.pools import DaemonPool
+from ferry.client.fetching.pools import DaemonPool
+from ferry.client.stream.dataset import TokenDataset
+from ferry.client.stream.loader import TokenLoader
 from ferry.service.replication.engine import Engine
 from ferry.service.replication.state import State
 from ferry.service.transfer.executor import Executor
 from ferry.shard_tools.dataset import decode_stored_shard, open_dataset
-from ferry.shard_tools.digest import tree_digest
 from ferry.shard_tools.errors import ShardDigestError
-from ferry.shard_tools.megatron import write_megatron
-from ferry.shard_tools.packing import PackOptions, pack
-from ferry.shard_tools.seekable import MIN_FRAME_SIZE, find_index, parse_index
-from ferry.shard_tools.store import resolve
+from ferry.shard_tools.format.digest import tree_digest
+from ferry.shard_tools.format.megatron import write_megatron
+from ferry.shard_tools.format.seekable import MIN_FRAME_SIZE, find_index, parse_index
+from ferry.shard_tools.packer.packing import PackOptions, pack
+from ferry.shard_tools.storage.store import resolve
 from ferry.shard_tools.verification import verify
 
 VOCAB, EOS = 1000, 999
@@ -264,7 +264,7 @@ def test_cold_first_batch_reads_only_the_frames_it_touches(tmp_path: Path) -> No
 def test_prefetch_of_whole_shards_waits_for_the_frames_of_the_batch_at_hand(tmp_path: Path, monkeypatch: Any) -> None:
     """A cold first batch reads its frames first; the whole shards the prefetch wants are submitted after
     (before, they competed with those frames: 0.10 s instead of 0.02 s on 64 MiB shards)."""
-    import ferry.client.dataset as dataset_module
+    import ferry.client.stream.dataset as dataset_module
 
     out = str(tmp_path / "ds")
     inputs, opts = write_input("parquet", tmp_path, make_docs(2000, 6))
@@ -294,7 +294,7 @@ def test_window_batches_wait_for_a_started_whole_fetch_instead_of_reading_frames
     wait for them rather than read more frames (which cost far more bytes per sample and slow the fetch)."""
     import time
 
-    from ferry.client.cache import ShardCache
+    from ferry.client.fetching.cache import ShardCache
 
     out = str(tmp_path / "ds")
     inputs, opts = write_input("parquet", tmp_path, make_docs(2000, 6))

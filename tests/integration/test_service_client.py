@@ -10,7 +10,7 @@ import pytest
 from helpers import TOKEN, pack, running_service, wait_until
 
 from ferry.client import ServiceClient
-from ferry.client.service_types import ReplicaMatrix, Status
+from ferry.client.service.service_types import ReplicaMatrix, Status
 from ferry.shard_tools.errors import ServiceError
 
 
@@ -94,11 +94,11 @@ def test_injected_transport_sees_the_token_and_maps_errors() -> None:
 
 
 def test_client_types_mirror_the_api_models() -> None:
-    """ferry.service.api.models builds its response models from ferry.client.service_types (the client must
+    """ferry.service.api.models builds its response models from ferry.client.service.service_types (the client must
     not import the service): each pair has the same fields, in the same order."""
     import dataclasses
 
-    from ferry.client import service_types as ct
+    from ferry.client.service import service_types as ct
     from ferry.service.api import models as sm
 
     pairs = {

@@ -21,10 +21,10 @@ from parquet_corpus import shard_bytes
 
 import ferry.shard_tools.sources.split as split
 from ferry.shard_tools import InputFormatError, PackOptions, TokenRangeError, open_dataset, pack
-from ferry.shard_tools.packing import merge_parts, pack_part
+from ferry.shard_tools.packer.packing import merge_parts, pack_part
 from ferry.shard_tools.sources import SourceOptions, Unit, plan_units, read_unit
 from ferry.shard_tools.sources.split import even_cuts, group_runs, zstd_frames
-from ferry.shard_tools.tokenizer import ByteTokenizer
+from ferry.shard_tools.sources.tokenizer import ByteTokenizer
 
 VOCAB = 1000
 SHARD = 1024  # the smallest --shard-size: many shards per sub-unit

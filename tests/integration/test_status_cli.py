@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from helpers import pack, running_service, wait_until
 
-from ferry.client.cli import render_status
-from ferry.client.service_types import ErrorEntry, Limits, ReplicaCell, ReplicaMatrix, Status, Transfer
+from ferry.client.service.cli import render_status
+from ferry.client.service.service_types import ErrorEntry, Limits, ReplicaCell, ReplicaMatrix, Status, Transfer
 
 FERRY = [sys.executable, "-m", "ferry.shard_tools.cli"]
 

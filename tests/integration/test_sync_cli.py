@@ -14,7 +14,7 @@ from helpers import documents, make_docs, pack
 
 from ferry.service.cli import main
 from ferry.shard_tools.dataset import open_dataset
-from ferry.shard_tools.store import resolve
+from ferry.shard_tools.storage.store import resolve
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any, str]:

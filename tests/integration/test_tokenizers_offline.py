@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ferry.shard_tools import PackOptions, UsageError, open_dataset, pack
-from ferry.shard_tools.tokenizer import load_tokenizer
+from ferry.shard_tools.sources.tokenizer import load_tokenizer
 
 tiktoken = pytest.importorskip(
     "tiktoken", reason="the tiktoken extra is not installed: pip install 'ferry-data[tiktoken]'"

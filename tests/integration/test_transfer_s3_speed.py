@@ -17,9 +17,9 @@ from faults import faulty_location
 import ferry.service.transfer.transfer as transfer
 from ferry.service.transfer import http_pool, object_store, s3_presigned
 from ferry.service.transfer.object_store import skip_double_checksums
-from ferry.shard_tools.digest import digest_bytes
 from ferry.shard_tools.errors import ShardDigestError, ShardFormatError
-from ferry.shard_tools.store import resolve
+from ferry.shard_tools.format.digest import digest_bytes
+from ferry.shard_tools.storage.store import resolve
 
 
 @pytest.fixture(autouse=True)

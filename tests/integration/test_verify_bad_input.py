@@ -32,12 +32,12 @@ from ferry.shard_tools import (
     verify,
 )
 from ferry.shard_tools.cli import main
-from ferry.shard_tools.digest import digest_bytes
-from ferry.shard_tools.format import compress
-from ferry.shard_tools.manifest import Manifest, ShardInfo, ShardTable, Tokenizer
-from ferry.shard_tools.megatron import write_megatron
-from ferry.shard_tools.publish import publish_version
-from ferry.shard_tools.store import Location, resolve
+from ferry.shard_tools.format.digest import digest_bytes
+from ferry.shard_tools.format.manifest import Manifest, ShardInfo, ShardTable, Tokenizer
+from ferry.shard_tools.format.megatron import write_megatron
+from ferry.shard_tools.format.shard import compress
+from ferry.shard_tools.storage.publish import publish_version
+from ferry.shard_tools.storage.store import Location, resolve
 
 OPTS = PackOptions(vocab_size=500, eos_id=499, shard_size=2048, name="bad")
 

@@ -51,6 +51,10 @@ def test_the_wheel_installs_only_under_ferry(wheel: Path) -> None:
     for pkg in GENERIC:
         assert f"ferry/{pkg}/__init__.py" in names and f"ferry/{pkg}/py.typed" in names
     assert any(n.startswith("ferry/service/static/") for n in names)
+    # every module of every subpackage: a subpackage missing from pyproject's explicit list would be left out
+    sources = {f"ferry/{p.relative_to(ROOT).as_posix()}" for pkg in GENERIC for p in (ROOT / pkg).rglob("*.py")}
+    assert len(sources) > 100
+    assert sorted(sources - set(names)) == []
 
 
 def test_a_fresh_environment_packs_and_trains_from_the_wheel(wheel: Path, tmp_path: Path) -> None:

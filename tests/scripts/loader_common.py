@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ferry.shard_tools.dataset import open_dataset
-from ferry.shard_tools.packing import PackOptions, pack_documents
+from ferry.shard_tools.packer.packing import PackOptions, pack_documents
 
 VOCAB = 1000
 EOS = 0

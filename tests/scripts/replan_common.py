@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from ferry.client import TokenDataset, TokenLoader
-from ferry.client.mixed import MixedDataset
 from ferry.client.source import SampleSource
+from ferry.client.stream.mixed import MixedDataset
 
 TAG = 10**9  # a delivered token is source_tag * TAG + the sample's position in that source's own stream
 

@@ -3,7 +3,7 @@
 Run by ``tests/integration/test_replan_torchrun.py`` under ``torchrun``: trains from step ``--start`` (0, or
 the step saved next to ``--ckpt-in``) to ``--until`` over ``TokenDataset.mix(--data, --weights)``,
 then saves model, optimizer and loader to ``--ckpt-out``. With ``--replan`` the loader in the
-checkpoint re-plans onto this run's mixture (:class:`ferry.client.loader.ReplanOnLoad`). Every rank
+checkpoint re-plans onto this run's mixture (:class:`ferry.client.stream.loader.ReplanOnLoad`). Every rank
 appends ``{"step", "rank", "world_size", "input_ids"}`` per step to ``<out>/stream-rank<r>-<tag>.jsonl``.
 """
 
@@ -24,7 +24,7 @@ import torch.distributed.checkpoint as dcp
 from dcp_train import AppState, TinyLM
 
 from ferry.client import TokenDataset, TokenLoader
-from ferry.client.dcp import ReplanOnLoad
+from ferry.client.resume.dcp import ReplanOnLoad
 
 
 def main() -> int:

@@ -19,7 +19,7 @@ import numpy as np
 import torch.distributed as dist
 
 from ferry.client import TokenDataset, TokenLoader
-from ferry.client.partition import rank_positions
+from ferry.client.sampling.partition import rank_positions
 
 TIMEOUT_S = 20  # the process group's timeout: how long the ranks wait for each other
 BATCH = 4

@@ -17,9 +17,9 @@ import torch.distributed as dist
 from scripts.loader_common import pack_test_dataset
 
 from ferry.client.agree import Agreement, agreed_manifest
-from ferry.client.replicas import Replicas
+from ferry.client.fetching.replicas import Replicas
 from ferry.shard_tools.errors import DatasetError, DatasetNotFoundError
-from ferry.shard_tools.manifest import Manifest
+from ferry.shard_tools.format.manifest import Manifest
 
 TIMEOUT = timedelta(seconds=2)
 

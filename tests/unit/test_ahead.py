@@ -1,4 +1,5 @@
-"""``ferry.client.ahead.Ahead``: a thread makes items ready ahead of the consumer, in order, errors in their place."""
+"""``ferry.client.stream.ahead.Ahead``: a thread makes items ready ahead of the consumer, in order, errors in their
+place."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Generator
 
 import pytest
 
-from ferry.client.ahead import Ahead
+from ferry.client.stream.ahead import Ahead
 
 
 def test_items_arrive_in_order_and_the_end_stays_the_end() -> None:

@@ -21,7 +21,7 @@ import pytest
 from helpers import pack
 
 from ferry.shard_tools.cli import print_error, printable
-from ferry.shard_tools.header import version_id_of
+from ferry.shard_tools.format.header import version_id_of
 
 FERRY = [sys.executable, "-m", "ferry.shard_tools.cli"]
 # what a hostile writer puts in a field: OSC (set title), BEL, a newline and a forged line, RLO, the C1

@@ -6,9 +6,9 @@ import argparse
 import inspect
 
 from ferry import shard_tools
-from ferry.shard_tools import format as fmt
-from ferry.shard_tools import store
 from ferry.shard_tools.cli import build_parser
+from ferry.shard_tools.format import shard as fmt
+from ferry.shard_tools.storage import store
 
 EXPECTED_EXPORTS = {
     "__version__",

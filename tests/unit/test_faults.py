@@ -13,7 +13,7 @@ from ferry.service.replication.state import State
 from ferry.service.transfer.executor import Executor
 from ferry.service.transfer.stats import Stats
 from ferry.shard_tools.errors import FerryError
-from ferry.shard_tools.store import TEMP_MARKER, resolve
+from ferry.shard_tools.storage.store import TEMP_MARKER, resolve
 
 
 @pytest.mark.parametrize("dst_kind", ["memory", "file"])

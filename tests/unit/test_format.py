@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from ferry.shard_tools import ShardFormatError, TokenRangeError
-from ferry.shard_tools.format import (
+from ferry.shard_tools.format.shard import (
     compress,
     decompress,
     dtype_for_vocab,

@@ -1,6 +1,6 @@
 """A frame index is checked against the Arrow head of the file it describes before anything is read through it
-(ferry.shard_tools.seekable.check_layout, ferry.client.frames.FrameReader), and every frame against its leaf of the raw
-digest: lies the index digest cannot catch."""
+(ferry.shard_tools.format.seekable.check_layout, ferry.client.fetching.frames.FrameReader), and every frame against
+its leaf of the raw digest: lies the index digest cannot catch."""
 
 from __future__ import annotations
 
@@ -14,12 +14,11 @@ import xxhash
 import zstandard
 from test_seekable_format import FRAME, raw_shard, row
 
-from ferry.client.frames import FrameReader
-from ferry.shard_tools.digest import digest_bytes
+from ferry.client.fetching.frames import FrameReader
 from ferry.shard_tools.errors import ShardDigestError, ShardError, ShardFormatError
-from ferry.shard_tools.format import encode_shard_buffer, parse_shard
-from ferry.shard_tools.manifest import ShardInfo
-from ferry.shard_tools.seekable import (
+from ferry.shard_tools.format.digest import digest_bytes
+from ferry.shard_tools.format.manifest import ShardInfo
+from ferry.shard_tools.format.seekable import (
     check_layout,
     decode_head,
     encode_seekable,
@@ -28,6 +27,7 @@ from ferry.shard_tools.seekable import (
     max_index_bytes,
     parse_index,
 )
+from ferry.shard_tools.format.shard import encode_shard_buffer, parse_shard
 
 _TRAILER = struct.Struct("<IIQQI4s")
 

@@ -1,6 +1,7 @@
-"""The packages' import graph, read from the source with ast (nothing is imported): ferry.service's rooms
-(its top-level modules, replication, transfer, api) import each other without a cycle, transfer never
-imports replication, and ferry.client never imports ferry.service.
+"""The packages' import graph, read from the source with ast (nothing is imported): the rooms of each package
+(its subpackages, and each top-level module as a room of its own) import each other without a cycle;
+ferry.service's transfer never imports replication, ferry.client never imports ferry.service, and
+ferry.shard_tools imports neither ferry.client nor ferry.service.
 
 Every import counts, also one inside a function or under TYPE_CHECKING: a lazy import is still a
 dependency between rooms."""
@@ -11,9 +12,20 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
-FOLDERS = {"ferry.client": ROOT / "client", "ferry.service": ROOT / "service"}
-ROOMS = ("replication", "transfer", "api")  # subpackages of ferry.service; every other module is a room of its own
+FOLDERS = {
+    "ferry.client": ROOT / "client",
+    "ferry.service": ROOT / "service",
+    "ferry.shard_tools": ROOT / "shard_tools",
+}
+# each package's subpackages; every other module of the package is a room of its own
+ROOMS = {
+    "ferry.client": ("sampling", "fetching", "resume", "stream", "service", "integrations"),
+    "ferry.service": ("replication", "transfer", "api"),
+    "ferry.shard_tools": ("format", "storage", "sources", "packer"),
+}
 
 
 def module_name(package: str, path: Path) -> str:
@@ -41,31 +53,37 @@ def imported_modules(package: str, path: Path) -> Iterator[str]:
             yield from (f"{target}.{alias.name}" for alias in node.names)
 
 
-def room_of(module: str) -> str | None:
-    """The room of a ferry.service module (None outside ferry.service, and for the package itself)."""
+def room_of(package: str, module: str) -> str | None:
+    """The room of a module of ``package`` (None outside it, and for the package itself)."""
+    prefix = package.split(".")
     parts = module.split(".")
-    if parts[:2] != ["ferry", "service"] or len(parts) < 3:
+    if parts[: len(prefix)] != prefix or len(parts) <= len(prefix):
         return None
-    return parts[2] if parts[2] in ROOMS else ".".join(parts[:3])
+    first = parts[len(prefix)]
+    return first if first in ROOMS[package] else ".".join(parts[: len(prefix) + 1])
 
 
-def is_room(room: str) -> bool:
+def is_room(package: str, room: str) -> bool:
     """A subpackage, or a top-level module (``from ferry.service import Config`` names no module)."""
-    return room in ROOMS or (ROOT / "service" / f"{room.rpartition('.')[2]}.py").is_file()
+    return room in ROOMS[package] or (FOLDERS[package] / f"{room.rpartition('.')[2]}.py").is_file()
 
 
-def service_room_graph() -> dict[str, set[str]]:
+def room_graph(package: str) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
-    for path in sorted(FOLDERS["ferry.service"].rglob("*.py")):
-        source = room_of(module_name("ferry.service", path))
+    for path in sorted(FOLDERS[package].rglob("*.py")):
+        source = room_of(package, module_name(package, path))
         if source is None:
             continue
         edges = graph.setdefault(source, set())
-        for target in imported_modules("ferry.service", path):
-            room = room_of(target)
-            if room is not None and room != source and is_room(room):
+        for target in imported_modules(package, path):
+            room = room_of(package, target)
+            if room is not None and room != source and is_room(package, room):
                 edges.add(room)
     return graph
+
+
+def service_room_graph() -> dict[str, set[str]]:
+    return room_graph("ferry.service")
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -116,5 +134,46 @@ def test_client_never_imports_service() -> None:
         for path in sorted(FOLDERS["ferry.client"].rglob("*.py"))
         for target in imported_modules("ferry.client", path)
         if target == "ferry.service" or target.startswith("ferry.service.")
+    ]
+    assert offenders == []
+
+
+def test_every_subpackage_is_a_room() -> None:
+    for package, folder in FOLDERS.items():
+        found = {init.parent.name for init in folder.glob("*/__init__.py")}
+        assert found == set(ROOMS[package]), f"{package}: subpackages {sorted(found)}, rooms {ROOMS[package]}"
+
+
+@pytest.mark.parametrize("package", ["ferry.client", "ferry.shard_tools"])
+def test_the_rooms_import_each_other_without_a_cycle(package: str) -> None:
+    graph = room_graph(package)
+    assert set(ROOMS[package]) <= graph.keys()
+    cycle = find_cycle(graph)
+    assert cycle is None, f"import cycle between {package}'s rooms: {' -> '.join(cycle or [])}"
+
+
+def test_the_client_rooms_import_downward() -> None:
+    graph = room_graph("ferry.client")
+    assert "fetching" in graph["stream"] and "sampling" in graph["resume"]  # the graph sees real edges
+    assert graph["sampling"] == set(), graph["sampling"]
+    assert not graph["fetching"] & set(ROOMS["ferry.client"]), graph["fetching"]
+    assert not graph["resume"] & {"stream", "service", "integrations"}, graph["resume"]
+    assert not graph["service"] & set(ROOMS["ferry.client"]), graph["service"]
+
+
+def test_the_shard_tools_rooms_import_downward() -> None:
+    graph = room_graph("ferry.shard_tools")
+    assert "format" in graph["packer"] and "storage" in graph["packer"]  # the graph sees real edges
+    assert not graph["format"] & set(ROOMS["ferry.shard_tools"]), graph["format"]
+    assert not graph["storage"] & {"sources", "packer"}, graph["storage"]
+    assert not graph["sources"] & {"storage", "packer"}, graph["sources"]
+
+
+def test_shard_tools_never_imports_client_or_service() -> None:
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {target}"
+        for path in sorted(FOLDERS["ferry.shard_tools"].rglob("*.py"))
+        for target in imported_modules("ferry.shard_tools", path)
+        if target.split(".")[:2] in (["ferry", "client"], ["ferry", "service"])
     ]
     assert offenders == []

@@ -25,7 +25,7 @@ from ferry.service.replication.lease import (
     view_lease,
 )
 from ferry.shard_tools.errors import StorageError
-from ferry.shard_tools.store import (
+from ferry.shard_tools.storage.store import (
     STALE_TEMP_SECONDS,
     TEMP_MARKER,
     Location,

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from ferry.shard_tools.errors import ManifestError
-from ferry.shard_tools.header import version_path
-from ferry.shard_tools.manifest import Manifest, ShardTable, Tokenizer, lineage_of, next_lineage
-from ferry.shard_tools.publish import carry_lineage, descends_from, lineage_path, store_version
-from ferry.shard_tools.store import Location, resolve
+from ferry.shard_tools.format.header import version_path
+from ferry.shard_tools.format.manifest import Manifest, ShardTable, Tokenizer, lineage_of, next_lineage
+from ferry.shard_tools.storage.publish import carry_lineage, descends_from, lineage_path, store_version
+from ferry.shard_tools.storage.store import Location, resolve
 
 _names = itertools.count()
 

@@ -11,9 +11,9 @@ from scripts.loader_common import pack_test_dataset
 
 from ferry.client import TokenDataset, TokenLoader
 from ferry.shard_tools.dataset import open_dataset
-from ferry.shard_tools.manifest import Manifest, ShardTable
-from ferry.shard_tools.publish import publish_version
-from ferry.shard_tools.store import resolve
+from ferry.shard_tools.format.manifest import Manifest, ShardTable
+from ferry.shard_tools.storage.publish import publish_version
+from ferry.shard_tools.storage.store import resolve
 
 SHARDS = 100_000
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ferry.shard_tools import ManifestError
-from ferry.shard_tools.manifest import Manifest, ShardInfo, ShardTable, Tokenizer
+from ferry.shard_tools.format.manifest import Manifest, ShardInfo, ShardTable, Tokenizer
 
 DIGEST = "xxh128:" + "0" * 32
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from scripts.loader_common import pack_test_dataset, token_stream
 
 from ferry.client import TokenDataset, TokenLoader
-from ferry.client.mixing import MAX_PERIOD, MixSchedule
+from ferry.client.sampling.mixing import MAX_PERIOD, MixSchedule
 from ferry.shard_tools.errors import StateError, UsageError
 
 

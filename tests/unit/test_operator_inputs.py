@@ -2,7 +2,7 @@
 traceback or made-up output, and inspecting a checkpoint never runs code from it.
 
 ``ferry trace`` checks its step, rank and batch with the same checks ``TokenLoader.trace`` uses;
-mixing weights are checked once (``ferry.client.mixing.check_weights``) for ``MixedDataset`` and the
+mixing weights are checked once (``ferry.client.sampling.mixing.check_weights``) for ``MixedDataset`` and the
 schedule; ``ferry state`` reads a ``torch.distributed.checkpoint`` with an unpickler that builds
 only DCP's metadata classes and plain values unless ``--trust-pickle`` is given.
 """
@@ -21,11 +21,11 @@ import pytest
 from scripts.replan_common import Counting, mix, run
 
 from ferry.client import TokenDataset, TokenLoader
-from ferry.client.mixing import MixSchedule
-from ferry.client.state_cli import main as state_main
-from ferry.client.state_cli import read_state
-from ferry.client.trace import main as trace_main
-from ferry.client.trace import step_positions, trace_positions
+from ferry.client.resume.state_cli import main as state_main
+from ferry.client.resume.state_cli import read_state
+from ferry.client.sampling.mixing import MixSchedule
+from ferry.client.stream.trace import main as trace_main
+from ferry.client.stream.trace import step_positions, trace_positions
 from ferry.shard_tools.cli import main as ferry
 from ferry.shard_tools.errors import InvalidValueError, StateError, UsageError
 
@@ -291,7 +291,7 @@ def test_a_checkpoint_entry_pointing_outside_its_directory_is_refused(tmp_path: 
 def test_state_files_that_are_not_files_are_refused_without_reading(
     tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from ferry.client.state_cli import MAX_STATE_BYTES
+    from ferry.client.resume.state_cli import MAX_STATE_BYTES
 
     path = tmp_path / "s.json"
     if kind == "fifo":

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from ferry.shard_tools import PackOptions, open_dataset, pack, pack_documents
 from ferry.shard_tools.export import export_megatron
-from ferry.shard_tools.megatron import read_index, write_megatron
+from ferry.shard_tools.format.megatron import read_index, write_megatron
 
 VOCAB = 1000
 EOS = VOCAB - 1

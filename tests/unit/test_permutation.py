@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ferry.client.order import GlobalOrder, IdentityOrder, WindowOrder, make_order
-from ferry.client.permutation import derive_key, feistel_permute
+from ferry.client.sampling.order import GlobalOrder, IdentityOrder, WindowOrder, make_order
+from ferry.client.sampling.permutation import derive_key, feistel_permute
 
 
 @settings(max_examples=200, deadline=None)

@@ -14,7 +14,7 @@ from ferry.service.replication.planner import (
     plan_retention,
     plan_sync,
 )
-from ferry.shard_tools.store import TEMP_MARKER
+from ferry.shard_tools.storage.store import TEMP_MARKER
 
 
 def shard(i: int, size: int = 100) -> ShardRef:

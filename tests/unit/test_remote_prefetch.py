@@ -11,7 +11,7 @@ import pytest
 from scripts.loader_common import pack_test_dataset
 
 from ferry.client import TokenDataset
-from ferry.client.partition import rank_positions
+from ferry.client.sampling.partition import rank_positions
 
 BATCH = 8
 

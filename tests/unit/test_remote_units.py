@@ -11,12 +11,12 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 
-from ferry.client.fetch import FetchOptions, Link, RaceLost, ShardSink, race
+from ferry.client.fetching.fetch import FetchOptions, Link, RaceLost, ShardSink, race
 from ferry.client.stats import Counters, merge, render_prometheus, subtract, summarise
-from ferry.shard_tools.digest import digest_bytes
 from ferry.shard_tools.errors import ShardDigestError, ShardFormatError, ShardMissingError, StorageError, UsageError
-from ferry.shard_tools.format import compress, encode_shard
-from ferry.shard_tools.manifest import ShardInfo
+from ferry.shard_tools.format.digest import digest_bytes
+from ferry.shard_tools.format.manifest import ShardInfo
+from ferry.shard_tools.format.shard import compress, encode_shard
 
 
 def _answer(value: bytes | BaseException, after: float = 0.0) -> Future[bytes]:
@@ -84,14 +84,14 @@ def test_a_hung_replica_stays_behind_one_that_was_slow_once(monkeypatch: pytest.
     """Replica 0 never answers; replica 1 then answers one read late (past its deadline). That read is hedged
     to a new connection of replica 1, not to replica 0, which never answered; and the read after it still
     goes to replica 1 first: being slow once does not put a replica behind one that hung."""
-    from ferry.client import replicas as module
+    from ferry.client.fetching import replicas as module
 
     urls = [str(tmp_path / "a"), str(tmp_path / "b")]
     replicas = module.Replicas(urls, fetch={"deadline_floor": 0.2, "deadline_slack": 0.01})
     asked: list[int] = []
     late = {1: 0.3}  # replica 1's second read answers after 0.3 s
 
-    def start_read(loc, _rel, start, end, _pool):  # noqa: ANN001, ANN202 — stands in for ferry.client.fetch.start_read
+    def start_read(loc, _rel, start, end, _pool):  # noqa: ANN001, ANN202 — stands in for ferry.client.fetching.fetch.start_read
         i = urls.index(loc.url)
         asked.append(i)
         if i == 0:

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from scripts.replan_common import Counting, endless, mix, per_source, run
 
 from ferry.client import TokenDataset, TokenLoader
-from ferry.client.mixed import MixedDataset
-from ferry.client.state import fingerprint
+from ferry.client.resume.state import fingerprint
+from ferry.client.stream.mixed import MixedDataset
 from ferry.shard_tools.errors import StateError
 
 
@@ -172,7 +172,7 @@ def test_real_datasets_continue_exactly_after_reweighting_and_a_new_source(urls:
 def test_a_run_continues_on_an_appended_version_epoch_by_epoch(tmp_path: Any, shuffle: str) -> None:
     from scripts.loader_common import make_documents, pack_test_dataset
 
-    from ferry.shard_tools.packing import PackOptions, pack_documents
+    from ferry.shard_tools.packer.packing import PackOptions, pack_documents
 
     url = pack_test_dataset(str(tmp_path / "d"), 60, seed=1, shard_size=2048)
     cache = str(tmp_path / "cache")
@@ -239,7 +239,7 @@ def _rows_of(ds: TokenDataset, ids: np.ndarray) -> np.ndarray:
 def test_a_mixture_source_continues_on_its_appended_version(tmp_path: Any) -> None:
     from scripts.loader_common import make_documents, pack_test_dataset
 
-    from ferry.shard_tools.packing import PackOptions, pack_documents
+    from ferry.shard_tools.packer.packing import PackOptions, pack_documents
 
     urls = [pack_test_dataset(str(tmp_path / n), 40, seed=i, shard_size=2048) for i, n in enumerate("ab")]
     cache = str(tmp_path / "cache")

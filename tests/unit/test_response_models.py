@@ -1,4 +1,4 @@
-"""The API's response models are built from the records of ferry.client.service_types, which own their
+"""The API's response models are built from the records of ferry.client.service.service_types, which own their
 fields: the model adds only descriptions, bounds and narrower string types."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Literal
 import pydantic
 import pytest
 
-from ferry.client import service_types as wire
+from ferry.client.service import service_types as wire
 from ferry.service.api import models
 from ferry.service.api.models import response_model
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ferry.client.mixing import MixSchedule
-from ferry.client.schedule import Schedule, quota_of
+from ferry.client.sampling.mixing import MixSchedule
+from ferry.client.sampling.schedule import Schedule, quota_of
 
 
 @st.composite

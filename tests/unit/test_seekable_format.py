@@ -1,4 +1,4 @@
-"""Stored formats 2 and 3 (shard_tools.seekable): frames, frame index, digests, bounds — pure, in memory."""
+"""Stored formats 2 and 3 (shard_tools.format.seekable): frames, frame index, digests, bounds — pure, in memory."""
 
 from __future__ import annotations
 
@@ -11,12 +11,11 @@ import pytest
 import xxhash
 import zstandard
 
-from ferry.client.frames import FrameReader
-from ferry.shard_tools.digest import TreeHasher, digest_bytes, raw_digest, tree_digest
+from ferry.client.fetching.frames import FrameReader
 from ferry.shard_tools.errors import ManifestError, ShardDigestError, ShardFormatError
-from ferry.shard_tools.format import decompress, encode_shard_buffer, parse_shard
-from ferry.shard_tools.manifest import ShardInfo, ShardTable
-from ferry.shard_tools.seekable import (
+from ferry.shard_tools.format.digest import TreeHasher, digest_bytes, raw_digest, tree_digest
+from ferry.shard_tools.format.manifest import ShardInfo, ShardTable
+from ferry.shard_tools.format.seekable import (
     DEFAULT_FRAME_SIZE,
     MIN_FRAME_SIZE,
     decode_frame,
@@ -26,6 +25,7 @@ from ferry.shard_tools.seekable import (
     load_index,
     parse_index,
 )
+from ferry.shard_tools.format.shard import decompress, encode_shard_buffer, parse_shard
 
 FRAME = MIN_FRAME_SIZE  # small frames: many of them in a small shard
 
@@ -308,8 +308,8 @@ def test_a_batch_of_ranges_is_fetched_in_parallel_then_read_from_the_block_cache
 def test_a_shard_is_encoded_as_pieces_written_unjoined_to_any_store(tmp_path: Path) -> None:
     """Format 2's frames are kept apart (joining them cost a fifth of compressing them) and written one after
     the other; what lands, locally or on a remote store, is the same stored shard its row describes."""
-    from ferry.shard_tools.seekable import encode_shard_frames
-    from ferry.shard_tools.store import resolve
+    from ferry.shard_tools.format.seekable import encode_shard_frames
+    from ferry.shard_tools.storage.store import resolve
 
     raw, _, _ = raw_shard()
     encoded = encode_shard_frames(raw, 1, FRAME)

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ferry.shard_tools import UsageError
-from ferry.shard_tools.megatron import write_megatron
-from ferry.shard_tools.packunit import cut_shards, with_eos
+from ferry.shard_tools.format.megatron import write_megatron
+from ferry.shard_tools.packer.packunit import cut_shards, with_eos
 from ferry.shard_tools.sources import DocBatch, SourceOptions, detect_format, plan_units
 from ferry.shard_tools.sources.megatron import plan_megatron
 

@@ -12,7 +12,7 @@ import pytest
 from scripts.replan_common import Counting, mix, run
 
 from ferry.client import TokenDataset, TokenLoader
-from ferry.client.state_cli import main, read_state
+from ferry.client.resume.state_cli import main, read_state
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -28,8 +28,8 @@ def _save(path: Path, state: dict[str, Any]) -> str:
 def test_the_commands_are_registered_as_ferry_entry_points() -> None:
     root = Path(__file__).resolve().parents[2]
     eps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["entry-points"]["ferry.commands"]
-    assert eps["state"] == "ferry.client.state_cli:register"
-    assert eps["trace"] == "ferry.client.trace:register"
+    assert eps["state"] == "ferry.client.resume.state_cli:register"
+    assert eps["trace"] == "ferry.client.stream.trace:register"
     # what `ferry` does with them (ferry.shard_tools.cli.build_parser): load, register, parse
     import argparse
     import importlib
@@ -42,7 +42,8 @@ def test_the_commands_are_registered_as_ferry_entry_points() -> None:
     args = parser.parse_args(["state", "skip", "s.json", "--steps", "3", "--global-batch", "8", "-o", "t.json"])
     assert (args.command, args.state_command, args.steps, args.global_batch) == ("state", "skip", 3, 8)
     assert (
-        parser.parse_args(["trace", "--state", "s.json", "--global-batch", "8"]).func.__module__ == "ferry.client.trace"
+        parser.parse_args(["trace", "--state", "s.json", "--global-batch", "8"]).func.__module__
+        == "ferry.client.stream.trace"
     )
 
 
@@ -149,7 +150,7 @@ def test_replan_on_load_matches_the_checkpoints_shape_from_version_1_to_2(tmp_pa
     pytest.importorskip("torch")
     import torch.distributed.checkpoint as dcp
 
-    from ferry.client.dcp import ReplanOnLoad
+    from ferry.client.resume.dcp import ReplanOnLoad
 
     one, _ = run(Counting(0), None, 1, 5, 2)
     plain = TokenLoader(Counting(0), 5, rank=0, world_size=1)

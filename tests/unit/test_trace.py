@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from ferry.client import TokenDataset, TokenLoader
-from ferry.client.trace import main
+from ferry.client.stream.trace import main
 from ferry.shard_tools.cli import main as ferry
 from ferry.shard_tools.dataset import open_dataset
-from ferry.shard_tools.tokenizer import ByteTokenizer
+from ferry.shard_tools.sources.tokenizer import ByteTokenizer
 
 EOS = 256
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 import ferry.service.transfer.transfer as transfer
-from ferry.shard_tools.digest import digest_bytes
 from ferry.shard_tools.errors import ShardDigestError, ShardFormatError, StorageError
-from ferry.shard_tools.store import resolve
+from ferry.shard_tools.format.digest import digest_bytes
+from ferry.shard_tools.storage.store import resolve
 
 
 def _setup(tmp_path: Path, size: int) -> tuple[Any, Any, bytes]:

@@ -1,0 +1,311 @@
+"""Fetching over a slow or unreliable link: deadlines, hedged requests, and shards streamed into a file.
+
+- Every request has a deadline: ``floor + slack * (latency + bytes / rate)``, from the round trip and
+  per-connection rate observed on that replica (a conservative prior before the first transfer).
+- A request past its deadline is sent to the next replica as well (:func:`race`); the first good answer
+  wins and the others are cancelled: an S3 request is a task on fsspec's event loop, and cancelling it
+  closes its connection. A local read cannot be interrupted, so it runs in a bounded thread pool.
+- A shard is read as parallel ranged reads of ``part_size`` bytes, at most ``connections`` in flight,
+  consumed in order by :class:`ShardSink`: its stored digest is computed as it streams and it is
+  decompressed by a streaming zstd decoder straight into a file, checked against the manifest's raw size
+  and digest at the end. Memory is a few parts per shard being fetched, never the shard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import zstandard
+
+from ferry.shard_tools.errors import FerryError, ShardDigestError, ShardFormatError, UsageError
+from ferry.shard_tools.format.digest import Hasher, raw_hasher
+from ferry.shard_tools.format.manifest import ShardInfo
+from ferry.shard_tools.format.shard import MAX_EXPANSION
+from ferry.shard_tools.storage.store import Location
+
+from .. import checks
+
+__all__ = ["FetchOptions", "Link", "Missing", "RaceLost", "ShardSink", "race", "start_read"]
+
+_SMALL = 256 << 10  # a request this small measures the round trip, a larger one the rate
+_EWMA = 0.3
+_WRITE = 1 << 20  # decoder output chunk: the decoder never holds more than this
+
+
+@dataclass(frozen=True)
+class FetchOptions:
+    """How shards and manifests are fetched (``TokenDataset(fetch={...})``).
+
+    part_size: bytes per ranged read of a shard (4 MiB: about 0.1 s at 40 MB/s; a 30 ms round trip costs
+        ~22% of one connection, and 8 of them still carry 250 MB/s. Finer parts end a shard's fetch more
+        evenly, so the next shard's parts start sooner: a cold first batch of two 64 MiB shards at 30 ms
+        came ~0.1 s sooner than with 8 MiB parts. On round trips of 100 ms or more raise it to 8-16 MiB.)
+    connections: ranged reads in flight per process (8: fills a link of 8 capped connections; memory is
+        about ``connections`` parts per shard being fetched).
+    deadline_floor, deadline_slack: a request's deadline is ``floor + slack * expected`` seconds
+        (2 s and 4x: a healthy request on a jittery link is not hedged, a hung one costs ~2 s).
+    prior_rate, prior_latency: assumed per-connection rate (bytes/s) and round trip before measurements.
+
+    Each real-valued option lies in a range (``_FLOAT_RANGE``) that keeps every deadline finite.
+    """
+
+    part_size: int = 4 << 20
+    connections: int = 8
+    deadline_floor: float = 2.0
+    deadline_slack: float = 4.0
+    prior_rate: float = 10e6
+    prior_latency: float = 0.1
+
+    @classmethod
+    def of(cls, value: Any) -> FetchOptions:
+        """``None`` (defaults), a FetchOptions, or a mapping of its fields (checked)."""
+        if value is None:
+            return cls()
+        if isinstance(value, FetchOptions):
+            return value
+        if not isinstance(value, dict):
+            raise UsageError(f"fetch must be a mapping of fetch options, got {checks.show(value)}")
+        unknown = set(value) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise UsageError(f"fetch: unknown option(s) {sorted(unknown)}; know {sorted(cls.__dataclass_fields__)}")
+        out: dict[str, Any] = {}
+        for key, v in value.items():
+            if key in ("part_size", "connections"):
+                low = 4096 if key == "part_size" else 1
+                out[key] = (
+                    checks.size(f"fetch.{key}", v) if key == "part_size" else checks.integer(f"fetch.{key}", v, 1)
+                )
+                if out[key] < low:
+                    raise UsageError(f"fetch.{key} must be at least {low}, got {v}")
+            else:
+                lo, hi = _FLOAT_RANGE[key]
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+                    raise UsageError(f"fetch.{key} must be a number in [{lo:g}, {hi:g}], got {checks.show(v)}")
+                out[key] = float(v)
+        return cls(**out)
+
+
+# the range of each real-valued option: every deadline stays a finite number of seconds
+_FLOAT_RANGE = {
+    "deadline_floor": (1e-3, 1e6),
+    "deadline_slack": (1e-3, 1e6),
+    "prior_rate": (1.0, 1e15),
+    "prior_latency": (1e-6, 1e6),
+}
+
+
+class Link:
+    """What one replica's link has shown: round trip and per-connection rate (moving averages)."""
+
+    def __init__(self, options: FetchOptions) -> None:
+        self.latency = options.prior_latency
+        self.rate = options.prior_rate
+
+    def expected(self, nbytes: int) -> float:
+        return self.latency + nbytes / self.rate
+
+    def observe(self, nbytes: int, seconds: float) -> None:
+        if nbytes <= _SMALL:
+            self.latency += _EWMA * (seconds - self.latency)
+        else:
+            rate = nbytes / max(seconds - self.latency, seconds / 4, 1e-4)
+            self.rate += _EWMA * (rate - self.rate)
+
+
+class Missing(Exception):
+    """The replica answered that it does not have the object (not a fault of the replica)."""
+
+
+class RaceLost(Exception):
+    """No replica gave a good answer: ``errors`` (url, text), ``missing`` replicas, ``timed_out``."""
+
+    def __init__(self, errors: list[tuple[int, str]], missing: int, timed_out: int, kinds: set[type[Exception]]):
+        super().__init__("; ".join(text for _, text in errors))
+        self.errors, self.missing, self.timed_out, self.kinds = errors, missing, timed_out, kinds
+
+
+def start_read(loc: Location, rel: str, start: int | None, end: int | None, pool: Executor) -> Future[bytes]:
+    """A cancellable read of ``rel`` (bytes ``[start, end)``, or all of it): a task on the filesystem's
+    event loop when it has one (cancelling closes the connection), else a job in ``pool``."""
+    fs, path = loc.fs, loc.full(rel)
+    if getattr(fs, "async_impl", False) and getattr(fs, "loop", None) is not None:
+        coro = fs._cat_file(path, start=start, end=end)
+        return asyncio.run_coroutine_threadsafe(coro, fs.loop)
+    return pool.submit(fs.cat_file, path, start=start, end=end)
+
+
+@dataclass
+class _Attempt:
+    replica: int
+    started: float
+    deadline: float
+
+
+def race(
+    tries: list[int],
+    start: Callable[[int], Future[bytes]],
+    deadline: Callable[[int], float],
+    check: Callable[[int, bytes, float], None],
+    on_hedge: Callable[[int], None],
+    on_error: Callable[[int, BaseException, float], str],
+    spare: int | None = None,
+    on_unanswered: Callable[[list[int]], None] | None = None,
+) -> tuple[int, bytes]:
+    """Ask ``tries[0]``; on an error ask the next at once, past a deadline ask the next too; first good
+    answer wins, the rest are cancelled. ``check`` raises on a bad answer; ``on_error`` classifies an
+    error (``missing`` / ``failed``). ``spare``: a replica asked once more when the last one passes its
+    deadline (a single replica: a new connection). ``on_unanswered`` is told, when the race ends, the
+    replicas that passed their deadline and never answered (a hung replica, not merely a slow one).
+    Raises :class:`RaceLost`."""
+    running: dict[Future[bytes], _Attempt] = {}
+    errors: list[tuple[int, str]] = []
+    kinds: set[type[Exception]] = set()
+    missing = timed_out = 0
+    queue = list(tries)
+    winner: int | None = None
+    try:
+        for _ in range(4 * len(tries) + 4):  # each round starts, finishes or times out an attempt
+            if not running and queue:
+                i = queue.pop(0)
+                now = time.monotonic()
+                running[start(i)] = _Attempt(i, now, now + deadline(i))
+            if not running:
+                break
+            newest = max(running.values(), key=lambda a: a.started)
+            left = min(max(0.0, newest.deadline - time.monotonic()), threading.TIMEOUT_MAX)  # a wait has a limit
+            done, _ = wait(list(running), timeout=left, return_when=FIRST_COMPLETED)
+            for fut in done:
+                att = running.pop(fut)
+                elapsed = time.monotonic() - att.started
+                try:
+                    data = fut.result()
+                    check(att.replica, data, elapsed)
+                    winner = att.replica
+                    return att.replica, data
+                except Exception as exc:  # noqa: BLE001 — every failure of one replica is a reason to try the next
+                    kind = on_error(att.replica, exc, elapsed)
+                    missing += kind == "missing"
+                    errors.append((att.replica, "missing" if kind == "missing" else _text(exc)))
+                    kinds.add(type(exc))
+            if done:
+                continue
+            on_hedge(newest.replica)  # past its deadline: keep it running, ask the next replica too
+            newest.deadline = float("inf")
+            if not queue and spare is not None:
+                queue, spare = [spare], None
+            if queue:
+                i = queue.pop(0)
+                now = time.monotonic()
+                running[start(i)] = _Attempt(i, now, now + deadline(i))
+            elif all(a.deadline == float("inf") for a in running.values()):
+                break
+        for att in running.values():
+            timed_out += 1
+            errors.append((att.replica, f"no answer within {time.monotonic() - att.started:.1f}s (deadline)"))
+        raise RaceLost(errors, missing, timed_out, kinds)
+    finally:
+        for fut in running:
+            fut.cancel()  # the losers: an S3 task is cancelled and its connection closed
+        # the replica that answered (perhaps on another connection) is not hung, however late its other attempt
+        unanswered = sorted({a.replica for a in running.values() if a.deadline == float("inf")} - {winner})
+        if unanswered and on_unanswered is not None:
+            on_unanswered(unanswered)
+
+
+def _text(exc: BaseException) -> str:
+    """A failed attempt in words: a ferry error's message; another's with its class, which often says more
+    than the message (aiohttp's ``TooManyRedirects`` reads ``0, message='', url=...``)."""
+    return str(exc) if isinstance(exc, FerryError) else f"{type(exc).__name__}: {exc}"
+
+
+class _RawOut:
+    """Where the decoder writes: counted against the manifest's raw size, hashed, written to the file."""
+
+    def __init__(self, info: ShardInfo, out: BinaryIO) -> None:
+        self.info, self.out = info, out
+        self.hasher = raw_hasher(info.frame_size)  # tree-shaped in stored format 3, as the row says
+        self.written = 0
+
+    def write(self, data: bytes) -> int:
+        self.written += len(data)
+        if self.written > self.info.raw_bytes:
+            raise ShardFormatError(
+                self.info.path, f"frame yields more than the {self.info.raw_bytes} raw bytes it declares"
+            )
+        self.hasher.update(data)
+        self.out.write(data)
+        return len(data)
+
+
+class ShardSink:
+    """A stored shard fed in order, part by part: stored digest as it streams, decoded into ``out``."""
+
+    def __init__(self, info: ShardInfo, out: BinaryIO) -> None:
+        if info.raw_bytes < 0 or info.raw_bytes > MAX_EXPANSION * max(info.stored_bytes, 1):
+            raise ShardFormatError(
+                info.path,
+                f"manifest says {info.raw_bytes} raw bytes from {info.stored_bytes} stored bytes, more than any "
+                f"zstd frame expands (at most {MAX_EXPANSION}:1): a decompression bomb or a corrupt manifest",
+            )
+        self.info = info
+        self.stored = Hasher()
+        self.raw = _RawOut(info, out)
+        self._writer = zstandard.ZstdDecompressor().stream_writer(self.raw, write_size=_WRITE, closefd=False)  # type: ignore[arg-type]  # needs only write()
+        self._head = b""
+
+    def feed(self, data: bytes) -> None:
+        if self.stored.nbytes + len(data) > self.info.stored_bytes:
+            raise ShardFormatError(
+                self.info.path, f"stored copy is longer than the {self.info.stored_bytes} bytes the manifest says"
+            )
+        if len(self._head) < 18:
+            self._head += data[: 18 - len(self._head)]
+            if len(self._head) >= min(18, self.info.stored_bytes):
+                self._check_header()
+        self.stored.update(data)
+        try:
+            self._writer.write(data)
+        except zstandard.ZstdError as exc:
+            raise ShardFormatError(
+                self.info.path, f"not a valid zstd frame ({exc}); the shard is truncated or corrupt"
+            ) from exc
+
+    def _check_header(self) -> None:
+        info = self.info
+        if self._head[:4] != zstandard.FRAME_HEADER:
+            raise ShardFormatError(
+                info.path, "does not start with a zstd frame; the shard is corrupt or not a ferry shard"
+            )
+        try:
+            size = zstandard.get_frame_parameters(self._head).content_size
+        except zstandard.ZstdError as exc:
+            raise ShardFormatError(
+                info.path, f"unreadable zstd frame header ({exc}); the shard is truncated or corrupt"
+            ) from exc
+        # format 1 is one frame of the whole raw shard; formats 2 and 3's first frame holds at most all of it (the
+        # frame index pins every frame's size and is checked by the frame reader; here the whole-shard digests)
+        if size != info.raw_bytes if info.stored_format == 1 else not 0 < size <= max(info.raw_bytes, 1):
+            raise ShardFormatError(info.path, f"frame says {size} raw bytes, manifest says {info.raw_bytes}")
+
+    def finish(self) -> None:
+        """Every check of :func:`ferry.shard_tools.dataset.decode_stored_shard`, on what streamed through."""
+        info = self.info
+        if self.stored.nbytes != info.stored_bytes:
+            raise ShardFormatError(
+                info.path, f"stored size is {self.stored.nbytes} bytes, manifest says {info.stored_bytes} (truncated?)"
+            )
+        if self.stored.hexdigest() != info.stored_digest:
+            raise ShardDigestError(info.path, "stored bytes do not match the manifest digest (corrupt copy)")
+        self._writer.flush()
+        if self.raw.written != info.raw_bytes:
+            raise ShardFormatError(
+                info.path, f"decompressed to {self.raw.written} bytes, manifest says {info.raw_bytes}"
+            )
+        if self.raw.hasher.hexdigest() != info.raw_digest:
+            raise ShardDigestError(info.path, "decompressed bytes do not match the manifest raw digest")

@@ -1,0 +1,442 @@
+"""The replicas of one dataset: read its manifest and its stored shards from the first healthy one.
+
+Replicas are given nearest first. Every request has a deadline (see :mod:`ferry.client.fetching.fetch`); past it the
+same request goes to the next replica too, the first good answer wins and the others are cancelled,
+and the slow replica is tried last from then on in this process; one that never answered (hung) stays
+behind every replica that did answer, even one slow once since, until it answers. A replica that fails a read is tried
+last for later reads of the same kind; one that merely lacks an object (a partial replica, e.g. the
+daemon's destination still being filled, which may have no manifest yet) keeps its place, so shards it
+holds keep being read from it. Every stored shard is checked against the manifest (size, stored digest,
+decompressed size and raw digest) as it streams into the cache. Filesystems, thread pools and
+connections are per process, so the object can be pickled into DataLoader workers. A URL is printed (in
+errors, stats and states) as :func:`shown` makes it: without the user info and query string a URL may
+carry credentials in.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any, BinaryIO
+from urllib.parse import SplitResult, urlsplit, urlunsplit
+
+from ferry.shard_tools.errors import (
+    DatasetError,
+    DatasetNotFoundError,
+    ManifestError,
+    ShardError,
+    ShardMissingError,
+    StorageError,
+    UsageError,
+)
+from ferry.shard_tools.format.digest import digest_bytes
+from ferry.shard_tools.format.header import MANIFEST_FILE, version_path
+from ferry.shard_tools.format.manifest import Manifest, ShardInfo
+from ferry.shard_tools.storage.store import Location, resolve
+
+from ..checks import show
+from ..stats import COUNTERS
+from .fetch import FetchOptions, Link, Missing, RaceLost, ShardSink, race, start_read
+from .pools import DaemonPool
+
+__all__ = ["Replicas", "shown"]
+
+_MANIFEST_HINT = 1 << 20  # a manifest header is read as one ranged GET of this many bytes (it is far smaller)
+
+
+def shown(url: str) -> str:
+    """``url`` as ferry prints it: without user info (``user:password@``), query string or fragment, where
+    credentials and tokens go (``https://user:pw@host/ds?token=...`` is shown as ``https://host/ds``)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # e.g. an unclosed IPv6 bracket: cut what may hide a secret without parsing
+        return re.sub(r"^([^:/?#]+://)[^/?#]*@", r"\1", url).partition("?")[0].partition("#")[0]
+    if len(parts.scheme) < 2 or not (parts.netloc and "@" in parts.netloc or parts.query or parts.fragment):
+        return url  # a plain (or Windows) path, or nothing to hide
+    return urlunsplit((parts.scheme, _host(parts), parts.path, "", ""))
+
+
+# Azure URLs name the container before the "@" (abfs://container@account.dfs.core.windows.net/path)
+_CONTAINER_AT = {"abfs", "abfss", "az", "wasb", "wasbs"}
+
+
+def _host(parts: SplitResult) -> str:
+    """The netloc without user info (an Azure container name, without a ":", stays)."""
+    user, at, host = parts.netloc.rpartition("@")
+    return parts.netloc if at and parts.scheme.lower() in _CONTAINER_AT and ":" not in user else host
+
+
+def _secrets(url: str) -> list[str]:
+    """The user info, password and query string of ``url`` (longest first), to scrub from other text."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return []  # its shown form already leaves them out; text quoting it whole is replaced whole
+    if len(parts.scheme) < 2:
+        return []
+    user = parts.netloc[: len(parts.netloc) - len(_host(parts))].rstrip("@")
+    hidden = [user, parts.password or "", parts.query]
+    return sorted({h for h in hidden if len(h) >= 4}, key=len, reverse=True)  # shorter ones: too common to cut
+
+
+class _Pools:
+    """This process's threads: ``parts`` runs ranged reads of shards (``connections`` at a time), ``io``
+    runs reads of filesystems without an event loop (local files)."""
+
+    def __init__(self, connections: int) -> None:
+        self.parts = DaemonPool(connections, "ferry-fetch")  # never holds up the end of the process
+        self.io = DaemonPool(2 * connections, "ferry-io")
+
+    def shutdown(self) -> None:
+        self.parts.shutdown(wait=False, cancel_futures=True)
+        self.io.shutdown(wait=False, cancel_futures=True)
+
+
+class Replicas:
+    """One dataset at several URLs (nearest first)."""
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        storage_options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        *,
+        fetch: FetchOptions | Mapping[str, Any] | None = None,
+    ) -> None:
+        self.urls = _urls(urls)
+        self.names = [shown(u) for u in self.urls]  # what errors, stats and states show of each URL
+        if storage_options is None or isinstance(storage_options, Mapping):
+            self.options = [dict(storage_options or {}) for _ in self.urls]
+        else:
+            plain = isinstance(storage_options, Sequence) and not isinstance(storage_options, (str, bytes))
+            if not plain or not all(isinstance(o, Mapping) for o in storage_options):
+                # by type only: the value is likely to hold keys and secrets (a JSON string of the mapping)
+                names = [type(o).__name__ for o in storage_options] if plain else [type(storage_options).__name__]
+                kinds = f"a list of {', '.join(names[:8])}" if plain else f"a value of type {names[0]}"
+                raise UsageError(f"storage_options must be a mapping or a list of them, got {kinds}")
+            self.options = [dict(o) for o in storage_options]
+            if len(self.options) != len(self.urls):
+                raise UsageError(
+                    f"storage_options has {len(self.options)} mappings for {len(self.urls)} URLs: "
+                    "give one mapping for all, or one per URL"
+                )
+        self.fetch_options = FetchOptions.of(dict(fetch) if isinstance(fetch, Mapping) else fetch)
+        self._order = list(range(len(self.urls)))  # for shard reads
+        self._manifest_order = list(range(len(self.urls)))
+        self._links = [Link(self.fetch_options) for _ in self.urls]
+        self._hung: set[int] = set()  # passed a deadline and never answered: behind the others until it does
+        self._locations: dict[int, Location] = {}
+        self._pools: _Pools | None = None
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(_locations={}, _pools=None, _lock=None)  # re-made in the receiving process
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def _fresh(self) -> None:
+        if self._pid != os.getpid():  # forked: do not share another process's connections or threads
+            self._locations, self._pools, self._lock = {}, None, threading.Lock()
+            self._pid = os.getpid()
+
+    def _location(self, i: int) -> Location:
+        self._fresh()
+        loc = self._locations.get(i)
+        if loc is None:
+            loc = resolve(self.urls[i], self.options[i])
+            self._locations[i] = loc
+        return loc
+
+    def _pool(self) -> _Pools:
+        self._fresh()
+        with self._lock:
+            if self._pools is None:
+                self._pools = _Pools(self.fetch_options.connections)
+            return self._pools
+
+    def local(self, i: int) -> bool:
+        """Whether replica ``i`` is on a local filesystem (resolving it reads nothing)."""
+        try:
+            return self._location(i).local
+        except StorageError:
+            return False
+
+    def close(self) -> None:
+        """Stop this process's fetch threads (they are started again when needed)."""
+        if self._pools is not None and self._pid == os.getpid():
+            self._pools.shutdown()
+        self._pools = None
+
+    def _demote(self, i: int, order: list[int] | None = None) -> None:
+        """Replica ``i`` last, but ahead of the hung ones (unless it is one of them)."""
+        with self._lock:
+            for o in (self._order, self._manifest_order) if order is None else (order,):
+                if i in o:
+                    o.remove(i)
+                    hung = [k for k, j in enumerate(o) if j in self._hung]
+                    o.insert(len(o) if i in self._hung or not hung else hung[0], i)
+
+    def _unanswered(self, replicas: list[int]) -> None:
+        with self._lock:
+            self._hung.update(replicas)
+        for i in replicas:
+            self._demote(i)
+
+    # --- one request, raced across replicas -------------------------------------------------------------------
+
+    def _read(
+        self,
+        rel: str,
+        span: tuple[int, int] | None,
+        nbytes: int,
+        order: list[int],
+        *,
+        check: Any = None,
+        exclude: frozenset[int] = frozenset(),
+    ) -> tuple[int, bytes]:
+        """Bytes ``span = (start, end)`` of ``rel`` (all of it when None) from the first replica (of
+        ``order``) that answers well in time; :class:`RaceLost` when none does."""
+        with self._lock:
+            tries = [i for i in order if i not in exclude] or list(order)
+            answering = [i for i in tries if i not in self._hung]
+            if answering and len(answering) < len(tries):
+                # a hedge goes to a new connection of the first replica before one that never answered
+                tries = [*answering[:1], *answering, *[i for i in tries if i in self._hung]]
+        pools = self._pool()
+        start, end = span if span is not None else (None, None)
+        opts = self.fetch_options
+
+        def begin(i: int) -> Future[bytes]:
+            try:
+                return start_read(self._location(i), rel, start, end, pools.io)
+            except Exception as exc:  # noqa: BLE001 — an unusable URL fails its attempt, not the race
+                fut: Future[bytes] = Future()
+                fut.set_exception(exc)
+                return fut
+
+        def deadline(i: int) -> float:
+            return opts.deadline_floor + opts.deadline_slack * self._links[i].expected(nbytes)
+
+        def good(i: int, data: bytes, elapsed: float) -> None:
+            try:
+                if check is not None:
+                    check(i, data)
+            except Exception:
+                COUNTERS.request(self.names[i], len(data), elapsed, "failed")
+                raise
+            COUNTERS.request(self.names[i], len(data), elapsed, "ok")
+            self._links[i].observe(len(data), elapsed)
+            if i in self._hung:
+                with self._lock:
+                    self._hung.discard(i)
+
+        def hedge(i: int) -> None:
+            COUNTERS.hedged(self.names[i])
+            self._demote(i)
+
+        def failed(i: int, exc: BaseException, elapsed: float) -> str:
+            if isinstance(exc, (FileNotFoundError, Missing)):
+                COUNTERS.request(self.names[i], 0, elapsed, "missing")
+                return "missing"
+            if not isinstance(exc, (ShardError, ManifestError)):  # a bad answer was counted by good()
+                COUNTERS.request(self.names[i], 0, elapsed, "failed")
+            self._demote(i, order)
+            return "failed"
+
+        spare = tries[0] if len(tries) == 1 else None
+        return race(tries, begin, deadline, good, hedge, failed, spare, self._unanswered)
+
+    def scrub(self, text: str) -> str:
+        """``text`` (e.g. a storage library's error, which may quote a URL whole) with every replica URL as
+        :func:`shown` prints it and their credentials left out."""
+        for url, name in zip(self.urls, self.names, strict=True):
+            if url != name:
+                text = text.replace(url, name)
+                for secret in _secrets(url):
+                    text = text.replace(secret, "***")
+        return text
+
+    def _lost(self, lost: RaceLost) -> str:
+        return self.scrub("; ".join(f"{self.names[i]}: {text}" for i, text in lost.errors))
+
+    def read_range(
+        self, path_or_info: str | ShardInfo, start: int, length: int, *, check: Callable[[bytes], None] | None = None
+    ) -> bytes:
+        """Bytes ``[start, start + length)`` of a stored object (a shard, by its row or relative path), from
+        the first replica that has them, with deadlines and hedging. Exactly ``length`` bytes or an error:
+        ShardMissingError when no replica has the object, StorageError when none answered in time.
+        ``check`` (e.g. the digests of the frames read) raises on bytes that are not the ones wanted: that
+        answer is refused like a failed one and the next replica (or a hedged answer) is taken instead."""
+        rel = path_or_info.path if isinstance(path_or_info, ShardInfo) else path_or_info
+        if start < 0 or length < 0:
+            raise UsageError(f"read_range of {rel}: start and length must be non-negative, got {start}, {length}")
+        if length == 0:
+            return b""
+
+        def exact(i: int, data: bytes) -> None:
+            self._ranged(i, rel, start, start + length, data)
+            if len(data) < length:
+                raise ShardError(rel, f"{self.names[i]} returned {len(data)} of bytes [{start}, {start + length})")
+            if check is not None:
+                check(data)
+
+        try:
+            return self._read(rel, (start, start + length), length, self._order, check=exact)[1]
+        except RaceLost as lost:
+            if lost.missing == len(lost.errors):
+                raise ShardMissingError(rel, "no replica has it: " + self._lost(lost)) from None
+            raise StorageError(f"cannot read bytes [{start}, {start + length}) of {rel}: {self._lost(lost)}") from None
+
+    def _ranged(self, i: int, rel: str, start: int, end: int, data: bytes) -> None:
+        """ShardError unless the answer to a read of bytes ``[start, end)`` is at most ``end - start`` bytes:
+        a server without Range support answers each with the whole object."""
+        if len(data) > end - start:
+            raise ShardError(
+                rel,
+                f"{self.names[i]} answered a read of bytes [{start}, {end}) with {len(data)} bytes: it ignores Range "
+                "requests (serve the dataset from a server or store that supports them)",
+            )
+
+    # --- manifests ------------------------------------------------------------------------------------------
+
+    def load_manifest(self, version: str | None = None) -> Manifest:
+        """The manifest from the first replica that serves a valid one (in time)."""
+        rel = MANIFEST_FILE if version is None else version_path(version)
+        try:
+            i, header = self._read(rel, (0, _MANIFEST_HINT), _MANIFEST_HINT, self._manifest_order, check=self._header)
+        except RaceLost as lost:
+            if lost.missing == len(lost.errors):
+                what = (
+                    f"no ferry dataset at any of {self.names}"
+                    if version is None
+                    else f"version {version} is not published at any of {self.names}"
+                )
+                raise DatasetNotFoundError(f"{what}: {self._lost(lost)}") from None
+            raise DatasetError(f"cannot read the dataset manifest from any replica: {self._lost(lost)}") from None
+        if len(header) == _MANIFEST_HINT:  # longer than the hint: read it whole from the same replica
+            order = [i, *[j for j in self._manifest_order if j != i]]
+            check = self._header_whole
+            try:
+                i, header = self._read(rel, None, _MANIFEST_HINT, order, check=check)
+            except RaceLost as lost:
+                raise DatasetError(f"cannot read the dataset manifest from any replica: {self._lost(lost)}") from None
+        table = Manifest.parse_header(header)["shard_table"]
+
+        def matches(_i: int, data: bytes) -> None:
+            if len(data) != table["bytes"] or digest_bytes(data) != table["digest"]:
+                raise ManifestError(f"shard table {table['path']} does not match its digest in the manifest")
+
+        order = [i, *[j for j in self._manifest_order if j != i]]
+        span = (0, table["bytes"])
+        try:
+            _, data = (
+                self._read(table["path"], span, table["bytes"], order, check=matches) if table["bytes"] else (i, b"")
+            )
+        except RaceLost as lost:
+            raise ManifestError(
+                f"cannot read the shard table {table['path']} named by the manifest: {self._lost(lost)}"
+            ) from None
+        return Manifest.from_json(header, data)
+
+    @staticmethod
+    def _header_whole(_i: int, data: bytes) -> None:
+        Manifest.parse_header(data)
+
+    @staticmethod
+    def _header(_i: int, data: bytes) -> None:
+        """A manifest header is read as its first ``_MANIFEST_HINT`` bytes (a ranged GET: s3fs sends no HEAD
+        first); one that fills them is checked when read again whole."""
+        if len(data) < _MANIFEST_HINT:
+            Manifest.parse_header(data)
+
+    # --- shards ---------------------------------------------------------------------------------------------
+
+    def fetch(self, info: ShardInfo) -> bytes:
+        """The verified raw (decompressed) bytes of a shard, from the first replica that has a good copy."""
+        out = io.BytesIO()
+        self.fetch_into(info, out)
+        return out.getvalue()
+
+    def fetch_into(self, info: ShardInfo, out: BinaryIO) -> None:
+        """Stream a shard's verified raw bytes into ``out`` (a file opened ``wb+``), as parallel ranged reads.
+
+        A copy that fails a check is read again from the other replicas (those that served it are left out
+        for this shard only: a partial replica keeps serving its other shards), up to once per replica."""
+        errors: list[str] = []
+        kinds: set[type[ShardError]] = set()
+        served: set[int] = set()
+        for _ in range(len(self.urls) + 1):
+            out.seek(0)
+            out.truncate()
+            used: set[int] = set()
+            try:
+                self._stream(info, out, frozenset(served), used)
+                COUNTERS.add("cache", "shards_fetched", 1)
+                return
+            except ShardError as exc:
+                errors.append(self.scrub(f"{'+'.join(self.names[i] for i in sorted(used))}: {exc}"))
+                kinds.add(type(exc))
+            except RaceLost as lost:
+                errors.append(self._lost(lost))
+                kinds.add(ShardMissingError)
+                if lost.missing == len(lost.errors) or not used:
+                    break  # nobody has it (or nobody answered): another round changes nothing
+            served |= used  # the next round asks the others first (all again when none is left)
+        kind = kinds.pop() if len(kinds) == 1 else ShardMissingError
+        raise kind(info.path, "no replica has a good copy: " + "; ".join(errors))
+
+    def _stream(self, info: ShardInfo, out: BinaryIO, exclude: frozenset[int], used: set[int]) -> None:
+        """One pass over the shard: parts read ``connections`` at a time, fed in order to a :class:`ShardSink`."""
+        size, part = info.stored_bytes, self.fetch_options.part_size
+        spans = [(a, min(a + part, size)) for a in range(0, size, part)]
+        if spans:  # one byte past the end: a longer object than the manifest says is caught by the sink
+            spans[-1] = (spans[-1][0], size + 1)
+        sink = ShardSink(info, out)
+        pools = self._pool()
+        window = self.fetch_options.connections
+        pending: list[Future[tuple[int, bytes]]] = []
+
+        def part_of(a: int, b: int) -> tuple[int, bytes]:
+            def ranged(i: int, data: bytes) -> None:
+                self._ranged(i, info.path, a, b, data)
+
+            return self._read(info.path, (a, b), b - a, self._order, check=ranged, exclude=exclude)
+
+        try:
+            for k in range(len(spans)):
+                while len(pending) < window and k + len(pending) < len(spans):
+                    a, b = spans[k + len(pending)]
+                    pending.append(pools.parts.submit(part_of, a, b))
+                i, data = pending.pop(0).result()
+                used.add(i)
+                want = spans[k][1] - spans[k][0] - (k == len(spans) - 1)
+                if len(data) < want:
+                    raise ShardError(
+                        info.path,
+                        f"{self.names[i]} returned {len(data)} of {want} bytes at {spans[k][0]} (truncated copy)",
+                    )
+                sink.feed(data)
+            sink.finish()
+        finally:
+            for fut in pending:
+                fut.cancel()
+
+
+def _urls(urls: Any) -> list[str]:
+    """One URL or a non-empty list of them (``str`` or ``os.PathLike``)."""
+    many = isinstance(urls, Sequence) and not isinstance(urls, (str, bytes))
+    out = [os.fspath(u) if isinstance(u, os.PathLike) else u for u in (urls if many else [urls])]
+    if not out or not all(isinstance(u, str) and u.strip() and "\0" not in u for u in out):
+        hidden = [shown(u) if isinstance(u, str) else u for u in (urls if many else [urls])]
+        raise UsageError(
+            f"url must be a dataset URL or a non-empty list of them, got {show(hidden if many else hidden[0])}"
+        )
+    return out

@@ -1,0 +1,2 @@
+"""Saved loader state: its format and fingerprint, resuming (and replanning) from it, torch DCP
+checkpoints, and ``ferry state``."""

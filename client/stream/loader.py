@@ -1,0 +1,510 @@
+"""``TokenLoader``: batches for one rank, in a fixed global order, with an exactly resumable state.
+
+The loader walks the dataset's endless stream of positions (see :mod:`ferry.client.sampling.partition`).
+One ``iter()`` runs to the end of the current epoch (its last global batch may reach
+into the next epoch so that nothing is dropped); the next ``iter()`` continues there.
+With workers, each builds the batches ``k ≡ worker (mod num_workers)`` and the loader
+puts them back in order of ``k``; a ferry error in a worker reaches the caller unchanged,
+after the batches before it. The state counts batches *delivered* to the caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Generator, Iterator, Mapping
+from multiprocessing import connection
+from typing import Any, NoReturn
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data._utils import signal_handling as _torch_signals
+
+from ferry.shard_tools.errors import FerryError, UsageError
+from ferry.shard_tools.orphans import exit_with_parent
+
+from .. import checks
+from ..resume.replan import resume
+from ..resume.state import make_state, parse_state
+from ..sampling.partition import batches_until, global_batch_size, rank_positions, worker_batches
+from ..source import SampleSource, to_batch
+from ..stats import COUNTERS, merge, render_prometheus, subtract, summarise
+from .ahead import Ahead
+
+__all__ = ["TokenLoader", "default_rank_world", "rank_world"]
+
+Batch = dict[str, torch.Tensor]
+_GROUP = 4  # batches per DataLoader item from a worker
+_AHEAD = 2  # batches the receiving thread makes ready ahead of the loop (with workers)
+_CLOSE_WAIT_S = 2.0  # closing waits this long for the receiving thread to take a worker's item in progress
+_STOP_WAIT_S = 2.0  # then the workers have this long to end by themselves before they are terminated
+SHAPE_LIMIT = 2**24  # batch_size and world_size: stream positions then stay far inside int64
+_STALL_WINDOW_S = 30.0  # stall share is judged over this much wall time
+_log = logging.getLogger("ferry.loader")
+
+
+def default_rank_world() -> tuple[int, int]:
+    """``torch.distributed`` rank/world size if initialised, else ``RANK``/``WORLD_SIZE``, else 0/1."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+
+
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"${name} must be an integer, got {checks.show(text)}; fix the environment") from None
+
+
+class _Plan:
+    """What one ``iter()`` reads: batches ``k < count`` of rank ``rank`` from stream position ``start``."""
+
+    def __init__(self, start: int, count: int, batch_size: int, world_size: int, rank: int, boundaries: bool) -> None:
+        self.start, self.count = start, count
+        self.batch_size, self.world_size, self.rank = batch_size, world_size, rank
+        self.boundaries = boundaries
+
+    def positions(self, k: int) -> np.ndarray:
+        return rank_positions(self.start, k, self.batch_size, self.world_size, self.rank)
+
+    def build(self, ds: SampleSource, k: int, ahead: range, mine: range | None = None) -> dict[str, Any]:
+        """The payload of batch ``k`` (compact numpy arrays; :func:`to_batch` makes the tensors).
+
+        ``mine``: this process's batches; a dataset that can prefetch by a horizon in bytes walks them on
+        (past this plan's end too: the next epoch is known), otherwise the ``ahead`` batches are prefetched."""
+        horizon = getattr(ds, "prefetch_ahead", None)
+        if horizon is not None and mine is not None:
+            first, stride = mine.start, mine.step
+
+            def positions_of(j: int) -> np.ndarray:
+                return self.positions(first + j * stride)
+
+            horizon((self.start, self.rank, first, stride), (k - first) // stride, positions_of)
+        else:
+            for j in ahead:  # shards for later batches of this process start downloading now
+                if j < self.count:
+                    ds.prefetch(self.positions(j))
+        return ds.payload(self.positions(k), boundaries=self.boundaries)
+
+    @staticmethod
+    def ahead(mine: range, i: int, depth: int) -> range:
+        """Batches (of ``mine``) to prefetch when building ``mine[i]``: all ``depth`` next ones the
+        first time, then only the one that newly enters the horizon."""
+        if depth == 0:
+            return range(0)
+        return mine[i + 1 : i + 1 + depth] if i == 0 else mine[i + depth : i + depth + 1]
+
+
+class _WorkerTraceback(Exception):
+    """The traceback of an error in a DataLoader worker, chained as the ``__cause__`` of the re-raised error."""
+
+
+class _Failure:
+    """A ferry error raised while a worker built batch ``k``, sent to the main process as data.
+
+    DataLoader re-raises a worker's exception as ``type(traceback_text)``: a different message,
+    and a RuntimeError for classes whose constructor takes more (``ShardError(shard, message)``).
+    Sent as an item, the error is unpickled whole (type, message, ``.shard``) and raised by the
+    main process when it reaches batch ``k``, after every earlier batch, as without workers.
+    """
+
+    def __init__(self, error: FerryError, worker: int) -> None:
+        self.error = error
+        self.where = f"in DataLoader worker {worker}:\n" + "".join(traceback.format_exception(error))
+
+    @staticmethod
+    def of(error: FerryError, worker: int) -> _Failure | None:
+        """The failure to send, or None when the error does not survive pickling (then DataLoader reports it)."""
+        try:
+            pickle.loads(pickle.dumps(error))
+        except Exception:  # noqa: BLE001 — any pickling failure means: let DataLoader report it
+            return None
+        return _Failure(error, worker)
+
+    def reraise(self) -> NoReturn:
+        raise self.error from _WorkerTraceback(self.where)
+
+
+_Item = list[tuple[int, dict[str, Any] | _Failure]]
+
+
+class _WorkerStream(IterableDataset[tuple[_Item, dict[str, Any]]]):
+    """Runs in a DataLoader worker: yields lists of ``(k, payload)`` for this worker's share of the plan,
+    each with the growth of the worker's :data:`~ferry.client.stats.COUNTERS` since the previous one.
+
+    Payloads are numpy arrays in the token dtype (4x smaller than int64 for uint16 ids); they
+    travel pickled through the worker's pipe, which beats a new shared-memory segment per tensor.
+    ``group`` batches travel together, which spreads DataLoader's fixed cost per item; the first goes
+    alone, so a cold start waits for one batch, not for ``group`` (whose later batches may wait on
+    whole shards the prefetch brings). A ferry
+    error ends the worker's share with a :class:`_Failure` in place of batch ``k``; a node-cache failure
+    that only the background fetches of its last batches met comes after them, as batch ``plan.count``.
+    """
+
+    def __init__(self, ds: SampleSource, plan: _Plan, num_workers: int, group: int) -> None:
+        self.ds, self.plan, self.num_workers, self.group = ds, plan, num_workers, group
+
+    def __iter__(self) -> Iterator[tuple[_Item, dict[str, Any]]]:
+        info = get_worker_info()
+        worker = info.id if info is not None else 0
+        mine = worker_batches(self.plan.count, self.num_workers, worker)
+        depth = self.ds.prefetch_depth
+        item: _Item = []
+        seen = COUNTERS.changes
+        sent = COUNTERS.snapshot()  # a forked worker starts with its parent's counters: send only growth
+        for i, k in enumerate(mine):
+            try:
+                item.append((k, self.plan.build(self.ds, k, _Plan.ahead(mine, i, depth), mine)))
+            except FerryError as exc:
+                failure = _Failure.of(exc, worker)
+                if failure is None:
+                    raise
+                self.ds.settle()  # the fetches in flight end (and remove their temp files) before the worker is stopped
+                yield [*item, (k, failure)], subtract(COUNTERS.snapshot(), sent)
+                return
+            if len(item) == self.group or i == 0 or i == len(mine) - 1:  # the first batch goes alone: the loop waits
+                if COUNTERS.changes == seen:
+                    yield item, {}  # nothing fetched or counted since the last item: no copy, nothing to add
+                    item = []
+                    continue
+                seen = COUNTERS.changes
+                now = COUNTERS.snapshot()
+                yield item, subtract(now, sent)
+                sent, item = now, []
+        self.ds.settle()  # the background fetches started for the last batches end, and are counted below
+        end: _Item = []
+        try:
+            self.ds.raise_deferred()  # a full disk only the last background fetches met: after the last batch
+        except FerryError as exc:
+            failure = _Failure.of(exc, worker)
+            if failure is None:
+                raise
+            end = [(self.plan.count, failure)]
+        if end or COUNTERS.changes != seen:
+            yield end, subtract(COUNTERS.snapshot(), sent)  # what the worker fetched after its last batch
+
+
+class TokenLoader:
+    """Deterministic, elastic, exactly resumable batches of a :class:`~ferry.client.stream.dataset.TokenDataset`
+    (or mixture).
+
+    Args:
+        dataset: a ``TokenDataset`` or ``MixedDataset``.
+        batch_size: samples per batch on this rank.
+        num_workers: DataLoader worker processes (0: build batches in this process).
+        rank, world_size: default from ``torch.distributed``, else ``RANK``/``WORLD_SIZE``, else 0/1.
+        pin_memory: pin batches (only where CUDA is available; ignored otherwise).
+        return_doc_boundaries: add ``cu_seqlens`` (int32, over the flattened batch) and ``position_ids``.
+        prefetch_factor: batches each worker builds ahead (DataLoader's own prefetching).
+        stall_warning: log a warning when the loop waited on data more than this share of the last 30 s.
+
+    ``stats()`` says what it did (see :mod:`ferry.client.stats`); ``prometheus()`` is the same as Prometheus text.
+    """
+
+    def __init__(
+        self,
+        dataset: SampleSource,
+        batch_size: int,
+        num_workers: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        pin_memory: bool = False,
+        return_doc_boundaries: bool = False,
+        *,
+        prefetch_factor: int = 2,
+        stall_warning: float = 0.1,
+    ) -> None:
+        if not isinstance(dataset, SampleSource):
+            raise UsageError(f"dataset must be a TokenDataset or MixedDataset, got {checks.show(dataset)}")
+        self._configured = dataset
+        self.dataset = dataset  # the configured one, with the history of a loaded state
+        self._skips: list[dict[str, int]] = []
+        self.batch_size = checks.integer("batch_size", batch_size, 1, SHAPE_LIMIT)
+        self.num_workers = checks.integer("num_workers", num_workers, 0)
+        self.prefetch_factor = checks.integer("prefetch_factor", prefetch_factor, 1)
+        self.pin_memory = checks.flag("pin_memory", pin_memory) and torch.cuda.is_available()
+        self.return_doc_boundaries = checks.flag("return_doc_boundaries", return_doc_boundaries)
+        self.rank, self.world_size = rank_world(rank, world_size)
+        if self.return_doc_boundaries and dataset.mode != "tokens":
+            raise UsageError("return_doc_boundaries needs mode='tokens' (document mode gives attention_mask)")
+        self._position = 0  # stream position of the next global batch not yet delivered
+        if isinstance(stall_warning, bool) or not isinstance(stall_warning, (int, float)) or not 0 < stall_warning <= 1:
+            raise UsageError(f"stall_warning must be a share in (0, 1], got {checks.show(stall_warning)}")
+        self._watch = _StallWatch(float(stall_warning))
+        self._counters_at_start = COUNTERS.snapshot()
+
+    @property
+    def global_batch_size(self) -> int:
+        return global_batch_size(self.batch_size, self.world_size)
+
+    @property
+    def position(self) -> int:
+        """Global samples delivered so far, over all epochs (the stream position of the next batch)."""
+        return self._position
+
+    @property
+    def epoch(self) -> int:
+        return self.dataset.epoch_span(self._position)[0]
+
+    def _epoch_end(self) -> int:
+        return self.dataset.epoch_span(self._position)[2]
+
+    def __len__(self) -> int:
+        """Batches the next ``iter()`` delivers (to the end of the current epoch)."""
+        return batches_until(self._position, self._epoch_end(), self.batch_size, self.world_size)
+
+    def _plan(self) -> _Plan:
+        return _Plan(self._position, len(self), self.batch_size, self.world_size, self.rank, self.return_doc_boundaries)
+
+    def __iter__(self) -> Iterator[Batch]:
+        plan = self._plan()
+        g = self.global_batch_size
+        source = self._local(plan) if self.num_workers == 0 else self._workers(plan)
+        width = (self.dataset.seq_len + 1) * np.dtype(self.dataset.token_dtype).itemsize
+        watch = self._watch
+        try:
+            mark = time.perf_counter()
+            for k in range(plan.count + 1):
+                batch = next(source, None)
+                now = time.perf_counter()
+                watch.step(now - mark, waited=now - watch.resumed if k else now - mark)
+                mark = now
+                if batch is None:
+                    break
+                # count the batch as consumed the moment it is handed over, not when it was built
+                self._position = plan.start + (k + 1) * g
+                watch.delivered(len(next(iter(batch.values()))) * width)
+                yield batch
+                watch.resumed = time.perf_counter()
+        finally:
+            source.close()  # an abandoned iterator stops its worker processes now
+
+    def stats(self) -> dict[str, Any]:
+        """What this loader did so far: stall (time ``next()`` waited) and its share of the wall time, bytes
+        delivered and downloaded (their ratio), cache hits, and per replica requests, bytes, latency
+        percentiles, hedged and failed requests. Counters of DataLoader workers are included (each sends
+        its growth with its batches); ``raw`` holds the counters themselves."""
+        raw = self._raw_stats()
+        return {**summarise(raw), "first_batch_s": self._watch.first_batch_s, "raw": raw}
+
+    def prometheus(self, prefix: str = "ferry_loader") -> str:
+        """:meth:`stats` in the Prometheus text format (for a training script's /metrics)."""
+        return render_prometheus(self._raw_stats(), prefix)
+
+    def _raw_stats(self) -> dict[str, Any]:
+        grown = subtract(COUNTERS.snapshot(), self._counters_at_start)
+        # replicas only other loaders of this process talked to grew by nothing: leave them out
+        grown["replicas"] = {u: r for u, r in grown.get("replicas", {}).items() if r["requests"] or r["hedged"]}
+        return merge(grown, {"loop": self._watch.counters()})
+
+    def _local(self, plan: _Plan) -> Generator[Batch, None, None]:
+        depth = self.dataset.prefetch_depth
+        mine = range(plan.count)
+        for k in mine:
+            try:
+                batch = to_batch(plan.build(self.dataset, k, _Plan.ahead(mine, k, depth), mine))
+            except FerryError:
+                self.dataset.settle()  # the fetches in flight end (and remove their temp files) first
+                raise
+            yield _pin(batch) if self.pin_memory else batch
+        self.dataset.settle()  # the last batches' background fetches end (and are counted), as in a worker
+        self.dataset.raise_deferred()  # a full disk only they met is raised after the last batch
+
+    def _workers(self, plan: _Plan) -> Generator[Batch, None, None]:
+        self.dataset.close()  # no threads or mapped shards in the parent when the workers fork
+        loader = DataLoader(
+            _WorkerStream(self.dataset, plan, self.num_workers, _GROUP),
+            batch_size=None,
+            collate_fn=_as_is,
+            num_workers=self.num_workers,
+            prefetch_factor=self.prefetch_factor,
+            worker_init_fn=_worker_init,
+        )
+        items = iter(loader)
+        ahead = Ahead(self._received(items), _AHEAD)
+        try:
+            yield from ahead  # batches made ready by the thread while the loop ran its step
+        finally:
+            ahead.close(_CLOSE_WAIT_S)  # stopped, or still waiting on a worker: the workers stop either way
+            _stop_workers(items, _STOP_WAIT_S)
+
+    def _received(self, items: Iterator[tuple[_Item, dict[str, Any]]]) -> Generator[Batch, None, None]:
+        """The workers' batches as tensors, in order of ``k`` (run by the :class:`~ferry.client.stream.ahead.Ahead`
+        thread)."""
+        pending: dict[int, dict[str, Any] | _Failure] = {}
+        want = 0
+        for item, grown in items:
+            COUNTERS.absorb(grown)  # the worker's fetches and cache hits count in this process's stats
+            pending.update(item)
+            while want in pending:  # workers may finish out of turn; deliver in order of k
+                payload = pending.pop(want)
+                if isinstance(payload, _Failure):
+                    payload.reraise()
+                batch = to_batch(payload)
+                yield _pin(batch) if self.pin_memory else batch
+                want += 1
+
+    def trace(self, positions: Any = None, *, step: int | None = None) -> list[dict[str, Any]]:
+        """Where samples came from (see :mod:`ferry.client.stream.trace`): stream ``positions``, or this rank's batch of
+        global ``step`` (positions ``step * G + rank * batch_size ...``), or by default the next batch."""
+        from .trace import trace_positions
+
+        if positions is None:
+            start = self._position if step is None else checks.integer("step", step, 0, 2**62) * self.global_batch_size
+            positions = rank_positions(start, 0, self.batch_size, self.world_size, self.rank)
+        return trace_positions(self.dataset, positions)
+
+    def state_dict(self) -> dict[str, Any]:
+        """A small JSON-serialisable dict: what was delivered so far (``torch.distributed.checkpoint`` Stateful)."""
+        span = self.dataset.epoch_span(self._position)
+        record = self.dataset.record()
+        return make_state(self._configured.identity(), self._position, span, skips=self._skips, **record)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, *, replan: bool = False) -> None:
+        """Continue after the state's last delivered batch (any world size, workers or batch size).
+
+        Raises StateError (one line naming the field) on a malformed state, strict or not, and on
+        a state made for another dataset version, seed, seq_len or order configuration unless
+        ``strict=False``. With ``replan=True`` a state of another mixture (other weights or schedule,
+        sources added or removed) or of an older version of this dataset continues with this loader's
+        plan from the state's position: every source that stays continues exactly, an added one starts
+        at its beginning, and the change is recorded in later states (see ``ferry.client.resume.replan``).
+        """
+        saved = parse_state(state_dict)
+        replan = checks.flag("replan", replan)
+        dataset, position = resume(self._configured, saved, strict=strict, replan=replan)
+        self.dataset, self._position, self._skips = dataset, position, saved.skips
+
+
+class _StallWatch:
+    """Time the training loop spent waiting in ``next()`` against wall time; warns when the share is high."""
+
+    def __init__(self, threshold: float) -> None:
+        self.threshold = threshold
+        self.stall_s = self.wall_s = 0.0
+        self.batches = self.delivered_bytes = 0
+        self.first_batch_s: float | None = None
+        self.resumed = 0.0
+        self._window = [0.0, 0.0]  # stall, wall since the last judgement
+        self._warned = False
+
+    def step(self, wall: float, *, waited: float) -> None:
+        """``wall`` seconds since the previous step, of which the last ``waited`` were spent in ``next()``."""
+        waited = min(max(waited, 0.0), wall)
+        if self.first_batch_s is None:
+            self.first_batch_s = waited
+        self.stall_s += waited
+        self.wall_s += wall
+        self._window[0] += waited
+        self._window[1] += wall
+        if self._window[1] >= _STALL_WINDOW_S:
+            share = self._window[0] / self._window[1]
+            if share > self.threshold:
+                _log.warning(
+                    "ferry loader: the training loop waited on data %.0f%% of the last %.0f s (%.1f s); raise "
+                    "prefetch_bytes or fetch connections, or look at loader.stats() for a slow replica",
+                    100 * share,
+                    self._window[1],
+                    self._window[0],
+                )
+            self._window = [0.0, 0.0]
+
+    def delivered(self, nbytes: int) -> None:
+        self.batches += 1
+        self.delivered_bytes += nbytes
+
+    def counters(self) -> dict[str, Any]:
+        return {
+            "stall_s": self.stall_s,
+            "wall_s": self.wall_s,
+            "batches": self.batches,
+            "delivered_bytes": self.delivered_bytes,
+        }
+
+
+def rank_world(rank: Any, world_size: Any) -> tuple[int, int]:
+    """The given rank and world size, else the defaults of :func:`default_rank_world`, checked."""
+    if rank is None or world_size is None:
+        dr, dw = default_rank_world()
+        rank, world_size = (dr if rank is None else rank), (dw if world_size is None else world_size)
+    world = checks.integer("world_size", world_size, 1, SHAPE_LIMIT)
+    r = checks.integer("rank", rank, 0, SHAPE_LIMIT)
+    if r >= world:
+        raise UsageError(f"invalid loader shape: rank={r} is not below world_size={world}")
+    return r, world
+
+
+def _worker_init(worker_id: int) -> None:
+    """Set up a DataLoader worker so that it ends with the training process, however that ends.
+
+    - It exits as soon as the process that started it is gone (SIGKILL, or SIGTERM with no handler: a
+      preemption): :func:`~ferry.shard_tools.orphans.exit_with_parent`. Without it a worker inside a batch (a fetch
+      in flight, a lock another process holds) never reaches DataLoader's own check of its parent.
+    - SIGTERM ends it, whatever handler the training script installed before the fork: the worker is a copy
+      of that process, and a handler meant for the training loop (set a flag, save a checkpoint) would keep
+      the worker alive when DataLoader or multiprocessing terminates it.
+    - SIGINT is ignored: Ctrl-C reaches every process of the terminal's group, and it is the training
+      process's to act on (it stops the workers when its loop ends, or they exit with it).
+
+    Only the worker's signal dispositions change; the training process's are left as they are.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    exit_with_parent()
+
+
+def _stop_workers(items: Iterator[Any], grace: float) -> None:
+    """Shut the DataLoader's worker processes down now rather than when ``items`` is collected, in bounded time.
+
+    DataLoader stops its workers in the iterator's ``__del__``; an iterator left alive until
+    interpreter exit (a reference cycle, a global) can leave the exit waiting on a worker that
+    was never told to stop. ``_shutdown_workers`` is idempotent and is what ``__del__`` calls. It
+    waits for each worker in turn (up to 5 s each) to finish the batch it is building; a worker still
+    running after ``grace`` seconds is terminated instead (its batch would be dropped anyway).
+    """
+    shutdown = getattr(items, "_shutdown_workers", None)
+    if shutdown is None:
+        return
+    workers = list(getattr(items, "_workers", ()))
+    forget = getattr(_torch_signals, "_remove_worker_pids", None)
+    if forget is not None and getattr(items, "_worker_pids_set", False):
+        # stopping them is the point now: DataLoader's SIGCHLD handler must not report their end as a failure
+        with contextlib.suppress(Exception):
+            forget(id(items))
+            items._worker_pids_set = False  # type: ignore[attr-defined]
+    timer = threading.Timer(grace, _terminate, (workers,))
+    timer.daemon = True
+    timer.start()
+    try:
+        shutdown()
+    finally:
+        timer.cancel()
+
+
+def _terminate(workers: list[Any]) -> None:
+    """SIGTERM each worker still running (its default action, see :func:`_worker_init`: it ends at once).
+
+    Asks its sentinel, not ``is_alive()``, which would reap it under ``_shutdown_workers``'s ``join``."""
+    for w in workers:
+        with contextlib.suppress(ValueError, OSError):  # closed meanwhile, or already gone
+            if not connection.wait([w.sentinel], 0):
+                os.kill(w.pid, signal.SIGTERM)
+
+
+def _as_is(item: Any) -> Any:
+    return item
+
+
+def _pin(batch: Batch) -> Batch:
+    return {k: v.pin_memory() for k, v in batch.items()}

@@ -1,0 +1,481 @@
+"""The dataset manifest: a small JSON header plus a columnar shard table (Arrow IPC).
+
+Layout of a dataset root::
+
+    manifest.json              the current version (a copy of versions/<id>.json), written last
+    versions/<id>.json         every published version, immutable
+    tables/<digest>.arrow      shard tables, content-addressed, immutable
+    shards/<digest>.arrow.zst  shards, content-addressed, immutable (stored formats 2 and 3: <digest>.s2.arrow.zst,
+                               <digest>.s3.arrow.zst)
+
+The JSON header names the shard table by path and digest. The *version id* is the
+digest of the canonical body: the header without ``version_id``, ``created_at`` and
+``tool_version``, serialised with sorted keys and no whitespace. So the same content
+gets the same id however and whenever it was packed, and any edit of the header or
+the table is detected when it is read.
+
+A shard's stored format is in its row: format 1 (one zstd frame) has ``index_bytes == 0`` and an empty
+``index_digest``; format 2 (seekable frames, :mod:`ferry.shard_tools.format.seekable`) records the size and digest of
+the frame index at the end of its stored bytes; format 3 (the same, its index carrying a digest of each
+frame's raw bytes) records its frame size as well, and that frame size is what makes its raw digest
+tree-shaped (:mod:`ferry.shard_tools.format.digest`): the row, not the shard, says how its raw digest is computed. A
+table with only format-1 shards keeps the original seven columns (so its bytes, and the version id of a
+format-1 pack, are what they always were); a table holding any format-2 shard has the two index columns
+as well, and one holding any format-3 shard the ``frame_size`` column too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import ManifestError
+from .digest import check_digest_string, digest_bytes
+from .header import (
+    MANIFEST_FORMAT,
+    SHARDS_DIR,
+    TABLES_DIR,
+    parse_header,
+    version_id_of,
+)
+from .shard import MAX_FRAME_SIZE, MIN_FRAME_SIZE
+
+__all__ = [
+    "Tokenizer",
+    "ShardInfo",
+    "ShardTable",
+    "Manifest",
+    "next_lineage",
+    "lineage_of",
+]
+
+_INT_COLUMNS = ("documents", "tokens", "stored_bytes", "raw_bytes")
+_STR_COLUMNS = ("path", "stored_digest", "raw_digest")
+_DIGEST_RE = r"^xxh128:[0-9a-f]{32}$"  # the form check_digest_string accepts
+_TABLE_SCHEMA = pa.schema(
+    [("path", pa.string())]
+    + [(c, pa.int64()) for c in _INT_COLUMNS]
+    + [("stored_digest", pa.string()), ("raw_digest", pa.string())]
+)
+_INDEX_COLUMNS = [("index_bytes", pa.int64()), ("index_digest", pa.string())]
+_TABLE_SCHEMA_2 = pa.schema(list(_TABLE_SCHEMA) + [pa.field(n, t) for n, t in _INDEX_COLUMNS])
+_TABLE_SCHEMA_3 = pa.schema(list(_TABLE_SCHEMA_2) + [pa.field("frame_size", pa.int64())])
+_SCHEMAS = (_TABLE_SCHEMA, _TABLE_SCHEMA_2, _TABLE_SCHEMA_3)  # each the one before with columns added
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """The tokenizer the ids come from: a name, the vocabulary size and the EOS id."""
+
+    name: str
+    vocab_size: int
+    eos_id: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "vocab_size": self.vocab_size, "eos_id": self.eos_id}
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One row of the shard table."""
+
+    path: str
+    documents: int
+    tokens: int
+    stored_bytes: int
+    raw_bytes: int
+    stored_digest: str
+    raw_digest: str
+    index_bytes: int = 0  # formats 2, 3: size of the frame index at the end of the stored bytes
+    index_digest: str = ""  # formats 2, 3: its digest
+    frame_size: int = 0  # format 3: raw bytes per frame, over which the raw digest is a tree (0: a flat digest)
+
+    @property
+    def stored_format(self) -> int:
+        """1: one zstd frame; 2: seekable frames with a frame index; 3: the same with a tree-shaped raw digest."""
+        return 3 if self.frame_size else 2 if self.index_bytes else 1
+
+
+class ShardTable:
+    """The shard table, column by column (numpy for numbers), cheap at a million rows."""
+
+    def __init__(self, table: pa.Table) -> None:
+        level = next((i for i, schema in enumerate(_SCHEMAS) if table.schema.equals(schema)), None)
+        if level is None:
+            raise ManifestError(
+                f"shard table schema is {table.schema}, expected {_TABLE_SCHEMA} (+ index columns, + frame_size)"
+            )
+        self._table = table.combine_chunks()
+        self._level = level
+        self.seekable = level >= 1
+        self.documents = self._column_int("documents")
+        self.tokens = self._column_int("tokens")
+        self.stored_bytes = self._column_int("stored_bytes")
+        self.raw_bytes = self._column_int("raw_bytes")
+        zeros = np.zeros(len(self.documents), dtype=np.int64)
+        self.index_bytes = self._column_int("index_bytes") if self.seekable else zeros
+        self.frame_size = self._column_int("frame_size") if level >= 2 else zeros
+
+    def _column_int(self, name: str) -> np.ndarray:
+        arr = self._table.column(name)
+        if arr.null_count:
+            raise ManifestError(f"shard table column {name!r} has nulls")
+        values = _ints(arr)
+        if len(values) and int(values.min()) < 0:
+            row = int(np.argmax(values < 0))  # name the first bad row: the table may hold a million
+            path = self._table.column("path")[row].as_py()
+            raise ManifestError(
+                f"shard table column {name!r} has negative values (shard {path}: {int(values[row])}); "
+                "the manifest is corrupt or was tampered with"
+            )
+        return values
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[ShardInfo]) -> ShardTable:
+        rows = list(rows)
+        schema = _SCHEMAS[max([2 if r.frame_size else 1 if r.index_bytes else 0 for r in rows], default=0)]
+        data: dict[str, list[Any]] = {name: [getattr(r, name) for r in rows] for name in schema.names}
+        return cls(pa.Table.from_pydict(data, schema=schema))
+
+    def _widened(self, level: int) -> pa.Table:
+        """The table with the columns of schema ``level`` it lacks (0 / "" on every row)."""
+        table, n = self._table, len(self)
+        for name in _SCHEMAS[level].names[len(table.schema) :]:
+            column = pa.array([""] * n, type=pa.string()) if name == "index_digest" else pa.array(np.zeros(n, np.int64))
+            table = table.append_column(name, column)
+        return table
+
+    @classmethod
+    def empty(cls) -> ShardTable:
+        return cls.from_rows([])
+
+    def concat(self, other: ShardTable) -> ShardTable:
+        level = max(self._level, other._level)
+        return ShardTable(pa.concat_tables([self._widened(level), other._widened(level)]))
+
+    def __len__(self) -> int:
+        return self._table.num_rows
+
+    @cached_property
+    def paths(self) -> list[str]:
+        return [str(p) for p in self._table.column("path").to_pylist()]
+
+    @cached_property
+    def _digests(self) -> tuple[list[str], list[str]]:
+        return (
+            [str(d) for d in self._table.column("stored_digest").to_pylist()],
+            [str(d) for d in self._table.column("raw_digest").to_pylist()],
+        )
+
+    @cached_property
+    def _index_digests(self) -> list[str]:
+        if not self.seekable:
+            return [""] * len(self)
+        return [str(d) for d in self._table.column("index_digest").to_pylist()]
+
+    def _index_digest(self, i: int) -> str:
+        if "_index_digests" in self.__dict__:
+            return self._index_digests[i]
+        return str(self._table.column("index_digest")[i].as_py()) if self.index_bytes[i] else ""
+
+    def __getitem__(self, i: int) -> ShardInfo:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"shard index {i} out of range for {n} shards")
+        i %= n
+        if "paths" in self.__dict__ and "_digests" in self.__dict__:
+            path, (stored, raw) = self.paths[i], self._digests
+            stored_digest, raw_digest = stored[i], raw[i]
+        else:  # one row: read the Arrow columns, not whole-table Python lists (slow and large at 1M rows)
+            path, stored_digest, raw_digest = (str(self._table.column(c)[i].as_py()) for c in _STR_COLUMNS)
+        return ShardInfo(
+            path=path,
+            documents=int(self.documents[i]),
+            tokens=int(self.tokens[i]),
+            stored_bytes=int(self.stored_bytes[i]),
+            raw_bytes=int(self.raw_bytes[i]),
+            stored_digest=stored_digest,
+            raw_digest=raw_digest,
+            index_bytes=int(self.index_bytes[i]),
+            index_digest=self._index_digest(i),
+            frame_size=int(self.frame_size[i]),
+        )
+
+    def __iter__(self) -> Iterator[ShardInfo]:
+        self.paths, self._digests, self._index_digests  # noqa: B018 - build the lists once: fast rows for a scan
+        return (self[i] for i in range(len(self)))
+
+    @cached_property
+    def token_offsets(self) -> np.ndarray:
+        """``n + 1`` cumulative token counts: shard ``i`` holds stream tokens
+        ``[token_offsets[i], token_offsets[i + 1])``."""
+        out = np.zeros(len(self) + 1, dtype=np.int64)
+        np.cumsum(self.tokens, out=out[1:])
+        return out
+
+    def validate(self) -> None:
+        """Check every path and digest string (done once when a manifest is loaded)."""
+        # Vectorised check first (a per-row Python loop is slow at a million shards); the loop
+        # below then runs only on failure, to name the offending value.
+        path_col = self._table.column("path")
+        bad_path = pc.or_(
+            pc.invert(pc.starts_with(path_col, f"{SHARDS_DIR}/")),
+            pc.match_substring_regex(path_col, r"(^|/)\.\.(/|$)|\\"),
+        )
+        ok_digests = [
+            pc.all(pc.match_substring_regex(self._table.column(c), _DIGEST_RE)).as_py() is not False
+            for c in ("stored_digest", "raw_digest")
+        ]
+        no_nulls = all(self._table.column(c).null_count == 0 for c in _STR_COLUMNS)
+        if self.seekable:
+            self._validate_index_columns()
+        if no_nulls and pc.any(bad_path).as_py() is not True and all(ok_digests):
+            return
+        stored, raw = self._digests
+        for path in self.paths:
+            if not path.startswith(f"{SHARDS_DIR}/") or ".." in path.split("/") or "\\" in path:
+                raise ManifestError(f"shard path {path!r} is not under {SHARDS_DIR}/")
+        for d in stored:
+            check_digest_string(d)
+        for d in raw:
+            check_digest_string(d)
+
+    def _validate_index_columns(self) -> None:
+        """Format 2 and 3 rows name a digest and an index inside the stored bytes, format 1 rows neither; only
+        rows with an index have a frame size, one ferry writes (the raw digest is hashed in frames of it)."""
+        col = self._table.column("index_digest")
+        if col.null_count:
+            raise ManifestError("shard table column 'index_digest' has nulls; the manifest is corrupt")
+        # a digest or nothing on every row, a digest exactly where there is an index (all without
+        # to_numpy on Arrow arrays, which imports pandas, a visible part of a cold start)
+        forms = pc.all(pc.match_substring_regex(col, _DIGEST_RE[:1] + "(" + _DIGEST_RE[1:-1] + ")?$")).as_py()
+        has_digest = _ints(pc.utf8_length(col)) > 0
+        bad = np.flatnonzero(
+            ((self.index_bytes > 0) != has_digest)
+            | (self.index_bytes > self.stored_bytes)
+            | ((self.frame_size > 0) & (self.index_bytes == 0))
+            | ((self.frame_size != 0) & ((self.frame_size < MIN_FRAME_SIZE) | (self.frame_size > MAX_FRAME_SIZE)))
+        )
+        if forms is False:  # the slow path only on failure, to name the row
+            ok = re.compile(_DIGEST_RE)
+            bad = np.union1d(bad, [i for i, d in enumerate(self._index_digests) if d and not ok.match(d)])
+        if len(bad):
+            row = int(bad[0])
+            raise ManifestError(
+                f"shard table row {row} ({self.paths[row]}): index_bytes {int(self.index_bytes[row])}, "
+                f"index_digest {col[row].as_py()!r} and frame_size {int(self.frame_size[row])} disagree; the "
+                "manifest is corrupt or was tampered with"
+            )
+
+    def to_ipc(self) -> bytes:
+        sink = pa.BufferOutputStream()
+        options = pa.ipc.IpcWriteOptions(compression="zstd")
+        with pa.ipc.new_file(sink, self._table.schema, options=options) as writer:
+            writer.write_table(self._table)
+        return sink.getvalue().to_pybytes()
+
+    @classmethod
+    def from_ipc(cls, data: bytes) -> ShardTable:
+        try:
+            table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+        except pa.ArrowException as exc:
+            raise ManifestError(f"shard table is not a readable Arrow IPC file ({exc})") from exc
+        return cls(table)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """One published version of a dataset. Build with :meth:`build`, read with :meth:`from_json`."""
+
+    name: str
+    token_dtype: str
+    tokenizer: Tokenizer
+    eos_appended: bool
+    shards: ShardTable = field(repr=False)
+    table_path: str
+    table_digest: str
+    table_bytes: int
+    parent: str | None
+    created_at: str
+    tool_version: str
+    version_id: str
+    lineage: dict[str, Any] | None = field(default=None, repr=False)  # see next_lineage; None: a root
+
+    def child_lineage(self) -> dict[str, Any]:
+        """The lineage of a version whose parent is this one."""
+        return next_lineage(self.version_id, self.lineage)
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        name: str,
+        token_dtype: str,
+        tokenizer: Tokenizer,
+        eos_appended: bool,
+        shards: ShardTable,
+        parent: str | None,
+        created_at: str,
+        tool_version: str,
+        lineage: dict[str, Any] | None = None,
+    ) -> tuple[Manifest, bytes]:
+        """A new manifest and the IPC bytes of its shard table (to be stored at ``table_path``);
+        ``lineage`` is the parent's :meth:`child_lineage` (None only without a parent)."""
+        table_data = shards.to_ipc()
+        table_digest = digest_bytes(table_data)
+        table_path = f"{TABLES_DIR}/{table_digest.split(':', 1)[1]}.arrow"
+        draft = cls(
+            name=name,
+            token_dtype=token_dtype,
+            tokenizer=tokenizer,
+            eos_appended=eos_appended,
+            shards=shards,
+            table_path=table_path,
+            table_digest=table_digest,
+            table_bytes=len(table_data),
+            parent=parent,
+            created_at=created_at,
+            tool_version=tool_version,
+            version_id="",
+            lineage=lineage,
+        )
+        version_id = version_id_of(draft.body())
+        return _replace_version(draft, version_id), table_data
+
+    @property
+    def totals(self) -> dict[str, int]:
+        t = self.shards
+        return {
+            "shards": len(t),
+            "documents": int(t.documents.sum()),
+            "tokens": int(t.tokens.sum()),
+            "stored_bytes": int(t.stored_bytes.sum()),
+            "raw_bytes": int(t.raw_bytes.sum()),
+        }
+
+    def body(self) -> dict[str, Any]:
+        """The digested part of the header."""
+        return {
+            "format": MANIFEST_FORMAT,
+            "name": self.name,
+            "token_dtype": self.token_dtype,
+            "tokenizer": self.tokenizer.to_dict(),
+            "eos_appended": self.eos_appended,
+            "totals": self.totals,
+            "shard_table": {"path": self.table_path, "digest": self.table_digest, "bytes": self.table_bytes},
+            "parent": self.parent,
+            **({"lineage": self.lineage} if self.lineage is not None else {}),
+        }
+
+    def to_json(self) -> bytes:
+        doc = {
+            "version_id": self.version_id,
+            **self.body(),
+            "created_at": self.created_at,
+            "tool_version": self.tool_version,
+        }
+        return (json.dumps(doc, indent=1, sort_keys=False) + "\n").encode()
+
+    @classmethod
+    def parse_header(cls, data: bytes) -> dict[str, Any]:
+        """Parse and check the JSON header alone (no shard table); see
+        :func:`ferry.shard_tools.format.header.parse_header`."""
+        return parse_header(data)
+
+    @classmethod
+    def from_json(cls, data: bytes, table_data: bytes) -> Manifest:
+        """Build a manifest from its header and the bytes of its shard table, checking both."""
+        doc = cls.parse_header(data)
+        st = doc["shard_table"]
+        if digest_bytes(table_data) != st["digest"] or len(table_data) != st["bytes"]:
+            raise ManifestError(f"shard table {st['path']} does not match its digest in the manifest")
+        shards = ShardTable.from_ipc(table_data)
+        shards.validate()
+        tok = doc["tokenizer"]
+        manifest = cls(
+            name=doc["name"],
+            token_dtype=doc["token_dtype"],
+            tokenizer=Tokenizer(tok["name"], tok["vocab_size"], tok["eos_id"]),
+            eos_appended=doc["eos_appended"],
+            shards=shards,
+            table_path=st["path"],
+            table_digest=st["digest"],
+            table_bytes=st["bytes"],
+            parent=doc["parent"],
+            created_at=doc["created_at"],
+            tool_version=doc["tool_version"],
+            version_id=doc["version_id"],
+            lineage=lineage_of(doc),
+        )
+        if manifest.totals != doc["totals"]:
+            raise ManifestError(f"manifest totals {doc['totals']} do not match its shard table {manifest.totals}")
+        return manifest
+
+
+def next_lineage(parent: str, parent_lineage: dict[str, Any] | None) -> dict[str, Any]:
+    """The lineage of a child of version ``parent`` (whose own lineage is ``parent_lineage``).
+
+    A lineage places a version in a chain of generations counted from its *root*: the nearest
+    ancestor without a lineage (a dataset's first version, or one written before lineages), at
+    generation 0. ``up`` lists ancestors as ``[generation, id]``, newest first: the parent (g-1)
+    and, for every k ≥ 1, the ancestor at generation ``((g-1) >> k) << k``, so about log2(g)
+    entries. Each comes from the parent's lineage alone, and walking from any version to any
+    generation below it takes at most one record per bit of the distance
+    (:func:`ferry.shard_tools.storage.publish.descends_from`)."""
+    if parent_lineage is None:
+        return {"gen": 1, "root": parent, "up": [[0, parent]]}
+    pgen = int(parent_lineage["gen"])
+    known = {int(g): str(v) for g, v in parent_lineage["up"]}
+    known[pgen] = parent
+    known[0] = str(parent_lineage["root"])
+    gen = pgen + 1
+    wanted = sorted({pgen} | {(pgen >> k) << k for k in range(1, pgen.bit_length() + 1)}, reverse=True)
+    missing = [g for g in wanted if g not in known]
+    if missing:
+        raise ManifestError(f"lineage of version {parent} lacks generation {missing[0]} (hand-edited?)")
+    return {"gen": gen, "root": known[0], "up": [[g, known[g]] for g in wanted]}
+
+
+def lineage_of(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The checked ``lineage`` of a parsed header (None when it has none); ManifestError if malformed."""
+    lin = doc.get("lineage")
+    if lin is None:
+        return None
+    try:
+        gen, root, up = lin["gen"], lin["root"], lin["up"]
+        ok = isinstance(gen, int) and not isinstance(gen, bool) and gen >= 1 and isinstance(root, str)
+        ok = ok and isinstance(up, list) and 0 < len(up) <= 64
+        pairs = [(int(g), str(v)) for g, v in up] if ok else []
+        gens = [g for g, _ in pairs]
+        ok = ok and all(isinstance(g, int) and isinstance(v, str) for g, v in up)
+        ok = ok and gens == sorted(set(gens), reverse=True) and gens[0] == gen - 1 and gens[-1] == 0
+        ok = ok and pairs[0][1] == doc.get("parent") and pairs[-1][1] == root
+    except (KeyError, TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ManifestError(f"manifest {doc.get('version_id')}: malformed lineage")
+    return {"gen": gen, "root": root, "up": [list(p) for p in pairs]}
+
+
+def _ints(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A null-free integer Arrow column as numpy, read from its data buffer (``to_numpy`` imports pandas)."""
+    chunk = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    dtype = np.dtype(chunk.type.to_pandas_dtype()).newbyteorder("<")
+    if len(chunk) == 0:
+        return np.zeros(0, dtype=dtype)
+    data = chunk.buffers()[1]
+    return np.frombuffer(data, dtype=dtype, count=len(chunk), offset=chunk.offset * dtype.itemsize)
+
+
+def _replace_version(m: Manifest, version_id: str) -> Manifest:
+    from dataclasses import replace
+
+    return replace(m, version_id=version_id)
