@@ -8,7 +8,6 @@ executor produces the same shards. Shards are stored under their content digest.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import queue
 import threading
@@ -36,7 +35,7 @@ from ..format.seekable import (
 )
 from ..format.shard import SHARD_SUFFIX, compress, decompress, encode_shard_buffer
 from ..sources import DocBatch, SourceOptions, Unit, read_unit
-from ..storage.store import Location, resolve, storage_error, write_temp_beside
+from ..storage.store import Location, link_new, resolve, storage_error, write_temp_beside
 from ..threadname import start_named_thread
 
 __all__ = [
@@ -361,25 +360,11 @@ def _precondition_failed(exc: BaseException) -> bool:
     return False
 
 
-_NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.ENOSYS, errno.EMLINK}
-
-
 def _link_new(path: str, data: bytes | tuple[bytes, ...]) -> bool:
-    """A whole, fsync'ed file at ``path`` only if none is there (a temp file, then ``link``)."""
+    """A whole, fsync'ed file at ``path`` only if nothing is there (a temp file, then :func:`link_new`)."""
     tmp = write_temp_beside(path, data)
     try:
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        except OSError as exc:
-            if exc.errno not in _NO_LINKS:
-                raise
-            # a filesystem without hard links: check, then rename (two packs racing here may both write)
-            if os.path.exists(path):
-                return False
-            os.replace(tmp, path)
-        return True
+        return link_new(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
