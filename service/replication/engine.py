@@ -367,7 +367,8 @@ class Engine:
                     m, _ = load_version(dst, got[0])
                 except (ManifestError, StorageError):
                     continue  # an unreadable old version is left alone
-            records.append(VersionRecord(vid, m.created_at, frozenset(m.shards.paths), m.table_path))
+            generation = int(m.lineage["gen"]) if m.lineage else 0
+            records.append(VersionRecord(vid, m.created_at, frozenset(m.shards.paths), m.table_path, generation))
         named = set().union(*(r.paths for r in records)) if records else set()
         # a shard no version names may be a concurrent `ferry pack --append`'s, stored but not yet
         # published: an orphan is one this service put there, or one unchanged for STALE_TEMP_SECONDS

@@ -155,12 +155,14 @@ def plan_sync(
 
 @dataclass(frozen=True)
 class VersionRecord:
-    """A version published at a destination: id, creation time (sortable string), shards, table."""
+    """A version published at a destination: id, creation time (sortable string, whole seconds), shards,
+    table, and its generation in its lineage (0 for a first version), which orders versions of one second."""
 
     version_id: str
     created_at: str
     paths: frozenset[str]
     table_path: str
+    generation: int = 0
 
 
 @dataclass
@@ -182,7 +184,8 @@ def plan_retention(
     copies_elsewhere: Mapping[str, int],
     orphans: Collection[str] = (),
 ) -> RetentionPlan:
-    """Keep ``current`` and the newest others up to ``keep_versions`` in all; retire the rest.
+    """Keep ``current`` and the newest others (by generation, then creation time) up to ``keep_versions`` in
+    all; retire the rest.
 
     A shard of a retired version is deleted only when no kept version references it and
     ``copies_elsewhere[path] > 0`` (a verified copy exists on another cluster). ``orphans`` are
@@ -191,7 +194,7 @@ def plan_retention(
     """
     if keep_versions < 1:
         raise ValueError("keep_versions must be at least 1")
-    by_age = sorted(versions, key=lambda v: (v.created_at, v.version_id), reverse=True)
+    by_age = sorted(versions, key=lambda v: (v.generation, v.created_at, v.version_id), reverse=True)
     kept_ids = [current] if any(v.version_id == current for v in versions) else []
     for v in by_age:
         if len(kept_ids) >= keep_versions:

@@ -255,3 +255,14 @@ def test_plan_retention(case: RCase) -> None:
 def test_retention_rejects_zero() -> None:
     with pytest.raises(ValueError):
         plan_retention([R1], current="r1", keep_versions=0, copies_elsewhere={})
+
+
+def test_retention_keeps_the_newest_generations_when_their_clocks_agree() -> None:
+    """Versions published within one second share ``created_at`` (whole seconds): their place in the lineage,
+    not their ids, says which are newest. Here the ids sort against the generations."""
+    same = "2026-01-01T00:00:00+00:00"
+    old = VersionRecord("ffff", same, frozenset({A.path}), "tables/ffff.arrow", generation=0)
+    mid = VersionRecord("eeee", same, frozenset({B.path}), "tables/eeee.arrow", generation=1)
+    new = VersionRecord("0000", same, frozenset({C.path}), "tables/0000.arrow", generation=2)
+    plan = plan_retention([old, mid, new], current="0000", keep_versions=2, copies_elsewhere={})
+    assert plan.keep == ["0000", "eeee"] and plan.retire == ["ffff"]
