@@ -26,10 +26,13 @@ def main() -> None:
     if os.environ.get("PREEMPT_HANDLER") == "exit":
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    # remote: a request that hangs stays in flight (no hedge within the test's time)
+    # remote: a request that hangs stays in flight (no hedge within the test's time), and a cache smaller than
+    # the dataset keeps the shards coming every epoch (with all of them cached, none would be asked for again
+    # once the first epoch ended, and the test would wait for a hanging request in vain)
     extra = {"fetch": {"deadline_floor": 600.0}} if options else {}
+    limit = "96KiB" if options else "64MiB"
     ds = TokenDataset(
-        url, seq_len=64, seed=1, shuffle="window", window=2, cache_dir=cache, cache_limit="64MiB",
+        url, seq_len=64, seed=1, shuffle="window", window=2, cache_dir=cache, cache_limit=limit,
         storage_options=options, **extra,
     )  # fmt: skip
     loader = TokenLoader(ds, batch_size=4, num_workers=workers, rank=0, world_size=1)
