@@ -28,6 +28,8 @@ $(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q --require-hashes --no-deps -r $(LOCK)
+	$(PIP) uninstall -q -y ferry 2>/dev/null || true  # the name before ferry-data: its commands would clash
+	rm -rf ferry.egg-info  # its build metadata, which Python finds in the checkout
 	$(PIP) install -q --no-deps -e .
 	touch $(STAMP)
 
