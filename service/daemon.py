@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from ferry.shard_tools.errors import (
     ConfigError,
@@ -429,7 +430,19 @@ class Daemon:
 
     # read side
     def clusters(self) -> list[ClusterInfo]:
-        return [ClusterInfo(c.name, c.public_url, c.priority) for c in self._config.clusters.values()]
+        rules = self._config.rules
+        sources, dests = {r.source for r in rules}, {d for r in rules for d in r.destinations}
+        return [
+            ClusterInfo(
+                c.name,
+                c.public_url,
+                urlsplit(c.url).scheme if "://" in c.url else "file",
+                c.priority,
+                c.name in sources,
+                c.name in dests,
+            )  # fmt: skip
+            for c in self._config.clusters.values()
+        ]
 
     def _replicas(self, known: _Known, lag: Mapping[tuple[str, str, str], float]) -> list[ReplicaStatus]:
         failed_at = {e.cluster for e in self.state.errors(limit=10_000) if e.dataset == known.name}

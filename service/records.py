@@ -3,7 +3,8 @@
 Every record is a frozen dataclass of JSON-friendly fields: str, int, float, bool, None,
 lists and dicts of those. Times are Unix seconds (float); sizes are bytes; rates bytes/s.
 Field names are the API's: ``client/service/service_types.py`` defines the API's records (``service/api/models.py``
-builds the OpenAPI schema from them), and two of them are the daemon's too, ``HistoryEntry`` and ``LimitsInfo``:
+builds the OpenAPI schema from them), and five of them are the daemon's too, under the names the daemon gives
+them here: ``ClusterInfo``, ``TransferInfo``, ``HistoryEntry``, ``ErrorInfo`` and ``LimitsInfo``:
 ``source``/``destination`` for the two ends of a copy, ``reason`` for why something failed,
 ``rate_bps`` for a rate. Events use the same names.
 """
@@ -13,8 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ferry.client.service.service_types import HistoryEntry  # a finished transfer attempt (ok or not): the API's record
+from ferry.client.service.service_types import Cluster as ClusterInfo  # a configured cluster
+from ferry.client.service.service_types import ErrorEntry as ErrorInfo  # an open error (a shard, or a whole dataset)
+from ferry.client.service.service_types import HistoryEntry  # a finished transfer attempt (ok or not)
 from ferry.client.service.service_types import Limits as LimitsInfo  # the limits in force, as changed at run time
+from ferry.client.service.service_types import Transfer as TransferInfo  # a copy in flight
 
 __all__ = [
     "ClusterInfo",
@@ -44,22 +48,8 @@ EVENT_TYPES = (
 
 
 @dataclass(frozen=True)
-class ClusterInfo:
-    """A configured cluster. ``url`` never carries credentials."""
-
-    name: str
-    url: str
-    priority: int
-
-
-@dataclass(frozen=True)
 class ReplicaStatus:
-    """One cell of the dataset × cluster matrix.
-
-    ``state``: "source" (the cluster the rule pulls from), "complete" (target version published),
-    "syncing" (copies in flight or pending), "failed" (some shard failed and waits for a retry),
-    "paused", or "unknown" (not planned yet).
-    """
+    """One cell of the dataset × cluster matrix; ``state`` takes the values of the API's ``CellState``."""
 
     dataset: str
     cluster: str
@@ -87,37 +77,6 @@ class DatasetInfo:
     bytes: int
     tokens: int
     replicas: list[ReplicaStatus] = field(default_factory=list)  # one per cluster incl. the source
-
-
-@dataclass(frozen=True)
-class TransferInfo:
-    """A copy in flight."""
-
-    id: int
-    dataset: str
-    version: str
-    shard: str
-    source: str  # cluster name (or URL for `ferry sync`)
-    destination: str
-    bytes_done: int
-    bytes_total: int
-    rate_bps: float  # bytes/s since the copy started
-    started_at: float
-
-
-@dataclass(frozen=True)
-class ErrorInfo:
-    """A shard that failed at a destination and has not been repaired since."""
-
-    id: int  # pass to Daemon.retry(id)
-    dataset: str
-    version: str
-    cluster: str  # destination
-    shard: str
-    reason: str
-    retryable: bool
-    attempts: int
-    at: float
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,11 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any, TypeVar, Union, get_args, get_origin
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 __all__ = [
     "ActionResult",
+    "CellState",
     "Cluster",
     "DatasetDetail",
     "DatasetSummary",
@@ -36,9 +37,16 @@ __all__ = [
 
 T = TypeVar("T")
 
+#: The state of one dataset on one cluster: "source" (the cluster the rule pulls from), "complete" (target
+#: version published), "syncing" (copies in flight or pending), "failed" (some shard failed and waits for a
+#: retry), "paused", or "unknown" (not planned yet).
+CellState = Literal["source", "complete", "syncing", "failed", "paused", "unknown"]
+
 
 @dataclass(frozen=True)
 class Cluster:
+    """A configured cluster. ``url`` never carries credentials."""
+
     name: str
     url: str
     protocol: str
@@ -63,8 +71,8 @@ class DatasetSummary:
 class ReplicaCell:
     dataset: str
     cluster: str
-    role: str
-    state: str
+    role: Literal["source", "destination"]
+    state: CellState
     published_version: str | None
     target_version: str | None
     verified_shards: int
@@ -103,13 +111,21 @@ class ReplicaMatrix:
 
 
 @dataclass(frozen=True)
-class Transfer:
+class _ShardCopy:
+    """Which copy a record is about: its id, the shard of which version of which dataset, from where to where."""
+
     id: int
     dataset: str
     version: str
     shard: str
-    source: str
+    source: str  # cluster name (or URL for `ferry sync`)
     destination: str
+
+
+@dataclass(frozen=True)
+class Transfer(_ShardCopy):
+    """A shard copy in flight."""
+
     bytes_done: int
     bytes_total: int
     percent: float
@@ -118,13 +134,9 @@ class Transfer:
 
 
 @dataclass(frozen=True)
-class HistoryEntry:
-    id: int
-    dataset: str
-    version: str
-    shard: str
-    source: str
-    destination: str
+class HistoryEntry(_ShardCopy):
+    """A finished transfer attempt, successful or not."""
+
     bytes: int
     started_at: float
     duration_s: float
@@ -134,7 +146,9 @@ class HistoryEntry:
 
 @dataclass(frozen=True)
 class ErrorEntry:
-    id: int
+    """A shard (or, with version "", a whole dataset) that failed at a cluster and has not been repaired since."""
+
+    id: int  # pass to retry
     at: float
     dataset: str
     version: str

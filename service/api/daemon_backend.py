@@ -8,13 +8,14 @@ that leaves here is scrubbed of configured secret values (``redaction``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
-from urllib.parse import urlsplit
+from typing import Any, get_args
 
+from ferry.client.service.service_types import CellState
 from ferry.shard_tools.errors import ConfigError, NotFoundError, UsageError
 from ferry.shard_tools.threadname import start_named_thread
 
@@ -49,7 +50,7 @@ from .sla import sla_counts
 __all__ = ["DaemonBackend", "secret_values"]
 
 _PUMP_INTERVAL = 0.05  # seconds between collections of events while they keep coming
-_KNOWN_STATES = {"source", "complete", "syncing", "failed", "paused", "unknown"}
+_KNOWN_STATES = set(get_args(CellState))
 _OPEN_ERRORS_CAP = 10_000  # open errors counted for /status (and /metrics), read from the State like /errors
 
 
@@ -65,8 +66,6 @@ class DaemonBackend:
         self._next_sub = 0
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        self._sources = {r.source for r in daemon.config.rules}
-        self._dests = {d for r in daemon.config.rules for d in r.destinations}
         self._queue = daemon.subscribe(maxsize=10_000)
         self._sampler = ThroughputSampler(self._bytes_moved, lambda: bool(daemon.running), sample_interval)
         self._pump_thread = start_named_thread(self._pump, "ferry-api-event")
@@ -119,17 +118,7 @@ class DaemonBackend:
     # ---- read side -------------------------------------------------------------------------------------------
 
     def clusters(self) -> list[ClusterOut]:
-        return [
-            ClusterOut(
-                name=c.name,
-                url=self._clean(c.url),
-                protocol=urlsplit(c.url).scheme if "://" in c.url else "file",
-                priority=c.priority,
-                is_source=c.name in self._sources,
-                is_destination=c.name in self._dests,
-            )
-            for c in self._d.clusters()
-        ]
+        return [ClusterOut(**{**dataclasses.asdict(c), "url": self._clean(c.url)}) for c in self._d.clusters()]
 
     def _summary(self, info: Any) -> DatasetSummary:
         return DatasetSummary(
@@ -204,25 +193,12 @@ class DaemonBackend:
         return ReplicaMatrix(datasets=datasets, clusters=clusters, cells=cells)
 
     def transfers(self) -> list[TransferOut]:
-        out = []
-        for t in self._d.transfers():
-            total = max(int(t.bytes_total), 0)
-            out.append(
-                TransferOut(
-                    id=int(t.id),
-                    dataset=t.dataset,
-                    version=t.version,
-                    shard=t.shard,
-                    source=self._clean(t.source),
-                    destination=self._clean(t.destination),
-                    bytes_done=int(t.bytes_done),
-                    bytes_total=total,
-                    percent=round(100.0 * min(t.bytes_done, total) / total, 2) if total else 0.0,
-                    rate_bps=float(t.rate_bps),
-                    started_at=float(t.started_at),
-                )
-            )
-        return out
+        return [
+            TransferOut(
+                **{**dataclasses.asdict(t), "source": self._clean(t.source), "destination": self._clean(t.destination)}
+            )  # fmt: skip
+            for t in self._d.transfers()
+        ]
 
     def history(self, limit: int, dataset: str | None) -> list[HistoryEntry]:
         return [
@@ -243,20 +219,7 @@ class DaemonBackend:
         ]
 
     def errors(self, limit: int) -> list[ErrorEntry]:
-        return [
-            ErrorEntry(
-                id=e.id,
-                at=e.at,
-                dataset=e.dataset,
-                version=e.version,
-                cluster=e.cluster,
-                shard=e.shard,
-                reason=self._clean(e.reason),
-                retryable=e.retryable,
-                attempts=e.attempts,
-            )
-            for e in self._d.errors(limit=limit)
-        ]
+        return [ErrorEntry(**{**dataclasses.asdict(e), "reason": self._clean(e.reason)}) for e in self._d.errors(limit)]
 
     def _link_of(self) -> dict[tuple[str, str], tuple[str, str]]:
         """(dataset, destination) → (source, destination) for every replicated dataset."""

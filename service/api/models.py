@@ -41,8 +41,6 @@ __all__ = [
     "TransferOut",
 ]
 
-CellState = Literal["source", "complete", "syncing", "failed", "paused", "unknown"]
-
 
 class _Out(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -127,8 +125,6 @@ else:
         wire.ReplicaCell,
         "ReplicaCell",
         "Completeness of one dataset on one cluster.",
-        role={"annotation": Literal["source", "destination"]},
-        state={"annotation": CellState},
         published_version={"description": "version named by this cluster's manifest (null when none)"},
         target_version={"description": "version the cluster is converging to"},
         percent={"ge": 0, "le": 100},

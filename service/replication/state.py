@@ -280,7 +280,20 @@ class State:
             "WHERE status='failed' ORDER BY updated DESC LIMIT ?",
             (limit,),
         )
-        return [ErrorInfo(r[0], r[1], r[2], r[3], r[4], r[5] or "", bool(r[6]), r[7], r[8]) for r in rows]
+        return [
+            ErrorInfo(
+                id=r[0],
+                at=r[8],
+                dataset=r[1],
+                version=r[2],
+                cluster=r[3],
+                shard=r[4],
+                reason=r[5] or "",
+                retryable=bool(r[6]),
+                attempts=r[7],
+            )  # fmt: skip
+            for r in rows
+        ]
 
     # dataset-level problems (a source manifest that cannot be read, a refused dataset name): rows of
     # shard_status with version '' and ``path`` naming what is wrong, so that they share error ids,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..records import ErrorCount, StatsSnapshot, TransferInfo
 
@@ -28,16 +28,11 @@ _RATE_MIN_SPAN = 2.0
 
 @dataclass
 class _Live:
-    id: int
-    dataset: str
-    version: str
-    shard: str
-    source: str
-    destination: str
-    total: int
-    done: int
-    started_at: float
+    """A copy in flight: its record as it started, and the bytes done since."""
+
+    started: TransferInfo
     started_mono: float
+    done: int = 0
 
 
 class Stats:
@@ -78,7 +73,8 @@ class Stats:
         with self._lock:
             self._next_id += 1
             tid = self._next_id
-            self._live[tid] = _Live(tid, dataset, version, shard, src, dst, total, 0, time.time(), time.monotonic())
+            record = TransferInfo(tid, dataset, version, shard, src, dst, 0, total, 0.0, 0.0, time.time())
+            self._live[tid] = _Live(record, time.monotonic())
             return tid
 
     def progress(self, tid: int, n: int) -> None:
@@ -101,7 +97,8 @@ class Stats:
                 self.transfers_ok += 1
                 self.bytes_copied += nbytes
                 if live is not None:
-                    self._copied[(live.dataset, live.source, live.destination)] += nbytes
+                    t = live.started
+                    self._copied[(t.dataset, t.source, t.destination)] += nbytes
             else:
                 self.transfers_failed += 1
 
@@ -135,17 +132,13 @@ class Stats:
         now = time.monotonic()
         with self._lock:
             return [
-                TransferInfo(
-                    t.id,
-                    t.dataset,
-                    t.version,
-                    t.shard,
-                    t.source,
-                    t.destination,
-                    t.done,
-                    t.total,
-                    t.done / max(now - t.started_mono, 1e-3),
-                    t.started_at,
+                replace(
+                    t.started,
+                    bytes_done=t.done,
+                    percent=round(100.0 * min(t.done, t.started.bytes_total) / t.started.bytes_total, 2)
+                    if t.started.bytes_total > 0
+                    else 0.0,
+                    rate_bps=t.done / max(now - t.started_mono, 1e-3),
                 )
                 for t in self._live.values()
             ]
@@ -161,7 +154,7 @@ class Stats:
             instant, avg = self._rates(now)
             pending_bytes = sum(b for b, _ in self._pending.values())
             pending_shards = sum(s for _, s in self._pending.values())
-            in_flight_left = sum(max(0, t.total - t.done) for t in self._live.values())
+            in_flight_left = sum(max(0, t.started.bytes_total - t.done) for t in self._live.values())
             eta = None
             if pending_bytes and avg > 0:
                 eta = max(pending_bytes, in_flight_left) / avg
