@@ -98,7 +98,9 @@ def test_every_response_model_is_its_record(record: type, model: type[pydantic.B
         assert model.model_fields[f.name].is_required() is not has_default, (model.__name__, f.name)
 
 
-def test_the_daemons_history_and_limits_are_the_apis_records() -> None:
+def test_the_daemons_records_are_the_apis_records() -> None:
     from ferry.service import records
 
     assert records.HistoryEntry is wire.HistoryEntry and records.LimitsInfo is wire.Limits
+    assert records.ClusterInfo is wire.Cluster and records.TransferInfo is wire.Transfer
+    assert records.ErrorInfo is wire.ErrorEntry
