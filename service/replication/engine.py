@@ -11,10 +11,16 @@ a publish.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow.compute as pc
 
 from ferry.shard_tools.errors import DatasetNotFoundError, LeaseHeldError, ManifestError, RollbackError, StorageError
 from ferry.shard_tools.format.header import MANIFEST_FILE, SHARDS_DIR, VERSIONS_DIR, parse_header, version_path
@@ -25,15 +31,36 @@ from ..events import EventBus
 from ..transfer.executor import Executor, Job, JobResult
 from ..transfer.object_store import abort_stale_uploads
 from ..transfer.stats import Stats
+from .columns import bools, int64s, positions
 from .lease import DEFAULT_TTL, Lease
 from .passes import PassResult
-from .planner import SourceVersion, SyncPlan, VersionRecord, order_sources, plan_retention, plan_sync
+from .planner import (
+    MISSING,
+    REASONS,
+    ColumnPlan,
+    SourceColumns,
+    SourcePicker,
+    SourceVersion,
+    VersionRecord,
+    order_sources,
+    plan_columns,
+    plan_retention,
+)
 from .state import State
 
 if TYPE_CHECKING:
     from ferry.shard_tools.format.manifest import Manifest
 
-__all__ = ["Engine", "PassResult", "read_header", "load_version", "listing"]
+__all__ = ["Engine", "PassResult", "read_header", "load_version", "listing", "HEAD_MIN_SHARDS", "HEAD_SHARE",
+           "JOB_BATCH"]  # fmt: skip
+
+#: A version of at least HEAD_MIN_SHARDS shards of which at most one in HEAD_SHARE is not known verified at
+#: the destination has only those looked up there (HEAD_THREADS at a time), not the whole dataset listed.
+HEAD_MIN_SHARDS = 4096
+HEAD_SHARE = 32
+HEAD_THREADS = 32
+#: shards whose jobs a pass hands the executor at a time
+JOB_BATCH = 4096
 
 
 def read_header(loc: Location, rel: str = MANIFEST_FILE) -> tuple[bytes, dict[str, Any]] | None:
@@ -220,44 +247,28 @@ class Engine:
         now, created = time.time(), _created_ts(parse_header(src_bytes))
         self.state.seen_version(dataset, dest, version, min(now, created) if created else now)
         manifest, table = load_version(src_loc, src_bytes)
-        src_version = SourceVersion.of(manifest)
-        held = listing_with_age(dst_loc)
-        others = {p: [c for c in cs if c != dest and c in locations] for p, cs in self.state.replicas(dataset).items()}
-        peers = [c for c in locations if c not in (source, dest) and _publishes(locations[c], version)]
-        if peers:  # published by another cluster's daemon (pull model: nothing shared but storage)
-            for s in src_version.shards:
-                have = others.setdefault(s.path, [])
-                have += [c for c in peers if c not in have]
-        plan = plan_sync(
-            src_version,
-            source=source,
+        cols = SourceColumns.of(manifest)
+        verified = cols.has(self.state.verified_paths(dataset, dest))
+        held = self._held(dst_loc, cols, verified)
+        plan = plan_columns(
+            cols,
             dest_version=dest_version,
-            listing={p: size for p, (size, _) in held.items()},
-            verified=self.state.verified(dataset, dest),
-            known_bad=self.state.bad(dataset, dest),
-            replicas={p: cs for p, cs in others.items() if cs},
-            priority=self.priority,
+            held_sizes=held.sizes,
+            verified=verified,
+            bad=cols.has(self.state.bad(dataset, dest)),
+            temps=held.ages or (),
         )
-        for tmp in plan.delete_temps:
-            if not temp_is_stale(tmp.path, held[tmp.path][1]):
-                continue  # a live writer's (a pack on this host, or recent: another host's)
-            with contextlib.suppress(StorageError):
-                dst_loc.remove(tmp.path)
-                result.temps_deleted += 1
-        with contextlib.suppress(StorageError):
-            result.temps_deleted += abort_stale_uploads(dst_loc)
-        result.already_verified = len(plan.verified)
-        result.verified_bytes = sum(s.size for s in plan.verified)
-        jobs, guarded = self._jobs(plan, dataset, version, dest, dst_loc)
-        result.skipped_failed = len(plan.copies) + len(plan.verifies) - len(jobs)
-        self.stats.set_pending(dataset, dest, sum(j.shard.size for j in jobs), len(jobs))
+        self._delete_temps(plan, held, dst_loc, result)
+        result.already_verified = len(plan.verified_rows)
+        result.verified_bytes = int(cols.sizes[plan.verified_rows].sum())
+        work = _Work.of(plan, cols, self.state.fatal(dataset, dest), _unreplaceable(plan, cols, dst_loc))
+        result.skipped_failed = len(plan.copy_rows) + len(plan.verify_rows) - len(work.rows)
+        self.stats.set_pending(dataset, dest, int(cols.sizes[work.rows].sum()), len(work.rows))
         if on_plan is not None:
             on_plan(result)
-        if jobs:
-            stop = lambda: lease.lost is not None  # noqa: E731
-            self.executor.run(jobs, locations, lambda r: self._on_result(_kept(r, guarded, dst_loc), result),
-                              self._history, stop=stop)  # fmt: skip
-            self.state.flush()  # the pass's verified marks are committed before its manifest is published
+        if len(work.rows):
+            pick = SourcePicker(source, self.priority, self._holders(cols, dataset, source, dest, locations))
+            self._copy(work, cols, pick, result, dst_loc, locations, lease)
         if lease.lost is not None:
             raise LeaseHeldError(
                 f"{dst_loc.url}: lost the writer lease while copying ({lease.lost}); stopped copying into it, "
@@ -268,30 +279,69 @@ class Engine:
         if result.ok:
             self._publish(src_loc, dst_loc, manifest, table, src_bytes, result)
             if self.keep_versions and result.published:
-                self._retain(dst_loc, manifest, dataset, dest, held, result)
+                self._retain(dst_loc, manifest, dataset, dest, held.ages, result)
 
-    def _jobs(self, plan: SyncPlan, dataset: str, version: str, dest: str, dst: Location) -> tuple[list[Job], set[str]]:
-        """The plan's copies and verifies as jobs (less shards failed for good), and the paths whose object
-        at the destination must not be replaced: those jobs only verify it (no sources to copy from)."""
-        fatal = self.state.fatal(dataset, dest)
-        guarded = _unreplaceable(plan, dst)
-        # an object standing at a path that is not guarded is a damaged copy of what the destination's current
-        # version names: the one case a copy replaces it (a repair); every other copy only creates the object
-        jobs = [
-            Job(dataset, version, c.shard, (), dest, verify_first=True)
-            if c.shard.path in guarded
-            else Job(dataset, version, c.shard, c.sources, dest, replace=c.reason != "missing")
-            for c in plan.copies
-            if c.shard.path not in fatal
-        ]
-        jobs += [
-            Job(dataset, version, v.shard, v.sources, dest, verify_first=True, replace=True)
-            if v.shard.path not in guarded
-            else Job(dataset, version, v.shard, (), dest, verify_first=True)
-            for v in plan.verifies
-            if v.shard.path not in fatal
-        ]
-        return jobs, guarded
+    def _held(self, dst: Location, cols: SourceColumns, verified: np.ndarray) -> _Held:
+        """What the destination holds of the version. A version that adds a few shards to a large dataset
+        has only its unverified shards looked up, in parallel (one HEAD each on an object store): a shard
+        verified there before is taken to be there. Otherwise one recursive listing, which also finds the
+        temp files to clean up."""
+        unverified = np.flatnonzero(~verified)
+        if len(cols) < HEAD_MIN_SHARDS or len(unverified) * HEAD_SHARE > len(cols):
+            ages = listing_with_age(dst)
+            return _Held(cols.held_sizes({p: size for p, (size, _) in ages.items()}), ages)
+        sizes = cols.sizes.copy()
+        paths = cols.paths.take(int64s(unverified)).to_pylist()
+        with ThreadPoolExecutor(HEAD_THREADS, thread_name_prefix="ferry-head") as pool:
+            sizes[unverified] = list(pool.map(lambda path: _size_or_missing(dst, path), paths))
+        return _Held(sizes, None)
+
+    def _delete_temps(self, plan: ColumnPlan, held: _Held, dst: Location, result: PassResult) -> None:
+        for tmp in plan.delete_temps:
+            if held.ages is None or not temp_is_stale(tmp.path, held.ages[tmp.path][1]):
+                continue  # a live writer's (a pack on this host, or recent: another host's)
+            with contextlib.suppress(StorageError):
+                dst.remove(tmp.path)
+                result.temps_deleted += 1
+        with contextlib.suppress(StorageError):
+            result.temps_deleted += abort_stale_uploads(dst)
+
+    def _holders(
+        self, cols: SourceColumns, dataset: str, source: str, dest: str, locations: Mapping[str, Location]
+    ) -> dict[str, np.ndarray]:
+        """cluster → the rows it holds a verified copy of, for every cluster but the source and ``dest``."""
+        holders = {
+            c: cols.has(self.state.verified_paths(dataset, c))
+            for c in self.state.verified_clusters(dataset)
+            if c not in (source, dest) and c in locations
+        }
+        for c in locations:  # published by another cluster's daemon (pull model: nothing shared but storage)
+            if c not in (source, dest) and _publishes(locations[c], cols.version_id):
+                holders[c] = np.ones(len(cols), dtype=bool)
+        return {c: held for c, held in holders.items() if held.any()}
+
+    def _copy(
+        self,
+        work: _Work,
+        cols: SourceColumns,
+        pick: SourcePicker,
+        result: PassResult,
+        dst: Location,
+        locations: Mapping[str, Location],
+        lease: Lease,
+    ) -> None:
+        """Run the work ``JOB_BATCH`` shards at a time (the jobs of one batch at a time in memory)."""
+        stop = lambda: lease.lost is not None  # noqa: E731
+        for start in range(0, len(work.rows), JOB_BATCH):
+            if stop() or result.cancelled:
+                break
+            jobs, guarded = work.jobs(cols, pick, result, start, start + JOB_BATCH)
+            done = functools.partial(self._on_kept, guarded=guarded, dst=dst, result=result)
+            self.executor.run(jobs, locations, done, self._history, stop=stop)
+        self.state.flush()  # the pass's verified marks are committed before its manifest is published
+
+    def _on_kept(self, r: JobResult, *, guarded: set[str], dst: Location, result: PassResult) -> None:
+        self._on_result(_kept(r, guarded, dst), result)
 
     def _on_result(self, r: JobResult, result: PassResult) -> None:
         job = r.job
@@ -350,10 +400,14 @@ class Engine:
         current: Manifest,
         dataset: str,
         dest: str,
-        held: Mapping[str, tuple[int, float | None]],
+        held: Mapping[str, tuple[int, float | None]] | None,
         res: PassResult,
     ) -> None:
+        """Retire versions and delete shards beyond ``keep_versions``; ``held`` is the pass's listing of
+        ``dst`` (None: the pass looked up only new shards, so this lists it now)."""
         assert self.keep_versions
+        if held is None:
+            held = listing_with_age(dst)
         ids = [n[: -len(".json")] for n in dst.listdir(VERSIONS_DIR) if n.endswith(".json")]
         records = []
         for vid in ids:
@@ -406,7 +460,7 @@ class Engine:
         jobs = [
             Job(dataset, manifest.version_id, s, others, cluster, verify_first=True, replace=True)
             for s in SourceVersion.of(manifest).shards
-        ]
+        ]  # a scrub hashes every shard: one job each
         bad: list[str] = []
         repaired: list[str] = []
 
@@ -425,21 +479,82 @@ class Engine:
         return len(jobs), sorted(bad), sorted(repaired)
 
 
-def _unreplaceable(plan: SyncPlan, dst: Location) -> set[str]:
-    """Paths of the plan where an object already stands at the destination (wrong size, known bad, or
-    not yet verified) that a copy may not replace: shard objects are never rewritten, except to repair
-    one that the destination's current version names with the very digest being copied."""
-    at_risk = [c.shard for c in plan.copies if c.reason != "missing"] + [v.shard for v in plan.verifies]
-    if not at_risk:
-        return set()
-    named: dict[str, str] = {}
+@dataclass(frozen=True)
+class _Held:
+    """What a destination holds of a version: each row's size there (``MISSING``: none), and the listing
+    with ages (path → (size, seconds since it changed)) where one was made."""
+
+    sizes: np.ndarray
+    ages: dict[str, tuple[int, float | None]] | None
+
+
+@dataclass(frozen=True)
+class _Work:
+    """The rows a pass copies or verifies (less shards failed for good), in plan order, each with how."""
+
+    rows: np.ndarray
+    verify_first: np.ndarray  # bool per entry of rows: the destination holds it, hash before copying
+    replace: np.ndarray  # bool: a copy may replace the object at the shard's path
+    guarded: np.ndarray  # bool: the object there may not be replaced, only verified (no sources)
+
+    @classmethod
+    def of(cls, plan: ColumnPlan, cols: SourceColumns, fatal: set[str], guarded: np.ndarray) -> _Work:
+        rows = np.concatenate([plan.copy_rows, plan.verify_rows])
+        copying = np.arange(len(rows)) < len(plan.copy_rows)
+        # an object standing at a path that is not guarded is a damaged copy of what the destination's current
+        # version names: the one case a copy replaces it (a repair); every other copy only creates the object
+        replace = np.concatenate([plan.copy_reasons != REASONS.index("missing"), np.ones(len(plan.verify_rows), bool)])
+        keep = ~cols.has(fatal)[rows] if fatal else np.ones(len(rows), dtype=bool)
+        at_risk = guarded[rows]
+        return cls(rows[keep], (~copying | at_risk)[keep], (replace & ~at_risk)[keep], at_risk[keep])
+
+    def jobs(
+        self, cols: SourceColumns, pick: SourcePicker, result: PassResult, start: int, stop: int
+    ) -> tuple[list[Job], set[str]]:
+        """The jobs of entries ``start:stop``, and the paths among them whose object may not be replaced."""
+        rows = self.rows[start:stop]
+        jobs, guarded = [], set()
+        for k, (row, ref) in enumerate(zip(rows.tolist(), cols.refs(rows), strict=True)):
+            i = start + k
+            if self.guarded[i]:
+                guarded.add(ref.path)
+            sources = () if self.guarded[i] else pick(row)
+            jobs.append(Job(result.dataset, result.version_id, ref, sources, result.destination,
+                            verify_first=bool(self.verify_first[i]), replace=bool(self.replace[i])))  # fmt: skip
+        return jobs, guarded
+
+
+def _size_or_missing(loc: Location, path: str) -> int:
+    try:
+        return loc.size(path)
+    except FileNotFoundError:
+        return MISSING
+
+
+def _unreplaceable(plan: ColumnPlan, cols: SourceColumns, dst: Location) -> np.ndarray:
+    """A bool per row: the plan copies or verifies it where an object already stands at the destination (wrong
+    size, known bad, or not yet verified) that a copy may not replace. Shard objects are never rewritten,
+    except to repair one that the destination's current version names with the very digest being copied."""
+    at_risk = np.concatenate([plan.copy_rows[plan.copy_reasons != REASONS.index("missing")], plan.verify_rows])
+    out = np.zeros(len(cols), dtype=bool)
+    if not len(at_risk):
+        return out
+    out[at_risk] = True
     try:
         got = read_header(dst)
-        if got is not None:
-            named = {s.path: s.digest for s in SourceVersion.of(load_version(dst, got[0])[0]).shards}
+        if got is None:
+            return out
+        named = SourceColumns.of(load_version(dst, got[0])[0])
     except (ManifestError, StorageError):
-        named = {}  # an unreadable destination version names nothing: nothing there is replaced
-    return {s.path for s in at_risk if named.get(s.path) != s.digest}
+        return out  # an unreadable destination version names nothing: nothing there is replaced
+    if not len(named):
+        return out
+    index = int64s(at_risk)
+    at = positions(pc.index_in(cols.paths.take(index), value_set=named.paths))
+    named_digests = named.digests.take(int64s(np.maximum(at, 0)))
+    same = bools(pc.equal(cols.digests.take(index), named_digests)) & (at >= 0)
+    out[at_risk[same]] = False
+    return out
 
 
 def _kept(r: JobResult, guarded: set[str], dst: Location) -> JobResult:

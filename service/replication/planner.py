@@ -1,29 +1,40 @@
-"""The pure replication planner: manifests and a listing in, actions out (no I/O here).
+"""The pure replication planner: manifests and what a destination holds in, actions out (no I/O here).
 
-``plan_sync`` compares the source version with what a destination holds and says which
-shards to copy (with the replicas to pull from, nearest first), which present shards to
-re-hash, which stale temp files to delete, and whether the version can be published now.
-``plan_retention`` decides which published versions a destination retires and which
-shards it may delete, never the last verified copy anywhere.
+``plan_columns`` compares the source version, column by column (``SourceColumns``: paths, sizes,
+digests as Arrow/numpy arrays, never one Python object per shard), with what a destination holds and
+says which rows to copy, which present shards to re-hash, which stale temp files to delete, and
+whether the version can be published now. ``SourcePicker`` gives a row's replicas to pull from,
+nearest first. ``plan_sync`` is the same plan for a few shards given as objects (``SourceVersion``).
+``plan_retention`` decides which published versions a destination retires and which shards it may
+delete, never the last verified copy anywhere.
 """
 
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ferry.shard_tools.storage.store import TEMP_MARKER
 
 from ..transfer.executor import ShardRef  # what the executor copies is what the planner plans
+from .columns import bools, int64s, positions, strings
 
 if TYPE_CHECKING:
     from ferry.shard_tools.format.manifest import Manifest
 
 __all__ = [
     "ShardRef",
+    "SourceColumns",
     "SourceVersion",
+    "ColumnPlan",
+    "SourcePicker",
+    "plan_columns",
     "CopyShard",
     "VerifyShard",
     "DeleteTemp",
@@ -33,23 +44,161 @@ __all__ = [
     "RetentionPlan",
     "plan_retention",
     "order_sources",
+    "MISSING",
+    "REASONS",
 ]
+
+#: a copy's reason, by its code in ``ColumnPlan.copy_reasons``: the shard is missing at the destination,
+#: has the wrong size there, or is known bad there (a scrub or a failed verify found it corrupt)
+REASONS = ("missing", "size", "corrupt")
+#: the size of a shard the destination does not hold (in a ``held_sizes`` column)
+MISSING = -1
+
+
+@dataclass(frozen=True)
+class SourceColumns:
+    """The version to replicate, column by column in manifest order: paths, stored sizes, stored digests."""
+
+    version_id: str
+    paths: pa.StringArray
+    sizes: np.ndarray  # int64
+    digests: pa.StringArray
+
+    @classmethod
+    def of(cls, manifest: Manifest) -> SourceColumns:
+        table = manifest.shards._table  # noqa: SLF001 - ShardTable has no public string columns
+        return cls(
+            manifest.version_id,
+            table.column("path").combine_chunks(),
+            manifest.shards.stored_bytes,
+            table.column("stored_digest").combine_chunks(),
+        )
+
+    @classmethod
+    def of_refs(cls, version_id: str, shards: Sequence[ShardRef]) -> SourceColumns:
+        return cls(
+            version_id,
+            strings(s.path for s in shards),
+            np.array([s.size for s in shards], dtype=np.int64),
+            strings(s.digest for s in shards),
+        )
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def refs(self, rows: np.ndarray) -> list[ShardRef]:
+        """The shards of ``rows`` as objects (for the few being copied now)."""
+        index = int64s(rows)
+        paths, digests = self.paths.take(index).to_pylist(), self.digests.take(index).to_pylist()
+        return [ShardRef(p, int(n), d) for p, n, d in zip(paths, self.sizes[rows].tolist(), digests, strict=True)]
+
+    def has(self, paths: pa.Array | Iterable[str]) -> np.ndarray:
+        """A bool per row: is its path among ``paths``."""
+        values = paths if isinstance(paths, pa.Array) else strings(paths)
+        if len(self) == 0 or len(values) == 0:
+            return np.zeros(len(self), dtype=bool)
+        return bools(pc.is_in(self.paths, value_set=values))
+
+    def held_sizes(self, listing: Mapping[str, int]) -> np.ndarray:
+        """The size of each row's object in ``listing`` (path → size), ``MISSING`` where it has none."""
+        if not listing:
+            return np.full(len(self), MISSING, dtype=np.int64)
+        names = strings(listing)
+        sizes = np.fromiter(listing.values(), dtype=np.int64, count=len(listing))
+        at = positions(pc.index_in(self.paths, value_set=names))
+        return np.where(at >= 0, sizes[np.maximum(at, 0)], MISSING)
+
+    @property
+    def total_bytes(self) -> int:
+        return int(self.sizes.sum())
+
+
+@dataclass
+class ColumnPlan:
+    """What one sync pass of one (dataset, destination) does, as row numbers of its ``SourceColumns``."""
+
+    version_id: str
+    up_to_date: bool  # the destination already publishes this version
+    copy_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    copy_reasons: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))  # index into REASONS
+    verify_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    verified_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # nothing to do
+    delete_temps: list[DeleteTemp] = field(default_factory=list)
+    publish: bool = False  # publish right away (nothing to copy or verify)
+
+
+def plan_columns(
+    src: SourceColumns,
+    *,
+    dest_version: str | None,
+    held_sizes: np.ndarray | None,
+    verified: np.ndarray | None = None,
+    bad: np.ndarray | None = None,
+    temps: Iterable[str] = (),
+) -> ColumnPlan:
+    """Plan one destination.
+
+    ``dest_version`` is the version the destination's manifest.json names (None if none).
+    ``held_sizes`` is the size of each row's object at the destination (``MISSING``: none); it may be
+    None when ``dest_version == src.version_id`` (nothing else is looked at then). ``verified`` marks
+    rows known verified at the destination, ``bad`` rows found corrupt there (by a scrub or a failed
+    verify). ``temps`` are the temp files the destination holds (a listing's).
+    """
+    n = len(src)
+    if dest_version == src.version_id:
+        return ColumnPlan(src.version_id, up_to_date=True, verified_rows=np.arange(n, dtype=np.int64))
+    if held_sizes is None:
+        raise ValueError("a listing (or the sizes) of what the destination holds is needed when its version differs")
+    no = np.zeros(n, dtype=bool)
+    verified = no if verified is None else verified
+    bad = no if bad is None else bad
+    missing = held_sizes == MISSING
+    wrong = ~missing & (held_sizes != src.sizes)
+    corrupt = ~missing & ~wrong & bad
+    copy = missing | wrong | corrupt
+    reasons = np.where(missing, 0, np.where(wrong, 1, 2)).astype(np.uint8)
+    rows = np.flatnonzero(copy)
+    plan = ColumnPlan(src.version_id, up_to_date=False, copy_rows=rows, copy_reasons=reasons[rows])
+    plan.verified_rows = np.flatnonzero(~copy & verified)
+    plan.verify_rows = np.flatnonzero(~copy & ~verified)
+    plan.delete_temps = [DeleteTemp(p) for p in sorted(temps) if TEMP_MARKER in posixpath.basename(p)]
+    plan.publish = not len(plan.copy_rows) and not len(plan.verify_rows)
+    return plan
+
+
+def order_sources(
+    candidates: Collection[str], priority: Mapping[str, int], source: str | None = None
+) -> tuple[str, ...]:
+    """Replicas to pull from, nearest (lowest priority) first; ties prefer the rule's source, then name."""
+    return tuple(sorted(set(candidates), key=lambda c: (priority.get(c, 100), c != source, c)))
+
+
+@dataclass(frozen=True)
+class SourcePicker:
+    """The replicas a row can be pulled from: the rule's ``source``, and each cluster of ``holders`` whose
+    mask marks the row (it holds a verified copy of it), nearest first."""
+
+    source: str
+    priority: Mapping[str, int] = field(default_factory=dict)
+    holders: Mapping[str, np.ndarray] = field(default_factory=dict)  # cluster → a bool per row
+
+    def __call__(self, row: int) -> tuple[str, ...]:
+        extra = [c for c, held in self.holders.items() if held[row]]
+        return order_sources({self.source, *extra}, self.priority, self.source) if extra else (self.source,)
 
 
 @dataclass(frozen=True)
 class SourceVersion:
-    """The version to replicate: its id and its shards in manifest order."""
+    """The version to replicate as objects: its id and its shards in manifest order (a few shards: tests,
+    tools; a pass plans on ``SourceColumns``)."""
 
     version_id: str
     shards: Sequence[ShardRef]
 
     @classmethod
     def of(cls, manifest: Manifest) -> SourceVersion:
-        t = manifest.shards
-        # column by column: one ShardInfo per row is the slow part of a plan at hundreds of thousands of shards
-        digests = t._digests[0]  # noqa: SLF001 - ShardTable has no public digest column
-        sizes = t.stored_bytes.tolist()
-        return cls(manifest.version_id, [ShardRef(p, n, d) for p, n, d in zip(t.paths, sizes, digests, strict=True)])
+        cols = SourceColumns.of(manifest)
+        return cls(cols.version_id, cols.refs(np.arange(len(cols))))
 
     @property
     def total_bytes(self) -> int:
@@ -62,7 +211,7 @@ class CopyShard:
 
     shard: ShardRef
     sources: tuple[str, ...]
-    reason: str  # "missing" | "size" (wrong size at the destination) | "corrupt" (known bad digest)
+    reason: str  # one of REASONS
 
 
 @dataclass(frozen=True)
@@ -82,7 +231,7 @@ class DeleteTemp:
 
 @dataclass
 class SyncPlan:
-    """What one sync pass of one (dataset, destination) does."""
+    """``plan_sync``'s plan: a ``ColumnPlan`` as objects."""
 
     version_id: str
     up_to_date: bool  # the destination already publishes this version
@@ -97,13 +246,6 @@ class SyncPlan:
         return sum(c.shard.size for c in self.copies) + sum(v.shard.size for v in self.verifies)
 
 
-def order_sources(
-    candidates: Collection[str], priority: Mapping[str, int], source: str | None = None
-) -> tuple[str, ...]:
-    """Replicas to pull from, nearest (lowest priority) first; ties prefer the rule's source, then name."""
-    return tuple(sorted(set(candidates), key=lambda c: (priority.get(c, 100), c != source, c)))
-
-
 def plan_sync(
     src: SourceVersion,
     *,
@@ -115,42 +257,34 @@ def plan_sync(
     replicas: Mapping[str, Collection[str]] | None = None,
     priority: Mapping[str, int] | None = None,
 ) -> SyncPlan:
-    """Plan one destination.
-
-    ``dest_version`` is the version the destination's manifest.json names (None if none).
-    ``listing`` maps every object under the destination's dataset prefix (relative path) to its
-    size; it may be None when ``dest_version == src.version_id`` (nothing else is looked at then).
-    ``verified`` are paths known verified at the destination, ``known_bad`` paths found corrupt
-    there (by a scrub or a failed verify), ``replicas`` maps a path to other clusters holding a
-    verified copy; ``source`` (the rule's source cluster) is always a candidate.
-    """
-    if dest_version == src.version_id:
-        return SyncPlan(src.version_id, up_to_date=True, verified=list(src.shards))
-    if listing is None:
-        raise ValueError("a listing of the destination is needed when its version differs")
-    prio = priority or {}
-    others = replicas or {}
-    verified_set = set(verified)
-    bad = set(known_bad)
-    plan = SyncPlan(src.version_id, up_to_date=False)
-    plan.delete_temps = [DeleteTemp(p) for p in sorted(listing) if TEMP_MARKER in posixpath.basename(p)]
-    default_sources = (source,)
-    for shard in src.shards:
-        have = listing.get(shard.path)
-        extra = others.get(shard.path)
-        sources = order_sources({source, *extra}, prio, source) if extra else default_sources
-        if have is None:
-            plan.copies.append(CopyShard(shard, sources, "missing"))
-        elif have != shard.size:
-            plan.copies.append(CopyShard(shard, sources, "size"))
-        elif shard.path in bad:
-            plan.copies.append(CopyShard(shard, sources, "corrupt"))
-        elif shard.path in verified_set:
-            plan.verified.append(shard)
-        else:
-            plan.verifies.append(VerifyShard(shard, sources))
-    plan.publish = not plan.copies and not plan.verifies
-    return plan
+    """``plan_columns`` for shards given as objects. ``listing`` maps every object under the destination's
+    dataset prefix (relative path) to its size; ``replicas`` maps a path to other clusters holding a
+    verified copy; ``source`` (the rule's source cluster) is always a candidate."""
+    cols = SourceColumns.of_refs(src.version_id, src.shards)
+    plan = plan_columns(
+        cols,
+        dest_version=dest_version,
+        held_sizes=None if listing is None else cols.held_sizes(listing),
+        verified=cols.has(verified),
+        bad=cols.has(known_bad),
+        temps=listing or (),
+    )
+    clusters = {c for cs in (replicas or {}).values() for c in cs}
+    holders = {c: cols.has(p for p, cs in (replicas or {}).items() if c in cs) for c in clusters}
+    pick = SourcePicker(source, priority or {}, holders)
+    shards = src.shards
+    return SyncPlan(
+        plan.version_id,
+        plan.up_to_date,
+        copies=[
+            CopyShard(shards[i], pick(i), REASONS[r])
+            for i, r in zip(plan.copy_rows.tolist(), plan.copy_reasons.tolist(), strict=True)
+        ],
+        verifies=[VerifyShard(shards[i], pick(i)) for i in plan.verify_rows.tolist()],
+        delete_temps=plan.delete_temps,
+        verified=[shards[i] for i in plan.verified_rows.tolist()],
+        publish=plan.publish,
+    )
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,13 @@
 
 Tables::
 
-    shard_status  (dataset, version, dest, path) → status verified|failed|pending (pending: reset by
-                  retry), attempts, last_error, retryable, size, updated
-                  (version '': a problem of the whole dataset, see ``open_problem``)
-    replicas      (dataset, cluster, path) → verified_at   (a verified copy is known there)
+    shard_status  (dataset, version, dest, path) → status failed|pending (pending: reset by retry),
+                  attempts, last_error, retryable, size, updated: only shards that failed (a shard that
+                  becomes verified drops its row); version '': a problem of the whole dataset, see
+                  ``open_problem``
+    verified_sets (dataset, cluster) → the paths of the verified copies known there: a log of path
+                  sets (Arrow IPC blobs), each added or removed in order, folded into one blob when
+                  the log grows (``verified_paths``); one row per batch of verified shards, not one per shard
     bad           (dataset, cluster, path) → found_at, reason (corrupt copy found by verify/scrub)
     transfers     history: dataset, version, path, src, dst, bytes, started, duration, ok, error
     versions      (dataset, cluster, version) → first_seen, completed  (lag and the SLA share)
@@ -38,12 +41,25 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from ferry.shard_tools.errors import ConfigError
 from ferry.shard_tools.threadname import start_named_thread
 
 from ..records import ErrorInfo, HistoryEntry, ScrubReport, VersionTiming
+from .columns import EMPTY_STRINGS, strings
 
-__all__ = ["State", "DB_NAME", "SCHEMA_VERSION", "BATCH_STATEMENTS", "BATCH_SECONDS"]
+__all__ = [
+    "State",
+    "DB_NAME",
+    "SCHEMA_VERSION",
+    "BATCH_STATEMENTS",
+    "BATCH_SECONDS",
+    "pack_paths",
+    "unpack_paths",
+    "fold_sets",
+]
 
 log = logging.getLogger("ferry.state")
 
@@ -56,9 +72,10 @@ CREATE TABLE IF NOT EXISTS shard_status (
     last_error TEXT, retryable INTEGER, updated REAL NOT NULL,
     UNIQUE (dataset, version, dest, path));
 CREATE INDEX IF NOT EXISTS shard_status_by_state ON shard_status (status, updated);
-CREATE TABLE IF NOT EXISTS replicas (
-    dataset TEXT NOT NULL, cluster TEXT NOT NULL, path TEXT NOT NULL, verified_at REAL NOT NULL,
-    PRIMARY KEY (dataset, cluster, path)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS verified_sets (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, dataset TEXT NOT NULL, cluster TEXT NOT NULL,
+    removed INTEGER NOT NULL, paths BLOB NOT NULL, at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS verified_sets_of ON verified_sets (dataset, cluster, id);
 CREATE TABLE IF NOT EXISTS bad (
     dataset TEXT NOT NULL, cluster TEXT NOT NULL, path TEXT NOT NULL, found_at REAL NOT NULL, reason TEXT,
     PRIMARY KEY (dataset, cluster, path)) WITHOUT ROWID;
@@ -72,15 +89,21 @@ CREATE TABLE IF NOT EXISTS scrubs (
     id INTEGER PRIMARY KEY AUTOINCREMENT, dataset TEXT, cluster TEXT, checked INTEGER, bad TEXT, repaired TEXT,
     started REAL, duration REAL);
 """
-SCHEMA_VERSION = 1
-# What each older schema needs to become the next one: 0 → 1 (release 0.1 → this one) drops what
+SCHEMA_VERSION = 2
+# What each older schema needs to become the next one: 0 → 1 (release 0.1 → 0.2) drops what
 # nothing read: the events table (events go to subscribers only) and the 'pending' rows written for
 # every planned shard ('copying' rows of releases before 0.1 with them). Problem rows (version '')
-# stay: a reset problem is 'pending' and is read back by problems().
+# stay: a reset problem is 'pending' and is read back by problems(). 1 → 2 folds the replicas table
+# (one row per verified copy) into verified_sets (``_fold_replicas``) and drops the 'verified' rows of
+# shard_status. A replicas table is made first where an older schema lacks it, so that every step runs.
 _MIGRATIONS: dict[int, str] = {
     0: "DROP TABLE IF EXISTS events; "
     "DELETE FROM shard_status WHERE status IN ('pending', 'copying') AND version != '';",
+    1: "CREATE TABLE IF NOT EXISTS replicas (dataset TEXT NOT NULL, cluster TEXT NOT NULL, path TEXT NOT NULL, "
+    "verified_at REAL NOT NULL, PRIMARY KEY (dataset, cluster, path)) WITHOUT ROWID; "
+    "DELETE FROM shard_status WHERE status = 'verified';",
 }
+_FOLD_AT = 64  # rows of one (dataset, cluster) in verified_sets that verified_paths folds into one
 _KEEP_TRANSFERS = 100_000
 BATCH_STATEMENTS = 256  # buffered statements (4 per copied shard) that trigger a commit
 BATCH_SECONDS = 0.1  # the ferry-state thread commits a buffer this long after its first statement
@@ -94,7 +117,6 @@ _MARK_SQL = (
     "ELSE shard_status.last_error END), retryable = excluded.retryable, updated = excluded.updated "
     "RETURNING id"
 )
-_MARK_SQL_NO_ID = _MARK_SQL.removesuffix(" RETURNING id")  # executemany takes no RETURNING
 _PROBLEM_SQL = (
     "INSERT INTO shard_status (dataset, version, dest, path, size, status, attempts, last_error, retryable, "
     "updated) VALUES (?, '', ?, ?, 0, 'failed', 1, ?, ?, ?) ON CONFLICT (dataset, version, dest, path) DO UPDATE "
@@ -103,6 +125,40 @@ _PROBLEM_SQL = (
     "OR shard_status.last_error IS NOT excluded.last_error OR shard_status.retryable IS NOT excluded.retryable "
     "RETURNING id"
 )
+
+
+_VERIFIED = "-- verified path"  # a buffered verified copy: (dataset, cluster, path), committed as one set
+
+
+def pack_paths(paths: Sequence[str] | pa.Array) -> bytes:
+    """A set of paths as bytes: an Arrow IPC stream of one string column, zstd-compressed."""
+    column = paths if isinstance(paths, pa.Array) else strings(paths)
+    batch = pa.record_batch([column], names=["path"])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
+        writer.write_batch(batch)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def unpack_paths(blob: bytes) -> pa.StringArray:
+    """The paths ``pack_paths`` wrote."""
+    with pa.ipc.open_stream(blob) as reader:
+        column = reader.read_all().column(0)
+    return column.combine_chunks() if column.num_chunks else EMPTY_STRINGS
+
+
+def fold_sets(log: Sequence[tuple[bool, pa.StringArray]]) -> pa.StringArray:
+    """The paths of a log of ``(removed, paths)`` sets applied in order, each path once."""
+    held: list[pa.Array] = []
+    for removed, paths in log:
+        if removed:
+            current = pa.concat_arrays(held) if held else EMPTY_STRINGS
+            held = [current.filter(pc.invert(pc.is_in(current, value_set=paths)))]
+        else:
+            held.append(paths)
+    if not held:
+        return EMPTY_STRINGS
+    return pc.unique(pa.concat_arrays(held))
 
 
 class State:
@@ -141,7 +197,27 @@ class State:
                 f"{SCHEMA_VERSION}): upgrade ferry, or start with an empty state_dir"
             )
         script = _SCHEMA + "".join(_MIGRATIONS[v] for v in range(found, SCHEMA_VERSION))
-        self._db.executescript(f"BEGIN; {script} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+        self._db.executescript(f"BEGIN; {script}")  # the transaction stays open for the steps in Python
+        try:
+            if found < 2:
+                self._fold_replicas()
+            self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    def _fold_replicas(self) -> None:
+        """Schema 1 → 2: the replicas table's rows become one verified set per (dataset, cluster)."""
+        groups: dict[tuple[str, str], list[str]] = {}
+        for dataset, cluster, path in self._db.execute("SELECT dataset, cluster, path FROM replicas"):
+            groups.setdefault((dataset, cluster), []).append(path)
+        now = time.time()
+        self._db.executemany(
+            "INSERT INTO verified_sets (dataset, cluster, removed, paths, at) VALUES (?, ?, 0, ?, ?)",
+            [(dataset, cluster, pack_paths(paths), now) for (dataset, cluster), paths in groups.items()],
+        )
+        self._db.execute("DROP TABLE replicas")
 
     def schema_version(self) -> int:
         """The schema version of the open database (SCHEMA_VERSION once opened)."""
@@ -213,7 +289,10 @@ class State:
         self._db.execute("BEGIN")
         try:
             for sql, rows in groups.items():
-                self._db.executemany(sql, rows)
+                if sql == _VERIFIED:  # one verified set per (dataset, cluster) of the batch, not a row per shard
+                    self._add_sets(rows, removed=False)
+                else:
+                    self._db.executemany(sql, rows)
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")
@@ -222,16 +301,6 @@ class State:
     def _x(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
         with self._connection():
             return self._db.execute(sql, args).fetchall()
-
-    def _many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        with self._connection():
-            self._db.execute("BEGIN")
-            try:
-                self._db.executemany(sql, rows)
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
 
     # shard status
     def mark(
@@ -252,15 +321,18 @@ class State:
         return int(rows[0][0])
 
     def shard_verified(self, dataset: str, version: str, dest: str, path: str, *, attempts: int, size: int) -> None:
-        """A shard became verified at ``dest``: replica and status, committed together (buffered)."""
-        now = time.time()
+        """A shard became verified at ``dest``: its verified copy, and no open error of it any more, committed
+        together (buffered). ``attempts`` and ``size`` are what the copy took (the history row has them)."""
         # values checked here, not when the buffer commits (where a bad one would fail the whole batch)
         size, attempts = int(size), int(attempts)
+        if not isinstance(path, str):
+            raise TypeError(f"a shard path is a str, not {type(path).__name__}")
         self._defer(
-            ("INSERT OR REPLACE INTO replicas VALUES (?, ?, ?, ?)", (dataset, dest, path, now)),
+            (_VERIFIED, (dataset, dest, path)),
             ("DELETE FROM bad WHERE dataset=? AND cluster=? AND path=?", (dataset, dest, path)),
-            (_MARK_SQL_NO_ID, (dataset, version, dest, path, size, "verified", attempts, None, None, now)),
-        )
+            ("DELETE FROM shard_status WHERE dataset=? AND version=? AND dest=? AND path=?",
+             (dataset, version, dest, path)),
+        )  # fmt: skip
 
     def failed(self, dataset: str, dest: str) -> set[str]:
         rows = self._x("SELECT path FROM shard_status WHERE dataset=? AND dest=? AND status='failed'", (dataset, dest))
@@ -331,37 +403,85 @@ class State:
     def error_exists(self, error_id: int) -> bool:
         return bool(self._x("SELECT 1 FROM shard_status WHERE id=? AND status='failed'", (error_id,)))
 
-    # replicas (verified copies) and known-bad copies
-    def add_verified(self, dataset: str, cluster: str, paths: Iterable[str]) -> None:
+    # verified copies (sets of paths per dataset and cluster) and known-bad copies
+    def _add_sets(self, rows: Iterable[Sequence[Any]], *, removed: bool) -> None:
+        """Under ``_lock``, in a transaction: ``(dataset, cluster, path)`` rows as one set per (dataset, cluster)."""
+        sets: dict[tuple[str, str], list[str]] = {}
+        for dataset, cluster, path in rows:
+            sets.setdefault((dataset, cluster), []).append(path)
         now = time.time()
-        rows = [(dataset, cluster, p, now) for p in paths]
+        self._db.executemany(
+            "INSERT INTO verified_sets (dataset, cluster, removed, paths, at) VALUES (?, ?, ?, ?, ?)",
+            [(d, c, int(removed), pack_paths(paths), now) for (d, c), paths in sets.items()],
+        )
+
+    def _change_sets(self, rows: Sequence[Sequence[Any]], *, removed: bool) -> None:
         if not rows:
             return
-        self._many("INSERT OR REPLACE INTO replicas VALUES (?, ?, ?, ?)", rows)
-        self._many("DELETE FROM bad WHERE dataset=? AND cluster=? AND path=?", (r[:3] for r in rows))
+        with self._connection():
+            self._db.execute("BEGIN")
+            try:
+                self._add_sets(rows, removed=removed)
+                if not removed:
+                    self._db.executemany("DELETE FROM bad WHERE dataset=? AND cluster=? AND path=?", rows)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def add_verified(self, dataset: str, cluster: str, paths: Iterable[str]) -> None:
+        self._change_sets([(dataset, cluster, p) for p in paths], removed=False)
+
+    def verified_paths(self, dataset: str, cluster: str) -> pa.StringArray:
+        """The paths with a verified copy at ``cluster``, each once, as an Arrow column (no Python object per
+        path). A long log of sets is folded into one row on the way."""
+        with self._connection():
+            rows = self._db.execute(
+                "SELECT id, removed, paths FROM verified_sets WHERE dataset=? AND cluster=? ORDER BY id",
+                (dataset, cluster),
+            ).fetchall()
+            paths = fold_sets([(bool(removed), unpack_paths(blob)) for _, removed, blob in rows])
+            if len(rows) > _FOLD_AT:
+                self._db.execute("BEGIN")
+                try:
+                    self._db.execute("DELETE FROM verified_sets WHERE dataset=? AND cluster=? AND id <= ?",
+                                     (dataset, cluster, rows[-1][0]))  # fmt: skip
+                    self._db.execute(
+                        "INSERT INTO verified_sets (dataset, cluster, removed, paths, at) VALUES (?, ?, 0, ?, ?)",
+                        (dataset, cluster, pack_paths(paths), time.time()),
+                    )
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+        return paths
 
     def verified(self, dataset: str, cluster: str) -> set[str]:
-        rows = self._x("SELECT path FROM replicas WHERE dataset=? AND cluster=?", (dataset, cluster))
-        return {r[0] for r in rows}
+        """The paths with a verified copy at ``cluster`` as a Python set (for small sets; see verified_paths)."""
+        return set(self.verified_paths(dataset, cluster).to_pylist())
+
+    def verified_clusters(self, dataset: str) -> list[str]:
+        """The clusters where some verified copy of ``dataset`` may be known (their sets may be empty)."""
+        rows = self._x("SELECT DISTINCT cluster FROM verified_sets WHERE dataset=? ORDER BY cluster", (dataset,))
+        return [r[0] for r in rows]
 
     def replicas(self, dataset: str) -> dict[str, list[str]]:
-        """path → clusters holding a verified copy."""
+        """path → clusters holding a verified copy (a Python dict: retention's, not the planner's)."""
         out: dict[str, list[str]] = {}
-        for path, cluster in self._x("SELECT path, cluster FROM replicas WHERE dataset=?", (dataset,)):
-            out.setdefault(path, []).append(cluster)
+        for cluster in self.verified_clusters(dataset):
+            for path in self.verified_paths(dataset, cluster).to_pylist():
+                out.setdefault(path, []).append(cluster)
         return out
 
     def mark_bad(self, dataset: str, cluster: str, path: str, reason: str) -> None:
-        self._x("DELETE FROM replicas WHERE dataset=? AND cluster=? AND path=?", (dataset, cluster, path))
+        self._change_sets([(dataset, cluster, path)], removed=True)
         self._x("INSERT OR REPLACE INTO bad VALUES (?, ?, ?, ?, ?)", (dataset, cluster, path, time.time(), reason))
 
     def bad(self, dataset: str, cluster: str) -> set[str]:
         return {r[0] for r in self._x("SELECT path FROM bad WHERE dataset=? AND cluster=?", (dataset, cluster))}
 
     def forget(self, dataset: str, cluster: str, paths: Iterable[str]) -> None:
-        self._many(
-            "DELETE FROM replicas WHERE dataset=? AND cluster=? AND path=?", ((dataset, cluster, p) for p in paths)
-        )
+        self._change_sets([(dataset, cluster, p) for p in paths], removed=True)
 
     # history
     def record_transfer(

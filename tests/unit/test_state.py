@@ -9,13 +9,23 @@ from pathlib import Path
 
 import pytest
 
-from ferry.service.replication.state import BATCH_SECONDS, BATCH_STATEMENTS, DB_NAME, State
+from ferry.service.replication.state import (
+    _FOLD_AT,
+    BATCH_SECONDS,
+    BATCH_STATEMENTS,
+    DB_NAME,
+    SCHEMA_VERSION,
+    State,
+    fold_sets,
+    unpack_paths,
+)
 
 
 def _committed_replicas(state_dir: Path) -> set[str]:
     """What another connection (another process, or the same daemon after a crash) finds on disk."""
     with sqlite3.connect(state_dir / DB_NAME) as db:
-        return {r[0] for r in db.execute("SELECT path FROM replicas")}
+        log = db.execute("SELECT removed, paths FROM verified_sets ORDER BY id").fetchall()
+    return set(fold_sets([(bool(removed), unpack_paths(blob)) for removed, blob in log]).to_pylist())
 
 
 def test_shard_verified_writes_replica_and_status_together(tmp_path: Path) -> None:
@@ -81,3 +91,55 @@ def test_a_batch_that_fails_rolls_back_whole(tmp_path: Path) -> None:
     state.shard_verified("ds", "v1", "west", "shards/b", attempts=1, size=10)
     assert state.verified("ds", "west") == {"shards/b"}  # the state goes on working
     state.close()
+
+
+def test_verified_sets_take_adds_and_removals_in_order_and_fold_a_long_log(tmp_path: Path) -> None:
+    state = State(tmp_path / "state")
+    state.add_verified("ds", "west", ["shards/a", "shards/b"])
+    state.mark_bad("ds", "west", "shards/a", "digest mismatch")  # no longer verified there
+    assert state.verified("ds", "west") == {"shards/b"}
+    state.shard_verified("ds", "v1", "west", "shards/a", attempts=1, size=10)  # repaired: verified again
+    state.forget("ds", "west", ["shards/b"])  # deleted by retention
+    assert state.verified("ds", "west") == {"shards/a"} and state.verified("ds", "east") == set()
+    assert state.verified_clusters("ds") == ["west"] and state.replicas("ds") == {"shards/a": ["west"]}
+    more = {f"shards/{i}" for i in range(_FOLD_AT + 5)}
+    for path in sorted(more):
+        state.add_verified("ds", "west", [path, "shards/a"])  # a path verified twice is there once
+    column = state.verified_paths("ds", "west")
+    assert sorted(column.to_pylist()) == sorted(more | {"shards/a"})
+    with sqlite3.connect(tmp_path / "state" / DB_NAME) as db:
+        assert db.execute("SELECT COUNT(*) FROM verified_sets WHERE cluster='west'").fetchone()[0] == 1  # folded
+    state.close()
+    again = State(tmp_path / "state")
+    assert again.verified("ds", "west") == more | {"shards/a"}
+    again.close()
+
+
+def test_a_schema_1_state_directory_is_migrated(tmp_path: Path) -> None:
+    """Schema 1 kept a row per verified copy (replicas) and per verified shard (shard_status)."""
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    with sqlite3.connect(state_dir / DB_NAME) as db:
+        db.executescript(
+            "CREATE TABLE replicas (dataset TEXT NOT NULL, cluster TEXT NOT NULL, path TEXT NOT NULL, "
+            "verified_at REAL NOT NULL, PRIMARY KEY (dataset, cluster, path)) WITHOUT ROWID;"
+            "CREATE TABLE shard_status (id INTEGER PRIMARY KEY AUTOINCREMENT, dataset TEXT NOT NULL, "
+            "version TEXT NOT NULL, dest TEXT NOT NULL, path TEXT NOT NULL, size INTEGER NOT NULL DEFAULT 0, "
+            "status TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, last_error TEXT, retryable INTEGER, "
+            "updated REAL NOT NULL, UNIQUE (dataset, version, dest, path));"
+            "INSERT INTO replicas VALUES ('ds', 'west', 'shards/a', 1.0), ('ds', 'west', 'shards/b', 1.0), "
+            "('ds', 'north', 'shards/a', 1.0);"
+            "INSERT INTO shard_status (dataset, version, dest, path, status, last_error, retryable, updated) VALUES "
+            "('ds', 'v1', 'west', 'shards/a', 'verified', NULL, NULL, 1.0), "
+            "('ds', 'v1', 'west', 'shards/c', 'failed', 'boom', 0, 2.0);"
+            "PRAGMA user_version = 1;"
+        )
+    state = State(state_dir)
+    assert state.schema_version() == SCHEMA_VERSION
+    assert state.verified("ds", "west") == {"shards/a", "shards/b"} and state.verified("ds", "north") == {"shards/a"}
+    assert state.fatal("ds", "west") == {"shards/c"} and [e.reason for e in state.errors()] == ["boom"]
+    state.close()
+    with sqlite3.connect(state_dir / DB_NAME) as db:
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        statuses = db.execute("SELECT path, status FROM shard_status").fetchall()
+    assert "replicas" not in tables and statuses == [("shards/c", "failed")]

@@ -1,5 +1,6 @@
 """A state directory written by release 0.1 opens with this release: its facts kept, its write-only
-bookkeeping (the events table, 'pending' rows of planned shards) gone, its schema version recorded."""
+bookkeeping (the events table, 'pending' rows of planned shards) gone, its verified copies (a row
+each) folded into one verified set per dataset and cluster, its schema version recorded."""
 
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ def test_a_release_0_1_state_directory_is_migrated(tmp_path: Path) -> None:
     assert "events" not in _tables(state_dir / DB_NAME)
     with sqlite3.connect(state_dir / DB_NAME) as db:
         statuses = db.execute("SELECT path, status FROM shard_status WHERE version != '' ORDER BY path").fetchall()
-    assert statuses == [("shards/a", "verified"), ("shards/b", "pending")]  # shards/c's planned row is gone
+    # shards/c's planned row is gone, and so is shards/a's 'verified' row: the verified set holds it
+    assert statuses == [("shards/b", "pending")]
 
 
 def test_migration_runs_once_and_a_newer_schema_is_refused(tmp_path: Path) -> None:

@@ -1,0 +1,73 @@
+"""Arrow columns made straight from their buffers, and numpy arrays read straight from theirs.
+
+``pyarrow.array``, ``pyarrow.scalar`` and ``Array.to_numpy`` of booleans or of a column with nulls look
+for pandas on their first call and import it where installed: over a second and tens of MiB in a
+daemon that otherwise never needs it. The replication planner and state convert their columns here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = ["strings", "int64s", "bools", "positions", "EMPTY_STRINGS"]
+
+_MAX_OFFSET = 2**31 - 1  # a string column's 32-bit offsets
+
+
+def strings(values: Iterable[str]) -> pa.StringArray:
+    """An Arrow string column of ``values``, in order."""
+    encoded = [v.encode() for v in values]
+    ends = np.cumsum(np.fromiter((len(e) for e in encoded), dtype=np.int64, count=len(encoded)))
+    if len(ends) and int(ends[-1]) > _MAX_OFFSET:
+        raise ValueError(f"{int(ends[-1])} bytes of strings do not fit one Arrow string column")
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
+    offsets[1:] = ends
+    column = pa.StringArray.from_buffers(len(encoded), pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded)))
+    assert isinstance(column, pa.StringArray)
+    return column
+
+
+def int64s(values: np.ndarray) -> pa.Int64Array:
+    """An Arrow int64 column of a numpy array's values (row numbers to ``take``)."""
+    data = np.ascontiguousarray(values, dtype=np.int64)
+    column = pa.Array.from_buffers(pa.int64(), len(data), [None, pa.py_buffer(data)])
+    assert isinstance(column, pa.Int64Array)
+    return column
+
+
+def _valid(column: pa.Array) -> np.ndarray:
+    """A bool per row: not null."""
+    bitmap = column.buffers()[0]
+    if bitmap is None or column.null_count == 0:
+        return np.ones(len(column), dtype=bool)
+    return _bits(bitmap, column.offset, len(column))
+
+
+def _bits(buffer: pa.Buffer, offset: int, n: int) -> np.ndarray:
+    packed = np.frombuffer(buffer, dtype=np.uint8)
+    return np.unpackbits(packed, bitorder="little")[offset : offset + n].astype(bool)
+
+
+def bools(column: pa.BooleanArray) -> np.ndarray:
+    """A boolean column as a numpy bool array (null: False)."""
+    values = column.buffers()[1]
+    if values is None or len(column) == 0:
+        return np.zeros(len(column), dtype=bool)
+    return _bits(values, column.offset, len(column)) & _valid(column)
+
+
+def positions(column: pa.Array) -> np.ndarray:
+    """An integer column (``index_in``'s) as numpy int64, -1 where null."""
+    dtype = np.dtype(f"int{column.type.bit_width}")
+    values = column.buffers()[1]
+    if values is None or len(column) == 0:
+        return np.full(len(column), -1, dtype=np.int64)
+    out = np.frombuffer(values, dtype=dtype)[column.offset : column.offset + len(column)].astype(np.int64)
+    out[~_valid(column)] = -1
+    return out
+
+
+EMPTY_STRINGS = strings(())
