@@ -13,7 +13,8 @@ Usage::
     .venv/bin/python bench/scale_manifest.py                      # 1k, 10k, 100k, 1M
     .venv/bin/python bench/scale_manifest.py --sizes 100000 --repeat 3 --planner --loader
     .venv/bin/python bench/scale_manifest.py --daemon --sizes 10000 100000   # a real ferry serve's RSS
-    .venv/bin/python bench/scale_manifest.py --engine-steps --sizes 100000   # a sync pass, step by step
+    .venv/bin/python bench/scale_manifest.py --engine-steps --sizes 100000   # planning a new version, step by step
+    .venv/bin/python bench/scale_manifest.py --new-version --sizes 1000000   # a real ferry serve planning it
 
 Prints one JSON document on stdout: ``{"results": [ {per size}, ... ]}``.
 """
@@ -226,36 +227,105 @@ def _measure_loader(root: str, repeat: int) -> dict[str, Any]:
     return out
 
 
-def measure_engine_steps(n: int) -> dict[str, Any]:
-    """The steps of one ``Engine.sync_pass`` on a changed version, timed one by one, in-process:
-    shard table load, ``SourceVersion.of``, the recursive listing of a destination holding
-    ``n`` shards (sparse files), ``plan_sync`` for an empty destination, ``State.set_pending``."""
-    from ferry.service.replication.engine import listing, load_version, read_header
-    from ferry.service.replication.planner import SourceVersion, plan_sync
-    from ferry.service.replication.state import State
+def publish_next(root: str, added: int, seed: int = 1) -> dict[str, Any]:
+    """Publish at ``root`` a child of its current version: the same shards and ``added`` new ones."""
+    from ferry.shard_tools.dataset import load_manifest
+    from ferry.shard_tools.format.manifest import Manifest, ShardTable
+    from ferry.shard_tools.storage.publish import publish_version
     from ferry.shard_tools.storage.store import resolve
 
-    out: dict[str, Any] = {"shards": n}
+    loc = resolve(root)
+    parent = load_manifest(loc)
+    shards = parent.shards.concat(ShardTable(synthetic_table(added, seed)))
+    manifest, table_data = Manifest.build(
+        name=parent.name,
+        token_dtype=parent.token_dtype,
+        tokenizer=parent.tokenizer,
+        eos_appended=parent.eos_appended,
+        shards=shards,
+        parent=parent.version_id,
+        created_at="2026-11-30T00:00:01Z",
+        tool_version="bench",
+        lineage=parent.child_lineage(),
+    )
+    publish_version(loc, manifest, table_data, expect_current=parent.version_id)
+    return {"version_id": manifest.version_id, "new_paths": shards.paths[len(parent.shards) :]}
+
+
+def _sparse(root: str, paths: Any, sizes: Any) -> None:
+    """Files of the right size and no data at ``root``/path (what a listing or a HEAD sees)."""
+    os.makedirs(os.path.join(root, "shards"), exist_ok=True)
+    for path, size in zip(paths, sizes, strict=True):
+        with open(os.path.join(root, path), "wb") as f:
+            f.truncate(size)
+
+
+def _copy_manifests(src: str, dst: str) -> None:
+    """``dst`` publishes what ``src`` does: its manifest.json, versions/ and tables/ (no shards)."""
+    import shutil
+
+    os.makedirs(dst, exist_ok=True)
+    for rel in ("manifest.json", "versions", "tables"):
+        path = os.path.join(src, rel)
+        (shutil.copytree if os.path.isdir(path) else shutil.copy)(path, os.path.join(dst, rel))
+
+
+def _record_verified(state_dir: str, dataset: str, cluster: str, paths: list[str]) -> float:
+    """Record ``paths`` verified at ``cluster`` in a daemon's state (what its earlier passes left); seconds."""
+    from ferry.service.replication.state import State
+
+    t0 = time.perf_counter()
+    state = State(state_dir)
+    state.add_verified(dataset, cluster, paths)
+    state.close()
+    return time.perf_counter() - t0
+
+
+def measure_engine_steps(n: int, new_share: float) -> dict[str, Any]:
+    """The planning steps of one ``Engine.sync_pass`` for a new version, timed one by one, in-process: west
+    publishes and has verified a version of ``n`` shards; the source's new version adds ``new_share`` of
+    that in new shards (missing at west). Also the cost of recording ``n`` verified shards at once."""
+    import numpy as np
+
+    from ferry.service.replication import engine as eng
+    from ferry.service.replication.planner import SourceColumns, plan_columns
+    from ferry.service.replication.state import State
+    from ferry.shard_tools.dataset import load_manifest
+    from ferry.shard_tools.storage.store import resolve
+
+    out: dict[str, Any] = {"shards": n, "new_shards": int(n * new_share)}
     with tempfile.TemporaryDirectory(prefix="ferry-scale-engine-") as root:
-        ds = os.path.join(root, "corpus")
-        publish_synthetic(ds, n)
-        loc = resolve(ds)
-        header = read_header(loc)
-        assert header is not None
-        out["load_version_s"], (manifest, _) = _median_time(lambda: load_version(loc, header[0]), 1)
-        out["source_version_of_s"], src = _median_time(lambda: SourceVersion.of(manifest), 1)
-        os.makedirs(os.path.join(ds, "shards"))
-        for ref in src.shards:
-            with open(os.path.join(ds, ref.path), "wb") as f:
-                f.truncate(ref.size)
-        out["listing_s"], held = _median_time(lambda: listing(loc), 1)
-        assert len(held) >= n
-        out["plan_sync_s"], plan = _median_time(
-            lambda: plan_sync(src, source="east", dest_version=None, listing={}, verified=(), replicas={}), 1
-        )
+        east, west = os.path.join(root, "east", "corpus"), os.path.join(root, "west", "corpus")
+        publish_synthetic(east, n)
+        _copy_manifests(east, west)
+        v1 = load_manifest(resolve(east))
+        out["record_verified_s"] = _record_verified(os.path.join(root, "state"), "corpus", "west", v1.shards.paths)
+        del v1
+        publish_next(east, out["new_shards"])
+        rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        src, dst = resolve(east), resolve(west)
         state = State(os.path.join(root, "state"))
-        rows = [(c.shard.path, c.shard.size) for c in plan.copies]
-        out["set_pending_s"], _ = _median_time(lambda: state.set_pending("corpus", src.version_id, "west", rows), 1)
+        t_all = time.perf_counter()
+        header = eng.read_header(src)
+        assert header is not None
+        out["load_version_s"], (manifest, _) = _median_time(lambda: eng.load_version(src, header[0]), 1)
+        out["columns_s"], cols = _median_time(lambda: SourceColumns.of(manifest), 1)
+        out["verified_set_s"], known = _median_time(lambda: state.verified_paths("corpus", "west"), 1)
+        out["verified_mask_s"], verified = _median_time(lambda: cols.has(known), 1)
+        engine = eng.Engine(eng.Executor(), state)
+        out["held_s"], held = _median_time(lambda: engine._held(dst, cols, verified, "v1"), 1)
+        out["held_by"] = "listing" if held.ages is not None else "lookups"
+        out["plan_s"], plan = _median_time(
+            lambda: plan_columns(cols, dest_version=None, held_sizes=held.sizes, verified=verified), 1
+        )
+        out["work_s"], work = _median_time(
+            lambda: eng._Work.of(plan, cols, set(), eng._unreplaceable(plan, cols, dst)), 1
+        )
+        out["planned_total_s"] = time.perf_counter() - t_all
+        out["copies"], out["verified"] = int(len(work.rows)), int(len(plan.verified_rows))
+        assert out["copies"] == out["new_shards"] and bool(np.all(held.sizes[plan.copy_rows] == -1))
+        out["peak_rss_before_plan_mib"] = rss0 / 1024
+        out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         state.close()
     return out
 
@@ -279,93 +349,111 @@ def _proc_status(pid: int) -> dict[str, float]:
     return out
 
 
-def measure_daemon(n: int, timeout: float = 300.0) -> dict[str, Any]:
-    """A real ``ferry serve`` with an ``n``-shard dataset to replicate east → west.
-
-    The shards at east are sparse files of the right size (no data); a 1 B/s bandwidth limit
-    keeps the first transfers waiting, so the daemon holds a fully planned pass of ``n``
-    pending shards. Reports the time until the API shows west syncing (manifest read, plan,
-    pending rows in SQLite) and the daemon's RSS; then a second daemon against a west that
-    already publishes the version (the steady state: two manifest headers per poll).
-    """
-    import shutil
+def _replicas(port: int) -> list[dict[str, Any]]:
     import urllib.request
 
-    def replicas(port: int) -> list[dict[str, Any]]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/replicas", timeout=5) as resp:
-            return list(json.loads(resp.read())["cells"])
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/replicas", timeout=5) as resp:
+        return list(json.loads(resp.read())["cells"])
 
-    def serve(root: str, name: str) -> tuple[subprocess.Popen[bytes], int]:
-        port = _free_port()
-        cfg = os.path.join(root, f"{name}.toml")
-        with open(cfg, "w") as f:
-            f.write(
-                f'state_dir = "{root}/state-{name}"\npoll_interval = 5\n'
-                f'[clusters.east]\nurl = "{root}/east"\n[clusters.west]\nurl = "{root}/west"\n'
-                '[[rules]]\ndatasets = "*"\nfrom = "east"\nto = ["west"]\n'
-                "[limits]\ntransfers = 2\nbwlimit = 1\n"
-                f'[api]\nhost = "127.0.0.1"\nport = {port}\n'
-            )
-        cmd = [sys.executable, "-m", "ferry.shard_tools.cli", "serve", "--config", cfg, "--log-level", "warning"]
-        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), port
 
-    def wait_for(proc: subprocess.Popen[bytes], port: int, state: str) -> float:
+def _serve(root: str, name: str) -> tuple[subprocess.Popen[bytes], int]:
+    """``ferry serve`` replicating ``root``/east → ``root``/west with state in ``root``/state-``name``; a 1 B/s
+    bandwidth limit keeps the first transfers waiting, so the daemon holds a planned pass."""
+    port = _free_port()
+    cfg = os.path.join(root, f"{name}.toml")
+    with open(cfg, "w") as f:
+        f.write(
+            f'state_dir = "{root}/state-{name}"\npoll_interval = 5\n'
+            f'[clusters.east]\nurl = "{root}/east"\n[clusters.west]\nurl = "{root}/west"\n'
+            '[[rules]]\ndatasets = "*"\nfrom = "east"\nto = ["west"]\n'
+            "[limits]\ntransfers = 2\nbwlimit = 1\n"
+            f'[api]\nhost = "127.0.0.1"\nport = {port}\n'
+        )
+    cmd = [sys.executable, "-m", "ferry.shard_tools.cli", "serve", "--config", cfg, "--log-level", "warning"]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), port
+
+
+def _until(name: str, root: str, state: str, timeout: float) -> dict[str, Any]:
+    """Start a daemon, wait until the API shows west in ``state``; that time and its RSS 2 s later."""
+    proc, port = _serve(root, name)
+    try:
         t0 = time.perf_counter()
-        while time.perf_counter() - t0 < timeout:
+        while True:
+            if time.perf_counter() - t0 > timeout:
+                raise TimeoutError(f"west never reached {state!r} in {timeout}s")
             if proc.poll() is not None:
                 raise RuntimeError(f"ferry serve exited with {proc.returncode}")
             try:
-                cells = replicas(port)
+                cells = _replicas(port)
             except OSError:
-                time.sleep(0.2)
-                continue
+                cells = []
             if any(c["cluster"] == "west" and c["state"] == state for c in cells):
-                return time.perf_counter() - t0
+                break
             time.sleep(0.2)
-        raise TimeoutError(f"west never reached {state!r} in {timeout}s")
+        took = time.perf_counter() - t0
+        time.sleep(2.0)
+        return {"seconds": took, "rss": _proc_status(proc.pid)}
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def measure_daemon(n: int, timeout: float = 300.0) -> dict[str, Any]:
+    """A real ``ferry serve`` with an ``n``-shard dataset to replicate east → west.
+
+    The shards at east are sparse files of the right size (no data), west is empty: the daemon holds
+    a fully planned pass of ``n`` pending shards. Reports the time until the API shows west syncing
+    and the daemon's RSS; then a second daemon against a west that already publishes the version
+    (the steady state: two manifest headers per poll).
+    """
+    import shutil
+
+    from ferry.shard_tools.dataset import load_manifest
+    from ferry.shard_tools.storage.store import resolve
 
     out: dict[str, Any] = {"shards": n}
     with tempfile.TemporaryDirectory(prefix="ferry-scale-daemon-") as root:
         ds = os.path.join(root, "east", "corpus")
         info = publish_synthetic(ds, n)
-        from ferry.shard_tools.dataset import load_manifest
-        from ferry.shard_tools.storage.store import resolve
-
         t0 = time.perf_counter()
         manifest = load_manifest(resolve(ds))
-        os.makedirs(os.path.join(ds, "shards"), exist_ok=True)
-        for path, size in zip(manifest.shards.paths, manifest.shards.stored_bytes.tolist(), strict=True):
-            with open(os.path.join(ds, path), "wb") as f:
-                f.truncate(size)  # sparse: right size, no data
+        _sparse(ds, manifest.shards.paths, manifest.shards.stored_bytes.tolist())
         out["sparse_files_s"] = time.perf_counter() - t0
         del manifest
         os.makedirs(os.path.join(root, "west"))
-
-        proc, port = serve(root, "planning")
-        try:
-            out["start_to_planned_s"] = wait_for(proc, port, "syncing")
-            time.sleep(2.0)
-            out["planned_pass_rss"] = _proc_status(proc.pid)
-        finally:
-            proc.kill()
-            proc.wait()
-
-        # Steady state: west already publishes the version (its manifest files copied over).
+        planned = _until("planning", root, "syncing", timeout)
+        out["start_to_planned_s"], out["planned_pass_rss"] = planned["seconds"], planned["rss"]
         west = os.path.join(root, "west", "corpus")
-        shutil.rmtree(west)
-        os.makedirs(west)
-        for rel in ("manifest.json", "versions", "tables"):
-            src = os.path.join(ds, rel)
-            (shutil.copytree if os.path.isdir(src) else shutil.copy)(src, os.path.join(west, rel))
-        proc, port = serve(root, "steady")
-        try:
-            out["start_to_complete_s"] = wait_for(proc, port, "complete")
-            time.sleep(2.0)
-            out["steady_rss"] = _proc_status(proc.pid)
-        finally:
-            proc.kill()
-            proc.wait()
+        shutil.rmtree(west, ignore_errors=True)
+        _copy_manifests(ds, west)  # the steady state: west already publishes the version
+        steady = _until("steady", root, "complete", timeout)
+        out["start_to_complete_s"], out["steady_rss"] = steady["seconds"], steady["rss"]
         out["shard_table_bytes"] = info["shard_table_bytes"]
+    return out
+
+
+def measure_new_version(n: int, new_share: float, timeout: float = 600.0) -> dict[str, Any]:
+    """A real ``ferry serve`` planning a new version: west publishes, holds (sparse files) and has verified
+    (in the daemon's state) a version of ``n`` shards; east's new version adds ``new_share`` of that in new
+    shards. Reports the time until the API shows west syncing and the daemon's RSS then."""
+    from ferry.shard_tools.dataset import load_manifest
+    from ferry.shard_tools.storage.store import resolve
+
+    out: dict[str, Any] = {"shards": n, "new_shards": int(n * new_share)}
+    with tempfile.TemporaryDirectory(prefix="ferry-scale-version-") as root:
+        east, west = os.path.join(root, "east", "corpus"), os.path.join(root, "west", "corpus")
+        publish_synthetic(east, n)
+        _copy_manifests(east, west)
+        t0 = time.perf_counter()
+        v1 = load_manifest(resolve(east))
+        _sparse(west, v1.shards.paths, v1.shards.stored_bytes.tolist())
+        out["sparse_files_s"] = time.perf_counter() - t0
+        state_dir = os.path.join(root, "state-version")
+        out["record_verified_s"] = _record_verified(state_dir, "corpus", "west", v1.shards.paths)
+        del v1
+        publish_next(east, out["new_shards"])
+        planned = _until("version", root, "syncing", timeout)
+        out["start_to_planned_s"], out["planned_pass_rss"] = planned["seconds"], planned["rss"]
     return out
 
 
@@ -376,12 +464,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--planner", action="store_true", help="also time the replication planner")
     ap.add_argument("--loader", action="store_true", help="also time TokenDataset start-up")
     ap.add_argument("--daemon", action="store_true", help="measure a real ferry serve instead (e.g. --sizes 100000)")
-    ap.add_argument("--engine-steps", action="store_true", help="time the steps of a sync pass (e.g. --sizes 100000)")
+    ap.add_argument("--engine-steps", action="store_true", help="time the planning of a new version, step by step")
+    ap.add_argument("--new-version", action="store_true", help="a real ferry serve planning a new version")
+    ap.add_argument("--new-share", type=float, default=0.01, help="new shards per shard of the version before")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # child mode: one size, this process
     ap.add_argument("--publish-only", metavar="ROOT", help=argparse.SUPPRESS)  # child mode: synthesise + publish
     args = ap.parse_args(argv)
     if args.engine_steps:
-        print(json.dumps({"engine_steps": [measure_engine_steps(n) for n in args.sizes]}, indent=1))
+        print(json.dumps({"engine_steps": [measure_engine_steps(n, args.new_share) for n in args.sizes]}, indent=1))
+        return 0
+    if args.new_version:
+        print(json.dumps({"new_version": [measure_new_version(n, args.new_share) for n in args.sizes]}, indent=1))
         return 0
     if args.daemon:
         print(json.dumps({"daemon": [measure_daemon(n) for n in args.sizes]}, indent=1))

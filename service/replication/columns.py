@@ -11,8 +11,9 @@ from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-__all__ = ["strings", "int64s", "bools", "positions", "EMPTY_STRINGS"]
+__all__ = ["strings", "int64s", "bools", "positions", "common_prefix", "EMPTY_STRINGS"]
 
 _MAX_OFFSET = 2**31 - 1  # a string column's 32-bit offsets
 
@@ -68,6 +69,15 @@ def positions(column: pa.Array) -> np.ndarray:
     out = np.frombuffer(values, dtype=dtype)[column.offset : column.offset + len(column)].astype(np.int64)
     out[~_valid(column)] = -1
     return out
+
+
+def common_prefix(a: pa.StringArray, b: pa.StringArray) -> int:
+    """How many leading rows ``a`` and ``b`` have equal (one vectorised comparison, no hashing)."""
+    k = min(len(a), len(b))
+    if k == 0:
+        return 0
+    same = bools(pc.equal(a.slice(0, k), b.slice(0, k)))
+    return k if bool(same.all()) else int(np.argmin(same))
 
 
 EMPTY_STRINGS = strings(())

@@ -55,10 +55,13 @@ __all__ = ["Engine", "PassResult", "read_header", "load_version", "listing", "HE
            "JOB_BATCH"]  # fmt: skip
 
 #: A version of at least HEAD_MIN_SHARDS shards of which at most one in HEAD_SHARE is not known verified at
-#: the destination has only those looked up there (HEAD_THREADS at a time), not the whole dataset listed.
+#: a destination that publishes a version has only those looked up there (HEAD_THREADS at a time), not the
+#: whole dataset listed.
 HEAD_MIN_SHARDS = 4096
 HEAD_SHARE = 32
 HEAD_THREADS = 32
+#: verified shards looked up with them, at random: one missing or changed and the pass lists the destination
+HEAD_SAMPLE = 64
 #: shards whose jobs a pass hands the executor at a time
 JOB_BATCH = 4096
 
@@ -249,7 +252,7 @@ class Engine:
         manifest, table = load_version(src_loc, src_bytes)
         cols = SourceColumns.of(manifest)
         verified = cols.has(self.state.verified_paths(dataset, dest))
-        held = self._held(dst_loc, cols, verified)
+        held = self._held(dst_loc, cols, verified, dest_version)
         plan = plan_columns(
             cols,
             dest_version=dest_version,
@@ -281,20 +284,27 @@ class Engine:
             if self.keep_versions and result.published:
                 self._retain(dst_loc, manifest, dataset, dest, held.ages, result)
 
-    def _held(self, dst: Location, cols: SourceColumns, verified: np.ndarray) -> _Held:
-        """What the destination holds of the version. A version that adds a few shards to a large dataset
-        has only its unverified shards looked up, in parallel (one HEAD each on an object store): a shard
-        verified there before is taken to be there. Otherwise one recursive listing, which also finds the
-        temp files to clean up."""
+    def _held(self, dst: Location, cols: SourceColumns, verified: np.ndarray, dest_version: str | None) -> _Held:
+        """What the destination holds of the version. A version that adds a few shards to a large dataset the
+        destination publishes has only its unverified shards looked up, in parallel (one HEAD each on an
+        object store), with a random sample of the verified ones: a shard verified there before is taken to
+        be there while every sampled one is. Otherwise one recursive listing, which also finds the temp
+        files to clean up."""
         unverified = np.flatnonzero(~verified)
-        if len(cols) < HEAD_MIN_SHARDS or len(unverified) * HEAD_SHARE > len(cols):
-            ages = listing_with_age(dst)
-            return _Held(cols.held_sizes({p: size for p, (size, _) in ages.items()}), ages)
-        sizes = cols.sizes.copy()
-        paths = cols.paths.take(int64s(unverified)).to_pylist()
-        with ThreadPoolExecutor(HEAD_THREADS, thread_name_prefix="ferry-head") as pool:
-            sizes[unverified] = list(pool.map(lambda path: _size_or_missing(dst, path), paths))
-        return _Held(sizes, None)
+        few = len(cols) >= HEAD_MIN_SHARDS and len(unverified) * HEAD_SHARE <= len(cols)
+        if few and dest_version is not None:
+            known = np.flatnonzero(verified)
+            sample = np.random.default_rng().choice(known, min(HEAD_SAMPLE, len(known)), replace=False)
+            rows = np.concatenate([unverified, sample])
+            paths = cols.paths.take(int64s(rows)).to_pylist()
+            with ThreadPoolExecutor(HEAD_THREADS, thread_name_prefix="ferry-head") as pool:
+                found = np.fromiter(pool.map(lambda path: _size_or_missing(dst, path), paths), np.int64, len(rows))
+            if np.array_equal(found[len(unverified) :], cols.sizes[sample]):
+                sizes = cols.sizes.copy()
+                sizes[unverified] = found[: len(unverified)]
+                return _Held(sizes, None)
+        ages = listing_with_age(dst)  # a verified shard is gone or changed: nothing is taken on trust
+        return _Held(cols.held_sizes({p: size for p, (size, _) in ages.items()}), ages)
 
     def _delete_temps(self, plan: ColumnPlan, held: _Held, dst: Location, result: PassResult) -> None:
         for tmp in plan.delete_temps:
@@ -391,6 +401,7 @@ class Engine:
 
         swap_manifest(dst, choose)
         res.published = True
+        self.state.verified_version(res.dataset, res.destination, SourceColumns.of(manifest).paths)
         self.state.completed_version(res.dataset, res.destination, version)
         self._event("version_published", dataset=res.dataset, version=version, cluster=res.destination)
 

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from ferry.shard_tools.storage.store import TEMP_MARKER
 
 from ..transfer.executor import ShardRef  # what the executor copies is what the planner plans
-from .columns import bools, int64s, positions, strings
+from .columns import bools, common_prefix, int64s, positions, strings
 
 if TYPE_CHECKING:
     from ferry.shard_tools.format.manifest import Manifest
@@ -93,11 +93,19 @@ class SourceColumns:
         return [ShardRef(p, int(n), d) for p, n, d in zip(paths, self.sizes[rows].tolist(), digests, strict=True)]
 
     def has(self, paths: pa.Array | Iterable[str]) -> np.ndarray:
-        """A bool per row: is its path among ``paths``."""
+        """A bool per row: is its path among ``paths``. Where ``paths`` begins with this version's rows in
+        their order (a verified set recorded at a publish, see ``State.verified_version``), that prefix is
+        one comparison and only the rest is hashed; a row repeating a path of that prefix further down
+        then reads False (the caller looks it up again: never a wrong True)."""
         values = paths if isinstance(paths, pa.Array) else strings(paths)
+        out = np.zeros(len(self), dtype=bool)
         if len(self) == 0 or len(values) == 0:
-            return np.zeros(len(self), dtype=bool)
-        return bools(pc.is_in(self.paths, value_set=values))
+            return out
+        m = common_prefix(self.paths, values)
+        out[:m] = True
+        if m < len(self) and m < len(values):
+            out[m:] = bools(pc.is_in(self.paths.slice(m), value_set=values.slice(m)))
+        return out
 
     def held_sizes(self, listing: Mapping[str, int]) -> np.ndarray:
         """The size of each row's object in ``listing`` (path → size), ``MISSING`` where it has none."""

@@ -48,7 +48,7 @@ from ferry.shard_tools.errors import ConfigError
 from ferry.shard_tools.threadname import start_named_thread
 
 from ..records import ErrorInfo, HistoryEntry, ScrubReport, VersionTiming
-from .columns import EMPTY_STRINGS, strings
+from .columns import EMPTY_STRINGS, common_prefix, strings
 
 __all__ = [
     "State",
@@ -148,7 +148,8 @@ def unpack_paths(blob: bytes) -> pa.StringArray:
 
 
 def fold_sets(log: Sequence[tuple[bool, pa.StringArray]]) -> pa.StringArray:
-    """The paths of a log of ``(removed, paths)`` sets applied in order, each path once."""
+    """The paths of a log of ``(removed, paths)`` sets applied in order, in the order they were added (a
+    path added twice is there twice: ``pyarrow.compute.unique`` keeps the first of each)."""
     held: list[pa.Array] = []
     for removed, paths in log:
         if removed:
@@ -156,9 +157,7 @@ def fold_sets(log: Sequence[tuple[bool, pa.StringArray]]) -> pa.StringArray:
             held = [current.filter(pc.invert(pc.is_in(current, value_set=paths)))]
         else:
             held.append(paths)
-    if not held:
-        return EMPTY_STRINGS
-    return pc.unique(pa.concat_arrays(held))
+    return pa.concat_arrays(held) if held else EMPTY_STRINGS
 
 
 class State:
@@ -197,14 +196,15 @@ class State:
                 f"{SCHEMA_VERSION}): upgrade ferry, or start with an empty state_dir"
             )
         script = _SCHEMA + "".join(_MIGRATIONS[v] for v in range(found, SCHEMA_VERSION))
-        self._db.executescript(f"BEGIN; {script}")  # the transaction stays open for the steps in Python
         try:
+            self._db.executescript(f"BEGIN; {script}")  # the transaction stays open for the steps in Python
             if found < 2:
                 self._fold_replicas()
             self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             self._db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
             raise
 
     def _fold_replicas(self) -> None:
@@ -433,8 +433,9 @@ class State:
         self._change_sets([(dataset, cluster, p) for p in paths], removed=False)
 
     def verified_paths(self, dataset: str, cluster: str) -> pa.StringArray:
-        """The paths with a verified copy at ``cluster``, each once, as an Arrow column (no Python object per
-        path). A long log of sets is folded into one row on the way."""
+        """The paths with a verified copy at ``cluster`` as an Arrow column (no Python object per path), in
+        the order they were recorded (a path verified again may be there twice until the log is folded).
+        A long log of sets is folded into one row on the way."""
         with self._connection():
             rows = self._db.execute(
                 "SELECT id, removed, paths FROM verified_sets WHERE dataset=? AND cluster=? ORDER BY id",
@@ -442,6 +443,7 @@ class State:
             ).fetchall()
             paths = fold_sets([(bool(removed), unpack_paths(blob)) for _, removed, blob in rows])
             if len(rows) > _FOLD_AT:
+                paths = pc.unique(paths)  # first of each: a set recorded at a publish stays in manifest order
                 self._db.execute("BEGIN")
                 try:
                     self._db.execute("DELETE FROM verified_sets WHERE dataset=? AND cluster=? AND id <= ?",
@@ -455,6 +457,32 @@ class State:
                     self._db.execute("ROLLBACK")
                     raise
         return paths
+
+    def verified_version(self, dataset: str, cluster: str, paths: pa.StringArray) -> None:
+        """A version was published at ``cluster``: every one of its ``paths`` is verified there. The verified
+        set becomes one row that begins with them in manifest order (so that planning the next version
+        compares that prefix instead of hashing it), followed by the other paths verified there."""
+        with self._connection():
+            self._db.execute("BEGIN")
+            try:
+                rows = self._db.execute(
+                    "SELECT removed, paths FROM verified_sets WHERE dataset=? AND cluster=? ORDER BY id",
+                    (dataset, cluster),
+                ).fetchall()
+                known = fold_sets([(bool(removed), unpack_paths(blob)) for removed, blob in rows])
+                m = common_prefix(known, paths)
+                rest = known.slice(m)  # the paths known verified besides these (paths[:m] are known[:m])
+                if len(rest) and m < len(paths):
+                    rest = rest.filter(pc.invert(pc.is_in(rest, value_set=paths.slice(m))))
+                self._db.execute("DELETE FROM verified_sets WHERE dataset=? AND cluster=?", (dataset, cluster))
+                self._db.execute(
+                    "INSERT INTO verified_sets (dataset, cluster, removed, paths, at) VALUES (?, ?, 0, ?, ?)",
+                    (dataset, cluster, pack_paths(pa.concat_arrays([paths, rest])), time.time()),
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
 
     def verified(self, dataset: str, cluster: str) -> set[str]:
         """The paths with a verified copy at ``cluster`` as a Python set (for small sets; see verified_paths)."""

@@ -16,6 +16,7 @@ from ferry.service.replication import engine as engine_module
 from ferry.service.replication.engine import Engine
 from ferry.service.replication.state import State
 from ferry.service.transfer.executor import Executor
+from ferry.shard_tools.dataset import open_dataset
 from ferry.shard_tools.storage.store import resolve
 
 DESTINATIONS = ["file", "s3"]
@@ -47,9 +48,19 @@ def test_a_version_adding_few_shards_looks_up_only_those(
     res = eng.sync_pass("ds", "a", "b", {"a": src, "b": watched})
     assert res.ok and res.published and res.copied == second.new_shards and res.already_verified == first.shards
     assert watched.fs.calls["find"] == 0  # no listing of the destination's dataset
-    # one lookup per new shard, none per verified one (and the lease's own)
-    assert second.new_shards <= watched.fs.calls["size"] <= second.new_shards + 1 < first.shards
+    # one lookup per new shard and per sampled verified one (here: all of them; and the lease's own)
+    looked_up = second.new_shards + min(engine_module.HEAD_SAMPLE, first.shards)
+    assert looked_up <= watched.fs.calls["size"] <= looked_up + 1
     assert documents(dst_url, dst_b.storage_options) == [d.tolist() for d in docs + more]
+
+    # a verified shard gone from the destination is noticed by the sample: the pass lists and copies it again
+    victim = open_dataset(dst_url, storage_options=dst_b.storage_options).manifest.shards[0].path
+    dst.remove(victim)
+    third = pack(src_url, make_docs(60, 15), append=True)
+    watched = faulty_location(dst)
+    res = eng.sync_pass("ds", "a", "b", {"a": src, "b": watched})
+    assert res.ok and res.published and res.copied == third.new_shards + 1 and watched.fs.calls["find"] == 1
+    assert dst.exists(victim)
 
 
 def test_a_pass_hands_the_executor_its_copies_a_batch_at_a_time(

@@ -7,8 +7,11 @@ import sqlite3
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from ferry.service.replication.columns import strings
+from ferry.service.replication.planner import SourceColumns
 from ferry.service.replication.state import (
     _FOLD_AT,
     BATCH_SECONDS,
@@ -143,3 +146,20 @@ def test_a_schema_1_state_directory_is_migrated(tmp_path: Path) -> None:
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         statuses = db.execute("SELECT path, status FROM shard_status").fetchall()
     assert "replicas" not in tables and statuses == [("shards/c", "failed")]
+
+
+def test_a_published_version_is_recorded_first_in_manifest_order(tmp_path: Path) -> None:
+    state = State(tmp_path / "state")
+    state.add_verified("ds", "west", ["shards/old", "shards/c", "shards/a"])  # in the order copies finished
+    state.mark_bad("ds", "west", "shards/old", "corrupt")
+    state.add_verified("ds", "west", ["shards/kept"])
+    version = strings(["shards/a", "shards/b", "shards/c"])
+    state.verified_version("ds", "west", version)
+    column = state.verified_paths("ds", "west")
+    assert column.to_pylist() == ["shards/a", "shards/b", "shards/c", "shards/kept"]
+    # the next version (rows appended) finds its verified rows by one comparison of the prefix
+    cols = SourceColumns("v2", strings(["shards/a", "shards/b", "shards/c", "shards/d", "shards/a"]),
+                         np.ones(5, dtype=np.int64), strings(["x"] * 5))  # fmt: skip
+    assert cols.has(column).tolist() == [True, True, True, False, False]  # a repeat further down: looked up again
+    assert cols.has(["shards/kept", "shards/d"]).tolist() == [False, False, False, True, False]
+    state.close()
