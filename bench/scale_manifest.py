@@ -284,7 +284,8 @@ def _record_verified(state_dir: str, dataset: str, cluster: str, paths: list[str
 def measure_engine_steps(n: int, new_share: float) -> dict[str, Any]:
     """The planning steps of one ``Engine.sync_pass`` for a new version, timed one by one, in-process: west
     publishes and has verified a version of ``n`` shards; the source's new version adds ``new_share`` of
-    that in new shards (missing at west). Also the cost of recording ``n`` verified shards at once."""
+    that in new shards (missing at west; the others are sparse files there). Also the cost of recording
+    ``n`` verified shards at once."""
     import numpy as np
 
     from ferry.service.replication import engine as eng
@@ -299,6 +300,9 @@ def measure_engine_steps(n: int, new_share: float) -> dict[str, Any]:
         publish_synthetic(east, n)
         _copy_manifests(east, west)
         v1 = load_manifest(resolve(east))
+        t0 = time.perf_counter()
+        _sparse(west, v1.shards.paths, v1.shards.stored_bytes.tolist())  # west holds them (its lookups see them)
+        out["sparse_files_s"] = time.perf_counter() - t0
         out["record_verified_s"] = _record_verified(os.path.join(root, "state"), "corpus", "west", v1.shards.paths)
         del v1
         publish_next(east, out["new_shards"])
@@ -323,7 +327,7 @@ def measure_engine_steps(n: int, new_share: float) -> dict[str, Any]:
         )
         out["planned_total_s"] = time.perf_counter() - t_all
         out["copies"], out["verified"] = int(len(work.rows)), int(len(plan.verified_rows))
-        assert out["copies"] == out["new_shards"] and bool(np.all(held.sizes[plan.copy_rows] == -1))
+        assert out["copies"] == out["new_shards"] and bool(np.all(held.sizes[plan.copy_rows] == -1)), out
         out["peak_rss_before_plan_mib"] = rss0 / 1024
         out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         state.close()

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -297,8 +298,7 @@ class Engine:
             sample = np.random.default_rng().choice(known, min(HEAD_SAMPLE, len(known)), replace=False)
             rows = np.concatenate([unverified, sample])
             paths = cols.paths.take(int64s(rows)).to_pylist()
-            with ThreadPoolExecutor(HEAD_THREADS, thread_name_prefix="ferry-head") as pool:
-                found = np.fromiter(pool.map(lambda path: _size_or_missing(dst, path), paths), np.int64, len(rows))
+            found = np.fromiter(_sizes(dst, paths), np.int64, len(rows))
             if np.array_equal(found[len(unverified) :], cols.sizes[sample]):
                 sizes = cols.sizes.copy()
                 sizes[unverified] = found[: len(unverified)]
@@ -540,6 +540,22 @@ def _size_or_missing(loc: Location, path: str) -> int:
         return loc.size(path)
     except FileNotFoundError:
         return MISSING
+
+
+def _sizes(loc: Location, paths: list[str]) -> Iterator[int]:
+    """The size of each of ``paths`` at ``loc`` (``MISSING``: none): a local stat each, or HEAD_THREADS
+    lookups at a time elsewhere."""
+    if loc.local:
+        for path in paths:
+            try:
+                yield os.stat(loc.full(path)).st_size
+            except FileNotFoundError:
+                yield MISSING
+            except OSError as exc:
+                raise StorageError(f"cannot stat {loc.url}/{path}: {exc}") from exc
+        return
+    with ThreadPoolExecutor(HEAD_THREADS, thread_name_prefix="ferry-head") as pool:
+        yield from pool.map(lambda path: _size_or_missing(loc, path), paths)
 
 
 def _unreplaceable(plan: ColumnPlan, cols: SourceColumns, dst: Location) -> np.ndarray:

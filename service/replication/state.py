@@ -422,7 +422,7 @@ class State:
             self._db.execute("BEGIN")
             try:
                 self._add_sets(rows, removed=removed)
-                if not removed:
+                if not removed and self._db.execute("SELECT 1 FROM bad LIMIT 1").fetchone():
                     self._db.executemany("DELETE FROM bad WHERE dataset=? AND cluster=? AND path=?", rows)
                 self._db.execute("COMMIT")
             except BaseException:

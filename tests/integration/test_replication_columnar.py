@@ -98,3 +98,24 @@ def test_a_pass_imports_no_pandas(file_backend: Any) -> None:
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "False"
+
+
+def test_a_local_destination_is_looked_up_by_stat(file_backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    src_url, dst_url = file_backend.url("stat-src"), file_backend.url("stat-dst")
+    docs, more = make_docs(600, 16), make_docs(60, 17)
+    pack(src_url, docs)
+    src, dst = resolve(src_url), resolve(dst_url)
+    assert dst.local
+    eng = engine(State(None))
+    assert eng.sync_pass("ds", "a", "b", {"a": src, "b": dst}).published
+    second = pack(src_url, more, append=True)
+    monkeypatch.setattr(engine_module, "HEAD_MIN_SHARDS", 1)
+    monkeypatch.setattr(engine_module, "HEAD_SHARE", 2)
+
+    def no_listing(loc: Any) -> Any:
+        raise AssertionError(f"{loc.url} listed")
+
+    monkeypatch.setattr(engine_module, "listing_with_age", no_listing)
+    res = eng.sync_pass("ds", "a", "b", {"a": src, "b": dst})
+    assert res.ok and res.published and res.copied == second.new_shards
+    assert documents(dst_url) == [d.tolist() for d in docs + more]
