@@ -432,30 +432,43 @@ class State:
     def add_verified(self, dataset: str, cluster: str, paths: Iterable[str]) -> None:
         self._change_sets([(dataset, cluster, p) for p in paths], removed=False)
 
+    def _known(self, dataset: str, cluster: str) -> tuple[int, pa.StringArray]:
+        """Under ``_lock``: how many rows the log of ``cluster``'s verified sets has, and the paths it holds. A
+        log that cannot be read is dropped with a warning: nothing is known verified there (re-hashed)."""
+        rows = self._db.execute(
+            "SELECT removed, paths FROM verified_sets WHERE dataset=? AND cluster=? ORDER BY id", (dataset, cluster)
+        ).fetchall()
+        try:
+            return len(rows), fold_sets([(bool(removed), unpack_paths(blob)) for removed, blob in rows])
+        except (pa.ArrowException, TypeError) as exc:
+            log.warning("verified copies of %s at %s unreadable (%s): forgotten, they are checked again",
+                        dataset, cluster, exc)  # fmt: skip
+            self._db.execute("DELETE FROM verified_sets WHERE dataset=? AND cluster=?", (dataset, cluster))
+            return 0, EMPTY_STRINGS
+
+    def _replace_sets(self, dataset: str, cluster: str, paths: pa.StringArray) -> None:
+        """Under ``_lock``: the log of ``cluster``'s verified sets becomes the one set ``paths``."""
+        self._db.execute("BEGIN")
+        try:
+            self._db.execute("DELETE FROM verified_sets WHERE dataset=? AND cluster=?", (dataset, cluster))
+            self._db.execute(
+                "INSERT INTO verified_sets (dataset, cluster, removed, paths, at) VALUES (?, ?, 0, ?, ?)",
+                (dataset, cluster, pack_paths(paths), time.time()),
+            )
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
     def verified_paths(self, dataset: str, cluster: str) -> pa.StringArray:
         """The paths with a verified copy at ``cluster`` as an Arrow column (no Python object per path), in
         the order they were recorded (a path verified again may be there twice until the log is folded).
         A long log of sets is folded into one row on the way."""
         with self._connection():
-            rows = self._db.execute(
-                "SELECT id, removed, paths FROM verified_sets WHERE dataset=? AND cluster=? ORDER BY id",
-                (dataset, cluster),
-            ).fetchall()
-            paths = fold_sets([(bool(removed), unpack_paths(blob)) for _, removed, blob in rows])
-            if len(rows) > _FOLD_AT:
+            count, paths = self._known(dataset, cluster)
+            if count > _FOLD_AT:
                 paths = pc.unique(paths)  # first of each: a set recorded at a publish stays in manifest order
-                self._db.execute("BEGIN")
-                try:
-                    self._db.execute("DELETE FROM verified_sets WHERE dataset=? AND cluster=? AND id <= ?",
-                                     (dataset, cluster, rows[-1][0]))  # fmt: skip
-                    self._db.execute(
-                        "INSERT INTO verified_sets (dataset, cluster, removed, paths, at) VALUES (?, ?, 0, ?, ?)",
-                        (dataset, cluster, pack_paths(paths), time.time()),
-                    )
-                    self._db.execute("COMMIT")
-                except BaseException:
-                    self._db.execute("ROLLBACK")
-                    raise
+                self._replace_sets(dataset, cluster, paths)
         return paths
 
     def verified_version(self, dataset: str, cluster: str, paths: pa.StringArray) -> None:
@@ -463,26 +476,12 @@ class State:
         set becomes one row that begins with them in manifest order (so that planning the next version
         compares that prefix instead of hashing it), followed by the other paths verified there."""
         with self._connection():
-            self._db.execute("BEGIN")
-            try:
-                rows = self._db.execute(
-                    "SELECT removed, paths FROM verified_sets WHERE dataset=? AND cluster=? ORDER BY id",
-                    (dataset, cluster),
-                ).fetchall()
-                known = fold_sets([(bool(removed), unpack_paths(blob)) for removed, blob in rows])
-                m = common_prefix(known, paths)
-                rest = known.slice(m)  # the paths known verified besides these (paths[:m] are known[:m])
-                if len(rest) and m < len(paths):
-                    rest = rest.filter(pc.invert(pc.is_in(rest, value_set=paths.slice(m))))
-                self._db.execute("DELETE FROM verified_sets WHERE dataset=? AND cluster=?", (dataset, cluster))
-                self._db.execute(
-                    "INSERT INTO verified_sets (dataset, cluster, removed, paths, at) VALUES (?, ?, 0, ?, ?)",
-                    (dataset, cluster, pack_paths(pa.concat_arrays([paths, rest])), time.time()),
-                )
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+            _, known = self._known(dataset, cluster)
+            m = common_prefix(known, paths)
+            rest = known.slice(m)  # the paths known verified besides these (paths[:m] are known[:m])
+            if len(rest) and m < len(paths):
+                rest = rest.filter(pc.invert(pc.is_in(rest, value_set=paths.slice(m))))
+            self._replace_sets(dataset, cluster, pa.concat_arrays([paths, rest]))
 
     def verified(self, dataset: str, cluster: str) -> set[str]:
         """The paths with a verified copy at ``cluster`` as a Python set (for small sets; see verified_paths)."""

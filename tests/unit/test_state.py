@@ -163,3 +163,18 @@ def test_a_published_version_is_recorded_first_in_manifest_order(tmp_path: Path)
     assert cols.has(column).tolist() == [True, True, True, False, False]  # a repeat further down: looked up again
     assert cols.has(["shards/kept", "shards/d"]).tolist() == [False, False, False, True, False]
     state.close()
+
+
+def test_an_unreadable_verified_set_is_forgotten_not_trusted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    state = State(tmp_path / "state")
+    state.add_verified("ds", "west", ["shards/a"])
+    state.add_verified("ds", "east", ["shards/a"])
+    state.close()
+    with sqlite3.connect(tmp_path / "state" / DB_NAME) as db:
+        db.execute("UPDATE verified_sets SET paths = x'00ff00' WHERE cluster = 'west'")
+    state = State(tmp_path / "state")
+    assert state.verified("ds", "west") == set() and "unreadable" in caplog.text  # re-hashed by the next pass
+    assert state.verified("ds", "east") == {"shards/a"}
+    state.shard_verified("ds", "v1", "west", "shards/b", attempts=1, size=1)
+    assert state.verified("ds", "west") == {"shards/b"}
+    state.close()
