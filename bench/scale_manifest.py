@@ -228,7 +228,8 @@ def _measure_loader(root: str, repeat: int) -> dict[str, Any]:
 
 
 def publish_next(root: str, added: int, seed: int = 1) -> dict[str, Any]:
-    """Publish at ``root`` a child of its current version: the same shards and ``added`` new ones."""
+    """Publish at ``root`` a child of its current version: the same shards and ``added`` new ones (sparse
+    files of the right size at ``root``)."""
     from ferry.shard_tools.dataset import load_manifest
     from ferry.shard_tools.format.manifest import Manifest, ShardTable
     from ferry.shard_tools.storage.publish import publish_version
@@ -236,7 +237,9 @@ def publish_next(root: str, added: int, seed: int = 1) -> dict[str, Any]:
 
     loc = resolve(root)
     parent = load_manifest(loc)
-    shards = parent.shards.concat(ShardTable(synthetic_table(added, seed)))
+    new = ShardTable(synthetic_table(added, seed))
+    _sparse(root, new.paths, new.stored_bytes.tolist())  # the new shards are at the source
+    shards = parent.shards.concat(new)
     manifest, table_data = Manifest.build(
         name=parent.name,
         token_dtype=parent.token_dtype,
@@ -249,7 +252,7 @@ def publish_next(root: str, added: int, seed: int = 1) -> dict[str, Any]:
         lineage=parent.child_lineage(),
     )
     publish_version(loc, manifest, table_data, expect_current=parent.version_id)
-    return {"version_id": manifest.version_id, "new_paths": shards.paths[len(parent.shards) :]}
+    return {"version_id": manifest.version_id}
 
 
 def _sparse(root: str, paths: Any, sizes: Any) -> None:

@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from ferry.shard_tools.errors import DatasetNotFoundError, LeaseHeldError, ManifestError, RollbackError, StorageError
+from ferry.shard_tools.format.digest import digest_bytes
 from ferry.shard_tools.format.header import MANIFEST_FILE, SHARDS_DIR, VERSIONS_DIR, parse_header, version_path
 from ferry.shard_tools.storage.publish import carry_lineage, descends_from, store_version, swap_manifest
 from ferry.shard_tools.storage.store import STALE_TEMP_SECONDS, TEMP_MARKER, Location, temp_is_stale
@@ -250,7 +251,7 @@ class Engine:
         dataset, source, dest, version = result.dataset, result.source, result.destination, result.version_id
         now, created = time.time(), _created_ts(parse_header(src_bytes))
         self.state.seen_version(dataset, dest, version, min(now, created) if created else now)
-        manifest, table = load_version(src_loc, src_bytes)
+        manifest, _ = load_version(src_loc, src_bytes)  # its table's bytes are read again to publish it
         cols = SourceColumns.of(manifest)
         verified = cols.has(self.state.verified_paths(dataset, dest))
         held = self._held(dst_loc, cols, verified, dest_version)
@@ -281,7 +282,7 @@ class Engine:
                 retryable=True,
             )
         if result.ok:
-            self._publish(src_loc, dst_loc, manifest, table, src_bytes, result)
+            self._publish(src_loc, dst_loc, manifest, src_bytes, result)
             if self.keep_versions and result.published:
                 self._retain(dst_loc, manifest, dataset, dest, held.ages, result)
 
@@ -383,11 +384,16 @@ class Engine:
                 shard=job.shard.path, reason=r.error or "failed", retryable=r.retryable, attempts=r.attempts,
             )  # fmt: skip
 
-    def _publish(
-        self, src: Location, dst: Location, manifest: Manifest, table: bytes, header: bytes, res: PassResult
-    ) -> None:
-        """versions/<id>.json, then manifest.json by compare-and-swap: only over an ancestor (or
-        nothing), so a slower writer of an older version can never roll the destination back."""
+    def _publish(self, src: Location, dst: Location, manifest: Manifest, header: bytes, res: PassResult) -> None:
+        """The shard table, versions/<id>.json, then manifest.json by compare-and-swap: only over an ancestor
+        (or nothing), so a slower writer of an older version can never roll the destination back. The
+        table's bytes are read from the source again here: a pass copying for hours does not hold them."""
+        try:
+            table = src.read_bytes(manifest.table_path)
+        except FileNotFoundError as exc:
+            raise ManifestError(f"shard table {manifest.table_path} is gone from {src.url}") from exc
+        if digest_bytes(table) != manifest.table_digest:
+            raise ManifestError(f"shard table {manifest.table_path} at {src.url} does not match its digest")
         store_version(dst, manifest, table, header)
         version = manifest.version_id
 
