@@ -269,6 +269,7 @@ class Engine:
         work = _Work.of(plan, cols, self.state.fatal(dataset, dest), _unreplaceable(plan, cols, dst_loc))
         result.skipped_failed = len(plan.copy_rows) + len(plan.verify_rows) - len(work.rows)
         self.stats.set_pending(dataset, dest, int(cols.sizes[work.rows].sum()), len(work.rows))
+        pa.default_memory_pool().release_unused()  # planning's hash tables and sets: back to the system now
         if on_plan is not None:
             on_plan(result)
         if len(work.rows):

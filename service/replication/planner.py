@@ -67,12 +67,8 @@ class SourceColumns:
     @classmethod
     def of(cls, manifest: Manifest) -> SourceColumns:
         table = manifest.shards._table  # noqa: SLF001 - ShardTable has no public string columns
-        return cls(
-            manifest.version_id,
-            table.column("path").combine_chunks(),
-            manifest.shards.stored_bytes,
-            table.column("stored_digest").combine_chunks(),
-        )
+        return cls(manifest.version_id, _one_chunk(table.column("path")), manifest.shards.stored_bytes,
+                   _one_chunk(table.column("stored_digest")))  # fmt: skip
 
     @classmethod
     def of_refs(cls, version_id: str, shards: Sequence[ShardRef]) -> SourceColumns:
@@ -119,6 +115,13 @@ class SourceColumns:
     @property
     def total_bytes(self) -> int:
         return int(self.sizes.sum())
+
+
+def _one_chunk(column: pa.ChunkedArray) -> pa.StringArray:
+    """The column as one array: its chunk itself where it has one (``combine_chunks`` would copy it)."""
+    chunk = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    assert isinstance(chunk, pa.StringArray)
+    return chunk
 
 
 @dataclass
