@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from ferry.shard_tools.errors import DatasetNotFoundError, LeaseHeldError, ManifestError, RollbackError, StorageError
