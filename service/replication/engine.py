@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -482,6 +483,8 @@ class Engine:
         ]  # a scrub hashes every shard: one job each
         bad: list[str] = []
         repaired: list[str] = []
+        intact: list[str] = []  # verified, recorded JOB_BATCH at a time (one row each in the state)
+        lock = threading.Lock()
 
         def done(r: JobResult) -> None:
             path = r.job.shard.path
@@ -492,9 +495,15 @@ class Engine:
                 else:
                     self.state.mark_bad(dataset, cluster, path, r.error or "corrupt")
             if r.ok:
-                self.state.add_verified(dataset, cluster, [path])
+                with lock:
+                    intact.append(path)
+                    full = intact[:] if len(intact) >= JOB_BATCH else []
+                    if full:
+                        intact.clear()
+                self.state.add_verified(dataset, cluster, full)
 
         self.executor.run(jobs, locations, done, self._history)
+        self.state.add_verified(dataset, cluster, intact)
         return len(jobs), sorted(bad), sorted(repaired)
 
 

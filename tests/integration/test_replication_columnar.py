@@ -4,6 +4,7 @@ the copies a batch at a time. File → file and file → S3 (moto over HTTP)."""
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 from typing import Any
@@ -14,7 +15,7 @@ from helpers import documents, make_docs, pack
 
 from ferry.service.replication import engine as engine_module
 from ferry.service.replication.engine import Engine
-from ferry.service.replication.state import State
+from ferry.service.replication.state import DB_NAME, State
 from ferry.service.transfer.executor import Executor
 from ferry.shard_tools.dataset import open_dataset
 from ferry.shard_tools.storage.store import resolve
@@ -119,3 +120,21 @@ def test_a_local_destination_is_looked_up_by_stat(file_backend: Any, monkeypatch
     res = eng.sync_pass("ds", "a", "b", {"a": src, "b": dst})
     assert res.ok and res.published and res.copied == second.new_shards
     assert documents(dst_url) == [d.tolist() for d in docs + more]
+
+
+def test_a_scrub_records_its_verified_shards_a_batch_at_a_time(
+    file_backend: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src_url, dst_url = file_backend.url("scrub-src"), file_backend.url("scrub-dst")
+    made = pack(src_url, make_docs(600, 18))
+    locations = {"a": resolve(src_url), "b": resolve(dst_url)}
+    eng = engine(State(tmp_path / "state"))
+    assert eng.sync_pass("ds", "a", "b", locations).published
+    monkeypatch.setattr(engine_module, "JOB_BATCH", 10)
+    checked, bad, _ = eng.scrub("ds", "b", locations)
+    assert checked == made.shards and bad == []
+    eng.state.close()
+    with sqlite3.connect(tmp_path / "state" / DB_NAME) as db:
+        rows = db.execute("SELECT COUNT(*) FROM verified_sets WHERE cluster = 'b'").fetchone()[0]
+    assert rows == 1 + -(-made.shards // 10)  # the publish's set, then one per batch of the scrub
+    assert State(tmp_path / "state").verified("ds", "b") == set(open_dataset(dst_url).manifest.shards.paths)
