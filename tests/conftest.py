@@ -27,6 +27,12 @@ from ferry.shard_tools.cli import main
 # 60 s timeout. Off here and in every process a test starts (they inherit the environment).
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
+# A shell without job control starts background commands with SIGINT ignored, and an ignored signal
+# stays ignored in every process started from there: the tests that interrupt ferry with SIGINT need
+# their processes to receive it, so the run gets Python's own handler back (children start at default).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def free_port() -> int:
     with socket.socket() as s:
