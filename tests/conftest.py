@@ -165,7 +165,7 @@ def s3_backend(moto_endpoint: str, s3_env: dict[str, str], monkeypatch: pytest.M
 
 
 ROOT = Path(__file__).resolve().parents[1]
-EMULATOR_START = 90.0  # seconds an emulator may take to listen (Azurite takes ~20 s on two busy cores)
+EMULATOR_START = 90.0  # seconds an emulator may take to listen (Azurite starts slowly on busy cores)
 AZURITE_ACCOUNT = "devstoreaccount1"  # Azurite's well-known development account and key
 AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 

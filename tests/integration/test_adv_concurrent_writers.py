@@ -43,7 +43,7 @@ from ferry.shard_tools.storage.store import Location, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = int(os.environ.get("FERRY_WRITER_ROUNDS", "50"))  # a developer may run fewer
-CLOUD_ROUNDS = min(ROUNDS, 8)  # on the GCS and Azure emulators: a round there takes ~25 s on 2 busy cores
+CLOUD_ROUNDS = min(ROUNDS, 8)  # on the GCS and Azure emulators: a round there is many times slower
 PROCESSES = 4
 KILL_SHARE = 0.3  # of the processes, SIGKILLed at a random moment of their run
 ROUND_TIMEOUT = 90.0

@@ -190,7 +190,7 @@ def test_an_object_that_appears_then_vanishes_is_a_retryable_error(
 def test_a_shard_copies_to_an_object_store_from_any_source(
     name: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The one-PUT path from a local or a remote source: the bytes arrive whole (Azure's client once refused
+    """The one-PUT path from a local or a remote source: the bytes arrive whole (Azure's client must accept
     the buffer a local shard is read into)."""
     src, dst, data, digest = _setup(name, request, monkeypatch)
     transfer.copy_shard(src, dst, PATH, len(data), digest, chunk_size=CHUNK)

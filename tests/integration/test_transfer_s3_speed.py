@@ -136,7 +136,7 @@ def test_presigned_put_streams_with_memory_bounded_by_one_chunk(file_backend: An
     dst = resolve(s3_backend.url("ds-stream"), s3_backend.storage_options)
     size, chunk = 24 * 2**20 + 11, 2**20
     d = _shard(src, "shards/s.bin", size)
-    dst.fs.url(dst.full("shards/s.bin"))  # the S3 client and its service model (~12 MB of JSON) exist before
+    dst.fs.url(dst.full("shards/s.bin"))  # the S3 client and its service model (megabytes of JSON) exist before
     tracemalloc.start()
     try:
         transfer.copy_shard(src, dst, "shards/s.bin", size, d, chunk_size=chunk)
