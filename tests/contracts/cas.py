@@ -10,6 +10,7 @@ reports for it, and a token in the store's own form that no object there carries
 from __future__ import annotations
 
 import threading
+import time
 from typing import ClassVar
 
 import pytest
@@ -77,10 +78,18 @@ class CasContract:
         assert write_if(loc, "obj", b"", token) != token
         assert read_versioned(loc, "obj").data == b""
 
-    def test_concurrent_increments_lose_no_update(self, loc: Location) -> None:
+    def test_concurrent_increments_lose_no_update(self, loc: Location, monkeypatch: pytest.MonkeyPatch) -> None:
         """WRITERS threads each add INCREMENTS to one counter by read → write_if, retrying on a conflict:
         the final counter is exactly the sum (check-then-write loses some)."""
         write_if(loc, "n", b"0", None)
+        real_read = Location.read_bytes
+
+        def slow_read(self: Location, rel: str) -> bytes:
+            data = real_read(self, rel)
+            time.sleep(0.002)  # another writer's turn between a check and its write, where nothing locks them
+            return data
+
+        monkeypatch.setattr(Location, "read_bytes", slow_read)
         start = threading.Barrier(WRITERS, timeout=30)
         errors: list[BaseException] = []
 

@@ -32,7 +32,7 @@ class TestCasOnS3(ConditionalStoreContract):
     backend_name = store = "s3"
     forged_token = '"00000000000000000000000000000000"'  # an ETag
 
-    def test_concurrent_increments_lose_no_update(self, loc: Location) -> None:
+    def test_concurrent_increments_lose_no_update(self, loc: Location, monkeypatch: pytest.MonkeyPatch) -> None:
         pytest.skip(
             "moto checks If-Match and then writes, with no lock between: two concurrent conditional PUTs "
             "can both succeed there; AWS S3 decides them atomically"
