@@ -1,8 +1,8 @@
 """Many writers: compare-and-swap publishing, monotone destinations, the writer lease.
 
-Each test reproduces one way two writers broke a dataset before (issue 13, items 1–2 and the
-one-writer rule) with a deterministic interleaving; test_adv_concurrent_writers.py runs the
-same guarantees as a property over random real processes.
+Each test plays one way two writers could break a dataset (two appends racing, a sync moving a
+destination back, a second writer beside a lease holder) with a deterministic interleaving;
+test_adv_concurrent_writers.py runs the same guarantees as a property over random real processes.
 """
 
 from __future__ import annotations
