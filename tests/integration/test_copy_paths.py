@@ -43,6 +43,7 @@ class TestCopyLocalToS3Multipart(CopyPathContract):
     src_kind, dst_kind = "file", "s3"
     size = MULTIPART
     setup = "small_single_put"
+    stores_in_parts = True
 
 
 class TestCopyS3ToS3Put(CopyPathContract):
