@@ -44,12 +44,12 @@ class FetchOptions:
 
     part_size: bytes per ranged read of a shard (4 MiB: about 0.1 s at 40 MB/s; a 30 ms round trip costs
         ~22% of one connection, and 8 of them still carry 250 MB/s. Finer parts end a shard's fetch more
-        evenly, so the next shard's parts start sooner: a cold first batch of two 64 MiB shards at 30 ms
-        came ~0.1 s sooner than with 8 MiB parts. On round trips of 100 ms or more raise it to 8-16 MiB.)
+        evenly, so the next shard's parts start sooner and a cold first batch arrives earlier than with
+        larger parts. On round trips of 100 ms or more raise it to 8-16 MiB.)
     connections: ranged reads in flight per process (8: fills a link of 8 capped connections; memory is
         about ``connections`` parts per shard being fetched).
     deadline_floor, deadline_slack: a request's deadline is ``floor + slack * expected`` seconds
-        (2 s and 4x: a healthy request on a jittery link is not hedged, a hung one costs ~2 s).
+        (2 s and 4x: a healthy request on a jittery link is not hedged, a hung one costs little more than the floor).
     prior_rate, prior_latency: assumed per-connection rate (bytes/s) and round trip before measurements.
 
     Each real-valued option lies in a range (``_FLOAT_RANGE``) that keeps every deadline finite.

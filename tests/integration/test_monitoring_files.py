@@ -446,7 +446,7 @@ def _prometheus(tmp_path: Path, target: str) -> Iterator[httpx.Client]:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
-            # it listens before its storage is open and answers 503 until then (seen on a loaded CI machine)
+            # it listens before its storage is open and answers 503 until then (for a while on a loaded machine)
             wait_until(lambda: _ready(http, proc), timeout=60, what="prometheus /-/ready")
             yield http
     finally:
