@@ -14,6 +14,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import InputFormatError
 from .base import DocBatch, SourceOptions, Unit, batch_from_lists
+from .mediatable import media_batches
 
 __all__ = ["read_parquet", "find_column"]
 
@@ -23,8 +24,15 @@ def read_parquet(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
     try:
         with _open(unit.path, options) as f:
             pf = pq.ParquetFile(f)
-            find_column(unit.path, column, pf.schema_arrow.names)
             groups = None if unit.stop is None else _row_groups(unit, pf.metadata.num_row_groups)
+            if options.media is not None:  # images (bytes or Image structs) and their text
+                names = pf.schema_arrow.names
+                find_column(unit.path, options.media_column, names)
+                columns = [options.media_column] + ([options.text_column] if options.text_column in names else [])
+                batches = pf.iter_batches(columns=columns, batch_size=options.batch_documents, row_groups=groups)
+                yield from media_batches(unit.path, batches, options, unit.first_document or 0)
+                return
+            find_column(unit.path, column, pf.schema_arrow.names)
             for batch in pf.iter_batches(columns=[column], batch_size=options.batch_documents, row_groups=groups):
                 yield _convert(unit.path, column, batch.column(0), options)
     except (pa.ArrowException, OSError) as exc:
