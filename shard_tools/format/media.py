@@ -276,3 +276,39 @@ def media_layout(head: bytes | memoryview, info: ShardInfo) -> MediaLayout | Non
             raise ShardFormatError(info.path, "a media buffer lies outside the record batch's body")
         spans.append((body_start + offset, size))
     return MediaLayout(tuple(spans), info.documents, items)
+
+
+def check_shard_media(
+    table: pa.Table, tokens: np.ndarray, offsets: np.ndarray, info: ShardInfo, policy: object
+) -> None:
+    """A whole shard's media against its manifest row and policy (``ferry verify``): the column is there exactly
+    when the dataset has a media policy, its items and bytes are the row's, and each item's span in its
+    document holds the policy's placeholder ids (begin, patches, end)."""
+    has = MEDIA_COLUMN in table.schema.names
+    if policy is None:
+        if has or info.media_items or info.media_bytes:
+            raise ShardFormatError(info.path, "holds media but the manifest has no media policy")
+        return
+    if not has or table.schema.get_field_index(MEDIA_COLUMN) != 1:
+        raise ShardFormatError(info.path, "the dataset has a media policy but the shard no media column after tokens")
+    meta = MediaMeta.from_column(table.column(MEDIA_COLUMN), info.path)
+    meta.check(info.path, np.diff(offsets))
+    if (meta.items, meta.data_bytes) != (info.media_items, info.media_bytes):
+        raise ShardFormatError(
+            info.path,
+            f"holds {meta.items} media items of {meta.data_bytes} bytes, the manifest says "
+            f"{info.media_items} of {info.media_bytes}",
+        )
+    if not meta.items:
+        return
+    begin_id, patch_id, end_id = policy.ids  # type: ignore[attr-defined]
+    docs = np.repeat(np.arange(len(offsets) - 1), np.diff(meta.doc_offsets))
+    starts = np.asarray(offsets, dtype=np.int64)[docs] + meta.position
+    ends = starts + meta.cost
+    patches = np.concatenate([[0], np.cumsum(tokens == patch_id)])
+    if (
+        np.any(tokens[starts] != begin_id)
+        or np.any(tokens[ends - 1] != end_id)
+        or np.any(patches[ends - 1] - patches[starts + 1] != meta.cost - 2)
+    ):
+        raise ShardFormatError(info.path, "a media item's placeholder span does not hold the policy's token ids")

@@ -88,7 +88,9 @@ def _probe_wav(data: bytes, where: str) -> MediaItem:
         raise BadMediaError(f"{where}: not a readable WAV file ({exc})") from exc
     duration = frames / rate if rate > 0 else -1.0
     if not 0 < duration <= MAX_AUDIO_SECONDS:
-        raise BadMediaError(f"{where}: WAV header says {frames} frames at {rate} Hz: outside (0, {MAX_AUDIO_SECONDS}] s")
+        raise BadMediaError(
+            f"{where}: WAV header says {frames} frames at {rate} Hz: outside (0, {MAX_AUDIO_SECONDS}] s"
+        )
     if got != frames * width * channels:
         raise BadMediaError(f"{where}: WAV header says {frames} frames, the file holds {got} bytes of them")
     return MediaItem(kind="audio", format="wav", width=0, height=0, duration=duration, frames=0, data=data)

@@ -20,7 +20,9 @@ from .mediaprobe import DocumentBuilder, Segment
 __all__ = ["media_batches"]
 
 
-def media_batches(path: str, batches: Iterator[pa.RecordBatch], options: SourceOptions, first: int = 0) -> Iterator[DocBatch]:
+def media_batches(
+    path: str, batches: Iterator[pa.RecordBatch], options: SourceOptions, first: int = 0
+) -> Iterator[DocBatch]:
     """Documents with media from record batches holding the media column and, when present, the text column."""
     builder = DocumentBuilder(options, path)
     row = first

@@ -50,13 +50,18 @@ def _samples(path: str, options: SourceOptions) -> Iterator[tuple[str, _Sample]]
     key: str | None = None
     sample: _Sample = {}
     try:
-        with fsspec.open(path, "rb", **(options.storage_options or {})) as f, tarfile.open(fileobj=f, mode="r|*") as tar:
+        with (
+            fsspec.open(path, "rb", **(options.storage_options or {})) as f,
+            tarfile.open(fileobj=f, mode="r|*") as tar,
+        ):
             for member in tar:
                 if not member.isfile():
                     continue
                 k, ext = _split_name(member.name)
                 if member.size > _MAX_MEMBER:
-                    raise InputFormatError(f"{path}: sample {k}: member {member.name} of {member.size} bytes is too large")
+                    raise InputFormatError(
+                        f"{path}: sample {k}: member {member.name} of {member.size} bytes is too large"
+                    )
                 if k != key and key is not None:
                     yield key, sample
                     sample = {}

@@ -1,0 +1,1 @@
+"""Reading datasets packed with media: packed sequences with their media items (see docs/guides/multimodal.md)."""
