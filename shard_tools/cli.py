@@ -395,7 +395,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     ]
     if m.media is not None:
         policy = ",".join(f"{k}={v}" for k, v in m.media.to_dict().items() if k != "name")
-        lines.insert(5, f"media     {t['media_items']:,} items, {format_bytes(t['media_bytes'])}  policy {m.media.name}:{policy}")
+        lines.insert(
+            5, f"media     {t['media_items']:,} items, {format_bytes(t['media_bytes'])}  policy {m.media.name}:{policy}"
+        )
     for kind, c in (costs or {}).items():
         lines.append(
             f"  {kind:<8}{c['items']:>8,} items {format_bytes(c['bytes']):>10}  formats {c['formats']}  cost tokens "

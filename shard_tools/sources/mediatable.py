@@ -17,7 +17,16 @@ from ..errors import InputFormatError
 from .base import DocBatch, SourceOptions
 from .mediaprobe import DocumentBuilder, Segment
 
-__all__ = ["media_batches"]
+__all__ = ["media_batches", "check_media_column"]
+
+
+def check_media_column(path: str, options: SourceOptions, names: list[str]) -> None:
+    """The media column must be there, once."""
+    if names.count(options.media_column) != 1:
+        found = "twice" if options.media_column in names else "no"
+        raise InputFormatError(
+            f"{path}: {found} media column {options.media_column!r} (columns: {', '.join(names)}); use --media-column"
+        )
 
 
 def media_batches(
@@ -28,10 +37,7 @@ def media_batches(
     row = first
     for batch in batches:
         names = batch.schema.names
-        if options.media_column not in names:
-            raise InputFormatError(
-                f"{path}: no media column {options.media_column!r} (columns: {', '.join(names)}); use --media-column"
-            )
+        check_media_column(path, options, names)
         media = batch.column(names.index(options.media_column))
         media.validate(full=True)
         texts = batch.column(names.index(options.text_column)).to_pylist() if options.text_column in names else None

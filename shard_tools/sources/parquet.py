@@ -14,7 +14,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import InputFormatError
 from .base import DocBatch, SourceOptions, Unit, batch_from_lists
-from .mediatable import media_batches
+from .mediatable import check_media_column, media_batches
 
 __all__ = ["read_parquet", "find_column"]
 
@@ -27,7 +27,7 @@ def read_parquet(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
             groups = None if unit.stop is None else _row_groups(unit, pf.metadata.num_row_groups)
             if options.media is not None:  # images (bytes or Image structs) and their text
                 names = pf.schema_arrow.names
-                find_column(unit.path, options.media_column, names)
+                check_media_column(unit.path, options, names)
                 columns = [options.media_column] + ([options.text_column] if options.text_column in names else [])
                 batches = pf.iter_batches(columns=columns, batch_size=options.batch_documents, row_groups=groups)
                 yield from media_batches(unit.path, batches, options, unit.first_document or 0)
