@@ -74,6 +74,8 @@ def _probe_image(data: bytes, where: str) -> MediaItem:
             image.load()
     except BadMediaError:
         raise
+    except Image.UnidentifiedImageError:
+        raise BadMediaError(f"{where}: not an image Pillow can identify (unknown format or a corrupt header)") from None
     except Exception as exc:  # noqa: BLE001 - Pillow raises OSError, SyntaxError, ValueError, struct.error, ...
         raise BadMediaError(f"{where}: not a readable image ({type(exc).__name__}: {exc})") from exc
     return MediaItem(kind="image", format=fmt, width=width, height=height, duration=0.0, frames=0, data=data)
