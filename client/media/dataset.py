@@ -179,18 +179,22 @@ class MediaDataset(IterableDataset[dict[str, Any]]):
 
     # -- reading -----------------------------------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        info = get_worker_info()
-        workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
-        q = 0  # position in this rank's stream from the start state; worker w makes positions w, w + workers, ...
+    def positions(self) -> Iterator[tuple[int, int]]:
+        """``(epoch, index)`` of each sequence of this rank's stream, from the start state on."""
         epoch = self.start_epoch
         while self.epochs is None or epoch < self.epochs:
             first = self.start_index if epoch == self.start_epoch else 0
             for index in range(first, self.sequences(epoch)):
-                if q % workers == worker:
-                    yield self.sample(epoch, index)
-                q += 1
+                yield epoch, index
             epoch += 1
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """The samples of this rank's stream; DataLoader worker ``w`` of ``n`` makes samples ``w, w + n, …``."""
+        info = get_worker_info()
+        workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        for q, (epoch, index) in enumerate(self.positions()):
+            if q % workers == worker:
+                yield self.sample(epoch, index)
 
     def sample(self, epoch: int, index: int) -> dict[str, Any]:
         """Sequence ``index`` of this rank's ``epoch``."""

@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from ferry.shard_tools.errors import UsageError
 from ferry.shard_tools.format.media import MediaItem
 
 from .dataset import MediaDataset
@@ -56,10 +57,40 @@ def decode_image(item: MediaItem) -> Any:
         return image.convert("RGB")
 
 
+class _Batches(IterableDataset[dict[str, Any]]):
+    """Whole batches made in the workers: worker ``w`` of ``n`` makes batches ``w, w + n, …`` of the stream, and
+    the DataLoader hands them out in that order, so the stream is the same for any number of workers."""
+
+    def __init__(self, dataset: MediaDataset, batch_size: int) -> None:
+        self.dataset, self.batch_size = dataset, batch_size
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        chunk: list[tuple[int, int]] = []
+        number = 0
+        for position in self.dataset.positions():
+            chunk.append(position)
+            if len(chunk) == self.batch_size:
+                if number % workers == worker:
+                    yield collate([self.dataset.sample(*p) for p in chunk])
+                chunk, number = [], number + 1
+        if chunk and number % workers == worker:
+            yield collate([self.dataset.sample(*p) for p in chunk])
+
+
+def _whole(batch: dict[str, Any]) -> dict[str, Any]:
+    return batch
+
+
 class MediaLoader:
     """Batches of :class:`MediaDataset` sequences, with exact resume (see the module docstring)."""
 
     def __init__(self, dataset: MediaDataset, batch_size: int, *, num_workers: int = 0, **loader_kwargs: Any) -> None:
+        if batch_size < 1 or num_workers < 0:
+            raise UsageError(
+                f"MediaLoader: batch_size must be >= 1 and num_workers >= 0, got {batch_size}, {num_workers}"
+            )
         self.dataset = dataset
         self.batch_size = batch_size
         self.num_workers = num_workers
@@ -68,10 +99,10 @@ class MediaLoader:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         loader = DataLoader(
-            self.dataset,
-            batch_size=self.batch_size,
+            _Batches(self.dataset, self.batch_size),
+            batch_size=None,
             num_workers=self.num_workers,
-            collate_fn=collate,
+            collate_fn=_whole,
             **self.loader_kwargs,
         )
         for batch in loader:

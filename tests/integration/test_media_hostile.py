@@ -84,7 +84,9 @@ def test_bad_item_fails_naming_file_and_sample(tmp_path: Path, name: str) -> Non
 def test_bad_item_skipped_and_counted(tmp_path: Path, name: str) -> None:
     ext, data = HOSTILE[name]
     tar = _tar(tmp_path, name, ext, data)
-    result = pack([str(tar)], str(tmp_path / "ds"), PackOptions(tokenizer="bytes", media_policy=POLICY, skip_bad_media=True))
+    result = pack(
+        [str(tar)], str(tmp_path / "ds"), PackOptions(tokenizer="bytes", media_policy=POLICY, skip_bad_media=True)
+    )
     assert (result.documents, result.media_items, result.skipped_media) == (3, 2, 1)
     from ferry.shard_tools import open_dataset
 
