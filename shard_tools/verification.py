@@ -20,8 +20,8 @@ from .dataset import Dataset, decode_stored_shard, load_manifest
 from .errors import DatasetError, ShardDigestError, ShardError, ShardFormatError, StorageError, TokenRangeError
 from .format.digest import digest_bytes, raw_digest
 from .format.manifest import ShardInfo
-from .format.seekable import arrow_positions, decode_frames, load_index
 from .format.media import check_shard_media
+from .format.seekable import arrow_positions, decode_frames, load_index
 from .format.shard import parse_shard
 from .storage.store import resolve
 

@@ -149,9 +149,18 @@ class MediaDataset(IterableDataset[dict[str, Any]]):
             span_frames.append(np.where(np.asarray(meta.kind) == "video", meta.frames, 0).astype(np.int64))
             first += len(per_doc)
             self._doc_first[s + 1] = first
-        cat = [np.concatenate(x) if x else np.zeros(0, np.int64) for x in (lengths, span_doc, span_start)]
-        rest = [np.concatenate(x) if x else np.zeros(0, np.int64) for x in (span_cost, span_img, span_frames)]
-        self._pieces = cut_pieces(*cat, *rest, self.seq_len)  # type: ignore[call-arg, misc]
+        def joined(parts: list[np.ndarray]) -> np.ndarray:
+            return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+        self._pieces = cut_pieces(
+            joined(lengths),
+            joined(span_doc),
+            joined(span_start),
+            joined(span_cost),
+            joined(span_img),
+            joined(span_frames),
+            self.seq_len,
+        )
         return self._pieces
 
     def plan(self, epoch: int) -> Plan:

@@ -79,7 +79,8 @@ class _Batches(IterableDataset[dict[str, Any]]):
             yield collate([self.dataset.sample(*p) for p in chunk])
 
 
-def _whole(batch: dict[str, Any]) -> dict[str, Any]:
+def _whole(batch: Any) -> Any:
+    """The DataLoader's collate function: batches come whole from :class:`_Batches`."""
     return batch
 
 

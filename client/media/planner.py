@@ -129,10 +129,7 @@ def plan_epoch(
 ) -> Plan:
     """The sequences of one epoch (see the module docstring)."""
     n = len(pieces)
-    if shuffle:
-        order = np.random.Generator(np.random.PCG64([seed, epoch])).permutation(n)
-    else:
-        order = np.arange(n)
+    order = np.random.Generator(np.random.PCG64([seed, epoch])).permutation(n) if shuffle else np.arange(n)
     lengths, images, frames = pieces.lengths, pieces.images, pieces.frames
     img_cap = np.iinfo(np.int64).max if max_images is None else max_images
     fr_cap = np.iinfo(np.int64).max if max_frames is None else max_frames

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from ..errors import ShardFormatError
 from .manifest import ShardInfo
+from .policy import MediaPolicy
 from .seekable import _HEADER_DICTIONARY_BATCH, _MAX_MESSAGES, _message, _require
 from .shard import _HEADER_RECORD_BATCH, _FlatBuffer
 
@@ -279,7 +280,7 @@ def media_layout(head: bytes | memoryview, info: ShardInfo) -> MediaLayout | Non
 
 
 def check_shard_media(
-    table: pa.Table, tokens: np.ndarray, offsets: np.ndarray, info: ShardInfo, policy: object
+    table: pa.Table, tokens: np.ndarray, offsets: np.ndarray, info: ShardInfo, policy: MediaPolicy | None
 ) -> None:
     """A whole shard's media against its manifest row and policy (``ferry verify``): the column is there exactly
     when the dataset has a media policy, its items and bytes are the row's, and each item's span in its
@@ -301,7 +302,7 @@ def check_shard_media(
         )
     if not meta.items:
         return
-    begin_id, patch_id, end_id = policy.ids  # type: ignore[attr-defined]
+    begin_id, patch_id, end_id = policy.ids
     docs = np.repeat(np.arange(len(offsets) - 1), np.diff(meta.doc_offsets))
     starts = np.asarray(offsets, dtype=np.int64)[docs] + meta.position
     ends = starts + meta.cost

@@ -116,9 +116,8 @@ def parse_policy(spec: str) -> MediaPolicy:
     for item in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = item.partition("=")
         if not eq or key not in _INT_PARAMS + _FLOAT_PARAMS:
-            raise UsageError(
-                f"--media-policy {spec!r}: expected NAME[:KEY=VALUE,...] with keys {', '.join(_INT_PARAMS + _FLOAT_PARAMS)}"
-            )
+            keys = ", ".join(_INT_PARAMS + _FLOAT_PARAMS)
+            raise UsageError(f"--media-policy {spec!r}: expected NAME[:KEY=VALUE,...] with keys {keys}")
         try:
             params[key] = float(value) if key in _FLOAT_PARAMS else int(value)
         except ValueError:

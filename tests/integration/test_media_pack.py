@@ -75,8 +75,9 @@ def test_webdataset_pairs_round_trip(tmp_path: Path) -> None:
         ((position, cost, fmt, width, height, data),) = items
         assert data == sample[ext] and position == 0
         assert fmt == {"png": "png", "jpg": "jpeg", "webp": "webp"}[ext]
-        from PIL import Image
         import io
+
+        from PIL import Image
 
         assert (width, height) == Image.open(io.BytesIO(data)).size
         assert cost == policy.cost("image", width, height, 0, 0)
