@@ -165,7 +165,7 @@ def _add_pack(sub: argparse._SubParsersAction) -> None:
         "directory. Inputs are only read, never modified",
     )
     p.add_argument("--out", required=True, help="dataset URL (local path, file://, s3://, gs://, memory://)")
-    p.add_argument("--input-format", choices=["parquet", "jsonl", "text", "npy", "megatron", "arrow", "hf"])
+    p.add_argument("--input-format", choices=["parquet", "jsonl", "text", "npy", "megatron", "arrow", "wds", "hf"])
     p.add_argument("--split", help="the split of a Hugging Face dataset directory (needed when it has several)")
     p.add_argument(
         "--no-origin",
