@@ -149,6 +149,7 @@ class MediaDataset(IterableDataset[dict[str, Any]]):
             span_frames.append(np.where(np.asarray(meta.kind) == "video", meta.frames, 0).astype(np.int64))
             first += len(per_doc)
             self._doc_first[s + 1] = first
+
         def joined(parts: list[np.ndarray]) -> np.ndarray:
             return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
