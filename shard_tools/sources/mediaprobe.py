@@ -33,6 +33,7 @@ MAX_ITEM_BYTES = 64 << 20  # one encoded item
 MAX_SIDE = 32768  # pixels per side
 MAX_PIXELS = 1 << 27  # width × height (about 134 million): a larger image is a decompression bomb here
 MAX_AUDIO_SECONDS = 4 * 3600
+BATCH_MEDIA_BYTES = 64 << 20  # a batch of documents is handed on once its media hold this many bytes
 _IMAGE_FORMATS = {"JPEG": "jpeg", "PNG": "png", "WEBP": "webp", "GIF": "gif"}
 
 
@@ -116,13 +117,16 @@ class DocumentBuilder:
     docs: list[list[Segment]] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)
     skipped: int = 0
+    nbytes: int = 0
 
     def add(self, segments: Sequence[Segment], row: int) -> None:
         self.docs.append(list(segments))
         self.rows.append(row)
+        self.nbytes += sum(len(s.data) for s in segments if s.data is not None)
 
     def full(self) -> bool:
-        return len(self.docs) >= self.options.batch_documents
+        """Enough documents, or enough media bytes, for one batch (memory stays bounded with large media)."""
+        return len(self.docs) >= self.options.batch_documents or self.nbytes >= BATCH_MEDIA_BYTES
 
     def flush(self) -> DocBatch:
         """The documents added so far as one batch (media probed and costed, text tokenized)."""
@@ -153,7 +157,7 @@ class DocumentBuilder:
         np.cumsum([len(t) for t in tokens], out=offsets[1:])
         flat = np.concatenate(tokens) if tokens else np.zeros(0, dtype=np.int64)
         batch = DocBatch(flat, offsets, np.asarray(self.rows, dtype=np.int64), media_array(items), self.skipped)
-        self.docs, self.rows, self.skipped = [], [], 0
+        self.docs, self.rows, self.skipped, self.nbytes = [], [], 0, 0
         return batch
 
     def _item(self, seg: Segment, row: int, policy: MediaPolicy) -> MediaItem | None:

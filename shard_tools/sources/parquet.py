@@ -18,6 +18,8 @@ from .mediatable import check_media_column, media_batches
 
 __all__ = ["read_parquet", "find_column"]
 
+_MEDIA_ROWS = 256
+
 
 def read_parquet(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
     column = options.text_column if options.tokenizer is not None else options.tokens_column
@@ -29,7 +31,8 @@ def read_parquet(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
                 names = pf.schema_arrow.names
                 check_media_column(unit.path, options, names)
                 columns = [options.media_column] + ([options.text_column] if options.text_column in names else [])
-                batches = pf.iter_batches(columns=columns, batch_size=options.batch_documents, row_groups=groups)
+                rows = min(options.batch_documents, _MEDIA_ROWS)  # rows of images read at once
+                batches = pf.iter_batches(columns=columns, batch_size=rows, row_groups=groups)
                 yield from media_batches(unit.path, batches, options, unit.first_document or 0)
                 return
             find_column(unit.path, column, pf.schema_arrow.names)

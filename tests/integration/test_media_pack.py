@@ -182,3 +182,23 @@ def test_verify_finds_a_changed_media_byte(tmp_path: Path) -> None:
     path.write_bytes(bytes(data))
     report = verify(str(tmp_path / "ds"))
     assert not report.ok
+
+
+def test_batches_of_media_are_bounded_in_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader hands documents on once their media reach the byte bound, however many documents a batch
+    may hold, so large media do not pile up in memory."""
+    from ferry.shard_tools.sources import SourceOptions, Unit
+    from ferry.shard_tools.sources import mediaprobe
+    from ferry.shard_tools.sources.tokenizer import ByteTokenizer
+    from ferry.shard_tools.sources.wds import read_wds
+
+    samples = pair_samples(30)
+    tar = write_tar(tmp_path / "a.tar", samples)
+    options = SourceOptions(tokenizer=ByteTokenizer(), media=parse_policy(POLICY).with_ids(257))
+    bound = 20_000
+    monkeypatch.setattr(mediaprobe, "BATCH_MEDIA_BYTES", bound)
+    batches = list(read_wds(Unit(str(tar), "wds"), options))
+    sizes = [sum(len(b) for b in batch.media.flatten().field("data").to_pylist()) for batch in batches]
+    largest = max(len(v) for s in samples for k, v in s.items() if k in ("png", "jpg", "webp"))
+    assert len(batches) > 1 and max(sizes) < bound + largest
+    assert sum(len(b.offsets) - 1 for b in batches) == 30
