@@ -187,8 +187,7 @@ def test_verify_finds_a_changed_media_byte(tmp_path: Path) -> None:
 def test_batches_of_media_are_bounded_in_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A reader hands documents on once their media reach the byte bound, however many documents a batch
     may hold, so large media do not pile up in memory."""
-    from ferry.shard_tools.sources import SourceOptions, Unit
-    from ferry.shard_tools.sources import mediaprobe
+    from ferry.shard_tools.sources import SourceOptions, Unit, mediaprobe
     from ferry.shard_tools.sources.tokenizer import ByteTokenizer
     from ferry.shard_tools.sources.wds import read_wds
 
