@@ -99,6 +99,8 @@ class MediaLoader:
         self._last: tuple[int, int] | None = None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        # the shards' metadata and the first epoch's plan, made once here: workers inherit them
+        self.dataset.plan(self.dataset.start_epoch)
         loader = DataLoader(
             _Batches(self.dataset, self.batch_size),
             batch_size=None,
