@@ -101,6 +101,12 @@ class MediaDataset(IterableDataset[dict[str, Any]]):
         self._doc_first = np.zeros(0, dtype=np.int64)
         self._plans: dict[int, Plan] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Without the reader (open handles, locks): each process makes its own (DataLoader workers, spawn)."""
+        state = dict(self.__dict__)
+        state["_reader"], state["_pid"] = None, -1
+        return state
+
     # -- state -------------------------------------------------------------------------------------------------
 
     def _fingerprint(self) -> list[Any]:

@@ -104,6 +104,13 @@ def test_workers_give_the_same_stream_and_resume(dataset_url: str) -> None:
     _same(head + _stream(again), full)
 
 
+def test_spawned_workers_give_the_same_stream(dataset_url: str) -> None:
+    """Workers started by spawn get the dataset pickled (its reader is made anew in each)."""
+    full = _stream(MediaLoader(_dataset(dataset_url), 3))
+    spawned = MediaLoader(_dataset(dataset_url), 3, num_workers=1, multiprocessing_context="spawn")
+    _same(_stream(spawned), full)
+
+
 def test_state_of_another_reading_is_refused(dataset_url: str) -> None:
     loader = MediaLoader(_dataset(dataset_url), 3)
     _stream(loader, 2)
