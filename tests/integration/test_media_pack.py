@@ -201,3 +201,17 @@ def test_batches_of_media_are_bounded_in_bytes(tmp_path: Path, monkeypatch: pyte
     largest = max(len(v) for s in samples for k, v in s.items() if k in ("png", "jpg", "webp"))
     assert len(batches) > 1 and max(sizes) < bound + largest
     assert sum(len(b.offsets) - 1 for b in batches) == 30
+
+
+def test_workers_and_parts_give_the_same_version(tmp_path: Path) -> None:
+    """Media packs are byte-identical for any --workers and as --part I/N runs merged."""
+    from ferry.shard_tools import merge_parts, pack_part
+
+    tars = [str(write_tar(tmp_path / f"w{i}.tar", pair_samples(12, seed=10 * i))) for i in range(3)]
+    one = pack(tars, str(tmp_path / "one"), opts(name="x"))
+    two = pack(tars, str(tmp_path / "two"), opts(name="x", workers=2))
+    for part in range(2):
+        pack_part(tars, str(tmp_path / "parts"), part, 2, opts(name="x"))
+    merged = merge_parts(str(tmp_path / "parts"), opts(name="x"))
+    assert one.version_id == two.version_id == merged.version_id
+    assert merged.media_items == 36
