@@ -12,7 +12,8 @@ a function of its inputs alone, so sequence ``k`` of an epoch is the same in eve
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import bisect
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -116,6 +117,56 @@ class Plan:
         return self.order[self.bounds[k] : self.bounds[k + 1]]
 
 
+@dataclass
+class _Bin:
+    room: int
+    images: int = 0
+    frames: int = 0
+    members: list[int] = field(default_factory=list)
+
+
+def _best_fit(
+    order: list[int],
+    lengths: list[int],
+    images: list[int],
+    frames: list[int],
+    seq_len: int,
+    caps: tuple[int, int],
+    open_bins: int,
+) -> list[list[int]]:
+    """The pieces of each sequence, in the order the sequences close. Open sequences are kept sorted by
+    ``(room, number)``: the first with room for a piece that keeps within the caps takes it."""
+    rooms: list[tuple[int, int]] = []
+    bins: dict[int, _Bin] = {}
+    closed: list[list[int]] = []
+    made = 0
+    for p in order:
+        length, im, fr = lengths[p], images[p], frames[p]
+        i = bisect.bisect_left(rooms, (length, -1))
+        while i < len(rooms):
+            b = bins[rooms[i][1]]
+            if b.images + im <= caps[0] and b.frames + fr <= caps[1]:
+                break
+            i += 1
+        else:
+            number, made = made, made + 1
+            bins[number] = _Bin(seq_len)
+            i = bisect.bisect_left(rooms, (seq_len, number))
+            rooms.insert(i, (seq_len, number))
+        _, number = rooms.pop(i)
+        b = bins[number]
+        b.room, b.images, b.frames = b.room - length, b.images + im, b.frames + fr
+        b.members.append(p)
+        if b.room == 0:  # full: closed at once
+            closed.append(bins.pop(number).members)
+        else:
+            bisect.insort(rooms, (b.room, number))
+        if len(rooms) > open_bins:  # too many open: close the fullest
+            closed.append(bins.pop(rooms.pop(0)[1]).members)
+    closed.extend(bins[number].members for number in sorted(bins))
+    return closed
+
+
 def plan_epoch(
     pieces: Pieces,
     seq_len: int,
@@ -136,29 +187,8 @@ def plan_epoch(
     for cap, used, what in ((img_cap, images, "images"), (fr_cap, frames, "video frames")):
         if len(used) and int(used.max()) > cap:
             raise UsageError(f"a piece of a document holds {int(used.max())} {what}, more than the cap of {cap}")
-    room = np.zeros(0, dtype=np.int64)
-    imgs = np.zeros(0, dtype=np.int64)
-    frs = np.zeros(0, dtype=np.int64)
-    members: list[list[int]] = []
-    closed: list[list[int]] = []
-    for p in order.tolist():
-        length, im, fr = int(lengths[p]), int(images[p]), int(frames[p])
-        fits = (room >= length) & (imgs + im <= img_cap) & (frs + fr <= fr_cap)
-        if fits.any():
-            b = int(np.flatnonzero(fits)[np.argmin(room[fits])])
-        else:
-            room, imgs, frs = np.append(room, seq_len), np.append(imgs, 0), np.append(frs, 0)
-            members.append([])
-            b = len(members) - 1
-        room[b] -= length
-        imgs[b] += im
-        frs[b] += fr
-        members[b].append(p)
-        if len(members) > open_bins or room[b] == 0:  # close the fullest (a full one at once)
-            c = b if room[b] == 0 else int(np.argmin(room))
-            closed.append(members.pop(c))
-            room, imgs, frs = np.delete(room, c), np.delete(imgs, c), np.delete(frs, c)
-    closed.extend(members)
+    closed = _best_fit(order.tolist(), lengths.tolist(), images.tolist(), frames.tolist(), seq_len,
+                       (img_cap, fr_cap), open_bins)  # fmt: skip
     bounds = np.zeros(len(closed) + 1, dtype=np.int64)
     np.cumsum([len(m) for m in closed], out=bounds[1:])
     flat = np.asarray([p for m in closed for p in m], dtype=np.int64)
