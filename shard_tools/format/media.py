@@ -35,6 +35,7 @@ __all__ = [
     "empty_media",
     "media_layout",
     "binary_offsets",
+    "item_offsets",
     "item_arrays",
 ]
 
@@ -71,6 +72,32 @@ class MediaItem:
     data: bytes
     position: int = 0  # offset of the placeholder span in the document's tokens
     cost: int = 0  # tokens of the placeholder span
+
+
+_NUMPY = {pa.int32(): np.dtype("<i4"), pa.int64(): np.dtype("<i8"), pa.float64(): np.dtype("<f8")}
+
+
+def _numbers(arr: pa.Array) -> np.ndarray:
+    """A null-free int32 / int64 / float64 array as numpy, from its data buffer (``to_numpy`` imports pandas:
+    a visible part of a loader's cold start)."""
+    dtype = _NUMPY[arr.type]
+    if len(arr) == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
+
+
+def _strings(arr: pa.Array) -> list[str]:
+    """A null-free (validated) string array as Python strings, from its buffers (as :func:`_numbers`)."""
+    if len(arr) == 0:
+        return []
+    offsets = np.frombuffer(arr.buffers()[1], dtype="<i4", count=len(arr) + 1, offset=arr.offset * 4).tolist()
+    data = memoryview(arr.buffers()[2]) if arr.buffers()[2] is not None else memoryview(b"")
+    return [str(data[a:b], "utf-8") for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+
+
+def item_offsets(column: pa.Array) -> np.ndarray:
+    """The ``documents + 1`` item offsets of a media column (absolute in its items, slices respected)."""
+    return _numbers(column.offsets).astype(np.int64)
 
 
 def binary_offsets(arr: pa.Array) -> np.ndarray:
@@ -145,8 +172,10 @@ class MediaMeta:
         arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
         if arr.type != MEDIA_TYPE or arr.null_count or arr.values.null_count:
             raise ShardFormatError(shard, f"the media column is {arr.type} with nulls or of the wrong type")
-        offsets = arr.offsets.to_numpy().astype(np.int64)
+        offsets = item_offsets(arr)
         fields = item_arrays(arr)
+        if any(f.null_count for f in fields):
+            raise ShardFormatError(shard, "the media column has null item fields")
         return cls._of(offsets - offsets[0], fields[:-1], binary_offsets(fields[-1]), shard)
 
     @classmethod
@@ -154,14 +183,14 @@ class MediaMeta:
         values = {name: arr for (name, _), arr in zip(_META_FIELDS, fields, strict=True)}
         meta = cls(
             doc_offsets=np.asarray(doc_offsets, dtype=np.int64),
-            position=values["position"].to_numpy(zero_copy_only=False).astype(np.int64),
-            cost=values["cost"].to_numpy(zero_copy_only=False).astype(np.int64),
-            kind=[str(k) for k in values["kind"].to_pylist()],
-            format=[str(f) for f in values["format"].to_pylist()],
-            width=values["width"].to_numpy(zero_copy_only=False),
-            height=values["height"].to_numpy(zero_copy_only=False),
-            duration=values["duration"].to_numpy(zero_copy_only=False),
-            frames=values["frames"].to_numpy(zero_copy_only=False),
+            position=_numbers(values["position"]).astype(np.int64),
+            cost=_numbers(values["cost"]).astype(np.int64),
+            kind=_strings(values["kind"]),
+            format=_strings(values["format"]),
+            width=_numbers(values["width"]),
+            height=_numbers(values["height"]),
+            duration=_numbers(values["duration"]),
+            frames=_numbers(values["frames"]),
             data_offsets=np.asarray(data_offsets, dtype=np.int64),
         )
         meta.check(shard)
@@ -229,7 +258,7 @@ class MediaLayout:
             data_offsets = pa.Array.from_buffers(pa.int64(), self.items + 1, [None, piece(22)])
         except (pa.ArrowException, ValueError) as exc:
             raise ShardFormatError(shard, f"the media column's metadata is unreadable ({exc})") from exc
-        meta = MediaMeta._of(doc_offsets.to_numpy(), fields, data_offsets.to_numpy(), shard)
+        meta = MediaMeta._of(_numbers(doc_offsets), fields, _numbers(data_offsets), shard)
         if int(meta.data_offsets[-1]) > self.buffers[23][1]:
             raise ShardFormatError(shard, "the media column's byte offsets run past its bytes")
         return meta

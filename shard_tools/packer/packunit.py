@@ -24,7 +24,7 @@ from ..errors import FerryError, ShardError, StorageError, TokenRangeError
 from ..format.digest import digest_bytes, raw_digest
 from ..format.header import SHARDS_DIR
 from ..format.manifest import ShardInfo
-from ..format.media import MEDIA_COLUMN, binary_offsets, empty_media, item_arrays
+from ..format.media import MEDIA_COLUMN, binary_offsets, empty_media, item_arrays, item_offsets
 from ..format.seekable import (
     DEFAULT_FRAME_SIZE,
     SHARD_SUFFIX_2,
@@ -128,7 +128,7 @@ def _media_bytes(batch: DocBatch) -> np.ndarray | None:
     """Cumulative media bytes before each document of a batch with media (None without)."""
     if batch.media is None:
         return None
-    items = batch.media.offsets.to_numpy().astype(np.int64)
+    items = item_offsets(batch.media)
     data = binary_offsets(item_arrays(batch.media)[-1])
     at = data[items - items[0]]
     return at - at[0]
