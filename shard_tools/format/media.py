@@ -74,7 +74,11 @@ class MediaItem:
     cost: int = 0  # tokens of the placeholder span
 
 
-_NUMPY = {pa.int32(): np.dtype("<i4"), pa.int64(): np.dtype("<i8"), pa.float64(): np.dtype("<f8")}
+_NUMPY: dict[pa.DataType, np.dtype] = {
+    pa.int32(): np.dtype("<i4"),
+    pa.int64(): np.dtype("<i8"),
+    pa.float64(): np.dtype("<f8"),
+}
 
 
 def _numbers(arr: pa.Array) -> np.ndarray:
