@@ -39,6 +39,7 @@ __all__ = ["MediaDataset", "Decode"]
 Decode = Callable[[MediaItem], Any]
 IGNORE = -100
 _FRAME_BUDGET = 256 << 20
+_META_THREADS = 8  # shards whose metadata is read at once from remote replicas
 
 
 class MediaDataset(IterableDataset[dict[str, Any]]):
@@ -128,11 +129,13 @@ class MediaDataset(IterableDataset[dict[str, Any]]):
 
     # -- planning ----------------------------------------------------------------------------------------------
 
+    def _new_reader(self) -> MediaReader:
+        return MediaReader(self.manifest, self.replicas, frame_reader_for(self.manifest, self.replicas, _FRAME_BUDGET))
+
     def reader(self) -> MediaReader:
         """This process's reader (made anew in each DataLoader worker)."""
         if self._reader is None or self._pid != os.getpid():
-            frames = frame_reader_for(self.manifest, self.replicas, _FRAME_BUDGET)
-            self._reader, self._pid = MediaReader(self.manifest, self.replicas, frames), os.getpid()
+            self._reader, self._pid = self._new_reader(), os.getpid()
         return self._reader
 
     def pieces(self) -> Pieces:
@@ -140,11 +143,12 @@ class MediaDataset(IterableDataset[dict[str, Any]]):
         if self._pieces is not None:
             return self._pieces
         reader = self.reader()
+        local = all(self.replicas.local(i) for i in range(len(self.replicas.urls)))
+        shards = reader.load(range(len(self.manifest.shards)), self._new_reader, 1 if local else _META_THREADS)
         lengths, span_doc, span_start, span_cost, span_img, span_frames = [], [], [], [], [], []
         first = 0
         self._doc_first = np.zeros(len(self.manifest.shards) + 1, dtype=np.int64)
-        for s in range(len(self.manifest.shards)):
-            sm = reader.shard(s)
+        for s, sm in enumerate(shards):
             meta = sm.meta
             lengths.append(np.diff(sm.offsets))
             per_doc = np.diff(meta.doc_offsets)

@@ -11,7 +11,10 @@ tokens and its items' bytes, one contiguous range. Shards of stored formats 1 an
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +95,22 @@ class MediaReader:
             raise ShardFormatError(info.path, "its media column disagrees with the manifest's media counts")
         self._meta[s] = got
         return got
+
+    def load(self, shards: range, make: Callable[[], MediaReader], threads: int) -> list[ShardMedia]:
+        """Every shard's metadata, ``threads`` shards at a time (remote replicas: their round trips overlap), each
+        thread with a reader of its own from ``make`` (a frame reader serves one thread)."""
+        missing = [s for s in shards if s not in self._meta]
+        if threads > 1 and len(missing) > 1:
+            local = threading.local()
+
+            def one(s: int) -> tuple[int, ShardMedia]:
+                if getattr(local, "reader", None) is None:
+                    local.reader = make()
+                return s, local.reader.shard(s)
+
+            with ThreadPoolExecutor(min(threads, len(missing)), thread_name_prefix="ferry-media-meta") as pool:
+                self._meta.update(pool.map(one, missing))
+        return [self.shard(s) for s in shards]
 
     def tokens(self, s: int, a: int, b: int) -> np.ndarray:
         """Tokens ``[a, b)`` of shard ``s``'s token stream."""

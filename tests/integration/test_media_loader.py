@@ -152,3 +152,17 @@ def test_text_dataset_is_refused(tmp_path: Path) -> None:
     pack_documents([[1, 2, 3]], str(tmp_path / "t"), PackOptions(vocab_size=10, eos_id=0))
     with pytest.raises(UsageError, match="without media"):
         MediaDataset(str(tmp_path / "t"), 16)
+
+
+def test_a_remote_replica_gives_the_same_stream(
+    dataset_url: str, samples: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """memory:// is read as a remote replica: shards' metadata several at a time, frames by ranged reads."""
+    import uuid
+
+    tar = write_tar(tmp_path / "in.tar", samples)
+    url = f"memory://media-{uuid.uuid4().hex}"
+    pack([str(tar)], url, PackOptions(tokenizer="bytes", media_policy=POLICY, shard_size=16 << 10, frame_size=4096))
+    remote = _dataset(url)
+    assert not remote.replicas.local(0) and len(remote.manifest.shards) > 2
+    _same(_stream(MediaLoader(remote, 3)), _stream(MediaLoader(_dataset(dataset_url), 3)))
