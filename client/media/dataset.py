@@ -30,6 +30,7 @@ from ferry.shard_tools.errors import StateError, UsageError
 from ferry.shard_tools.format.manifest import Manifest
 from ferry.shard_tools.format.media import MediaItem
 
+from ..agree import agreed_manifest
 from ..fetching.frames import frame_reader_for
 from .planner import Pieces, Plan, cut_pieces, plan_epoch
 from .reader import MediaReader
@@ -57,6 +58,9 @@ class MediaDataset(IterableDataset[dict[str, Any]]):
         rank, world_size: this rank reads sequences ``rank, rank + world_size, …`` of each epoch.
         epochs: epochs to read (None: without end).
         open_bins: sequences open at once while packing (more: fuller sequences, more planning time).
+        storage_options: fsspec options of the URLs.
+        version: read this published version (default: the current one; under ``torch.distributed``, the one
+            rank 0 read).
     """
 
     def __init__(
@@ -85,7 +89,8 @@ class MediaDataset(IterableDataset[dict[str, Any]]):
             if cap is not None and cap < 0:
                 raise UsageError(f"MediaDataset: {name} must not be negative, got {cap}")
         self.replicas = Replicas(url, storage_options)
-        self.manifest: Manifest = self.replicas.load_manifest(version)
+        # under torch.distributed every rank reads the version rank 0 read (client.agree), as TokenDataset does
+        self.manifest: Manifest = agreed_manifest(self.replicas.load_manifest, self.replicas.names, version)
         if self.manifest.media is None:
             raise UsageError(f"{self.replicas.names[0]} was packed without media: read it with TokenDataset")
         self.policy = self.manifest.media

@@ -166,3 +166,11 @@ def test_a_remote_replica_gives_the_same_stream(
     remote = _dataset(url)
     assert not remote.replicas.local(0) and len(remote.manifest.shards) > 2
     _same(_stream(MediaLoader(remote, 3)), _stream(MediaLoader(_dataset(dataset_url), 3)))
+
+
+def test_ranks_read_disjoint_sequences_covering_the_epoch(dataset_url: str) -> None:
+    whole = [s["input_ids"].tolist() for s in MediaDataset(dataset_url, SEQ, seed=3, epochs=1)]
+    parts = [[s["input_ids"].tolist() for s in MediaDataset(dataset_url, SEQ, seed=3, epochs=1, rank=r, world_size=3)]
+             for r in range(3)]  # fmt: skip
+    assert sorted(x for p in parts for x in p) == sorted(whole)
+    assert [len(p) for p in parts] == [len(whole[r::3]) for r in range(3)]
