@@ -22,7 +22,7 @@ FOLDERS = {
 }
 # each package's subpackages; every other module of the package is a room of its own
 ROOMS = {
-    "ferry.client": ("sampling", "fetching", "resume", "stream", "service", "integrations"),
+    "ferry.client": ("sampling", "fetching", "resume", "stream", "service", "integrations", "media"),
     "ferry.service": ("replication", "transfer", "api"),
     "ferry.shard_tools": ("format", "storage", "sources", "packer"),
 }
