@@ -1,0 +1,150 @@
+"""The jobs the daemon knows: loaders that registered their read plan and keep heartbeating.
+
+In memory only (a job re-registers when the daemon restarts: its loader's next heartbeat is answered
+404 and it registers again). A job that misses its heartbeats for ``misses`` intervals expires. The
+registry holds at most ``max_jobs`` jobs: past that a registration is refused (the API's 503), so a
+flood of registrations costs a bounded amount of memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ferry.client.service.job_types import Heartbeat, Job, JobSource, JobStats, Registration
+from ferry.shard_tools.errors import FerryError, NotFoundError
+
+from ..config_types import redact
+
+__all__ = ["JobRegistry", "RegisteredJob", "RegistryFull", "resolve_replica", "MAX_JOBS", "MISSES"]
+
+MAX_JOBS = 1024
+MISSES = 3  # heartbeats a job may miss before it expires
+_SLACK_S = 2.0  # on top of the missed heartbeats: a slow network, a loaded daemon
+
+Clusters = Callable[[], Sequence[tuple[str, str]]]  # (name, url) of each configured cluster
+
+
+class RegistryFull(FerryError):
+    """As many jobs registered as the registry holds (the API answers 503)."""
+
+
+@dataclass
+class RegisteredJob:
+    """One registration and the latest heartbeat (mutable under the registry's lock)."""
+
+    id: str
+    plan: Registration
+    registered_at: float
+    last_seen: float
+    beat: Heartbeat
+
+    def expires_at(self) -> float:
+        return self.last_seen + MISSES * self.plan.heartbeat_s + _SLACK_S
+
+
+class JobRegistry:
+    """Thread-safe registry of jobs; ``clock`` is injectable for tests of expiry."""
+
+    def __init__(
+        self, clusters: Clusters = tuple, *, max_jobs: int = MAX_JOBS, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._clusters = clusters
+        self._max = max_jobs
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._jobs: dict[str, RegisteredJob] = {}
+
+    def register(self, plan: Registration) -> RegisteredJob:
+        """Add a job; RegistryFull when the registry holds ``max_jobs`` live jobs already."""
+        now = self._clock()
+        with self._lock:
+            self._expire(now)
+            if len(self._jobs) >= self._max:
+                raise RegistryFull(f"{len(self._jobs)} jobs registered, the most this daemon keeps")
+            job_id = secrets.token_hex(8)
+            job = RegisteredJob(job_id, plan, now, now, Heartbeat(position=0, epoch=0, samples_per_second=0.0))
+            self._jobs[job_id] = job
+            return dataclasses.replace(job)
+
+    def heartbeat(self, job_id: str, beat: Heartbeat) -> RegisteredJob:
+        """Record where job ``job_id`` stands (and its new plan, if it sends one); NotFoundError once it expired."""
+        now = self._clock()
+        with self._lock:
+            self._expire(now)
+            job = self._jobs.get(job_id)
+            if job is None:
+                raise NotFoundError(f"no job {job_id!r}: it expired or was never registered; register again")
+            job.last_seen = now
+            job.beat = dataclasses.replace(beat, registration=None)
+            if beat.registration is not None:
+                job.plan = beat.registration
+            return dataclasses.replace(job)
+
+    def remove(self, job_id: str) -> None:
+        """Forget a job (its loader closed); NotFoundError when it is not registered."""
+        with self._lock:
+            if self._jobs.pop(job_id, None) is None:
+                raise NotFoundError(f"no job {job_id!r}")
+
+    def live(self) -> list[RegisteredJob]:
+        """The jobs not expired, oldest registration first (copies: safe to read without the lock)."""
+        now = self._clock()
+        with self._lock:
+            self._expire(now)
+            return sorted((dataclasses.replace(j) for j in self._jobs.values()), key=lambda j: j.registered_at)
+
+    def jobs(self, staged: Callable[[str], int | None] = lambda _id: None) -> list[Job]:
+        """The live jobs as the API shows them, sources resolved against the clusters."""
+        clusters = list(self._clusters())
+        return [view(j, clusters, staged(j.id)) for j in self.live()]
+
+    def job(self, job_id: str, staged: Callable[[str], int | None] = lambda _id: None) -> Job:
+        found = next((j for j in self.live() if j.id == job_id), None)
+        if found is None:
+            raise NotFoundError(f"no job {job_id!r}")
+        return view(found, list(self._clusters()), staged(job_id))
+
+    def _expire(self, now: float) -> None:
+        for job_id in [k for k, j in self._jobs.items() if j.expires_at() < now]:
+            del self._jobs[job_id]
+
+
+def view(job: RegisteredJob, clusters: Sequence[tuple[str, str]], staged: int | None) -> Job:
+    """``job`` as the API's ``Job`` record."""
+    plan, beat = job.plan, job.beat
+    sources = []
+    for s in plan.sources:
+        first = s.urls[0] if s.urls else ""
+        cluster, dataset = resolve_replica(first, clusters)
+        sources.append(JobSource(redact(first), dataset, cluster, s.version, s.shuffle, s.seed))
+    return Job(
+        id=job.id, name=plan.name, rank=plan.rank, world_size=plan.world_size, batch_size=plan.batch_size,
+        host=plan.host, pid=plan.pid, sources=sources, phases=len(plan.phases), registered_at=job.registered_at,
+        last_seen=job.last_seen, position=beat.position, epoch=beat.epoch,
+        samples_per_second=beat.samples_per_second, stats=beat.stats or JobStats(), staged_ahead_bytes=staged,
+    )  # fmt: skip
+
+
+def _plain(url: str) -> str:
+    """A URL compared as a location: without credentials, ``file://`` and trailing slashes."""
+    out = redact(url)
+    if out.startswith("file://"):
+        out = out[len("file://") :]
+    return out.rstrip("/")
+
+
+def resolve_replica(url: str, clusters: Sequence[tuple[str, str]]) -> tuple[str | None, str | None]:
+    """(cluster, dataset name) of a dataset URL that lies directly under a cluster's URL, else (None, None)."""
+    where = _plain(url)
+    for name, root in clusters:
+        base = _plain(root)
+        if where.startswith(base + "/"):
+            rest = where[len(base) + 1 :]
+            if rest and "/" not in rest:
+                return name, rest
+    return None, None
