@@ -13,6 +13,7 @@ a loader that is dropped ends its reporter.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -20,7 +21,6 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -85,9 +85,14 @@ def registration_of(loader: Any, name: str, heartbeat_s: float) -> Registration:
         eras = src.record().get("eras", [])
         plans.append(
             SourcePlan(
-                urls=[str(u) for u in src.replicas.names], version=str(ident["dataset_version"]),
-                seed=int(ident["seed"]), shuffle=str(ident["shuffle"]), window=int(getattr(src, "window", 1)),
-                mode=str(ident["mode"]), seq_len=int(ident["seq_len"]), eras=[list(e) for e in eras],
+                urls=[str(u) for u in src.replicas.names],
+                version=str(ident["dataset_version"]),
+                seed=int(ident["seed"]),
+                shuffle=str(ident["shuffle"]),
+                window=int(getattr(src, "window", 1)),
+                mode=str(ident["mode"]),
+                seq_len=int(ident["seq_len"]),
+                eras=[list(e) for e in eras],
             )  # fmt: skip
         )
     return Registration(
@@ -202,7 +207,8 @@ class JobReporter:
     def _register(self, plan: Registration) -> bool:
         r = self._http.post("/api/v1/jobs", json=dataclasses.asdict(plan))
         if r.status_code != 201:
-            self._complain(f"register-{r.status_code}", f"daemon refused the registration: {r.status_code} {r.text[:200]}")
+            reason = f"daemon refused the registration: {r.status_code} {r.text[:200]}"
+            self._complain(f"register-{r.status_code}", reason)
             return False
         self.job_id = str(r.json()["id"])
         self._plan = plan
@@ -223,10 +229,8 @@ class JobReporter:
     def _leave(self) -> None:
         if self.job_id is None:
             return
-        try:
+        with contextlib.suppress(httpx.HTTPError):  # else it expires by itself
             self._http.delete(f"/api/v1/jobs/{self.job_id}", timeout=0.5)
-        except httpx.HTTPError:
-            pass  # it expires by itself
         self.job_id = None
 
     def _complain(self, key: str, message: str) -> None:
