@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 from ferry.shard_tools.errors import NotFoundError, UsageError
 
 from ..config import ApiConfig
+from ..jobs.registry import JobRegistry
 from .auth import NAME_PATTERN, check_token, valid_name
 from .backend import ApiBackend
 from .fastpath import CachedReads, FastReadsApp
@@ -108,7 +109,7 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
     app.include_router(read)
     app.include_router(_write_routes(backend, cache, token))
     app.state.jobs = _job_registry(daemon, backend)
-    for router in job_routes(app.state.jobs, token, read_access, _staged_of(daemon)):
+    for router in job_routes(app.state.jobs, token, read_access):
         app.include_router(router)
     # token and body size are checked from the headers, before FastAPI reads (and parses) any body
     app.add_middleware(RequestGuard, token=token, read_protected=settings.read_protected)
@@ -126,7 +127,7 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
         token=token if settings.read_protected else None,
     )
     _error_handlers(app)
-    _site_routes(app, backend, read_access, [JobCollector(app.state.jobs.jobs, _missing_of(daemon))])
+    _site_routes(app, backend, read_access, [JobCollector(app.state.jobs.jobs, app.state.jobs.missing)])
     app.state.started = time.time()
     return app
 
@@ -383,26 +384,12 @@ def _static_bytes(name: str) -> bytes:
     return (_STATIC / name).read_bytes()
 
 
-def _job_registry(daemon: Any, backend: ApiBackend) -> Any:
+def _job_registry(daemon: Any, backend: ApiBackend) -> JobRegistry:
     """The daemon's registry of jobs (the one its staging reads), else one of the API's own."""
     registry = getattr(daemon, "jobs", None)
-    if registry is not None:
+    if isinstance(registry, JobRegistry):
         return registry
-    from ..jobs.registry import JobRegistry
-
     return JobRegistry(lambda: [(c.name, c.url) for c in backend.clusters()])
-
-
-def _staged_of(daemon: Any) -> Callable[[str], int | None]:
-    """Bytes staged ahead of a job, by its id (None without staging)."""
-    stager = getattr(daemon, "stager", None)
-    return stager.staged_ahead if stager is not None else (lambda _id: None)
-
-
-def _missing_of(daemon: Any) -> Callable[[str], int | None]:
-    """Bytes a job reads within the staging horizon not staged yet, by its id (None without staging)."""
-    stager = getattr(daemon, "stager", None)
-    return stager.missing if stager is not None else (lambda _id: None)
 
 
 def _as_backend(daemon: Any, settings: ApiConfig) -> ApiBackend:

@@ -23,12 +23,9 @@ __all__ = ["job_routes"]
 _ID = Annotated[str, Path(pattern=r"^[0-9a-f]{16}$", description="the id the registration returned")]
 _401_403: dict[int | str, dict[str, Any]] = {401: {"description": "no bearer token"}, 403: {"description": "bad token"}}
 _404: dict[int | str, dict[str, Any]] = {404: {"description": "no such job (it expired: register again)"}}
-Staged = Callable[[str], int | None]
 
 
-def job_routes(
-    registry: JobRegistry, token: str | None, read_access: Callable[[Request], None], staged: Staged
-) -> list[APIRouter]:
+def job_routes(registry: JobRegistry, token: str | None, read_access: Callable[[Request], None]) -> list[APIRouter]:
     """The read router (listing) and the write router (register, heartbeat, leave)."""
 
     def write_access(request: Request) -> None:
@@ -39,11 +36,11 @@ def job_routes(
 
     @read.get("/jobs", response_model=list[JobOut], summary="Registered training jobs (one entry per rank)")
     def get_jobs() -> list[Any]:
-        return registry.jobs(staged)
+        return registry.jobs()
 
     @read.get("/jobs/{job_id}", response_model=JobOut, summary="One registered job", responses=_404)
     def get_job(job_id: _ID) -> Any:
-        return registry.job(job_id, staged)
+        return registry.job(job_id)
 
     @write.post(
         "/jobs",

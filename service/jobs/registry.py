@@ -14,19 +14,32 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from ferry.client.service.job_types import Heartbeat, Job, JobSource, JobStats, Registration
 from ferry.shard_tools.errors import FerryError, NotFoundError
 
 from ..config_types import redact
 
-__all__ = ["JobRegistry", "RegisteredJob", "RegistryFull", "resolve_replica", "MAX_JOBS", "MISSES"]
+__all__ = ["JobRegistry", "RegisteredJob", "RegistryFull", "StagingReport", "resolve_replica", "MAX_JOBS", "MISSES"]
 
 MAX_JOBS = 1024
 MISSES = 3  # heartbeats a job may miss before it expires
 _SLACK_S = 2.0  # on top of the missed heartbeats: a slow network, a loaded daemon
 
 Clusters = Callable[[], Sequence[tuple[str, str]]]  # (name, url) of each configured cluster
+
+
+class StagingReport(Protocol):
+    """What staging says about a job (``ferry.service.jobs.stager``); None where it stages nothing for it."""
+
+    def staged_ahead(self, job_id: str) -> int | None:
+        """Bytes staged for the job ahead of its position."""
+        ...
+
+    def missing(self, job_id: str) -> int | None:
+        """Bytes the job reads within the staging horizon that are not staged yet."""
+        ...
 
 
 class RegistryFull(FerryError):
@@ -58,6 +71,7 @@ class JobRegistry:
         self._clock = clock
         self._lock = threading.Lock()
         self._jobs: dict[str, RegisteredJob] = {}
+        self.staging: StagingReport | None = None  # set by the daemon's stager, when staging is configured
 
     def register(self, plan: Registration) -> RegisteredJob:
         """Add a job; RegistryFull when the registry holds ``max_jobs`` live jobs already."""
@@ -98,16 +112,22 @@ class JobRegistry:
             self._expire(now)
             return sorted((dataclasses.replace(j) for j in self._jobs.values()), key=lambda j: j.registered_at)
 
-    def jobs(self, staged: Callable[[str], int | None] = lambda _id: None) -> list[Job]:
+    def jobs(self) -> list[Job]:
         """The live jobs as the API shows them, sources resolved against the clusters."""
         clusters = list(self._clusters())
-        return [view(j, clusters, staged(j.id)) for j in self.live()]
+        return [view(j, clusters, self.staged_ahead(j.id)) for j in self.live()]
 
-    def job(self, job_id: str, staged: Callable[[str], int | None] = lambda _id: None) -> Job:
+    def job(self, job_id: str) -> Job:
         found = next((j for j in self.live() if j.id == job_id), None)
         if found is None:
             raise NotFoundError(f"no job {job_id!r}")
-        return view(found, list(self._clusters()), staged(job_id))
+        return view(found, list(self._clusters()), self.staged_ahead(job_id))
+
+    def staged_ahead(self, job_id: str) -> int | None:
+        return None if self.staging is None else self.staging.staged_ahead(job_id)
+
+    def missing(self, job_id: str) -> int | None:
+        return None if self.staging is None else self.staging.missing(job_id)
 
     def _expire(self, now: float) -> None:
         for job_id in [k for k, j in self._jobs.items() if j.expires_at() < now]:
