@@ -127,9 +127,7 @@ def coming_shards(job: JobReads, horizon: int, max_positions: int = MAX_POSITION
             return  # every shard of every source is listed
 
 
-def plan_staging(
-    jobs: Sequence[JobReads], staged: Mapping[Key, int], *, horizon: int, budget: int
-) -> StagingPlan:
+def plan_staging(jobs: Sequence[JobReads], staged: Mapping[Key, int], *, horizon: int, budget: int) -> StagingPlan:
     """What to stage and evict so that staging holds, within ``budget`` bytes, the shards the jobs read soonest."""
     soonest: dict[Key, tuple[int, int]] = {}  # key -> (bytes any job reads before it, size)
     per_job: dict[str, list[tuple[Key, int]]] = {}

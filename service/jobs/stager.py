@@ -1,0 +1,189 @@
+"""Staging I/O: every ``interval`` the stager plans (``staging_plan``) over the live jobs and carries the plan
+out: evicts what no job needs soon, then copies the shards read soonest into ``[staging] url``.
+
+A job is staged for when its plan's datasets lie in configured clusters (its loader reads
+``[<staging url>/NAME, <cluster url>/NAME]``: staged shards from staging, the rest from the cluster; staging
+is a partial replica). Each shard is copied from that cluster with ``copy_shard``, so it lands whole and
+verified against the manifest's digest, as every replica copy. A staged copy is evicted only while the
+cluster still holds the shard: staging never removes an only copy (and lies outside every cluster).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ferry.shard_tools.dataset import load_manifest
+from ferry.shard_tools.errors import FerryError
+from ferry.shard_tools.format.manifest import Manifest
+from ferry.shard_tools.storage.store import Location, resolve
+from ferry.shard_tools.threadname import start_named_thread
+
+from ..config_types import Cluster, StagingConfig
+from ..transfer.transfer import copy_shard
+from .registry import JobRegistry, RegisteredJob, resolve_replica
+from .staging_plan import DatasetShards, JobReads, Key, SourceReads, StagingPlan, plan_staging
+
+__all__ = ["Stager"]
+
+log = logging.getLogger("ferry.staging")
+_MANIFESTS = 64  # (cluster, dataset, version) manifests kept
+
+
+@dataclass(frozen=True)
+class _Origin:
+    cluster: str
+    dataset: str
+    manifest: Manifest
+
+
+class Stager:
+    """Stages the registered jobs' coming shards; reports per job what is staged ahead and what is missing."""
+
+    def __init__(self, registry: JobRegistry, config: StagingConfig, clusters: Mapping[str, Cluster]) -> None:
+        self.registry, self.config, self.clusters = registry, config, dict(clusters)
+        self._lock = threading.Lock()
+        self._staged: dict[Key, int] = {}  # what staging holds, verified
+        self._origins: dict[Key, str] = {}  # the cluster each staged shard came from
+        self._report: tuple[dict[str, int], dict[str, int]] = ({}, {})
+        self._manifests: dict[tuple[str, str, str], Manifest] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.rounds = 0  # plans carried out (tests wait on it)
+        registry.staging = self
+
+    # the registry's StagingReport
+    def staged_ahead(self, job_id: str) -> int | None:
+        return self._report[0].get(job_id)
+
+    def missing(self, job_id: str) -> int | None:
+        return self._report[1].get(job_id)
+
+    def staged(self) -> dict[Key, int]:
+        with self._lock:
+            return dict(self._staged)
+
+    def start(self) -> None:
+        self._thread = start_named_thread(self._run, "ferry-staging")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.step()
+            except Exception:  # noqa: BLE001 — staging is an optimisation: it never takes the daemon down
+                log.exception("staging round failed")
+            self._stop.wait(self.config.interval)
+
+    def step(self) -> StagingPlan:
+        """One round: plan over the live jobs, evict, stage (soonest read first, until stopped)."""
+        reads, origins = self._reads(self.registry.live())
+        with self._lock:
+            staged = dict(self._staged)
+        plan = plan_staging(reads, staged, horizon=self.config.horizon, budget=self.config.budget)
+        for key in plan.evict:
+            self._evict(key)
+        for key in plan.stage:
+            if self._stop.is_set():
+                break
+            origin = origins.get(key[0])
+            if origin is not None:
+                self._copy(key, origin)
+        with self._lock:
+            staged = dict(self._staged)
+        ahead = {j.job_id: 0 for j in reads}
+        missing = {j.job_id: 0 for j in reads}
+        done = plan_staging(reads, staged, horizon=self.config.horizon, budget=self.config.budget)
+        ahead.update(done.staged_ahead)
+        missing.update(done.missing)
+        self._report = (ahead, missing)
+        self.rounds += 1
+        return plan
+
+    def _reads(self, jobs: list[RegisteredJob]) -> tuple[list[JobReads], dict[str, _Origin]]:
+        """Each job's plan resolved against the clusters and their manifests (sources elsewhere: None), and
+        where each dataset's shards come from."""
+        out: list[JobReads] = []
+        origins: dict[str, _Origin] = {}
+        for job in jobs:
+            sources: list[SourceReads | None] = []
+            for src in job.plan.sources:
+                origin = self._origin(src.urls, src.version)
+                if origin is None:
+                    sources.append(None)
+                    continue
+                origins.setdefault(origin.dataset, origin)
+                t = origin.manifest.shards
+                shards = DatasetShards(origin.dataset, t.paths, np.asarray(t.stored_bytes), t.token_offsets,
+                                       np.asarray(t.documents))  # fmt: skip
+                era_start = sum(int(e[1]) * int(e[3]) for e in src.eras if len(e) == 4)
+                sources.append(SourceReads(shards, src.seed, src.shuffle, src.window, src.mode, src.seq_len, era_start))
+            phases = [(p.start, p.quota) for p in job.plan.phases]
+            out.append(JobReads(job.id, job.beat.position, phases, sources))
+        return out, origins
+
+    def _origin(self, urls: list[str], version: str) -> _Origin | None:
+        """The first of ``urls`` that names a dataset of a configured cluster, with that version's manifest."""
+        clusters = [(c.name, c.url) for c in self.clusters.values()]
+        for url in urls:
+            cluster, dataset = resolve_replica(url, clusters)
+            if cluster is not None and dataset is not None:
+                manifest = self._manifest(cluster, dataset, version)
+                return None if manifest is None else _Origin(cluster, dataset, manifest)
+        return None
+
+    def _manifest(self, cluster: str, dataset: str, version: str) -> Manifest | None:
+        key = (cluster, dataset, version)
+        found = self._manifests.get(key)
+        if found is None:
+            try:
+                found = load_manifest(self._location(self.clusters[cluster].dataset_url(dataset), cluster), version)
+            except FerryError as exc:
+                log.warning("staging: cannot read %s version %s at %s: %s", dataset, version, cluster, exc)
+                return None
+            if len(self._manifests) >= _MANIFESTS:
+                self._manifests.pop(next(iter(self._manifests)))
+            self._manifests[key] = found
+        return found
+
+    def _location(self, url: str, cluster: str | None) -> Location:
+        options = self.clusters[cluster].storage_options if cluster else self.config.storage_options
+        return resolve(url, options)
+
+    def _copy(self, key: Key, origin: _Origin) -> None:
+        dataset, path = key
+        info = origin.manifest.shards[origin.manifest.shards.paths.index(path)]
+        src = self._location(self.clusters[origin.cluster].dataset_url(dataset), origin.cluster)
+        dst = self._location(self.config.dataset_url(dataset), None)
+        try:
+            copy_shard(src, dst, path, info.stored_bytes, info.stored_digest)
+        except FerryError as exc:
+            log.warning("staging: cannot stage %s/%s from %s: %s", dataset, path, origin.cluster, exc)
+            return
+        with self._lock:
+            self._staged[key] = info.stored_bytes
+            self._origins[key] = origin.cluster
+
+    def _evict(self, key: Key) -> None:
+        dataset, path = key
+        cluster = self._origins.get(key)
+        try:
+            if cluster is None or not self._location(self.clusters[cluster].dataset_url(dataset), cluster).exists(path):
+                log.warning("staging: keeping %s/%s: its cluster copy is gone (staging may hold the only one)",
+                            dataset, path)  # fmt: skip
+                return
+            self._location(self.config.dataset_url(dataset), None).remove(path)
+        except FerryError as exc:
+            log.warning("staging: cannot evict %s/%s: %s", dataset, path, exc)
+            return
+        with self._lock:
+            self._staged.pop(key, None)
+            self._origins.pop(key, None)
