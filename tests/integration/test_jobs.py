@@ -10,14 +10,19 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from configs import Staging
 from conftest import free_port
 from helpers import pack, wait_until, write_serve_config
+
+from ferry.shard_tools.dataset import open_dataset
+from ferry.shard_tools.format.digest import digest_bytes
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "job_loader.py"
 TOKEN = "jobs-test-token"
@@ -25,10 +30,10 @@ REQUEST_TIMEOUT_S = 2.0  # ferry.client.service.jobs.REQUEST_TIMEOUT_S: a blocke
 
 
 @contextlib.contextmanager
-def serve(root: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+def serve(root: Path, staging: Staging | None = None) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """`ferry serve` over clusters src → d1 under ``root``, with the API token set; (process, base URL)."""
     port = free_port()
-    config = write_serve_config(root, port)
+    config = write_serve_config(root, port, staging)
     env = {**os.environ, "FERRY_API_TOKEN": TOKEN}
     log = (root / "serve.log").open("wb")
     proc = subprocess.Popen([sys.executable, "-m", "ferry.shard_tools.cli", "serve", "--config", str(config)],
@@ -159,3 +164,36 @@ def test_a_frozen_then_dead_daemon_changes_nothing_in_the_stream(tmp_path: Path)
     assert "unreachable (ReadTimeout)" in result["log"], result["log"]  # requests did hang on the frozen daemon
     # the first batch includes the dataset's first reads; after it no wait comes near a request's timeout
     assert max(result["waits_s"][1:]) < REQUEST_TIMEOUT_S / 2, max(result["waits_s"][1:])
+
+
+@pytest.mark.slow
+def test_the_daemon_stages_a_job_in_read_order_within_its_budget(tmp_path: Path) -> None:
+    """A real loader reads [staging, cluster]: it gets the same batches as from the cluster alone, reads most
+    bytes from staging, and staging never holds more than its budget, every shard in it verified."""
+    dataset = str(tmp_path / "src" / "corpus")
+    pack(dataset, 400)
+    shards = open_dataset(dataset).manifest.shards
+    total = int(sum(shards.stored_bytes))
+    budget, horizon = total // 3, total // 6
+    staging = tmp_path / "staging"
+    batches, step_s = 300, 0.03
+    reference = finish(start_loader(tmp_path, dataset, "ref", batches, step_s, service=None)[0])
+    with serve(tmp_path, Staging(str(staging), budget, horizon, interval=0.05)) as (_daemon, url):
+        urls = f"{staging / 'corpus'},{dataset}"
+        proc, _ = start_loader(tmp_path, urls, "staged", batches, step_s, service=url)
+        held, ahead = 0, 0
+        while proc.poll() is None:  # bounded by the loader's run
+            held = max(held, sum(f.stat().st_size for f in staging.rglob("*") if f.is_file()))
+            ahead = max([ahead, *(j["staged_ahead_bytes"] or 0 for j in jobs(url))])
+            time.sleep(0.02)
+        result = finish(proc)
+    assert result["digests"] == reference["digests"]
+    from_staging = result["replica_bytes"].get(str(staging / "corpus"), 0)
+    assert from_staging > result["replica_bytes"].get(dataset, 0), result["replica_bytes"]
+    assert 0 < held <= budget
+    digests = dict(zip(shards.paths, [shards[i].stored_digest for i in range(len(shards))], strict=True))
+    for f in (staging / "corpus").rglob("*"):
+        if f.is_file():
+            rel = f.relative_to(staging / "corpus").as_posix()
+            assert digest_bytes(f.read_bytes()) == digests[rel], rel
+    assert ahead > 0  # the daemon said what it staged ahead of the job

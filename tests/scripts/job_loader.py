@@ -2,9 +2,10 @@
 the loader told of the daemon at $FERRY_SERVICE_URL (or not, when it is unset).
 
 Writes the number of batches read so far to ``progress`` after each batch and, at the end, one JSON line to
-stdout: a digest of every batch, the wait in ``next()`` for each and the heartbeats the daemon accepted.
+stdout: a digest of every batch, the wait in ``next()`` for each, the heartbeats the daemon accepted and the
+bytes read from each replica.
 
-    python job_loader.py URL CACHE_DIR PROGRESS BATCHES STEP_S
+    python job_loader.py URL[,URL...] CACHE_DIR PROGRESS BATCHES STEP_S
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ferry.client.stream.loader import TokenLoader
 def main() -> None:
     url, cache, progress = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     batches, step_s = int(sys.argv[4]), float(sys.argv[5])
-    ds = TokenDataset(url, seq_len=32, seed=7, shuffle="window", window=2, cache_dir=cache)
+    ds = TokenDataset(url.split(","), seq_len=32, seed=7, shuffle="window", window=2, cache_dir=cache)
     loader = TokenLoader(ds, batch_size=4)
     digests: list[str] = []
     waits: list[float] = []
@@ -41,7 +42,9 @@ def main() -> None:
             progress.write_text(str(n))
             time.sleep(step_s)
     job = loader._job
-    print(json.dumps({"digests": digests, "waits_s": waits, "heartbeats": job.sent if job else None}))
+    replica_bytes = {u: r["bytes"] for u, r in loader.stats()["replicas"].items()}
+    print(json.dumps({"digests": digests, "waits_s": waits, "heartbeats": job.sent if job else None,
+                      "replica_bytes": replica_bytes}))  # fmt: skip
 
 
 if __name__ == "__main__":
