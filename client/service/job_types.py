@@ -89,9 +89,9 @@ class JobAck:
 class JobSource:
     """One dataset of a job as the daemon resolved it against its clusters."""
 
-    replica: str  # the URL the loader reads first (credentials stripped)
-    dataset: str | None  # the dataset's name, when that URL lies in a configured cluster
-    cluster: str | None  # that cluster
+    replica: str  # the replica URL the loader read most bytes from (credentials stripped)
+    dataset: str | None  # the dataset's name, when one of its URLs lies in a configured cluster
+    cluster: str | None  # the cluster holding that replica (None: outside every cluster, e.g. staging)
     version: str
     shuffle: str
     seed: int

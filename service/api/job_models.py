@@ -86,8 +86,9 @@ else:
         wire.JobSource,
         "JobSource",
         "A dataset of a job, resolved against the daemon's clusters.",
-        dataset={"description": "the dataset's name, when the loader's first replica lies in a configured cluster"},
-        cluster={"description": "the cluster holding that replica"},
+        replica={"description": "the replica URL the loader read most bytes from"},
+        dataset={"description": "the dataset's name, when one of the loader's URLs lies in a configured cluster"},
+        cluster={"description": "the cluster holding that replica (null: outside every cluster, e.g. staging)"},
     )
     JobOut = response_model(
         wire.Job,

@@ -138,10 +138,14 @@ def view(job: RegisteredJob, clusters: Sequence[tuple[str, str]], staged: int | 
     """``job`` as the API's ``Job`` record."""
     plan, beat = job.plan, job.beat
     sources = []
+    read = beat.stats.replica_bytes if beat.stats else {}
     for s in plan.sources:
-        first = s.urls[0] if s.urls else ""
-        cluster, dataset = resolve_replica(first, clusters)
-        sources.append(JobSource(redact(first), dataset, cluster, s.version, s.shuffle, s.seed))
+        # the replica it read most bytes from (staging, a cluster...), else its first
+        replica = max(s.urls, key=lambda u: (read.get(u, 0), -s.urls.index(u))) if s.urls else ""
+        cluster, dataset = resolve_replica(replica, clusters)
+        if dataset is None:  # read from outside the clusters (staging): name the dataset by the cluster URL
+            dataset = next((d for u in s.urls if (d := resolve_replica(u, clusters)[1]) is not None), None)
+        sources.append(JobSource(redact(replica), dataset, cluster, s.version, s.shuffle, s.seed))
     return Job(
         id=job.id, name=plan.name, rank=plan.rank, world_size=plan.world_size, batch_size=plan.batch_size,
         host=plan.host, pid=plan.pid, sources=sources, phases=len(plan.phases), registered_at=job.registered_at,
