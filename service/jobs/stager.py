@@ -11,6 +11,7 @@ cluster still holds the shard: staging never removes an only copy (and lies outs
 from __future__ import annotations
 
 import logging
+import posixpath
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from ferry.shard_tools.storage.store import Location, resolve
 from ferry.shard_tools.threadname import start_named_thread
 
 from ..config_types import Cluster, StagingConfig
-from ..transfer.transfer import copy_shard
+from ..transfer.transfer import copy_shard, verify_shard
 from .registry import JobRegistry, RegisteredJob, resolve_replica
 from .staging_plan import DatasetShards, JobReads, Key, SourceReads, StagingPlan, plan_staging
 
@@ -51,6 +52,7 @@ class Stager:
         self._origins: dict[Key, str] = {}  # the cluster each staged shard came from
         self._report: tuple[dict[str, int], dict[str, int]] = ({}, {})
         self._manifests: dict[tuple[str, str, str], Manifest] = {}
+        self._adopted: set[str] = set()  # datasets whose earlier staged copies were looked for
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.rounds = 0  # plans carried out (tests wait on it)
@@ -120,6 +122,8 @@ class Stager:
                 if origin is None:
                     sources.append(None)
                     continue
+                if origin.dataset not in self._adopted:
+                    self._adopt(origin)
                 origins.setdefault(origin.dataset, origin)
                 t = origin.manifest.shards
                 shards = DatasetShards(origin.dataset, t.paths, np.asarray(t.stored_bytes), t.token_offsets,
@@ -157,6 +161,33 @@ class Stager:
     def _location(self, url: str, cluster: str | None) -> Location:
         options = self.clusters[cluster].storage_options if cluster else self.config.storage_options
         return resolve(url, options)
+
+    def _adopt(self, origin: _Origin) -> None:
+        """Count the shards a previous run of the daemon staged for ``origin.dataset`` that still verify (so
+        they count against the budget and can be evicted); a copy that does not verify is removed."""
+        self._adopted.add(origin.dataset)
+        dst = self._location(self.config.dataset_url(origin.dataset), None)
+        table = origin.manifest.shards
+        wanted = {p: i for i, p in enumerate(table.paths)}
+        for folder in sorted({posixpath.dirname(p) for p in wanted}):
+            for name in dst.listdir(folder):
+                path = posixpath.join(folder, name) if folder else name
+                i = wanted.get(path)
+                if i is None:
+                    continue
+                info = table[i]
+                try:
+                    problem = verify_shard(dst, path, info.stored_bytes, info.stored_digest)
+                    if problem is not None:
+                        log.warning("staging: removing %s/%s from staging: %s", origin.dataset, path, problem)
+                        dst.remove(path)
+                        continue
+                except FerryError as exc:
+                    log.warning("staging: cannot check %s/%s: %s", origin.dataset, path, exc)
+                    continue
+                with self._lock:
+                    self._staged[(origin.dataset, path)] = info.stored_bytes
+                    self._origins[(origin.dataset, path)] = origin.cluster
 
     def _copy(self, key: Key, origin: _Origin) -> None:
         dataset, path = key
