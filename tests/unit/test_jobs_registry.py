@@ -252,3 +252,28 @@ def _wait(check: Any, timeout: float = 10.0) -> None:
     while not check():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
+
+
+def test_ferry_status_lists_the_jobs() -> None:
+    from ferry.client.service.cli import render_status
+    from ferry.client.service.job_types import Job, JobSource
+    from ferry.client.service.service_types import Limits, ReplicaMatrix, Status
+
+    status = Status(False, True, "0.1", 5, 0, 0, 0, 0.0, 0, 0, None, Limits(4, None, {}), 60, False)
+    job = Job("0123456789abcdef", "llama\x1b[2J", 3, 8, 4, "host", 1, [JobSource("/c/west/ds", "ds", "west", "v1abc",
+              "window", 0)], 1, 0.0, 0.0, 1234, 0, 56.0, JobStats(stall_share=0.072))  # fmt: skip
+    text = render_status("http://x", status, ReplicaMatrix([], [], []), [], [], [job])
+    assert "JOBS (1)" in text and "\x1b" not in text
+    row = next(line for line in text.splitlines() if line.startswith("llama"))
+    assert row.split() == ["llama\\x1b[2J", "3/8", "ds@v1abc", "west", "1234", "56/s", "7.2%"]
+
+
+def test_the_service_argument_is_checked() -> None:
+    from ferry.client.service.jobs import report_jobs
+    from ferry.shard_tools.errors import UsageError
+
+    with pytest.raises(UsageError, match="service must be a URL"):
+        report_jobs(object(), 8765)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="service must be a URL"):
+        report_jobs(object(), True)
+    assert report_jobs(object(), False) is None

@@ -99,3 +99,26 @@ def test_a_shard_whose_cluster_copy_is_gone_is_never_evicted(
     registry.heartbeat(job, Heartbeat(position=position_of_shard(west, 3), epoch=0, samples_per_second=1.0))
     stager.step()
     assert shards[0][0] in staged_files(staging)  # passed, yet kept: it is the only copy
+
+
+def test_the_staging_section_is_checked(tmp_path: Path) -> None:
+    from configs import Cluster as ClusterToml
+    from configs import FerryToml, Rule, Staging
+
+    from ferry.service.config import parse_config
+    from ferry.shard_tools.errors import ConfigError
+
+    def parse(staging: Staging) -> StagingConfig | None:
+        toml = FerryToml(clusters={"a": ClusterToml(tmp_path / "a"), "b": ClusterToml(tmp_path / "b")},
+                         rules=[Rule("a", ["b"])], staging=staging)  # fmt: skip
+        return parse_config(toml.doc(), base_dir=tmp_path).staging
+
+    got = parse(Staging("fast", "2GiB", "512MiB"))
+    assert got == StagingConfig(str(tmp_path / "fast"), 2 * 2**30, 512 * 2**20)
+    for url in (tmp_path / "a" / "staging", tmp_path):  # inside a cluster, or holding one
+        with pytest.raises(ConfigError, match="outside every cluster"):
+            parse(Staging(str(url), "1GiB", "1GiB"))
+    with pytest.raises(ConfigError, match="staging.budget"):
+        parse(Staging("fast", "lots", "1GiB"))
+    with pytest.raises(ConfigError, match="staging.horizon"):
+        parse(Staging("fast", "1GiB", 0))
