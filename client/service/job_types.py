@@ -10,7 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Job", "JobAck", "JobPhase", "JobSource", "JobStats", "Heartbeat", "Registration", "SourcePlan"]
+__all__ = ["Job", "JobAck", "JobEra", "JobPhase", "JobSource", "JobStats", "Heartbeat", "Registration", "SourcePlan"]
+
+
+@dataclass(frozen=True)
+class JobEra:
+    """An earlier version a re-planned run read: ``epochs`` epochs of ``samples`` samples in its first ``shards``."""
+
+    version: str
+    samples: int
+    shards: int
+    epochs: int
 
 
 @dataclass(frozen=True)
@@ -19,12 +29,12 @@ class SourcePlan:
 
     urls: list[str]  # its replicas, nearest first (as the loader was given them)
     version: str  # the version it reads
-    seed: int
+    seed: str  # decimal digits: seeds take 64 bits, more than a JSON number carries exactly
     shuffle: str  # global | window | none
     window: int  # shards per shuffle window (used by shuffle="window")
     mode: str  # tokens | document
     seq_len: int
-    eras: list[list[int | str]] = field(default_factory=list)  # earlier versions of a re-planned run
+    eras: list[JobEra] = field(default_factory=list)  # earlier versions of a re-planned run
 
 
 @dataclass(frozen=True)
@@ -94,7 +104,7 @@ class JobSource:
     cluster: str | None  # the cluster holding that replica (None: outside every cluster, e.g. staging)
     version: str
     shuffle: str
-    seed: int
+    seed: str
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import httpx
 from ferry.shard_tools.errors import UsageError
 from ferry.shard_tools.threadname import start_named_thread
 
-from .job_types import Heartbeat, JobPhase, JobStats, Registration, SourcePlan
+from .job_types import Heartbeat, JobEra, JobPhase, JobStats, Registration, SourcePlan
 
 __all__ = ["JobReporter", "registration_of", "report_jobs", "stats_of", "SERVICE_URL_ENV", "TOKEN_ENV", "NAME_ENV"]
 
@@ -87,12 +87,12 @@ def registration_of(loader: Any, name: str, heartbeat_s: float) -> Registration:
             SourcePlan(
                 urls=[str(u) for u in src.replicas.names],
                 version=str(ident["dataset_version"]),
-                seed=int(ident["seed"]),
+                seed=str(int(ident["seed"])),
                 shuffle=str(ident["shuffle"]),
                 window=int(getattr(src, "window", 1)),
                 mode=str(ident["mode"]),
                 seq_len=int(ident["seq_len"]),
-                eras=[list(e) for e in eras],
+                eras=[JobEra(str(v), int(n), int(k), int(e)) for v, n, k, e in eras],
             )  # fmt: skip
         )
     return Registration(

@@ -18,7 +18,7 @@ MAX_SOURCES = 64
 MAX_PHASES = 4096  # as ferry.client.sampling.schedule.MAX_PHASES
 MAX_URLS = 16
 _Url = Annotated[str, Field(min_length=1, max_length=2048)]
-_Text = Annotated[str, Field(max_length=256)]
+_EXACT = 2**53 - 1  # integers a JSON number carries exactly (stream positions stay far below)
 
 if TYPE_CHECKING:
     from ferry.client.service.job_types import Heartbeat as HeartbeatIn
@@ -27,23 +27,32 @@ if TYPE_CHECKING:
     from ferry.client.service.job_types import Registration as RegistrationIn
 else:
     response_model(
+        wire.JobEra,
+        "JobEraIn",
+        "An earlier dataset version of a re-planned run: its epochs over its first shards.",
+        version={"max_length": 256},
+        samples={"ge": 0, "le": _EXACT},
+        shards={"ge": 0, "le": _EXACT},
+        epochs={"ge": 0, "le": _EXACT},
+    )
+    response_model(
         wire.SourcePlan,
         "SourcePlanIn",
         "One dataset a job reads: everything its read order is a pure function of.",
         urls={"annotation": list[_Url], "min_length": 1, "max_length": MAX_URLS},
         version={"max_length": 256},
-        seed={"ge": 0, "lt": 2**63},
+        seed={"pattern": r"^[0-9]{1,20}$"},
         shuffle={"annotation": Literal["global", "window", "none"]},
         window={"ge": 1, "le": 2**31},
         mode={"annotation": Literal["tokens", "document"]},
         seq_len={"ge": 1, "le": 2**31},
-        eras={"annotation": list[list[int | _Text]], "max_length": 1024},
+        eras={"max_length": 1024},
     )
     response_model(
         wire.JobPhase,
         "JobPhaseIn",
         "A phase of a mixture schedule.",
-        start={"ge": 0, "lt": 2**62},
+        start={"ge": 0, "le": _EXACT},
         quota={"annotation": list[Annotated[int, Field(ge=0, le=2**31)]], "min_length": 1, "max_length": MAX_SOURCES},
     )
     RegistrationIn = response_model(
@@ -77,8 +86,8 @@ else:
         wire.Heartbeat,
         "HeartbeatIn",
         "Where the loader stands; ``registration`` only when its plan changed.",
-        position={"ge": 0, "lt": 2**62},
-        epoch={"ge": 0, "lt": 2**62},
+        position={"ge": 0, "le": _EXACT},
+        epoch={"ge": 0, "le": _EXACT},
         samples_per_second={"ge": 0, "le": 1e12},
     )
     JobAckOut = response_model(wire.JobAck, "JobAck", "The job's id and how long it lives without a heartbeat.")

@@ -128,8 +128,9 @@ class Stager:
                 t = origin.manifest.shards
                 shards = DatasetShards(origin.dataset, t.paths, np.asarray(t.stored_bytes), t.token_offsets,
                                        np.asarray(t.documents))  # fmt: skip
-                era_start = sum(int(e[1]) * int(e[3]) for e in src.eras if len(e) == 4)
-                sources.append(SourceReads(shards, src.seed, src.shuffle, src.window, src.mode, src.seq_len, era_start))
+                era_start = sum(e.samples * e.epochs for e in src.eras)
+                seed = int(src.seed) % 2**64  # the loader's seeds are below 2**64 (the pattern allows 20 digits)
+                sources.append(SourceReads(shards, seed, src.shuffle, src.window, src.mode, src.seq_len, era_start))
             phases = [(p.start, p.quota) for p in job.plan.phases]
             out.append(JobReads(job.id, job.beat.position, phases, sources))
         return out, origins

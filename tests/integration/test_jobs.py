@@ -106,7 +106,7 @@ def test_a_loader_registers_heartbeats_and_expires_when_killed(tmp_path: Path) -
             assert job["name"] == "train-a" and (job["rank"], job["world_size"], job["batch_size"]) == (0, 1, 4)
             (src,) = job["sources"]
             assert (src["dataset"], src["cluster"], src["version"]) == ("corpus", "src", version)
-            assert src["shuffle"] == "window" and src["seed"] == 7
+            assert src["shuffle"] == "window" and src["seed"] == "7"
             first = job["position"]
             later = wait_until(lambda: [j for j in jobs(url) if j["position"] > first], what="the position to advance")
             assert later[0]["samples_per_second"] > 0 and later[0]["stats"]["batches"] > 0
@@ -125,7 +125,7 @@ def test_registration_needs_the_token_and_a_refused_loader_reads_on(tmp_path: Pa
     pack(dataset, 100)
     with serve(tmp_path) as (_daemon, url):
         body = {"name": "x", "rank": 0, "world_size": 1, "batch_size": 1, "phases": [{"start": 0, "quota": [1]}],
-                "sources": [{"urls": [dataset], "version": "v", "seed": 0, "shuffle": "none", "window": 1,
+                "sources": [{"urls": [dataset], "version": "v", "seed": "0", "shuffle": "none", "window": 1,
                              "mode": "tokens", "seq_len": 8}]}  # fmt: skip
         assert httpx.post(url + "/api/v1/jobs", json=body, timeout=5).status_code == 401
         bad = {"Authorization": "Bearer wrong"}

@@ -237,7 +237,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         wait_until(lambda: svc.west_version("corpus") == version, what="west to publish corpus")
         with httpx.Client(base_url=svc.url, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
             job = {"name": "train", "rank": 0, "world_size": 1, "batch_size": 4, "phases": [{"start": 0, "quota": [1]}],
-                   "sources": [{"urls": [svc.west("corpus")], "version": version, "seed": 0, "shuffle": "global",
+                   "sources": [{"urls": [svc.west("corpus")], "version": version, "seed": "0", "shuffle": "global",
                                 "window": 8, "mode": "tokens", "seq_len": 16}]}  # fmt: skip
             assert http.post("/api/v1/jobs", json=job).status_code == 201  # a job, so the per-job families have samples
             text = wait_until(

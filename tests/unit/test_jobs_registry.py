@@ -23,7 +23,7 @@ from ferry.service.jobs.registry import MISSES, JobRegistry, RegistryFull, resol
 from ferry.shard_tools.errors import NotFoundError
 
 TOKEN = "jobs-unit-token-0123"
-SOURCE = SourcePlan(["/data/west/corpus"], "v1", 0, "global", 8, "tokens", 16)
+SOURCE = SourcePlan(["/data/west/corpus"], "v1", "0", "global", 8, "tokens", 16)
 
 
 def plan(name: str = "train", heartbeat_s: float = 1.0, **kw: Any) -> Registration:
@@ -176,7 +176,7 @@ def test_register_heartbeat_list_and_leave(client: TestClient) -> None:
     (job,) = client.get("/api/v1/jobs").json()
     assert (job["position"], job["epoch"], job["stats"]["stall_share"]) == (40, 1, 0.25)
     assert job["sources"][0] == {"replica": "/data/west/corpus", "dataset": "corpus", "cluster": "west",
-                                 "version": "v1", "shuffle": "global", "seed": 0}  # fmt: skip
+                                 "version": "v1", "shuffle": "global", "seed": "0"}  # fmt: skip
     assert client.get(f"/api/v1/jobs/{job_id}").json()["id"] == job_id
     assert client.delete(f"/api/v1/jobs/{job_id}", headers={"Authorization": "Bearer nope"}).status_code == 403
     assert client.delete(f"/api/v1/jobs/{job_id}").status_code == 204
@@ -240,7 +240,7 @@ def test_the_reporter_registers_again_after_a_404_and_sends_a_changed_plan() -> 
     loader.dataset.seed = 9  # a re-planned run: the next heartbeat carries the new plan
     _wait(lambda: any(m == "PUT" and b.get("registration") for m, _, b in seen))
     sent = next(b for m, _, b in seen if m == "PUT" and b.get("registration"))
-    assert sent["registration"]["sources"][0]["seed"] == 9
+    assert sent["registration"]["sources"][0]["seed"] == "9"
     del loader
     gc.collect()
     _wait(lambda: reporter._thread is not None and not reporter._thread.is_alive())  # the loader went: so did it
@@ -261,7 +261,7 @@ def test_ferry_status_lists_the_jobs() -> None:
 
     status = Status(False, True, "0.1", 5, 0, 0, 0, 0.0, 0, 0, None, Limits(4, None, {}), 60, False)
     job = Job("0123456789abcdef", "llama\x1b[2J", 3, 8, 4, "host", 1, [JobSource("/c/west/ds", "ds", "west", "v1abc",
-              "window", 0)], 1, 0.0, 0.0, 1234, 0, 56.0, JobStats(stall_share=0.072))  # fmt: skip
+              "window", "0")], 1, 0.0, 0.0, 1234, 0, 56.0, JobStats(stall_share=0.072))  # fmt: skip
     text = render_status("http://x", status, ReplicaMatrix([], [], []), [], [], [job])
     assert "JOBS (1)" in text and "\x1b" not in text
     row = next(line for line in text.splitlines() if line.startswith("llama"))

@@ -38,7 +38,7 @@ def start(
 
 
 def register(registry: JobRegistry, west: Path, version: str) -> str:
-    source = SourcePlan([str(west / "corpus")], version, 0, "none", 1, "tokens", 1)
+    source = SourcePlan([str(west / "corpus")], version, "0", "none", 1, "tokens", 1)
     return registry.register(Registration("train", 0, 1, 1, [source], [JobPhase(0, [1])], heartbeat_s=60)).id
 
 
