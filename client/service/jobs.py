@@ -116,6 +116,10 @@ def stats_of(summary: dict[str, Any]) -> JobStats:
     )  # fmt: skip
 
 
+def _no_reporter() -> None:
+    return None
+
+
 def _finite(x: float) -> float | None:
     return x if x != float("inf") else None
 
@@ -151,6 +155,10 @@ class JobReporter:
 
     def __repr__(self) -> str:  # never the token
         return f"JobReporter({self.url!r}, job={self.job_id})"
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        """A copied or pickled loader does not report: only the loader that started this thread does."""
+        return _no_reporter, ()
 
     def start(self) -> None:
         self._thread = start_named_thread(self._run, name="ferry-jobs", daemon=True)

@@ -277,3 +277,13 @@ def test_the_service_argument_is_checked() -> None:
     with pytest.raises(UsageError, match="service must be a URL"):
         report_jobs(object(), True)
     assert report_jobs(object(), False) is None
+
+
+def test_a_copied_loader_does_not_report() -> None:
+    import copy
+    import pickle
+
+    loader = _FakeLoader()
+    reporter = JobReporter("http://127.0.0.1:9", None, loader, interval=60)
+    holder = {"job": reporter}
+    assert copy.deepcopy(holder) == {"job": None} and pickle.loads(pickle.dumps(holder)) == {"job": None}
