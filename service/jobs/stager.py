@@ -101,12 +101,7 @@ class Stager:
                 self._copy(key, origin)
         with self._lock:
             staged = dict(self._staged)
-        ahead = {j.job_id: 0 for j in reads}
-        missing = {j.job_id: 0 for j in reads}
-        done = plan_staging(reads, staged, horizon=self.config.horizon, budget=self.config.budget)
-        ahead.update(done.staged_ahead)
-        missing.update(done.missing)
-        self._report = (ahead, missing)
+        self._report = (plan.staged_ahead(staged), plan.missing(staged))
         self.rounds += 1
         return plan
 

@@ -26,7 +26,7 @@ __all__ = ["DatasetShards", "JobReads", "SourceReads", "StagingPlan", "coming_sh
 
 Key = tuple[str, str]  # (dataset, shard path)
 CHUNK = 4096  # stream positions examined at a time
-MAX_POSITIONS = 1 << 22  # positions one job's walk examines at most per plan (bounds the planner's time)
+MAX_POSITIONS = 1 << 20  # positions one job's walk examines at most per plan (bounds the planner's time)
 
 
 @dataclass(frozen=True)
@@ -69,8 +69,15 @@ class StagingPlan:
     stage: list[Key] = field(default_factory=list)  # to copy in, soonest read first
     evict: list[Key] = field(default_factory=list)
     hold: dict[Key, int] = field(default_factory=dict)  # what staging holds once done: key -> bytes
-    staged_ahead: dict[str, int] = field(default_factory=dict)  # per job: bytes already staged in its horizon
-    missing: dict[str, int] = field(default_factory=dict)  # per job: bytes in its horizon not staged (nor planned)
+    coming: dict[str, list[tuple[Key, int]]] = field(default_factory=dict)  # per job: its horizon, in read order
+
+    def staged_ahead(self, staged: Mapping[Key, int]) -> dict[str, int]:
+        """Per job: bytes of its horizon that ``staged`` holds."""
+        return {job: sum(size for key, size in listed if key in staged) for job, listed in self.coming.items()}
+
+    def missing(self, staged: Mapping[Key, int]) -> dict[str, int]:
+        """Per job: bytes of its horizon that ``staged`` lacks."""
+        return {job: sum(size for key, size in listed if key not in staged) for job, listed in self.coming.items()}
 
 
 class _Walker:
@@ -130,16 +137,15 @@ def coming_shards(job: JobReads, horizon: int, max_positions: int = MAX_POSITION
 def plan_staging(jobs: Sequence[JobReads], staged: Mapping[Key, int], *, horizon: int, budget: int) -> StagingPlan:
     """What to stage and evict so that staging holds, within ``budget`` bytes, the shards the jobs read soonest."""
     soonest: dict[Key, tuple[int, int]] = {}  # key -> (bytes any job reads before it, size)
-    per_job: dict[str, list[tuple[Key, int]]] = {}
+    plan = StagingPlan()
     for job in jobs:
         before = 0
-        listed = per_job[job.job_id] = []
+        listed = plan.coming[job.job_id] = []
         for key, size in coming_shards(job, horizon):
             listed.append((key, size))
             if key not in soonest or before < soonest[key][0]:
                 soonest[key] = (before, size)
             before += size
-    plan = StagingPlan()
     used = 0
     for key, (_, size) in sorted(soonest.items(), key=lambda kv: (kv[1][0], kv[0])):
         if used + size > budget:
@@ -148,7 +154,4 @@ def plan_staging(jobs: Sequence[JobReads], staged: Mapping[Key, int], *, horizon
         used += size
     plan.evict = sorted(k for k in staged if k not in plan.hold)
     plan.stage = [k for k in sorted(plan.hold, key=lambda k: (soonest[k][0], k)) if k not in staged]
-    for job_id, listed in per_job.items():
-        plan.staged_ahead[job_id] = sum(size for key, size in listed if key in staged)
-        plan.missing[job_id] = sum(size for key, size in listed if key not in staged)
     return plan

@@ -103,7 +103,12 @@ def test_the_plan_holds_what_is_read_soonest_within_the_budget_and_evicts_the_re
     assert set(plan.hold) == {key(1), key(5), key(2), key(6), key(3)}
     assert plan.stage == [key(2), key(6), key(3)]  # 2 and 6 are each a job's second shard, then the third
     assert plan.evict == [key(0), key(9)]  # every job passed 0; 9 is beyond every horizon
-    assert plan.staged_ahead == {"fast": 100, "slow": 100} and plan.missing == {"fast": 200, "slow": 200}
+    assert plan.staged_ahead(staged) == {"fast": 100, "slow": 100} and plan.missing(staged) == {
+        "fast": 200,
+        "slow": 200,
+    }
+    # once staged, the slow job misses nothing; shard 7 of the fast one is past the budget: missing (alerted)
+    assert plan.missing({**staged, **plan.hold}) == {"fast": 100, "slow": 0}
     assert sum(plan.hold.values()) <= 500
 
 
