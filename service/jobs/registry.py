@@ -16,12 +16,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from ferry.client.sampling.schedule import Schedule
 from ferry.client.service.job_types import Heartbeat, Job, JobSource, JobStats, Registration
-from ferry.shard_tools.errors import FerryError, NotFoundError
+from ferry.shard_tools.errors import FerryError, InvalidValueError, NotFoundError
 
 from ..config_types import redact
 
-__all__ = ["JobRegistry", "RegisteredJob", "RegistryFull", "StagingReport", "resolve_replica", "MAX_JOBS", "MISSES"]
+__all__ = [
+    "check_plan",
+    "JobRegistry",
+    "RegisteredJob",
+    "RegistryFull",
+    "StagingReport",
+    "resolve_replica",
+    "MAX_JOBS",
+    "MISSES",
+]
 
 MAX_JOBS = 1024
 MISSES = 3  # heartbeats a job may miss before it expires
@@ -74,7 +84,9 @@ class JobRegistry:
         self.staging: StagingReport | None = None  # set by the daemon's stager, when staging is configured
 
     def register(self, plan: Registration) -> RegisteredJob:
-        """Add a job; RegistryFull when the registry holds ``max_jobs`` live jobs already."""
+        """Add a job; RegistryFull when the registry holds ``max_jobs`` live jobs already, InvalidValueError
+        when its schedule is not one a loader could have."""
+        check_plan(plan)
         now = self._clock()
         with self._lock:
             self._expire(now)
@@ -96,6 +108,7 @@ class JobRegistry:
             job.last_seen = now
             job.beat = dataclasses.replace(beat, registration=None)
             if beat.registration is not None:
+                check_plan(beat.registration)
                 job.plan = beat.registration
             return dataclasses.replace(job)
 
@@ -132,6 +145,18 @@ class JobRegistry:
     def _expire(self, now: float) -> None:
         for job_id in [k for k, j in self._jobs.items() if j.expires_at() < now]:
             del self._jobs[job_id]
+
+
+def check_plan(plan: Registration) -> None:
+    """InvalidValueError unless the plan's schedule is valid (the loader's own rules) over its sources."""
+    try:
+        schedule = Schedule([(p.start, p.quota) for p in plan.phases])
+    except ValueError as exc:
+        raise InvalidValueError(f"phases: {exc}") from None
+    if schedule.sources != len(plan.sources):
+        raise InvalidValueError(f"phases name {schedule.sources} sources, the plan has {len(plan.sources)}")
+    if plan.rank >= plan.world_size:
+        raise InvalidValueError(f"rank {plan.rank} is not below world_size {plan.world_size}")
 
 
 def view(job: RegisteredJob, clusters: Sequence[tuple[str, str]], staged: int | None) -> Job:

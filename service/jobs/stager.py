@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import posixpath
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ __all__ = ["Stager"]
 
 log = logging.getLogger("ferry.staging")
 _MANIFESTS = 64  # (cluster, dataset, version) manifests kept
+_RETRY_S = 60.0  # a manifest that could not be read is tried again after this long
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class Stager:
         self._origins: dict[Key, str] = {}  # the cluster each staged shard came from
         self._report: tuple[dict[str, int], dict[str, int]] = ({}, {})
         self._manifests: dict[tuple[str, str, str], Manifest] = {}
+        self._failed: dict[tuple[str, str, str], float] = {}  # manifests that could not be read: until when
         self._adopted: set[str] = set()  # datasets whose earlier staged copies were looked for
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -144,10 +147,16 @@ class Stager:
         key = (cluster, dataset, version)
         found = self._manifests.get(key)
         if found is None:
+            if time.monotonic() < self._failed.get(key, 0.0):
+                return None  # it failed a moment ago: no read (and no log line) every round
             try:
                 found = load_manifest(self._location(self.clusters[cluster].dataset_url(dataset), cluster), version)
             except FerryError as exc:
-                log.warning("staging: cannot read %s version %s at %s: %s", dataset, version, cluster, exc)
+                log.warning("staging: cannot read %s version %s at %s (trying again in %.0f s): %s",
+                            dataset, version, cluster, _RETRY_S, exc)  # fmt: skip
+                self._failed[key] = time.monotonic() + _RETRY_S
+                if len(self._failed) > 4 * _MANIFESTS:
+                    self._failed.clear()
                 return None
             if len(self._manifests) >= _MANIFESTS:
                 self._manifests.pop(next(iter(self._manifests)))

@@ -156,6 +156,11 @@ def _body(**changes: Any) -> dict[str, Any]:
         ({"sources": [{**dataclasses.asdict(SOURCE), "shuffle": "chaos"}]}, 422),
         ({"sources": [{**dataclasses.asdict(SOURCE), "urls": ["x" * 3000]}]}, 422),
         ({"phases": [{"start": i, "quota": [1]} for i in range(20_000)]}, 413),
+        ({"phases": [{"start": 0, "quota": [1]}, {"start": 0, "quota": [1]}]}, 422),  # starts not increasing
+        ({"phases": [{"start": 5, "quota": [1]}]}, 422),  # not from 0
+        ({"phases": [{"start": 0, "quota": [1, 1]}]}, 422),  # two sources named, one in the plan
+        ({"phases": [{"start": 0, "quota": [0]}]}, 422),  # nothing drawn
+        ({"rank": 4, "world_size": 4}, 422),
     ],
 )
 def test_hostile_registrations_are_refused(client: TestClient, changes: dict[str, Any], status: int) -> None:
