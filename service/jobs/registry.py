@@ -148,13 +148,20 @@ class JobRegistry:
 
 
 def check_plan(plan: Registration) -> None:
-    """InvalidValueError unless the plan's schedule is valid (the loader's own rules) over its sources."""
+    """InvalidValueError unless the plan's schedule is valid (the loader's own rules) over its sources and
+    its URLs parse."""
     try:
         schedule = Schedule([(p.start, p.quota) for p in plan.phases])
     except ValueError as exc:
         raise InvalidValueError(f"phases: {exc}") from None
     if schedule.sources != len(plan.sources):
         raise InvalidValueError(f"phases name {schedule.sources} sources, the plan has {len(plan.sources)}")
+    for source in plan.sources:
+        for url in source.urls:
+            try:
+                redact(url)  # parses it: host, port
+            except ValueError as exc:
+                raise InvalidValueError(f"sources: cannot read URL {url[:80]!r}: {exc}") from None
     if plan.rank >= plan.world_size:
         raise InvalidValueError(f"rank {plan.rank} is not below world_size {plan.world_size}")
 

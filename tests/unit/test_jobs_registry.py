@@ -161,6 +161,8 @@ def _body(**changes: Any) -> dict[str, Any]:
         ({"phases": [{"start": 0, "quota": [1, 1]}]}, 422),  # two sources named, one in the plan
         ({"phases": [{"start": 0, "quota": [0]}]}, 422),  # nothing drawn
         ({"rank": 4, "world_size": 4}, 422),
+        ({"sources": [{**dataclasses.asdict(SOURCE), "urls": ["http://["]}]}, 422),  # would break every listing
+        ({"sources": [{**dataclasses.asdict(SOURCE), "urls": ["s3://b:99999/x"]}]}, 422),
     ],
 )
 def test_hostile_registrations_are_refused(client: TestClient, changes: dict[str, Any], status: int) -> None:
