@@ -18,6 +18,7 @@ MAX_SOURCES = 64
 MAX_PHASES = 4096  # as ferry.client.sampling.schedule.MAX_PHASES
 MAX_URLS = 16
 _Url = Annotated[str, Field(min_length=1, max_length=2048)]
+_SECONDS = 1e12  # a bound of the seconds a loader counts (finite: every number the API shows is)
 _EXACT = 2**53 - 1  # integers a JSON number carries exactly (stream positions stay far below)
 
 if TYPE_CHECKING:
@@ -67,15 +68,17 @@ else:
         phases={"min_length": 1, "max_length": MAX_PHASES},
         host={"max_length": 255},
         pid={"ge": 0, "lt": 2**32},
-        heartbeat_s={"ge": 0.05, "le": 600, "description": "the loader heartbeats this often"},
+        heartbeat_s={"ge": 0.05, "le": 600, "allow_inf_nan": False, "description": "the loader heartbeats this often"},
     )
     JobStatsOut = response_model(
         wire.JobStats,
         "JobStats",
         "The loader's own counters since it started.",
-        stall_share={"ge": 0, "le": 1},
-        stall_s={"ge": 0},
-        wall_s={"ge": 0},
+        stall_share={"ge": 0, "le": 1, "allow_inf_nan": False},
+        stall_s={"ge": 0, "le": _SECONDS, "allow_inf_nan": False},
+        wall_s={"ge": 0, "le": _SECONDS, "allow_inf_nan": False},
+        fetch_p50_s={"ge": 0, "le": _SECONDS, "allow_inf_nan": False},
+        fetch_p99_s={"ge": 0, "le": _SECONDS, "allow_inf_nan": False},
         batches={"ge": 0},
         delivered_bytes={"ge": 0},
         cache_hits={"ge": 0},
@@ -88,7 +91,7 @@ else:
         "Where the loader stands; ``registration`` only when its plan changed.",
         position={"ge": 0, "le": _EXACT},
         epoch={"ge": 0, "le": _EXACT},
-        samples_per_second={"ge": 0, "le": 1e12},
+        samples_per_second={"ge": 0, "le": 1e12, "allow_inf_nan": False},
     )
     JobAckOut = response_model(wire.JobAck, "JobAck", "The job's id and how long it lives without a heartbeat.")
     response_model(

@@ -171,6 +171,16 @@ def test_hostile_registrations_are_refused(client: TestClient, changes: dict[str
     assert client.get("/api/v1/jobs").json() == []
 
 
+@pytest.mark.parametrize("stats", ['{"fetch_p50_s": NaN}', '{"stall_s": Infinity}', '{"wall_s": -Infinity}',
+                                   '{"fetch_p99_s": 1e400}', '{"stall_share": 1.5}'])  # fmt: skip
+def test_hostile_heartbeats_are_refused(client: TestClient, stats: str) -> None:
+    job_id = client.post("/api/v1/jobs", json=_body()).json()["id"]
+    body = f'{{"position": 1, "epoch": 0, "samples_per_second": 1, "stats": {stats}}}'
+    r = client.put(f"/api/v1/jobs/{job_id}", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert client.get("/api/v1/jobs").status_code == 200
+
+
 def test_register_heartbeat_list_and_leave(client: TestClient) -> None:
     r = client.post("/api/v1/jobs", json=_body())
     assert r.status_code == 201, r.text
