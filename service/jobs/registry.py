@@ -18,12 +18,12 @@ from typing import Protocol
 
 from ferry.client.sampling.schedule import Schedule
 from ferry.client.service.job_types import Heartbeat, Job, JobSource, JobStats, Registration
-from ferry.shard_tools.errors import FerryError, InvalidValueError, NotFoundError
+from ferry.shard_tools.errors import FerryError, NotFoundError
 
 from ..config_types import redact
 
 __all__ = [
-    "check_plan",
+    "plan_problem",
     "JobRegistry",
     "RegisteredJob",
     "RegistryFull",
@@ -84,9 +84,8 @@ class JobRegistry:
         self.staging: StagingReport | None = None  # set by the daemon's stager, when staging is configured
 
     def register(self, plan: Registration) -> RegisteredJob:
-        """Add a job; RegistryFull when the registry holds ``max_jobs`` live jobs already, InvalidValueError
-        when its schedule is not one a loader could have."""
-        check_plan(plan)
+        """Add a job; RegistryFull when the registry holds ``max_jobs`` live jobs already. A plan no loader
+        could have (``plan_problem``) is listed all the same, and staged for by no one."""
         now = self._clock()
         with self._lock:
             self._expire(now)
@@ -108,7 +107,6 @@ class JobRegistry:
             job.last_seen = now
             job.beat = dataclasses.replace(beat, registration=None)
             if beat.registration is not None:
-                check_plan(beat.registration)
                 job.plan = beat.registration
             return dataclasses.replace(job)
 
@@ -147,23 +145,24 @@ class JobRegistry:
             del self._jobs[job_id]
 
 
-def check_plan(plan: Registration) -> None:
-    """InvalidValueError unless the plan's schedule is valid (the loader's own rules) over its sources and
-    its URLs parse."""
+def plan_problem(plan: Registration) -> str | None:
+    """Why no loader could have this plan (its schedule breaks the loader's rules, it names other sources than
+    it has, a URL does not parse, its rank is past its world size), or None."""
     try:
         schedule = Schedule([(p.start, p.quota) for p in plan.phases])
     except ValueError as exc:
-        raise InvalidValueError(f"phases: {exc}") from None
+        return f"phases: {exc}"
     if schedule.sources != len(plan.sources):
-        raise InvalidValueError(f"phases name {schedule.sources} sources, the plan has {len(plan.sources)}")
+        return f"phases name {schedule.sources} sources, the plan has {len(plan.sources)}"
     for source in plan.sources:
         for url in source.urls:
             try:
                 redact(url)  # parses it: host, port
             except ValueError as exc:
-                raise InvalidValueError(f"sources: cannot read URL {url[:80]!r}: {exc}") from None
+                return f"sources: cannot read URL {url[:80]!r}: {exc}"
     if plan.rank >= plan.world_size:
-        raise InvalidValueError(f"rank {plan.rank} is not below world_size {plan.world_size}")
+        return f"rank {plan.rank} is not below world_size {plan.world_size}"
+    return None
 
 
 def view(job: RegisteredJob, clusters: Sequence[tuple[str, str]], staged: int | None) -> Job:
@@ -177,13 +176,21 @@ def view(job: RegisteredJob, clusters: Sequence[tuple[str, str]], staged: int | 
         cluster, dataset = resolve_replica(replica, clusters)
         if dataset is None:  # read from outside the clusters (staging): name the dataset by the cluster URL
             dataset = next((d for u in s.urls if (d := resolve_replica(u, clusters)[1]) is not None), None)
-        sources.append(JobSource(redact(replica), dataset, cluster, s.version, s.shuffle, s.seed))
+        sources.append(JobSource(_shown(replica), dataset, cluster, s.version, s.shuffle, s.seed))
     return Job(
         id=job.id, name=plan.name, rank=plan.rank, world_size=plan.world_size, batch_size=plan.batch_size,
         host=plan.host, pid=plan.pid, sources=sources, phases=len(plan.phases), registered_at=job.registered_at,
         last_seen=job.last_seen, position=beat.position, epoch=beat.epoch,
         samples_per_second=beat.samples_per_second, stats=beat.stats or JobStats(), staged_ahead_bytes=staged,
     )  # fmt: skip
+
+
+def _shown(url: str) -> str:
+    """``url`` without credentials; one that does not parse, cut short (and never matched to a cluster)."""
+    try:
+        return redact(url)
+    except ValueError:
+        return url.partition("://")[0][:16] + "://<a URL that does not parse>" if "://" in url else url[:256]
 
 
 def _plain(url: str) -> str:
@@ -196,7 +203,10 @@ def _plain(url: str) -> str:
 
 def resolve_replica(url: str, clusters: Sequence[tuple[str, str]]) -> tuple[str | None, str | None]:
     """(cluster, dataset name) of a dataset URL that lies directly under a cluster's URL, else (None, None)."""
-    where = _plain(url)
+    try:
+        where = _plain(url)
+    except ValueError:  # does not parse: lies in no cluster
+        return None, None
     for name, root in clusters:
         base = _plain(root)
         if where.startswith(base + "/"):

@@ -27,7 +27,7 @@ from ferry.shard_tools.threadname import start_named_thread
 
 from ..config_types import Cluster, StagingConfig
 from ..transfer.transfer import copy_shard, verify_shard
-from .registry import JobRegistry, RegisteredJob, resolve_replica
+from .registry import JobRegistry, RegisteredJob, plan_problem, resolve_replica
 from .staging_plan import DatasetShards, JobReads, Key, SourceReads, StagingPlan, plan_staging
 
 __all__ = ["Stager"]
@@ -56,6 +56,7 @@ class Stager:
         self._manifests: dict[tuple[str, str, str], Manifest] = {}
         self._failed: dict[tuple[str, str, str], float] = {}  # manifests that could not be read: until when
         self._adopted: set[str] = set()  # datasets whose earlier staged copies were looked for
+        self._refused: set[str] = set()  # jobs whose plan no loader could have: logged once
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.rounds = 0  # plans carried out (tests wait on it)
@@ -114,6 +115,12 @@ class Stager:
         out: list[JobReads] = []
         origins: dict[str, _Origin] = {}
         for job in jobs:
+            problem = plan_problem(job.plan)
+            if problem is not None:
+                if job.id not in self._refused:
+                    self._refused.add(job.id)
+                    log.warning("staging: not for job %s (%s): %s", job.id, job.plan.name, problem)
+                continue
             sources: list[SourceReads | None] = []
             for src in job.plan.sources:
                 origin = self._origin(src.urls, src.version)

@@ -16,10 +16,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from ferry.client.service.job_types import Heartbeat, JobPhase, JobStats, Registration, SourcePlan
 from ferry.client.service.jobs import JobReporter
+from ferry.client.service.service_types import from_json
 from ferry.service.api.app import create_app
 from ferry.service.api.job_metrics import MAX_JOB_SERIES, OTHER, JobCollector
 from ferry.service.api.models import ClusterOut, ReplicaMatrix
-from ferry.service.jobs.registry import MISSES, JobRegistry, RegistryFull, resolve_replica
+from ferry.service.jobs.registry import MISSES, JobRegistry, RegistryFull, plan_problem, resolve_replica
 from ferry.shard_tools.errors import NotFoundError
 
 TOKEN = "jobs-unit-token-0123"
@@ -156,13 +157,6 @@ def _body(**changes: Any) -> dict[str, Any]:
         ({"sources": [{**dataclasses.asdict(SOURCE), "shuffle": "chaos"}]}, 422),
         ({"sources": [{**dataclasses.asdict(SOURCE), "urls": ["x" * 3000]}]}, 422),
         ({"phases": [{"start": i, "quota": [1]} for i in range(20_000)]}, 413),
-        ({"phases": [{"start": 0, "quota": [1]}, {"start": 0, "quota": [1]}]}, 422),  # starts not increasing
-        ({"phases": [{"start": 5, "quota": [1]}]}, 422),  # not from 0
-        ({"phases": [{"start": 0, "quota": [1, 1]}]}, 422),  # two sources named, one in the plan
-        ({"phases": [{"start": 0, "quota": [0]}]}, 422),  # nothing drawn
-        ({"rank": 4, "world_size": 4}, 422),
-        ({"sources": [{**dataclasses.asdict(SOURCE), "urls": ["http://["]}]}, 422),  # would break every listing
-        ({"sources": [{**dataclasses.asdict(SOURCE), "urls": ["s3://b:99999/x"]}]}, 422),
     ],
 )
 def test_hostile_registrations_are_refused(client: TestClient, changes: dict[str, Any], status: int) -> None:
@@ -179,6 +173,29 @@ def test_hostile_heartbeats_are_refused(client: TestClient, stats: str) -> None:
     r = client.put(f"/api/v1/jobs/{job_id}", content=body, headers={"Content-Type": "application/json"})
     assert r.status_code == 422, r.text
     assert client.get("/api/v1/jobs").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"phases": [{"start": 0, "quota": [1]}, {"start": 0, "quota": [1]}]},  # starts not increasing
+        {"phases": [{"start": 5, "quota": [1]}]},  # not from 0
+        {"phases": [{"start": 0, "quota": [1, 1]}]},  # two sources named, one in the plan
+        {"phases": [{"start": 0, "quota": [0]}]},  # nothing drawn
+        {"rank": 4, "world_size": 4},
+        {"sources": [{**dataclasses.asdict(SOURCE), "urls": ["http://[", "/data/west/corpus"]}]},
+        {"sources": [{**dataclasses.asdict(SOURCE), "urls": ["s3://b:99999/x"]}]},
+    ],
+)
+def test_a_plan_no_loader_could_have_is_listed_and_named(client: TestClient, changes: dict[str, Any]) -> None:
+    """Listed (the schema admits it), shown safely, and named by ``plan_problem`` (staging leaves it out)."""
+    body = _body(**changes)
+    assert client.post("/api/v1/jobs", json=body).status_code == 201
+    r = client.get("/api/v1/jobs")
+    assert r.status_code == 200 and len(r.json()) == 1, r.text
+    assert "[" not in r.json()[0]["sources"][0]["replica"] or "not parse" in r.json()[0]["sources"][0]["replica"]
+    assert plan_problem(from_json(Registration, body)) is not None
+    assert plan_problem(plan()) is None
 
 
 def test_register_heartbeat_list_and_leave(client: TestClient) -> None:

@@ -122,3 +122,17 @@ def test_the_staging_section_is_checked(tmp_path: Path) -> None:
         parse(Staging("fast", "lots", "1GiB"))
     with pytest.raises(ConfigError, match="staging.horizon"):
         parse(Staging("fast", "1GiB", 0))
+
+
+def test_a_plan_no_loader_could_have_is_left_out_and_the_others_are_staged(
+    world: tuple[Path, Path, list[tuple[str, int, str]]],
+) -> None:
+    west, staging, shards = world
+    version = (west.parent / "version").read_text()
+    registry, stager = start(world, sum(s for _, s, _ in shards), shards[0][1])
+    source = SourcePlan([str(west / "corpus")], version, "0", "none", 1, "tokens", 1)
+    bad = Registration("bad", 0, 1, 1, [source], [JobPhase(0, [1]), JobPhase(0, [1])], heartbeat_s=60)
+    registry.register(bad)  # two phases at 0: Schedule refuses it, and so would every round without the check
+    register(registry, west, version)
+    stager.step()
+    assert set(staged_files(staging)) == {shards[0][0]}
