@@ -294,9 +294,13 @@ class TokenDataset(SampleSource):
             # format-3 shards: read by frames when whole shards are not wanted (the same test) or not cached yet
             frames = frame_reader_for(self.manifest, self.replicas, budget)
             prefetcher = Prefetcher(self.cache) if self.prefetch_depth > 0 else None
+            # once a shard's whole fetch started, batches wait for it rather than read its frames (each sample
+            # decompresses a whole frame again): in windows and in order, where the next batches read the same
+            # shards, and from a local first replica, where the wait is only the decompression
+            wait = self.shuffle != "global" or self.replicas.local(0)
             self._reader = ShardReader(
                 self.manifest, self.cache, max_bytes=budget, populate=populate, frames=frames, whole_shards=populate,
-                prefetcher=prefetcher, wait_for_started=self.shuffle != "global",
+                prefetcher=prefetcher, wait_for_started=wait,
                 max_open=2 * self.window if self.shuffle == "window" else 64,
                 head_tokens=self.seq_len + 1 if self.mode == "tokens" else 0,
             )  # fmt: skip
@@ -387,8 +391,12 @@ class TokenDataset(SampleSource):
         return prefetcher
 
     def _all_asked(self) -> bool:
-        """Whether every shard went through the cache in this process and none gets evicted: nothing to prefetch."""
-        return self._fits_cache and self._prefetcher.asked_count >= len(self.manifest.shards)
+        """Whether there is nothing to prefetch: every shard is mapped here (held in the cache), or went through
+        the cache in this process and none gets evicted."""
+        count = len(self.manifest.shards)
+        if self.reader.mapped_count >= count:
+            return True
+        return self._fits_cache and self._prefetcher.asked_count >= count
 
     def prefetch_ahead(self, plan: tuple[int, ...], i: int, positions_of: Callable[[int], np.ndarray]) -> None:
         """Prefetch, in the order they are first read, the shards of this process's batches after its ``i``-th

@@ -119,6 +119,11 @@ class ShardReader:
         """Raw bytes of the shards this process has mapped now."""
         return self._bytes
 
+    @property
+    def mapped_count(self) -> int:
+        """How many shards this process has mapped now."""
+        return len(self._leases)
+
     def mapped(self, s: int) -> bool:
         return s in self._leases
 
@@ -287,7 +292,9 @@ class ShardReader:
         memo: dict[int, np.ndarray | None] = {}
         width = length + 1
         shard_list = shards.tolist()
-        if self.frames is not None and len(starts) > 1:
+        # each shard of the batch decided once, in read order; frames fetched together only where some are read so
+        by_frames = self.frames is not None and [s for s in dict.fromkeys(shard_list) if self._source(s, memo) is None]
+        if by_frames and len(starts) > 1:
             self._prefetch_frames(shard_list, locals_, width, memo)
         sizes = self._size_list
         for local, s, row in zip(locals_, shard_list, rows.tolist(), strict=True):
