@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Api", "Cluster", "FerryToml", "Limits", "Rule", "toml_text"]
+__all__ = ["Api", "Cluster", "FerryToml", "Limits", "Rule", "Transfer", "toml_text"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,17 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class Transfer:
+    """``[transfer]``: where copies run (``engine`` "threads" or "ray") and the Ray engine's settings."""
+
+    engine: str | None = None
+    address: str | None = None
+    max_retries: int | None = None
+    task_cpus: float | None = None
+    node_bwlimit: str | float | None = None
+
+
+@dataclass(frozen=True)
 class Api:
     """``[api]``."""
 
@@ -76,6 +87,7 @@ class FerryToml:
     clusters: Mapping[str, Cluster]
     rules: Sequence[Rule]
     limits: Limits | None = None
+    transfer: Transfer | None = None
     api: Api | None = None
     state_dir: str | Path | None = None
     poll_interval: float | None = None
