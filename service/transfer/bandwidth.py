@@ -133,10 +133,12 @@ class Bandwidth:
                 bucket = self._nodes[node] = TokenBucket(self._node_rate)
             return bucket
 
-    def limited(self, link: str | None, node: str | None = None) -> bool:
-        """Whether any limit applies to bytes crossing ``link`` from ``node``."""
+    def limit_of(self, link: str | None, node: str | None = None) -> float | None:
+        """The tightest rate that applies to bytes crossing ``link`` from ``node`` (None: no limit)."""
         bucket = self._links.get(link) if link else None
-        return bool(self.global_bucket.rate or (bucket is not None and bucket.rate) or (node and self._node_rate))
+        link_rate = bucket.rate if bucket is not None else None
+        rates = [self.global_bucket.rate, link_rate, self._node_rate if node else None]
+        return min((r for r in rates if r), default=None)
 
     def take(self, link: str | None, n: int, cancel: threading.Event | None = None, node: str | None = None) -> None:
         """Wait until ``n`` bytes may cross ``link`` (copied on ``node``) under every limit."""

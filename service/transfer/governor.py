@@ -16,6 +16,11 @@ __all__ = ["Governor", "Rates", "UNLIMITED_GRANT"]
 
 #: bytes granted at once where no limit applies (a task asks again after PROGRESS_SECONDS regardless)
 UNLIMITED_GRANT = 1 << 40
+#: under a limit a grant is this many seconds of the tightest rate (at least what was asked, at most
+#: MAX_GRANT): few calls per second per task whatever the rate, yet a change of rate or a cancel is
+#: heard within about that time
+GRANT_SECONDS = 0.1
+MAX_GRANT = 16 * 1024 * 1024
 
 #: (global bytes/s, per link bytes/s, per node bytes/s); None = unlimited
 Rates = tuple[float | None, Mapping[str, float | None], float | None]
@@ -47,16 +52,19 @@ class Governor:
         self._cancel.set()
 
     def grant(self, key: str, link: str, node: str, want: int, moved: int) -> tuple[int, bool]:
-        """Note ``moved`` more bytes of transfer ``key``, then wait until ``want`` bytes may cross ``link``
-        from ``node``: (bytes granted, cancelled). Where no limit applies the grant is UNLIMITED_GRANT."""
+        """Note ``moved`` more bytes of transfer ``key``, then wait until at least ``want`` bytes may cross
+        ``link`` from ``node``: (bytes granted, cancelled). Where no limit applies the grant is UNLIMITED_GRANT;
+        under one it is GRANT_SECONDS of the tightest rate (or ``want`` where that is more)."""
         with self._lock:
             self._nodes.setdefault(node, set()).add(key)
         if self.report(key, moved):
             return 0, True
-        if not self._bandwidth.limited(link, node):
+        rate = self._bandwidth.limit_of(link, node)
+        if rate is None:
             return UNLIMITED_GRANT, False
-        self._bandwidth.take(link, want, self._cancel, node)
-        return want, self._cancel.is_set()
+        size = max(want, min(MAX_GRANT, int(rate * GRANT_SECONDS)))
+        self._bandwidth.take(link, size, self._cancel, node)
+        return size, self._cancel.is_set()
 
     def report(self, key: str, moved: int) -> bool:
         """Note ``moved`` more bytes of transfer ``key``; True once cancelled."""

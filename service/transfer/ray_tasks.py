@@ -18,6 +18,7 @@ from typing import Any
 from ferry.shard_tools.errors import FerryError, ReplicationError, StorageError
 from ferry.shard_tools.storage.store import Location, not_permitted
 
+from .governor import UNLIMITED_GRANT
 from .hashed_io import PROGRESS_SECONDS
 from .transfer import copy_shard, verify_shard
 
@@ -25,9 +26,10 @@ __all__ = ["RemoteMeter", "copy_task", "verify_task", "portable"]
 
 
 class RemoteMeter:
-    """A task's throttle and progress callbacks, backed by the governor: bytes pass on grants (a grant
-    without limits lasts PROGRESS_SECONDS), progress goes back at least every PROGRESS_SECONDS, and a
-    governor that says cancelled sets ``cancel`` (the copy paths then raise Cancelled)."""
+    """A task's throttle and progress callbacks, backed by the governor: bytes pass on grants (one under
+    a limit is spent to its last byte; one without limits lasts PROGRESS_SECONDS, so a new limit is heard),
+    progress goes back at least every PROGRESS_SECONDS, and a governor that says cancelled sets ``cancel``
+    (the copy paths then raise Cancelled)."""
 
     def __init__(self, governor: Any, key: str, link: str, node: str) -> None:
         self._governor = governor
@@ -53,7 +55,8 @@ class RemoteMeter:
         self._last = now
         if cancelled:
             self.cancel.set()
-        self._budget, self._expires = max(0, granted - n), time.monotonic() + PROGRESS_SECONDS
+        self._budget = max(0, granted - n)
+        self._expires = time.monotonic() + PROGRESS_SECONDS if granted >= UNLIMITED_GRANT else float("inf")
 
     def progress(self, n: int) -> None:
         self._pending += n

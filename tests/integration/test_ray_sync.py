@@ -17,9 +17,11 @@ from ray_cluster import RayCluster, ray_cluster
 
 from ferry.service.config import parse_config
 from ferry.service.daemon import Daemon
+from ferry.service.replication.planner import SourceVersion
 from ferry.service.transfer.ray_copier import RayCopier
+from ferry.service.transfer.transfer import verify_shard
 from ferry.shard_tools import open_dataset, verify
-from ferry.shard_tools.storage.store import TEMP_MARKER
+from ferry.shard_tools.storage.store import TEMP_MARKER, resolve
 
 pytest.importorskip("ray", reason="Ray is not installed (optional extra: pip install 'ferry-data[ray]')")
 
@@ -111,3 +113,33 @@ def test_worker_killed_mid_copy_costs_a_retry_not_a_partial_shard(cluster: RayCl
     named = set(open_dataset(str(out)).manifest.shards.paths)
     for rel in _shard_files(out):
         assert rel in named or TEMP_MARKER in rel, f"{rel}: neither a verified shard nor a temp object"
+
+
+def test_stop_cancels_running_tasks_and_publishes_nothing(cluster: RayCluster, tmp_path: Path) -> None:
+    assert pack(str(tmp_path / "src" / "ds"), 900, seed=5, shard_size=32 * 1024).shards > 4
+    # 32 KiB/s: the whole copy would take about ten seconds; the daemon stops a moment into it
+    d = _daemon(
+        tmp_path, "ray", Transfer(engine="ray", address=cluster.address), Limits(transfers=2, bwlimit=32 * 1024)
+    )
+    events = d.subscribe()
+    d.start()
+    try:
+        wait_until(lambda: d.stats().transfers_in_flight > 0 and d.stats().bytes_read > 0, timeout=120,
+                   what="copies moving bytes")  # fmt: skip
+    finally:
+        t0 = time.monotonic()
+        d.stop(timeout=0.5)  # drain half a second, then cancel
+        took = time.monotonic() - t0
+    assert took < 15, f"stop took {took:.1f}s: the running tasks did not hear the cancel"
+    out = tmp_path / "ray" / "ds"
+    assert not (out / "manifest.json").exists()
+    seen = []
+    while not events.empty():
+        seen.append(events.get_nowait())
+    assert any(e["type"] == "progress" for e in seen)  # tasks' bytes came back as progress events
+    assert not any(e["type"] == "version_published" for e in seen)
+    digests = {s.path: s for s in SourceVersion.of(open_dataset(str(tmp_path / "src" / "ds")).manifest).shards}
+    for rel in _shard_files(out):
+        if TEMP_MARKER not in rel:  # a shard under its final name is a whole, verified one
+            s = digests[rel]
+            assert verify_shard(resolve(str(out)), rel, s.size, s.digest) is None

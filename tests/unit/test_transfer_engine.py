@@ -16,7 +16,7 @@ from ferry.service.config import parse_config
 from ferry.service.config_types import TransferConfig
 from ferry.service.transfer.bandwidth import Bandwidth
 from ferry.service.transfer.copier import ThreadCopier, make_copier
-from ferry.service.transfer.governor import UNLIMITED_GRANT, Governor
+from ferry.service.transfer.governor import GRANT_SECONDS, UNLIMITED_GRANT, Governor
 from ferry.service.transfer.ray_tasks import portable
 from ferry.shard_tools.errors import ConfigError, ShardDigestError, StorageError, UsageError
 from ferry.shard_tools.format.digest import Hasher
@@ -80,6 +80,8 @@ def test_governor_grants_under_every_limit() -> None:
     for _ in range(8):  # 1 MiB under 512 KiB/s (a quarter second of burst): about 1.75 s
         assert gov.grant("t1", "a->b", "n1", 128 * 1024, 128 * 1024) == (128 * 1024, False)
     assert 1.2 < time.monotonic() - t0 < 6
+    # a small ask gets GRANT_SECONDS of the rate: few calls whatever the step the copy moves in
+    assert gov.grant("t1", "a->b", "n1", 1024, 0) == (int(512 * 1024 * GRANT_SECONDS), False)
     assert gov.moved("t1") == 1024 * 1024 and gov.transfers_by_node() == {"n1": 1}
     assert gov.rates() == (None, {"a->b": 512 * 1024}, None)
     gov.forget("t1")
@@ -92,8 +94,9 @@ def test_governor_limits_each_node_on_its_own() -> None:
 
     def pull(node: str) -> None:
         t0 = time.monotonic()
-        for _ in range(4):
-            gov.grant(node, "x->y", node, 128 * 1024, 0)
+        got = 0
+        while got < 512 * 1024:
+            got += gov.grant(node, "x->y", node, 16 * 1024, 0)[0]
         took[node] = time.monotonic() - t0
 
     threads = [threading.Thread(target=pull, args=(n,)) for n in ("n1", "n2")]
