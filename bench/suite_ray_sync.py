@@ -4,8 +4,9 @@ A real Ray cluster of separate node processes on this machine (tests/ray_cluster
 alone, then with a second node. Every node's copies together are held to ``[transfer] node_bwlimit``
 (ferry's own per-node limit standing in for a NIC), so the sync's time says how well the copies
 spread over the nodes: two nodes should come close to twice one. Timed from the daemon's start to
-the version published at the destination (local disk to local disk), after one untimed warm-up
-sync (Ray starts its worker processes then).
+the version published at the destination (local disk to local disk): the daemon's own pass
+(``Engine.sync_pass``) on one long-lived Ray driver, as in the daemon, after one untimed warm-up
+pass (Ray starts the driver's worker processes on every node then).
 
     .venv/bin/python bench/suite_ray_sync.py [--mib 64] [--node-mib-s 8] [--repeats 2]
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -48,32 +50,32 @@ def _dataset(root: Path, mib: int) -> tuple[str, int]:
     return m.version_id, int(m.shards.stored_bytes.sum())
 
 
-def _sync(root: Path, dest: str, address: str, node_bps: float, version: str) -> dict[str, Any]:
-    from ferry.service.config import parse_config
-    from ferry.service.daemon import Daemon
+def _engine(address: str, node_bps: float) -> Any:
+    """A replication engine whose copies run on the Ray cluster: what the daemon runs, less its loop."""
+    from ferry.service.replication.engine import Engine
+    from ferry.service.replication.state import State
+    from ferry.service.transfer.bandwidth import Bandwidth
+    from ferry.service.transfer.executor import Executor
+    from ferry.service.transfer.ray_copier import RayCopier
 
-    doc = {
-        "clusters": {"src": {"url": str(root / "src")}, dest: {"url": str(root / dest)}},
-        "rules": [{"from": "src", "to": [dest]}],
-        "limits": {"transfers": TRANSFERS},
-        "transfer": {"engine": "ray", "address": address, "task_cpus": TASK_CPUS, "node_bwlimit": node_bps},
-        "state_dir": str(root / f"state-{dest}"),
-        "poll_interval": 0.1,
-    }
-    d = Daemon(parse_config(doc))
-    copier: Any = d.executor.copier
+    bandwidth = Bandwidth(node_rate=node_bps)
+    copier = RayCopier(bandwidth, address=address, task_cpus=TASK_CPUS)
+    return Engine(Executor(transfers=TRANSFERS, bandwidth=bandwidth, copier=copier), State(None))
+
+
+def _sync(engine: Any, root: Path, dest: str) -> dict[str, Any]:
+    """One pass of ``ds`` from src to ``dest``, timed from its start to its publish."""
+    from ferry.shard_tools.storage.store import resolve
+
+    locations = {"src": resolve(str(root / "src" / "ds")), dest: resolve(str(root / dest / "ds"))}
+    before = engine.executor.copier.transfers_by_node()
     t0 = time.perf_counter()
-    d.start()
-    try:
-        while not any(r.published_version == version for r in d.replica_matrix() if r.role == "destination"):
-            if time.perf_counter() - t0 > 600:
-                raise TimeoutError("the sync did not publish within 600 s")
-            time.sleep(0.02)
-        seconds = time.perf_counter() - t0
-        nodes = copier.transfers_by_node()
-    finally:
-        d.stop()
-    return {"seconds": seconds, "copies_by_node": sorted(nodes.values())}
+    result = engine.sync_pass("ds", "src", dest, locations)
+    seconds = time.perf_counter() - t0
+    if not result.published:
+        raise RuntimeError(f"the pass to {dest} did not publish: {result.failed[:3]}")
+    after = engine.executor.copier.transfers_by_node()
+    return {"seconds": seconds, "copies_by_node": sorted(n - before.get(node, 0) for node, n in after.items())}
 
 
 def run(
@@ -89,15 +91,20 @@ def run(
     repeats = repeats or (ctx.repeats if ctx is not None else 2)
     root = Path(tempfile.mkdtemp(prefix="ferry-ray-bench-"))
     cluster = RayCluster()
+    os.environ["RAY_AUTH_MODE"] = cluster.env["RAY_AUTH_MODE"]  # the daemon's driver, as the nodes
     out: dict[str, Any] = {"mib": mib, "node_mib_s": node_mib_s, "shard_mib": SHARD_MIB, "transfers": TRANSFERS}
     try:
-        version, stored = _dataset(root, mib)
+        _, stored = _dataset(root, mib)
         out["stored_bytes"] = stored
         node_bps = node_mib_s * 2**20
         for nodes in (1, 2):
             cluster.add_node(cpus=2, resources={f"node{nodes}": 1} if nodes > 1 else None)
-            _sync(root, f"warm{nodes}", cluster.address, node_bps, version)
-            runs = [_sync(root, f"n{nodes}r{i}", cluster.address, node_bps, version) for i in range(repeats)]
+            engine = _engine(cluster.address, node_bps)
+            try:
+                _sync(engine, root, f"warm{nodes}")  # Ray starts this driver's workers on every node
+                runs = [_sync(engine, root, f"n{nodes}r{i}") for i in range(repeats)]
+            finally:
+                engine.executor.shutdown()
             best = min(r["seconds"] for r in runs)
             out[f"nodes_{nodes}"] = {"runs": runs, "best_s": best, "mib_s": stored / 2**20 / best}
         out["speedup"] = out["nodes_2"]["mib_s"] / out["nodes_1"]["mib_s"]

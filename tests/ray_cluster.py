@@ -23,7 +23,7 @@ from pathlib import Path
 
 __all__ = ["RayCluster", "ray_cluster"]
 
-_START_TIMEOUT = 90.0
+_START_TIMEOUT = 180.0  # a loaded two-core machine takes its time
 
 
 def _free_port() -> int:
@@ -45,7 +45,9 @@ class RayCluster:
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
         self.temp_dir = tempfile.mkdtemp(prefix="fr-", dir="/tmp")  # short: Ray's socket paths must fit
         self.address = ""
-        self.env = {**os.environ, **(env or {}), "RAY_USAGE_STATS_ENABLED": "0"}
+        # no token auth: `ray start` turns it on when ~/.ray/auth_token exists, which another Ray user of
+        # this machine may create at any moment (the drivers here would then be refused)
+        self.env = {**os.environ, **(env or {}), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
         self._nodes: list[subprocess.Popen[bytes]] = []
         self._logs: list[Path] = []
 
@@ -74,15 +76,21 @@ class RayCluster:
         probe = ("import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False); "
                  "print(sum(1 for x in ray.nodes() if x['Alive']))")  # fmt: skip
         deadline = time.monotonic() + _START_TIMEOUT
+        last = ""
         while time.monotonic() < deadline:
             if any(p.poll() is not None for p in self._nodes):
                 raise RuntimeError(f"a Ray node exited while starting: {self.logs()}")
-            got = subprocess.run([sys.executable, "-c", probe, self.address], capture_output=True, text=True,
-                                 env=self.env, timeout=60)  # fmt: skip
+            try:
+                got = subprocess.run([sys.executable, "-c", probe, self.address], capture_output=True, text=True,
+                                     env=self.env, timeout=60)  # fmt: skip
+            except subprocess.TimeoutExpired:
+                last = "probe timed out"
+                continue
             if got.returncode == 0 and got.stdout.strip().isdigit() and int(got.stdout.strip()) >= n:
                 return
+            last = f"probe exit {got.returncode}: {got.stdout.strip()[-500:]} {got.stderr.strip()[-1500:]}"
             time.sleep(0.5)
-        raise RuntimeError(f"the Ray cluster did not count {n} nodes within {_START_TIMEOUT}s: {self.logs()}")
+        raise RuntimeError(f"the Ray cluster did not count {n} nodes within {_START_TIMEOUT}s ({last}): {self.logs()}")
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self._logs if p.exists())
@@ -144,6 +152,8 @@ class RayCluster:
 def ray_cluster(nodes: int = 2, *, cpus: int = 2, env: Mapping[str, str] | None = None) -> Iterator[RayCluster]:
     """A head and ``nodes - 1`` more nodes (node ``i`` > 0 has the custom resource ``node<i+1>``)."""
     cluster = RayCluster(env)
+    before = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # this process' drivers, as the nodes
     try:
         cluster.add_node(cpus=cpus)
         for i in range(1, nodes):
@@ -151,6 +161,10 @@ def ray_cluster(nodes: int = 2, *, cpus: int = 2, env: Mapping[str, str] | None 
         yield cluster
     finally:
         cluster.stop()
+        if before is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = before
 
 
 def _alive(pid: int) -> bool:
