@@ -73,14 +73,17 @@ class RayCopier:
         here = ray.get_runtime_context().get_node_id()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        # restarted (with its calls retried) should its node or process die: it then starts from the
+        # rates it was made with, and the next copy hands it the current ones
         self._governor = (
             ray.remote(Governor)
             .options(
                 max_concurrency=max_concurrency,
                 num_cpus=0,
-                max_restarts=0,
+                max_restarts=-1,
+                max_task_retries=-1,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
-            )  # fmt: skip
+            )
             .remote(self._rates())
         )
         self._cancel_sent = False
@@ -117,12 +120,16 @@ class RayCopier:
         cancel: threading.Event,
     ) -> None:
         key = uuid.uuid4().hex
+        self._push_rates()
         ref = self._copy.remote(src, dst, (path, size, digest), self.chunk_size, create_only, link, self._governor, key)
         seen = 0
 
-        def report() -> None:
+        def report() -> None:  # progress is best effort: a governor being restarted reports nothing meanwhile
             nonlocal seen
-            moved = int(self._ray.get(self._governor.moved.remote(key)))
+            try:
+                moved = int(self._ray.get(self._governor.moved.remote(key), timeout=PROGRESS_SECONDS * 4))
+            except (self._ray.exceptions.RayError, TimeoutError):
+                return
             if moved > seen:
                 progress(moved - seen)
                 seen = moved
@@ -143,7 +150,8 @@ class RayCopier:
 
     def _wait(self, ref: Any, cancel: threading.Event, report: Any) -> Any:
         """The task's value, polling progress every PROGRESS_SECONDS; Cancelled once ``cancel`` is set and
-        the task has not ended within _CANCEL_GRACE; a StorageError (retryable) when Ray lost the task."""
+        the task has not ended within _CANCEL_GRACE; a StorageError (retryable) when Ray lost the task or it
+        crashed (any error other than the FerryError a task returns: none may end a copy thread)."""
         ray = self._ray
         cancelled_at: float | None = None
         while True:
@@ -159,7 +167,7 @@ class RayCopier:
                 report()
         try:
             return ray.get(ref)
-        except ray.exceptions.RayError as exc:
+        except Exception as exc:  # noqa: BLE001 - Ray's errors (a lost worker, node or object) and a task's crash
             if cancel.is_set():
                 raise Cancelled() from exc
             raise StorageError(f"the Ray task copying the shard was lost ({type(exc).__name__}: {exc})") from exc
