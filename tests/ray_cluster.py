@@ -1,9 +1,10 @@
 """A real Ray cluster of separate node processes on this machine, for the Ray engine's tests and bench.
 
 Each node is its own ``ray start --block`` in a process group of its own, on free ports (never Ray's
-defaults: other Ray users may share the machine), under a temp dir of its own. ``stop()`` ends the
-groups, then any process still naming that temp dir (a worker that left its group), and waits for
-them: nothing is left running, whatever the test did.
+defaults: other Ray users may share the machine), under a temp dir of its own. ``stop()`` kills the
+groups, then any process still naming that temp dir or holding a file open in it (a worker that left
+its group), and waits for them: nothing is left running, whatever the test did. Never ``ray stop``:
+it stops every Ray instance on the machine, other users' too.
 """
 
 from __future__ import annotations
@@ -95,8 +96,9 @@ class RayCluster:
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self._logs if p.exists())
 
-    def _ours(self) -> list[int]:
-        """This cluster's processes: the node groups' descendants, and any process naming its temp dir."""
+    def _ours(self, node: int | None = None) -> list[int]:
+        """This cluster's processes (or node ``node``'s): the node groups' descendants, and (for the whole
+        cluster) any process naming its temp dir."""
         parents: dict[int, int] = {}
         named: set[int] = set()
         for proc in Path("/proc").iterdir():
@@ -105,11 +107,11 @@ class RayCluster:
             try:
                 stat = (proc / "stat").read_text()
                 parents[int(proc.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
-                if self.temp_dir.encode() in (proc / "cmdline").read_bytes():
+                if node is None and self._names_temp_dir(proc):
                     named.add(int(proc.name))
             except (OSError, ValueError, IndexError):
                 continue
-        ours = {p.pid for p in self._nodes} | named
+        ours = ({p.pid for p in self._nodes} if node is None else {self._nodes[node].pid}) | named
         grew = True
         while grew:
             more = {pid for pid, ppid in parents.items() if ppid in ours and pid not in ours}
@@ -117,10 +119,21 @@ class RayCluster:
             grew = bool(more)
         return sorted(pid for pid in ours if pid in parents and pid != os.getpid())
 
-    def task_pids(self, name: str) -> list[int]:
-        """This cluster's worker processes running a task called ``name`` (Ray retitles them ``ray::name``)."""
+    def _names_temp_dir(self, proc: Path) -> bool:
+        """Whether the process names this cluster's temp dir in its command line or has a file open there
+        (a worker, whose title Ray rewrites, keeps its log files there open)."""
+        if self.temp_dir.encode() in (proc / "cmdline").read_bytes():
+            return True
+        try:
+            return any(os.readlink(fd).startswith(self.temp_dir) for fd in (proc / "fd").iterdir())
+        except OSError:
+            return False
+
+    def task_pids(self, name: str, node: int | None = None) -> list[int]:
+        """This cluster's (or node ``node``'s) worker processes running a task called ``name`` (Ray retitles
+        them ``ray::name``)."""
         pids = []
-        for pid in self._ours():
+        for pid in self._ours(node):
             try:
                 if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(f"ray::{name}".encode()):
                     pids.append(pid)
@@ -128,17 +141,20 @@ class RayCluster:
                 continue
         return pids
 
+    def kill_node(self, i: int) -> None:
+        """SIGKILL node ``i``'s whole process group (its raylet, agents and workers): a node dying."""
+        os.killpg(self._nodes[i].pid, signal.SIGKILL)
+        self._nodes[i].wait(30)
+
     def stop(self) -> None:
+        """SIGKILL every node's group (a test cluster needs no graceful stop), then any straggler."""
         before = self._ours()
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for p in self._nodes:
-                with suppress(ProcessLookupError):
-                    os.killpg(p.pid, sig)
-            for p in self._nodes:
-                try:
-                    p.wait(10 if sig == signal.SIGTERM else 30)
-                except subprocess.TimeoutExpired:
-                    continue
+        for p in self._nodes:
+            with suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+        for p in self._nodes:
+            with suppress(subprocess.TimeoutExpired):
+                p.wait(30)
         deadline = time.monotonic() + 20
         while (left := [p for p in set(before) | set(self._ours()) if _alive(p)]) and time.monotonic() < deadline:
             for pid in left:

@@ -143,3 +143,25 @@ def test_stop_cancels_running_tasks_and_publishes_nothing(cluster: RayCluster, t
         if TEMP_MARKER not in rel:  # a shard under its final name is a whole, verified one
             s = digests[rel]
             assert verify_shard(resolve(str(out)), rel, s.size, s.digest) is None
+
+
+def test_a_node_dying_mid_copy_costs_retries_elsewhere(cluster: RayCluster, tmp_path: Path) -> None:
+    made = pack(str(tmp_path / "src" / "ds"), 900, seed=6, shard_size=32 * 1024)
+    cluster.add_node(cpus=2, resources={"node3": 1})  # the node that dies; the fixture's two stay
+    d = _daemon(
+        tmp_path, "ray", Transfer(engine="ray", address=cluster.address), Limits(transfers=6, bwlimit=96 * 1024)
+    )
+    d.start()
+    try:
+        wait_until(lambda: cluster.task_pids("copy_task", node=2), timeout=120, what="a copy running on node 3")
+        time.sleep(0.3)  # let it move some bytes
+        cluster.kill_node(2)
+        wait_until(lambda: any(r.published_version == made.version_id for r in d.replica_matrix()
+                               if r.role == "destination"), timeout=180, what="the replica published")  # fmt: skip
+    finally:
+        d.stop()
+    out = tmp_path / "ray" / "ds"
+    assert verify(str(out)).ok
+    named = set(open_dataset(str(out)).manifest.shards.paths)
+    for rel in _shard_files(out):
+        assert rel in named or TEMP_MARKER in rel, f"{rel}: neither a verified shard nor a temp object"
