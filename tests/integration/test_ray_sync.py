@@ -165,3 +165,28 @@ def test_a_node_dying_mid_copy_costs_retries_elsewhere(cluster: RayCluster, tmp_
     named = set(open_dataset(str(out)).manifest.shards.paths)
     for rel in _shard_files(out):
         assert rel in named or TEMP_MARKER in rel, f"{rel}: neither a verified shard nor a temp object"
+
+
+def test_pause_holds_new_tasks_and_a_new_limit_reaches_running_ones(cluster: RayCluster, tmp_path: Path) -> None:
+    made = pack(str(tmp_path / "src" / "ds"), 2000, seed=7, shard_size=256 * 1024)
+    assert made.shards >= 3
+    # 16 KiB/s over two copies: a shard of ~190 KB would take about 20 s at this limit
+    d = _daemon(
+        tmp_path, "ray", Transfer(engine="ray", address=cluster.address), Limits(transfers=2, bwlimit=16 * 1024)
+    )
+    d.start()
+    try:
+        wait_until(lambda: d.stats().bytes_read > 0, timeout=120, what="copies moving bytes")
+        d.pause()
+        d.set_limits(bwlimit=None)  # the running copies finish at once; paused, no new one starts
+        wait_until(lambda: d.stats().transfers_in_flight == 0, timeout=8, what="the running copies finishing")
+        done = d.stats().transfers_ok
+        time.sleep(1.5)
+        assert d.stats().transfers_ok == done and d.stats().transfers_in_flight == 0
+        assert done < made.shards
+        d.resume()
+        wait_until(lambda: any(r.published_version == made.version_id for r in d.replica_matrix()
+                               if r.role == "destination"), timeout=30, what="the replica published")  # fmt: skip
+    finally:
+        d.stop()
+    assert verify(str(tmp_path / "ray" / "ds")).ok
