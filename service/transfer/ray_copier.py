@@ -10,6 +10,7 @@ extra, imported only when this engine is chosen.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import uuid
@@ -25,6 +26,8 @@ from .ray_tasks import copy_task, verify_task
 
 __all__ = ["RayCopier", "import_ray"]
 
+#: seconds to wait for the Ray cluster's address to accept a connection
+_CONNECT_TIMEOUT = 10.0
 #: seconds a copy still waits for its task once the executor is cancelled (the task stops at its next grant)
 _CANCEL_GRACE = 10.0
 
@@ -38,6 +41,20 @@ def import_ray() -> Any:
             "[transfer] engine = \"ray\" needs Ray, an optional extra: pip install 'ferry-data[ray]'"
         ) from exc
     return ray
+
+
+def _check_reachable(address: str) -> None:
+    """A UsageError at once when nothing listens at ``address`` (``ray.init`` would retry for minutes)."""
+    if address == "auto":
+        return  # ray.init says at once when this machine belongs to no cluster
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=_CONNECT_TIMEOUT).close()
+    except (OSError, ValueError) as exc:
+        raise UsageError(
+            f'[transfer] engine = "ray": no Ray cluster answers at {address} ({exc}); start it (ray start --head) '
+            "or fix [transfer] address"
+        ) from exc
 
 
 class RayCopier:
@@ -59,6 +76,7 @@ class RayCopier:
         self.chunk_size = chunk_size
         self._started_here = not ray.is_initialized()
         if self._started_here:
+            _check_reachable(address)
             try:
                 ray.init(address=address, logging_level="WARNING", log_to_driver=False)
             except Exception as exc:  # noqa: BLE001 - Ray raises assorted types for unreachable clusters

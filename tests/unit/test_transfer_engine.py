@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import threading
 import time
@@ -145,3 +146,14 @@ def test_a_refusal_travels_as_not_retryable() -> None:
     odd = ShardDigestError("shards/y", "mismatch")
     odd.__cause__ = PermissionError(13, "denied")
     assert isinstance(portable(odd), StorageError) and not portable(odd).retryable
+
+
+def test_ray_engine_with_nothing_at_its_address_says_so_at_once() -> None:
+    pytest.importorskip("ray")
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(UsageError, match=f"no Ray cluster answers at 127.0.0.1:{port}"):
+        make_copier(TransferConfig(engine="ray", address=f"127.0.0.1:{port}"), Bandwidth())
+    assert time.monotonic() - t0 < 10
