@@ -140,7 +140,7 @@ class Bandwidth:
         rates = [self.global_bucket.rate, link_rate, self._node_rate if node else None]
         return min((r for r in rates if r), default=None)
 
-    def take(self, link: str | None, n: int, cancel: threading.Event | None = None, node: str | None = None) -> None:
+    def take(self, link: str | None, n: int, cancel: threading.Event | None = None, *, node: str | None = None) -> None:
         """Wait until ``n`` bytes may cross ``link`` (copied on ``node``) under every limit."""
         bucket = self._links.get(link) if link else None
         if bucket is not None:

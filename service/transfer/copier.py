@@ -70,7 +70,7 @@ class ThreadCopier:
         cancel: threading.Event,
     ) -> None:
         def throttle(n: int) -> None:
-            self.bandwidth.take(link, n, cancel, THIS_NODE)
+            self.bandwidth.take(link, n, cancel, node=THIS_NODE)
 
         copy_shard(src, dst, path, size, digest, chunk_size=self.chunk_size, throttle=throttle, progress=progress,
                    cancel=cancel, create_only=create_only)  # fmt: skip

@@ -63,7 +63,7 @@ class Governor:
         if rate is None:
             return UNLIMITED_GRANT, False
         size = max(want, min(MAX_GRANT, int(rate * GRANT_SECONDS)))
-        self._bandwidth.take(link, size, self._cancel, node)
+        self._bandwidth.take(link, size, self._cancel, node=node)
         return size, self._cancel.is_set()
 
     def report(self, key: str, moved: int) -> bool:
