@@ -79,10 +79,14 @@ class Runner:
     name: str
     script: str
     python: str
+    env: tuple[tuple[str, str], ...] = ()  # set in the runner's environment, over the context's
+
+    def environ(self, ctx: Context) -> dict[str, str]:
+        return {**ctx.env(), **dict(self.env)}
 
     def __call__(self, ctx: Context, args: dict[str, Any], timeout: float = 900) -> dict[str, Any]:
         cmd = [self.python, str(RUNNERS / self.script), json.dumps(args)]
-        return run_json(cmd, ctx.env(), timeout)
+        return run_json(cmd, self.environ(ctx), timeout)
 
     def profile(self, ctx: Context, args: dict[str, Any]) -> str:
         """Top functions of one run: py-spy over all threads where the peers' venv has it, else cProfile."""
@@ -91,7 +95,7 @@ class Runner:
             import pyspy
 
             cmd = [self.python, str(RUNNERS / self.script), json.dumps(args)]
-            return "py-spy:\n" + pyspy.top(str(spy), cmd, ctx.env(), rate=1000, skip_imports=True)
+            return "py-spy:\n" + pyspy.top(str(spy), cmd, self.environ(ctx), rate=1000, skip_imports=True)
         res = self(ctx, {**args, "profile": True})
         return "cProfile, main thread only:\n" + str(res.get("profile") or res.get("error", ""))
 

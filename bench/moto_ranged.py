@@ -1,8 +1,8 @@
 """moto's S3 server, but a ranged GET reads only its range, as S3 does.
 
 moto 5 answers every GET by reading the whole object out of its buffer and then slicing the range, so a
-4 KiB range of a 59 MiB object costs it ~45 ms of CPU (GIL held) against ~6 ms for a 1 MiB object
-(measured here). A benchmark of ranged reads would then time moto's copies, not the loaders: ferry's
+small range of a large object costs it CPU (GIL held) in proportion to the whole object, not the
+range. A benchmark of ranged reads would then time moto's copies, not the loaders: ferry's
 parallel ranged GETs and frame reads pay the whole object per request, a tool that GETs whole objects
 once. Here a GET with one ``Range`` (and no ``partNumber``) hands moto a view of the object that reads
 only what is sliced from it; every other request is moto's own code path, unchanged.

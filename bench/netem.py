@@ -54,7 +54,7 @@ Match = Callable[[Request], bool]
 
 
 class _Bucket:
-    """A token bucket of ``rate`` bytes/s (0: unlimited) with a burst of ~20 ms of traffic."""
+    """A token bucket of ``rate`` bytes/s (0: unlimited) with a burst of 20 ms of traffic (or one chunk)."""
 
     def __init__(self, rate: float) -> None:
         self.rate = float(rate)

@@ -21,6 +21,7 @@ LABEL = {
     "mosaic": "MosaicML streaming 0.13.0",
     "zstd-limit": "limit: Parquet read + zstd only",
     "memmap-limit": "limit: numpy.memmap gather",
+    "unzstd-limit": "limit: zstd decompress + gather",
     "rclone": "rclone sync --checksum",
     "cp": "limit: cp -r",
     "put-limit": "limit: bare presigned PUTs",
@@ -115,7 +116,12 @@ METHOD = """## Method
   with a separate `cache_dir` (it deletes compressed sources otherwise). The first run per tool uses an
   empty cache (*cold*); timed repeats reuse it (*warm*). Throughput is measured after the first batch
   for ≥ 3 s (or one epoch). The limit gathers random 2049-token windows from a `numpy.memmap` of the raw
-  stream. Peak RSS is the runner process (+ largest worker).
+  stream. Peak RSS is the runner process (+ largest worker). Every loader runner (ferry's, the peers', the
+  limits') runs with `OMP_NUM_THREADS=1`: torch's intra-op threads only fight the loader for the cores.
+  *Mtok per CPU s* divides the tokens delivered by the CPU time (user + system) the runner and its DataLoader
+  workers spent over the same stretch. A *cold epoch* reads one whole epoch from an empty cache, timed from
+  building the loader to its last batch; its limit decompresses zstd-1 chunks (64 MiB raw) of the raw stream
+  into memory on one thread, then gathers the same windows as the memmap limit.
 - **Resume**: an uninterrupted run stops at 90% of the epoch, saves the loader state (JSON) and digests
   the next 8 batches. Fresh processes build the loader, load the state and time until the first batch;
   *exact* means all 8 batches equal the uninterrupted run. The same state is also loaded into a loader
@@ -192,8 +198,9 @@ def _load(res: dict[str, Any]) -> list[str]:
         "",
         "![loader throughput](img/bench-load.png)",
         "",
-        "| workers | tool | Mtok/s (warm) | first batch, cold s | first batch, warm s | peak RSS MB | ferry ÷ tool |",
-        "|---|---|---|---|---|---|---|",
+        "| workers | tool | Mtok/s (warm) | Mtok per CPU s | first batch, cold s | first batch, warm s | peak RSS MB "
+        "| ferry ÷ tool |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for w, case in ld["throughput"].items():
         ferry = _med(case["runs"].get("ferry", []), "tokens_per_s")
@@ -205,7 +212,8 @@ def _load(res: dict[str, Any]) -> list[str]:
             rss_s = "—" if rss is None else f"{rss:.0f}" + (f" (+{kids:.0f} worker)" if w != "0" and kids else "")
             ratio = "" if tool == "ferry" else _ratio(ferry, _med(runs, "tokens_per_s"))
             lines.append(
-                f"| {w} | {LABEL.get(tool, tool)} | {_cell(runs, 'tokens_per_s')} | {cold_s} | "
+                f"| {w} | {LABEL.get(tool, tool)} | {_cell(runs, 'tokens_per_s')} | "
+                f"{_cell(runs, 'tokens_per_cpu_s')} | {cold_s} | "
                 f"{_cell(runs, 'first_batch_s', 1, 3)} | {rss_s} | {ratio} |"
             )
     lines += ["", "Targets (≥ 3× the faster peer, ≥ 50% of the memmap limit):", ""]
@@ -221,7 +229,30 @@ def _load(res: dict[str, Any]) -> list[str]:
         if f is not None:
             parts.append("; " + _verdict(f, 0.5, "ferry ÷ memmap limit"))
         lines.append("".join(parts))
-    lines += ["", *_resume(ld.get("resume", {})), ""]
+    lines += ["", *_epoch(ld.get("epoch", {})), *_resume(ld.get("resume", {})), ""]
+    return lines
+
+
+def _epoch(ep: dict[str, Any]) -> list[str]:
+    """The cold-epoch table: tokens/s and tokens per CPU second over a whole epoch from an empty cache."""
+    if not ep:
+        return []
+    lines = [
+        "### One cold epoch (empty cache, from building the loader to its last batch)",
+        "",
+        "| workers | tool | Mtok/s | Mtok per CPU s | first batch s | ferry ÷ tool |",
+        "|---|---|---|---|---|---|",
+    ]
+    for w, case in ep.items():
+        ferry = _med(case["runs"].get("ferry", []), "tokens_per_s")
+        for tool, runs in case["runs"].items():
+            ratio = "" if tool == "ferry" else _ratio(ferry, _med(runs, "tokens_per_s"))
+            lines.append(
+                f"| {w} | {LABEL.get(tool, tool)} | {_cell(runs, 'tokens_per_s')} | {_cell(runs, 'tokens_per_cpu_s')} "
+                f"| {_cell(runs, 'first_batch_s', 1, 3)} | {ratio} |"
+            )
+    f = (ep.get("0") or {}).get("fraction_of_limit")
+    lines += ["", "- " + _verdict(f, 0.8, "0 workers: ferry ÷ zstd decompress + gather limit, cold epoch"), ""]
     return lines
 
 

@@ -1,6 +1,6 @@
 """``make bench``: ferry side by side with litdata, MosaicML streaming, rclone and simple limits.
 
-    .venv/bin/python bench/run.py                 # full run: 50M tokens, 3 repeats, ~15 min on 2 cores
+    .venv/bin/python bench/run.py                 # full run: 50M tokens, 3 repeats
     .venv/bin/python bench/run.py --quick         # smoke run: 2M tokens, 1 repeat
     .venv/bin/python bench/run.py --tokens 200000000 --only pack,load
 

@@ -12,17 +12,14 @@ east (a rename), asks for a sync of that dataset, and times until west's manifes
 process) while ferry syncs: the loss the load's own CPU causes on this machine with no API work
 in ferry at all. Targets: p99 < 100 ms, throughput loss < 10 %. The last stdout line is JSON.
 
-The clusters live on tmpfs (``/dev/shm``) when it has room: on this machine's disk the same
-baseline sync varied 600–1260 MiB/s from run to run with the kernel's writeback, which drowns
-a 10 % effect. On tmpfs the sync is bound by ferry's own work, the hardest case for "the API
-must not slow replication". 1 GiB of tokens (~670 MiB stored), and each dataset is deleted
-after its sync: on this VM, tmpfs memory in use beyond ~3.5 GiB is slow to fill (perf: the
-kernel's memcpy into fresh tmpfs pages). With 2 GiB of tokens (packed copy + east + west ≈
-4 GiB), or with three 1 GiB datasets kept, the sync that crossed that line ran at 430–680
-MiB/s and cost 1.8–3.5 CPU-seconds, the others 1400–1700 MiB/s and 0.55–0.75 CPU-seconds,
-whatever the mode: noise larger than the effect measured.
+The clusters live on tmpfs (``/dev/shm``) when it has room: on disk the kernel's writeback makes
+the same baseline sync vary from run to run by more than the effect measured. On tmpfs the sync
+is bound by ferry's own work, the hardest case for "the API must not slow replication". 1 GiB of
+tokens, and each dataset is deleted after its sync: tmpfs memory in use beyond a few GiB can be
+slow to fill (the kernel's memcpy into fresh tmpfs pages), and a sync that crosses that line is
+slower whatever the mode. docs/architecture.md gives the numbers.
 
-Noise control (the same sync's speed moves 2–3× within minutes on this VM): one discarded
+Noise control (the same sync's speed moves within minutes on a shared machine): one discarded
 warm-up sync; a cycle's three syncs run seconds apart in one process; every mode waits the
 same time before its sync starts; the order of the modes rotates from cycle to cycle; and
 besides the medians of each mode the result gives the *paired* loss, the median over cycles of

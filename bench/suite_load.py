@@ -1,9 +1,13 @@
-"""Load: tokens/s delivered to a training loop, time to first batch, resume at 90%, peak RSS.
+"""Load: tokens/s and tokens per CPU second delivered to a training loop, time to first batch, a cold epoch,
+resume at 90%, peak RSS.
 
 Batch 16 x 2049 tokens (input_ids and labels, 2048 each, int64), shuffle on, 0 and 2 DataLoader
 workers. Each tool reads its own level-1 pack output of the same corpus; its node-local cache
 persists across repeats, so the first (cold) run is reported apart and the timed repeats measure
-steady state. Resume: an uninterrupted run saves its state at 90% of the epoch and digests the next
+steady state. A cold epoch reads one whole epoch from a fresh cache, timed from the build on, against
+the limit of decompressing zstd chunks of the raw stream and gathering the windows from them.
+Every loader runner has ``OMP_NUM_THREADS=1`` (torch's intra-op threads only fight the loader for the cores).
+Resume: an uninterrupted run saves its state at 90% of the epoch and digests the next
 batches; fresh processes load that state and must deliver the same batches.
 """
 
@@ -16,7 +20,10 @@ from typing import Any
 import suite_pack
 from harness import Context, Runner, alternate, log, ratios, summary
 
-__all__ = ["run"]
+__all__ = ["run", "LOADER_ENV"]
+
+LOADER_ENV = (("OMP_NUM_THREADS", "1"),)  # every loader runner's environment, peers' and limits' alike
+LIMITS = ("memmap-limit", "unzstd-limit")
 
 BATCH = 16
 SEQ_LEN = 2048
@@ -26,16 +33,24 @@ SEED = 1234
 
 def _tools(ctx: Context) -> dict[str, tuple[Runner, str]]:
     """tool -> (runner, data path it reads)."""
+    env = LOADER_ENV
     out: dict[str, tuple[Runner, str]] = {
-        "ferry": (Runner("ferry", "ferry_load.py", ctx.ferry_python), suite_pack.out_dir(ctx, "ferry", 1, 1)),
+        "ferry": (Runner("ferry", "ferry_load.py", ctx.ferry_python, env), suite_pack.out_dir(ctx, "ferry", 1, 1)),
     }
     if ctx.peers_python:
         out["litdata"] = (
-            Runner("litdata", "litdata_load.py", ctx.peers_python),
+            Runner("litdata", "litdata_load.py", ctx.peers_python, env),
             suite_pack.out_dir(ctx, "litdata", 1, 1),
         )
-        out["mosaic"] = (Runner("mosaic", "mosaic_load.py", ctx.peers_python), suite_pack.out_dir(ctx, "mosaic", 1, 1))
-    out["memmap-limit"] = (Runner("memmap-limit", "memmap_load.py", ctx.ferry_python), ctx.corpus.stream)
+        out["mosaic"] = (
+            Runner("mosaic", "mosaic_load.py", ctx.peers_python, env),
+            suite_pack.out_dir(ctx, "mosaic", 1, 1),
+        )
+    out["memmap-limit"] = (Runner("memmap-limit", "memmap_load.py", ctx.ferry_python, env), ctx.corpus.stream)
+    out["unzstd-limit"] = (
+        Runner("unzstd-limit", "unzstd_gather_limit.py", ctx.ferry_python, env),
+        ctx.corpus.stream,
+    )
     return out
 
 
@@ -81,10 +96,11 @@ def run(ctx: Context) -> dict[str, Any]:
     _ensure_packed(ctx, tools)
     shutil.rmtree(ctx.data / "cache", ignore_errors=True)
     result: dict[str, Any] = {"batch_size": BATCH, "seq_len": SEQ_LEN, "throughput": {}, "resume": {}}
+    result["epoch"] = {}
     for workers in [0] if ctx.quick else [0, 2]:
-        names = [t for t in tools if not (t == "memmap-limit" and workers)]
+        names = [t for t in tools if not (t in LIMITS and workers)]
         cold: dict[str, dict[str, Any]] = {}
-        for t in names:  # cold: fresh cache, first contact with the data
+        for t in [t for t in names if t != "unzstd-limit"]:  # cold: fresh cache, first contact with the data
             runner, data = tools[t]
             # only its first batch is reported: a short run
             cold[t] = runner(ctx, {**_base(ctx, t, data, workers), "mode": "throughput", "min_seconds": 0.3})
@@ -94,17 +110,35 @@ def run(ctx: Context) -> dict[str, Any]:
             runner, data = tools[tool]
             return runner(ctx, {**_base(ctx, tool, data, workers), "mode": "throughput"})
 
-        runs = alternate(ctx, names, one, what=f"load w{workers}")
+        steady = [t for t in names if t != "unzstd-limit"]  # warm, it is the memmap limit again
+        runs = alternate(ctx, steady, one, what=f"load w{workers}")
         result["throughput"][str(workers)] = {"runs": runs, "cold": cold, **ratios(runs, "memmap-limit")}
-    result["resume"] = _resume(ctx, tools)
+        epochs = alternate(ctx, names, lambda t, r, w=workers: _epoch(ctx, tools, t, r, w), what=f"epoch w{workers}")
+        result["epoch"][str(workers)] = {"runs": epochs, **ratios(epochs, "unzstd-limit")}
+    result["resume"] = _resume(ctx, [t for t in tools if t != "unzstd-limit"], tools)
     result["profile"] = _maybe_profile(ctx, tools["ferry"], result)
     return result
 
 
-def _resume(ctx: Context, tools: dict[str, tuple[Runner, str]]) -> dict[str, Any]:
+def _epoch(ctx: Context, tools: dict[str, tuple[Runner, str]], tool: str, repeat: int, workers: int) -> dict[str, Any]:
+    """One cold epoch of ``tool``: a fresh cache, removed after."""
+    runner, data = tools[tool]
+    cache = ctx.data / "cache" / f"epoch-{tool}-w{workers}-{repeat}"
+    shutil.rmtree(cache, ignore_errors=True)
+    try:
+        args = {**_base(ctx, tool, data, workers), "cache_dir": str(cache), "mode": "epoch"}
+        if tool == "unzstd-limit":  # its compressed chunks are its input, made once: only the decompression is timed
+            args["cache_dir"] = str(ctx.data / "cache" / "unzstd-input")
+        return runner(ctx, args)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def _resume(ctx: Context, names: list[str], tools: dict[str, tuple[Runner, str]]) -> dict[str, Any]:
     """Reference run to 90% (0 workers), then timed resumes; one more resume with 2 workers."""
     refs: dict[str, dict[str, Any]] = {}
-    for t, (runner, data) in tools.items():
+    for t in names:
+        runner, data = tools[t]
         state_file = str(ctx.data / f"state-{t}.json")
         refs[t] = runner(ctx, {**_base(ctx, t, data, 0), "mode": "reference", "state_file": state_file})
         log(f"resume {t} reference: {refs[t].get('error') or refs[t].get('stop_batch')}")
@@ -118,7 +152,7 @@ def _resume(ctx: Context, tools: dict[str, tuple[Runner, str]]) -> dict[str, Any
             res["equal"] = res["digests"] == refs[tool]["digests"]
         return res
 
-    ok = [t for t in tools if "digests" in refs[t]]
+    ok = [t for t in names if "digests" in refs[t]]
     runs = alternate(ctx, ok, one, what="resume@90%") if ok else {}
     elastic: dict[str, Any] = {}
     for t in ok:  # the state saved with 0 workers, loaded into a loader with 2 workers

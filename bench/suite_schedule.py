@@ -46,7 +46,7 @@ def run(ctx: Context) -> dict[str, Any]:
     root.mkdir(parents=True, exist_ok=True)
     tokens = 150_000 if ctx.quick else 2_000_000
     seq_len = 512 if ctx.quick else 2048
-    batches = 200 if ctx.quick else 2000  # several epochs of the mixture: the timed part lasts ~1 s
+    batches = 200 if ctx.quick else 2000  # several epochs of the mixture: long enough to time
     urls = _sources(root, tokens)
     runner = Runner("ferry", "ferry_schedule.py", ctx.ferry_python)
     base = {"data": urls, "cache_dir": str(ctx.data / "cache" / "schedule"), "seq_len": seq_len, "batch_size": BATCH}

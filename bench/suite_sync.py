@@ -214,7 +214,7 @@ def run(ctx: Context, rclone: str | None = None, mib: int = 1024) -> dict[str, A
 
 
 def _repeats(ctx: Context) -> int:
-    """At least 5 alternating runs per tool outside --quick: one copy run on this VM can take 3× another
+    """At least 5 alternating runs per tool outside --quick: one copy run can take several times another
     (page-cache allocation in the kernel, see bench/analysis.md), and a median of 3 moves with one outlier."""
     return ctx.repeats if ctx.quick else max(ctx.repeats, 5)
 

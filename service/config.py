@@ -27,6 +27,7 @@ from .config_types import (
     Config,
     Limits,
     Rule,
+    StagingConfig,
     TransferConfig,
     _is_secret_key,
     link_name,
@@ -44,6 +45,7 @@ __all__ = [
     "Limits",
     "TransferConfig",
     "ApiConfig",
+    "StagingConfig",
     "parse_api",
     "Config",
     "load_config",
@@ -119,7 +121,24 @@ def parse_config(
         scrub_interval=None if checked.scrub_interval is None else float(checked.scrub_interval),
         api=ApiConfig(**checked.api.model_dump()),
         cluster=checked.cluster,
+        staging=_staging(checked.staging, clusters, base, env),
     )
+
+
+def _staging(section: Any, clusters: Mapping[str, Cluster], base: Path, env: Mapping[str, str]) -> StagingConfig | None:
+    """A checked ``[staging]``: never inside a cluster (evicting a staged copy must never touch a replica)."""
+    if section is None:
+        return None
+    url = section.url
+    if "://" not in url and not Path(url).is_absolute():
+        url = str((base / url).resolve())
+    for name, cluster in clusters.items():
+        a, b = url.rstrip("/") + "/", cluster.url.rstrip("/") + "/"
+        if a.startswith(b) or b.startswith(a):
+            raise ConfigError(f"staging.url: {redact(url)} overlaps cluster {name!r} ({cluster.public_url}): "
+                              "staging evicts what it holds, so it must lie outside every cluster")  # fmt: skip
+    options = _resolve_options(section.storage_options, "staging.storage_options", env)
+    return StagingConfig(url, section.budget, section.horizon, float(section.interval), options)
 
 
 def _cluster(name: str, section: Any, base: Path, env: Mapping[str, str]) -> Cluster:

@@ -16,8 +16,8 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
-from ferry.shard_tools.errors import ConfigError
-from ferry.shard_tools.units import parse_rate
+from ferry.shard_tools.errors import ConfigError, UsageError
+from ferry.shard_tools.units import parse_rate, parse_size
 
 from .config_types import ApiConfig, Cluster, Config, Limits, TransferConfig, url_problem
 
@@ -28,6 +28,7 @@ __all__ = [
     "LimitsSection",
     "TransferSection",
     "ApiSection",
+    "StagingSection",
     "check_file",
     "check_api",
 ]
@@ -140,6 +141,27 @@ class ApiSection(_Section):
     max_headers: int = Field(default=ApiConfig.max_headers, ge=8)
 
 
+def _size(value: Any) -> Any:
+    """A size as ``parse_size`` reads it (``"100GiB"`` or bytes)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    try:
+        return parse_size(value)
+    except (UsageError, AttributeError) as exc:
+        raise ValueError(f"expected a size such as '100GiB' or a number of bytes ({exc})") from None
+
+
+Size = Annotated[Annotated[int, Field(ge=1)], BeforeValidator(_size)]
+
+
+class StagingSection(_Section):
+    url: Annotated[str, AfterValidator(_url)]
+    budget: Size
+    horizon: Size
+    interval: float = Field(default=2.0, ge=0.05)
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+
+
 class FileSection(_Section):
     """A whole ``ferry.toml``; defaults are :class:`Config`'s."""
 
@@ -153,6 +175,7 @@ class FileSection(_Section):
     scrub_interval: float | None = None
     api: ApiSection = ApiSection()
     cluster: str | None = None
+    staging: StagingSection | None = None
 
     @field_validator("clusters")
     @classmethod

@@ -96,6 +96,20 @@ class TransferConfig:
 
 
 @dataclass(frozen=True)
+class StagingConfig:
+    """``[staging]``: copy the shards registered jobs will read, in their read order, to a fast location."""
+
+    url: str  # fsspec URL; dataset NAME is staged at <url>/NAME (a partial replica the loader reads first)
+    budget: int  # bytes staging may hold
+    horizon: int  # bytes of each job's coming shards to hold ahead of it
+    interval: float = 2.0  # seconds between two plans
+    storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    def dataset_url(self, dataset: str) -> str:
+        return f"{self.url.rstrip('/')}/{dataset}"
+
+
+@dataclass(frozen=True)
 class ApiConfig:
     """``[api]``: the HTTP API and dashboard (the one type of this section; the API reads it as is)."""
 
@@ -137,6 +151,7 @@ class Config:
     api: ApiConfig = field(default_factory=ApiConfig)
     source_path: Path | None = None
     cluster: str | None = None  # one daemon per cluster: act only where this cluster is the destination
+    staging: StagingConfig | None = None  # None: jobs are listed, nothing is staged
 
     def links(self) -> list[tuple[str, str]]:
         """Every (source, destination) pair some rule names."""

@@ -30,6 +30,8 @@ from ferry.shard_tools.threadname import start_named_thread
 
 from .config import Config, Rule, link_name, parse_rate
 from .events import EventBus
+from .jobs.registry import JobRegistry
+from .jobs.stager import Stager
 from .names import name_problem
 from .records import (
     ClusterInfo,
@@ -126,6 +128,9 @@ class Daemon:
         self._problems = self.state.problems()  # (dataset, cluster, subject) of open dataset-level errors
         self._refused: dict[tuple[str, str], str] = {}  # (dataset, dest) → source version refused there
         self.passes = 0  # completed polls (tests wait on it)
+        # training jobs register here through the API; with [staging], their coming shards are staged
+        self.jobs = JobRegistry(lambda: [(c.name, c.url) for c in config.clusters.values()])
+        self.stager = None if config.staging is None else Stager(self.jobs, config.staging, config.clusters)
 
     # life cycle
     @property
@@ -150,6 +155,8 @@ class Daemon:
         import ferry.shard_tools.format.manifest  # noqa: F401
 
         self._thread = start_named_thread(self._loop, "ferry-daemon")
+        if self.stager is not None:
+            self.stager.start()
         log.info("daemon started: %d clusters, %d rules, state in %s",
                  len(self._config.clusters), len(self._config.rules), self._config.state_dir)  # fmt: skip
 
@@ -159,6 +166,8 @@ class Daemon:
             return
         self._stopping.set()
         self._wake.set()
+        if self.stager is not None:
+            self.stager.stop(timeout or 30.0)
         self.executor.shutdown(timeout)
         if self._thread is not None:
             self._thread.join(timeout=(timeout or 30.0) + 15.0)

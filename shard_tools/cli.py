@@ -165,7 +165,7 @@ def _add_pack(sub: argparse._SubParsersAction) -> None:
         "directory. Inputs are only read, never modified",
     )
     p.add_argument("--out", required=True, help="dataset URL (local path, file://, s3://, gs://, memory://)")
-    p.add_argument("--input-format", choices=["parquet", "jsonl", "text", "npy", "megatron", "arrow", "hf"])
+    p.add_argument("--input-format", choices=["parquet", "jsonl", "text", "npy", "megatron", "arrow", "wds", "hf"])
     p.add_argument("--split", help="the split of a Hugging Face dataset directory (needed when it has several)")
     p.add_argument(
         "--no-origin",
@@ -210,6 +210,7 @@ def _add_pack(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name", help="dataset name (default: last part of --out); no control characters")
     p.add_argument("--append", action="store_true", help="publish a new version adding shards to an existing dataset")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary")
+    _add_media(p)
     _add_storage(p)
     p.add_argument(
         "--input-storage-option",
@@ -220,11 +221,31 @@ def _add_pack(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_pack)
 
 
+def _add_media(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--media-policy",
+        metavar="NAME[:KEY=VALUE,...]",
+        help="pack media (images, WAV audio) with placeholder spans costed by this policy, e.g. "
+        "patch:max_side=448,patch=14 (see docs/guides/multimodal.md); needs a --tokenizer",
+    )
+    p.add_argument("--media-column", default="image", help="image column of Parquet / HF inputs (default: image)")
+    p.add_argument(
+        "--skip-bad-media",
+        action="store_true",
+        help="leave out (and count) media items that are truncated, undecodable or too large instead of failing",
+    )
+
+
 def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="summarise a dataset: totals, versions, shards")
     p.add_argument("url")
     p.add_argument("--version", help="a published version id (default: current)")
     p.add_argument("--shards", action="store_true", help="list every shard")
+    p.add_argument(
+        "--media",
+        action="store_true",
+        help="read every shard (verified) to show media kinds, formats and the distribution of their token costs",
+    )
     p.add_argument("--json", action="store_true")
     _add_storage(p)
     p.set_defaults(func=_cmd_inspect)
@@ -299,6 +320,9 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         append=args.append,
         storage_options=parse_storage_options(args.storage_option),
         input_storage_options=parse_storage_options(args.input_storage_option),
+        media_policy=args.media_policy,
+        media_column=args.media_column,
+        skip_bad_media=args.skip_bad_media,
     )
     if args.part:
         part, parts = parse_part_spec(args.part)
@@ -326,6 +350,11 @@ def _cmd_pack(args: argparse.Namespace) -> int:
             f"version {result.version_id}  stored {format_bytes(result.stored_bytes)} "
             f"(raw {format_bytes(result.raw_bytes)})  {result.tokens_per_second / 1e6:.1f} Mtok/s"
         )
+        if result.media_items or result.skipped_media:
+            print(
+                f"media     {result.media_items:,} items, {format_bytes(result.media_bytes)}"
+                + (f"; {result.skipped_media:,} bad items left out (--skip-bad-media)" if result.skipped_media else "")
+            )
     return 0
 
 
@@ -337,6 +366,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     m = load_manifest(loc, args.version)
     versions = sorted(list_versions(loc))
     shards = [vars(s) for s in m.shards] if args.shards else None
+    costs = _media_costs(loc, m) if args.media else None
     if args.json:
         doc = {
             "url": args.url,
@@ -348,6 +378,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         }
         if shards is not None:
             doc["shards"] = shards
+        if costs is not None:
+            doc["media_costs"] = costs
         print_json(doc)
         return 0
     t = m.totals
@@ -361,6 +393,16 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         f"  eos appended: {'yes' if m.eos_appended else 'no'}",
         f"versions  {len(versions)}: {', '.join(versions)}",
     ]
+    if m.media is not None:
+        policy = ",".join(f"{k}={v}" for k, v in m.media.to_dict().items() if k != "name")
+        lines.insert(
+            5, f"media     {t['media_items']:,} items, {format_bytes(t['media_bytes'])}  policy {m.media.name}:{policy}"
+        )
+    for kind, c in (costs or {}).items():
+        lines.append(
+            f"  {kind:<8}{c['items']:>8,} items {format_bytes(c['bytes']):>10}  formats {c['formats']}  cost tokens "
+            f"min {c['min']}  p50 {c['p50']}  p90 {c['p90']}  max {c['max']}  total {c['total']:,}"
+        )
     if shards is not None:
         lines.append(f"{'#':>6}  {'path':<58} {'docs':>9} {'tokens':>12} {'stored':>10}")
         for i, s in enumerate(shards):
@@ -368,6 +410,44 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
             lines.append(f"{i:>6}  {s['path']:<58} {s['documents']:>9,} {s['tokens']:>12,} {stored:>10}")
     print_lines(lines)
     return 0
+
+
+def _media_costs(loc: Any, m: Any) -> dict[str, dict[str, Any]]:
+    """Per media kind: items, bytes, formats and the distribution of token costs, from every shard."""
+    import numpy as np
+
+    from .dataset import Dataset
+    from .format.media import MEDIA_COLUMN, MediaMeta
+
+    ds = Dataset(loc, m)
+    costs: dict[str, list[int]] = {}
+    sizes: dict[str, int] = {}
+    formats: dict[str, dict[str, int]] = {}
+    for i in range(len(ds)):
+        view = ds.read_shard(i)
+        if MEDIA_COLUMN not in view.table.schema.names:
+            continue
+        meta = MediaMeta.from_column(view.table.column(MEDIA_COLUMN), m.shards[i].path)
+        lengths = np.diff(meta.data_offsets)
+        for j, kind in enumerate(meta.kind):
+            costs.setdefault(kind, []).append(int(meta.cost[j]))
+            sizes[kind] = sizes.get(kind, 0) + int(lengths[j])
+            kinds = formats.setdefault(kind, {})
+            kinds[meta.format[j]] = kinds.get(meta.format[j], 0) + 1
+    out: dict[str, dict[str, Any]] = {}
+    for kind, values in sorted(costs.items()):
+        arr = np.asarray(values)
+        out[kind] = {
+            "items": len(values),
+            "bytes": sizes[kind],
+            "formats": formats[kind],
+            "min": int(arr.min()),
+            "p50": int(np.percentile(arr, 50)),
+            "p90": int(np.percentile(arr, 90)),
+            "max": int(arr.max()),
+            "total": int(arr.sum()),
+        }
+    return out
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:

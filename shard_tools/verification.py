@@ -20,6 +20,7 @@ from .dataset import Dataset, decode_stored_shard, load_manifest
 from .errors import DatasetError, ShardDigestError, ShardError, ShardFormatError, StorageError, TokenRangeError
 from .format.digest import digest_bytes, raw_digest
 from .format.manifest import ShardInfo
+from .format.media import check_shard_media
 from .format.seekable import arrow_positions, decode_frames, load_index
 from .format.shard import parse_shard
 from .storage.store import resolve
@@ -69,6 +70,7 @@ def verify_shard(ds: Dataset, i: int) -> int:
     view = parse_shard(raw, shard=info.path, dtype=m.token_dtype, documents=info.documents, tokens=info.tokens)
     if positions is not None:
         _check_positions(info, raw, positions)
+    check_shard_media(view.table, view.tokens, view.offsets, info, m.media)
     if view.num_tokens and int(np.max(view.tokens)) >= m.tokenizer.vocab_size:
         raise TokenRangeError(
             f"shard {info.path}: token id {int(np.max(view.tokens))} ≥ vocab size {m.tokenizer.vocab_size}"

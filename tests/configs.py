@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Api", "Cluster", "FerryToml", "Limits", "Rule", "Transfer", "toml_text"]
+__all__ = ["Api", "Cluster", "FerryToml", "Limits", "Rule", "Staging", "Transfer", "toml_text"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,17 @@ class Api:
 
 
 @dataclass(frozen=True)
+class Staging:
+    """``[staging]``; sizes as ferry.toml writes them (``"10GiB"``) or bytes."""
+
+    url: str | Path
+    budget: str | int
+    horizon: str | int
+    interval: float | None = None
+    storage_options: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class FerryToml:
     """A whole ``ferry.toml``."""
 
@@ -94,6 +105,7 @@ class FerryToml:
     keep_versions: int | None = None
     scrub_interval: float | None = None
     cluster: str | None = None
+    staging: Staging | None = None
 
     def doc(self) -> dict[str, Any]:
         """The parsed form: what ``tomllib.loads(self.text())`` gives and ``parse_config`` takes."""

@@ -27,6 +27,12 @@ from ferry.shard_tools.cli import main
 # 60 s timeout. Off here and in every process a test starts (they inherit the environment).
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
+# A shell without job control starts background commands with SIGINT ignored, and an ignored signal
+# stays ignored in every process started from there: the tests that interrupt ferry with SIGINT need
+# their processes to receive it, so the run gets Python's own handler back (children start at default).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -148,24 +154,37 @@ def s3_env(moto_endpoint: str) -> dict[str, str]:
     }
 
 
+def _moto_options(endpoint: str) -> dict[str, Any]:
+    return {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint}}
+
+
+@pytest.fixture(scope="session")
+def _moto_buckets(moto_endpoint: str) -> Any:
+    """One filesystem that makes every test's bucket: a new one would parse botocore's service models
+    again for each test."""
+    import s3fs
+
+    return s3fs.S3FileSystem(**_moto_options(moto_endpoint), skip_instance_cache=True)
+
+
 @pytest.fixture
-def s3_backend(moto_endpoint: str, s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Backend:
+def s3_backend(
+    moto_endpoint: str, s3_env: dict[str, str], _moto_buckets: Any, monkeypatch: pytest.MonkeyPatch
+) -> Backend:
     """A fresh bucket on the moto server."""
     import s3fs
 
     for k, v in s3_env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("AWS_CA_BUNDLE", raising=False)
-    options = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": moto_endpoint}}
     bucket = f"ferry-{uuid.uuid4().hex[:12]}"
-    fs = s3fs.S3FileSystem(**options, skip_instance_cache=True)
-    fs.mkdir(bucket)
+    _moto_buckets.mkdir(bucket)
     s3fs.S3FileSystem.clear_instance_cache()
-    return Backend("s3", f"s3://{bucket}", options, dict(s3_env))
+    return Backend("s3", f"s3://{bucket}", _moto_options(moto_endpoint), dict(s3_env))
 
 
 ROOT = Path(__file__).resolve().parents[1]
-EMULATOR_START = 90.0  # seconds an emulator may take to listen (Azurite takes ~20 s on two busy cores)
+EMULATOR_START = 90.0  # seconds an emulator may take to listen (Azurite starts slowly on busy cores)
 AZURITE_ACCOUNT = "devstoreaccount1"  # Azurite's well-known development account and key
 AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 

@@ -84,7 +84,7 @@ class Sizes:
     docs_per_input: int = 30
     daemon_nofile: int = 256
     keep_versions: int = 1
-    loader_delay_s: float = 0.15  # a training step: an epoch of the first version takes ~12 s
+    loader_delay_s: float = 0.15  # a training step: an epoch outlasts several sync passes and faults
 
 
 BOUNDED = Sizes()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from configs import Api, Cluster, FerryToml, Limits, Rule
+from configs import Api, Cluster, FerryToml, Limits, Rule, Staging
 
 from ferry.client.service.service_client import ServiceClient
 from ferry.service.api import RunningServer, start_server
@@ -133,7 +133,7 @@ class Service:
         return cell.published_version if cell else None
 
 
-def write_serve_config(root: Path, port: int) -> Path:
+def write_serve_config(root: Path, port: int, staging: Staging | None = None) -> Path:
     """A ferry.toml for a `ferry serve` subprocess: clusters src → d1 under ``root``, fast polls, one attempt."""
     (root / "d1").mkdir(parents=True, exist_ok=True)
     return FerryToml(
@@ -143,6 +143,7 @@ def write_serve_config(root: Path, port: int) -> Path:
         api=Api(port=port),
         state_dir=f"{root}/state",
         poll_interval=0.2,
+        staging=staging,
     ).write(root / "ferry.toml")
 
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["args", "emit", "peak_rss_mb", "now", "profiled", "dir_bytes"]
+__all__ = ["args", "cpu_seconds", "emit", "peak_rss_mb", "now", "profiled", "dir_bytes"]
 
 now = time.perf_counter
 
@@ -47,6 +47,38 @@ def peak_rss_mb() -> dict[str, float]:
     own = _own_peak_kib() / 1024
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     return {"peak_rss_mb": round(own, 1), "peak_rss_children_mb": round(kids, 1)}
+
+
+def _descendants_cpu(root: int) -> float:
+    """CPU seconds (user + system) of the live descendants of process ``root``, from ``/proc`` (Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()  # after the command name, which may hold spaces
+        except OSError:
+            continue  # gone meanwhile
+        pid = int(entry)
+        children.setdefault(int(fields[1]), []).append(pid)  # fields[1]: the parent's id
+        times[pid] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    total, todo = 0.0, list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        total += times.get(pid, 0.0)
+        todo.extend(children.get(pid, []))
+    return total
+
+
+def cpu_seconds() -> float:
+    """CPU seconds this process and all its descendants used so far: its own threads, the children it reaped,
+    and the ones still running (DataLoader workers). The difference of two readings is what a stretch of work
+    cost in CPU time, wherever it ran."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system + _descendants_cpu(os.getpid())
 
 
 def dir_bytes(path: str) -> int:

@@ -4,7 +4,10 @@ A tool plugs in a :class:`Tool`: how to build its loader, turn one of its batche
 ``(input_ids, labels)`` int64 tensors, and save/restore its state. Modes:
 
 - ``throughput``: build, time the first batch, then iterate for ``min_seconds`` (at least
-  ``min_batches``, at most one epoch) and report tokens/s delivered to the loop.
+  ``min_batches``, at most one epoch) and report tokens/s delivered to the loop, and tokens per CPU second
+  (the CPU time of the runner and its DataLoader workers over the same stretch).
+- ``epoch``: build and read exactly one epoch (with a fresh cache: a cold epoch), timed from the build to the
+  last batch; tokens/s and tokens per CPU second over all of it.
 - ``reference``: an uninterrupted run up to batch ``resume_at``; save the loader state there
   and digest the next ``check_batches`` batches.
 - ``resume``: a fresh loader loads that state; time until the first batch; digest the next batches.
@@ -18,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from _common import args, emit, now, profiled
+from _common import args, cpu_seconds, emit, now, profiled
 
 __all__ = ["Tool", "main"]
 
@@ -57,7 +60,7 @@ def _throughput(tool: Tool, a: dict[str, Any]) -> dict[str, Any]:
     _check(ids, labels, a["batch_size"], a["seq_len"])
     epoch = tool.epoch_batches(loader)
     n = 0
-    t1 = now()
+    t1, c1 = now(), cpu_seconds()
     limit = a.get("max_batches", 10**9)
     done = False
     while not done:  # a fast loader runs on into the next epoch until the clock has enough
@@ -72,7 +75,7 @@ def _throughput(tool: Tool, a: dict[str, Any]) -> dict[str, Any]:
             break
         if not done:
             it = iter(loader)
-    seconds = now() - t1
+    seconds, cpu = now() - t1, cpu_seconds() - c1
     tokens = n * a["batch_size"] * a["seq_len"]
     del it
     return {
@@ -82,6 +85,37 @@ def _throughput(tool: Tool, a: dict[str, Any]) -> dict[str, Any]:
         "seconds": seconds,
         "tokens": tokens,
         "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+        "cpu_s": cpu,
+        "tokens_per_cpu_s": tokens / cpu if cpu > 0 else 0.0,
+    }
+
+
+def _epoch(tool: Tool, a: dict[str, Any]) -> dict[str, Any]:
+    """One whole epoch from the build on (the caller gives a fresh cache: decompressing is part of it)."""
+    t0, c0 = now(), cpu_seconds()
+    loader = tool.build(a)
+    epoch = tool.epoch_batches(loader)
+    n = 0
+    first = None
+    for batch in loader:
+        ids, labels = tool.ids(batch)
+        if first is None:
+            first = now() - t0
+            _check(ids, labels, a["batch_size"], a["seq_len"])
+        n += 1
+        if n >= epoch:
+            break
+    seconds, cpu = now() - t0, cpu_seconds() - c0
+    tokens = n * a["batch_size"] * a["seq_len"]
+    return {
+        "first_batch_s": first,
+        "batches": n,
+        "epoch_batches": epoch,
+        "seconds": seconds,
+        "tokens": tokens,
+        "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+        "cpu_s": cpu,
+        "tokens_per_cpu_s": tokens / cpu if cpu > 0 else 0.0,
     }
 
 
@@ -122,7 +156,7 @@ def _resume(tool: Tool, a: dict[str, Any]) -> dict[str, Any]:
 def main(tool: Tool) -> None:
     """Run the mode the harness asked for and print the JSON result."""
     a = args()
-    modes = {"throughput": _throughput, "reference": _reference, "resume": _resume}
+    modes = {"throughput": _throughput, "epoch": _epoch, "reference": _reference, "resume": _resume}
     fn = modes[a["mode"]]
     if a["mode"] != "throughput" and tool.state is None:
         emit({"unsupported": tool.state_note or "no resumable state"})

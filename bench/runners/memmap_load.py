@@ -14,7 +14,8 @@ class MemmapLoader:
     """Batches of random windows; a sample index permutation drawn once (the limit may cheat)."""
 
     def __init__(self, a: dict[str, Any]) -> None:
-        self.tokens = np.memmap(a["data"], dtype=np.uint16, mode="r")
+        # the runner that decompresses the stream into memory first passes it as ``tokens``
+        self.tokens = a["tokens"] if "tokens" in a else np.memmap(a["data"], dtype=np.uint16, mode="r")
         self.seq_len = a["seq_len"]
         self.batch = a["batch_size"]
         self.samples = (len(self.tokens) - 1) // self.seq_len

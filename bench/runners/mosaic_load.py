@@ -21,7 +21,7 @@ def _build(a: dict[str, Any]) -> StreamingDataLoader:
 
 
 def _collate(samples: list[dict[str, Any]]) -> Any:
-    # stack and widen in numpy: torch's uint16 -> int64 cast takes ~36 ms per batch
+    # stack and widen in numpy: torch's uint16 -> int64 cast is far slower (bench/analysis.md)
     return torch.from_numpy(np.stack([s["tokens"] for s in samples]).astype(np.int64))
 
 

@@ -1,10 +1,10 @@
 """Fetching over a slow or unreliable link: deadlines, hedged requests, and shards streamed into a file.
 
-- Every request has a deadline: ``floor + slack * (latency + bytes / rate)``, from the round trip and
-  per-connection rate observed on that replica (a conservative prior before the first transfer).
+- Every request has a deadline, which the replicas' health gives (:mod:`ferry.client.fetching.health`).
 - A request past its deadline is sent to the next replica as well (:func:`race`); the first good answer
   wins and the others are cancelled: an S3 request is a task on fsspec's event loop, and cancelling it
-  closes its connection. A local read cannot be interrupted, so it runs in a bounded thread pool.
+  closes its connection. A local read cannot be interrupted, so it runs in a bounded thread pool. The race
+  tells the health record what each attempt did (:class:`RaceHealth`).
 - A shard is read as parallel ranged reads of ``part_size`` bytes, at most ``connections`` in flight,
   consumed in order by :class:`ShardSink`: its stored digest is computed as it streams and it is
   decompressed by a streaming zstd decoder straight into a file, checked against the manifest's raw size
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import zstandard
 
@@ -31,10 +31,8 @@ from ferry.shard_tools.storage.store import Location
 
 from .. import checks
 
-__all__ = ["FetchOptions", "Link", "Missing", "RaceLost", "ShardSink", "race", "start_read"]
+__all__ = ["FetchOptions", "Missing", "RaceHealth", "RaceLost", "ShardSink", "race", "start_read"]
 
-_SMALL = 256 << 10  # a request this small measures the round trip, a larger one the rate
-_EWMA = 0.3
 _WRITE = 1 << 20  # decoder output chunk: the decoder never holds more than this
 
 
@@ -44,12 +42,12 @@ class FetchOptions:
 
     part_size: bytes per ranged read of a shard (4 MiB: about 0.1 s at 40 MB/s; a 30 ms round trip costs
         ~22% of one connection, and 8 of them still carry 250 MB/s. Finer parts end a shard's fetch more
-        evenly, so the next shard's parts start sooner: a cold first batch of two 64 MiB shards at 30 ms
-        came ~0.1 s sooner than with 8 MiB parts. On round trips of 100 ms or more raise it to 8-16 MiB.)
+        evenly, so the next shard's parts start sooner and a cold first batch arrives earlier than with
+        larger parts. On round trips of 100 ms or more raise it to 8-16 MiB.)
     connections: ranged reads in flight per process (8: fills a link of 8 capped connections; memory is
         about ``connections`` parts per shard being fetched).
     deadline_floor, deadline_slack: a request's deadline is ``floor + slack * expected`` seconds
-        (2 s and 4x: a healthy request on a jittery link is not hedged, a hung one costs ~2 s).
+        (2 s and 4x: a healthy request on a jittery link is not hedged, a hung one costs little more than the floor).
     prior_rate, prior_latency: assumed per-connection rate (bytes/s) and round trip before measurements.
 
     Each real-valued option lies in a range (``_FLOAT_RANGE``) that keeps every deadline finite.
@@ -100,24 +98,6 @@ _FLOAT_RANGE = {
 }
 
 
-class Link:
-    """What one replica's link has shown: round trip and per-connection rate (moving averages)."""
-
-    def __init__(self, options: FetchOptions) -> None:
-        self.latency = options.prior_latency
-        self.rate = options.prior_rate
-
-    def expected(self, nbytes: int) -> float:
-        return self.latency + nbytes / self.rate
-
-    def observe(self, nbytes: int, seconds: float) -> None:
-        if nbytes <= _SMALL:
-            self.latency += _EWMA * (seconds - self.latency)
-        else:
-            rate = nbytes / max(seconds - self.latency, seconds / 4, 1e-4)
-            self.rate += _EWMA * (rate - self.rate)
-
-
 class Missing(Exception):
     """The replica answered that it does not have the object (not a fault of the replica)."""
 
@@ -140,6 +120,36 @@ def start_read(loc: Location, rel: str, start: int | None, end: int | None, pool
     return pool.submit(fs.cat_file, path, start=start, end=end)
 
 
+class RaceHealth(Protocol):
+    """What :func:`race` asks of the replicas' health and tells it
+    (:class:`ferry.client.fetching.health.ReplicaHealth`). ``kind`` names the ranking a failure moves a replica
+    down in (shards, or manifests)."""
+
+    def deadline(self, i: int, nbytes: int) -> float:
+        """Seconds replica ``i`` may take for a request of ``nbytes``."""
+        ...
+
+    def answered(self, i: int, nbytes: int, seconds: float) -> None:
+        """A good answer."""
+        ...
+
+    def refused(self, i: int, nbytes: int, seconds: float, kind: str) -> None:
+        """An answer that failed its check."""
+        ...
+
+    def failed(self, i: int, exc: BaseException, seconds: float, kind: str) -> str:
+        """A request that raised: ``"missing"`` (the replica lacks the object) or ``"failed"``."""
+        ...
+
+    def hedged(self, i: int) -> None:
+        """Past its deadline: the next replica is asked too."""
+        ...
+
+    def unanswered(self, replicas: list[int]) -> None:
+        """When the race ends: the replicas that passed their deadline and never answered (hung, not slow)."""
+        ...
+
+
 @dataclass
 class _Attempt:
     replica: int
@@ -150,31 +160,31 @@ class _Attempt:
 def race(
     tries: list[int],
     start: Callable[[int], Future[bytes]],
-    deadline: Callable[[int], float],
-    check: Callable[[int, bytes, float], None],
-    on_hedge: Callable[[int], None],
-    on_error: Callable[[int, BaseException, float], str],
+    check: Callable[[int, bytes], None] | None,
+    health: RaceHealth,
+    *,
+    nbytes: int,
+    kind: str,
     spare: int | None = None,
-    on_unanswered: Callable[[list[int]], None] | None = None,
 ) -> tuple[int, bytes]:
-    """Ask ``tries[0]``; on an error ask the next at once, past a deadline ask the next too; first good
-    answer wins, the rest are cancelled. ``check`` raises on a bad answer; ``on_error`` classifies an
-    error (``missing`` / ``failed``). ``spare``: a replica asked once more when the last one passes its
-    deadline (a single replica: a new connection). ``on_unanswered`` is told, when the race ends, the
-    replicas that passed their deadline and never answered (a hung replica, not merely a slow one).
-    Raises :class:`RaceLost`."""
+    """Ask ``tries[0]`` for ``nbytes``; on an error ask the next at once, past a deadline ask the next too; first
+    good answer wins, the rest are cancelled. ``check`` raises on a bad answer. ``spare``: a replica asked once
+    more when the last one passes its deadline (a single replica: a new connection). ``health`` gives the
+    deadlines and is told of every answer, error, hedge, and (when the race ends) of the replicas that passed
+    their deadline and never answered. Raises :class:`RaceLost`."""
     running: dict[Future[bytes], _Attempt] = {}
-    errors: list[tuple[int, str]] = []
-    kinds: set[type[Exception]] = set()
-    missing = timed_out = 0
+    lost = _Losses()
     queue = list(tries)
     winner: int | None = None
+
+    def ask(i: int) -> None:
+        now = time.monotonic()
+        running[start(i)] = _Attempt(i, now, now + health.deadline(i, nbytes))
+
     try:
         for _ in range(4 * len(tries) + 4):  # each round starts, finishes or times out an attempt
             if not running and queue:
-                i = queue.pop(0)
-                now = time.monotonic()
-                running[start(i)] = _Attempt(i, now, now + deadline(i))
+                ask(queue.pop(0))
             if not running:
                 break
             newest = max(running.values(), key=lambda a: a.started)
@@ -182,40 +192,70 @@ def race(
             done, _ = wait(list(running), timeout=left, return_when=FIRST_COMPLETED)
             for fut in done:
                 att = running.pop(fut)
-                elapsed = time.monotonic() - att.started
-                try:
-                    data = fut.result()
-                    check(att.replica, data, elapsed)
+                data = _judged(fut, att, check, health, kind, lost)
+                if data is not None:
                     winner = att.replica
                     return att.replica, data
-                except Exception as exc:  # noqa: BLE001 — every failure of one replica is a reason to try the next
-                    kind = on_error(att.replica, exc, elapsed)
-                    missing += kind == "missing"
-                    errors.append((att.replica, "missing" if kind == "missing" else _text(exc)))
-                    kinds.add(type(exc))
             if done:
                 continue
-            on_hedge(newest.replica)  # past its deadline: keep it running, ask the next replica too
+            health.hedged(newest.replica)  # past its deadline: keep it running, ask the next replica too
             newest.deadline = float("inf")
             if not queue and spare is not None:
                 queue, spare = [spare], None
             if queue:
-                i = queue.pop(0)
-                now = time.monotonic()
-                running[start(i)] = _Attempt(i, now, now + deadline(i))
+                ask(queue.pop(0))
             elif all(a.deadline == float("inf") for a in running.values()):
                 break
         for att in running.values():
-            timed_out += 1
-            errors.append((att.replica, f"no answer within {time.monotonic() - att.started:.1f}s (deadline)"))
-        raise RaceLost(errors, missing, timed_out, kinds)
+            lost.timed_out += 1
+            lost.errors.append((att.replica, f"no answer within {time.monotonic() - att.started:.1f}s (deadline)"))
+        raise RaceLost(lost.errors, lost.missing, lost.timed_out, lost.kinds)
     finally:
         for fut in running:
             fut.cancel()  # the losers: an S3 task is cancelled and its connection closed
         # the replica that answered (perhaps on another connection) is not hung, however late its other attempt
         unanswered = sorted({a.replica for a in running.values() if a.deadline == float("inf")} - {winner})
-        if unanswered and on_unanswered is not None:
-            on_unanswered(unanswered)
+        if unanswered:
+            health.unanswered(unanswered)
+
+
+class _Losses:
+    """The attempts of a race that gave no good answer."""
+
+    def __init__(self) -> None:
+        self.errors: list[tuple[int, str]] = []
+        self.kinds: set[type[Exception]] = set()
+        self.missing = self.timed_out = 0
+
+
+def _judged(
+    fut: Future[bytes],
+    att: _Attempt,
+    check: Callable[[int, bytes], None] | None,
+    health: RaceHealth,
+    kind: str,
+    lost: _Losses,
+) -> bytes | None:
+    """The answer of a finished attempt if it is good (``health`` told either way), else None (``lost`` told)."""
+    elapsed = time.monotonic() - att.started
+    try:
+        data = fut.result()
+    except Exception as exc:  # noqa: BLE001 — every failure of one replica is a reason to try the next
+        outcome = health.failed(att.replica, exc, elapsed, kind)
+        lost.missing += outcome == "missing"
+        lost.errors.append((att.replica, "missing" if outcome == "missing" else _text(exc)))
+        lost.kinds.add(type(exc))
+        return None
+    try:
+        if check is not None:
+            check(att.replica, data)
+    except Exception as exc:  # noqa: BLE001 — a bad answer is a reason to try the next replica
+        health.refused(att.replica, len(data), elapsed, kind)
+        lost.errors.append((att.replica, _text(exc)))
+        lost.kinds.add(type(exc))
+        return None
+    health.answered(att.replica, len(data), elapsed)
+    return data
 
 
 def _text(exc: BaseException) -> str:

@@ -334,7 +334,7 @@ def _runs(ks: list[int]) -> list[list[int]]:
 def frame_reader_for(manifest: Any, replicas: Any, budget: int) -> FrameReader | None:
     """A frame reader for a dataset holding format-3 shards (None when it has none), its block cache a
     quarter of this process's cache budget, between 8 and 256 MiB. Frames of a batch are fetched 8 at a
-    time from remote replicas (round trips overlap); one at a time from local files (measured faster: the
+    time from remote replicas (round trips overlap); one at a time from local files (faster there: the
     reads cost no wait, and threads only contend for the cores)."""
     if not bool(np.any(manifest.shards.frame_size > 0)):
         return None

@@ -1,14 +1,11 @@
 """The replicas of one dataset: read its manifest and its stored shards from the first healthy one.
 
-Replicas are given nearest first. Every request has a deadline (see :mod:`ferry.client.fetching.fetch`); past it the
-same request goes to the next replica too, the first good answer wins and the others are cancelled,
-and the slow replica is tried last from then on in this process; one that never answered (hung) stays
-behind every replica that did answer, even one slow once since, until it answers. A replica that fails a read is tried
-last for later reads of the same kind; one that merely lacks an object (a partial replica, e.g. the
-daemon's destination still being filled, which may have no manifest yet) keeps its place, so shards it
-holds keep being read from it. Every stored shard is checked against the manifest (size, stored digest,
-decompressed size and raw digest) as it streams into the cache. Filesystems, thread pools and
-connections are per process, so the object can be pickled into DataLoader workers. A URL is printed (in
+Replicas are given nearest first. Every request has a deadline; past it the same request goes to the next replica
+too, the first good answer wins and the others are cancelled (:func:`ferry.client.fetching.fetch.race`). Which
+replica is asked first, the deadlines, and what slow, failing, hung or partial replicas cost them is the
+:class:`ferry.client.fetching.health.ReplicaHealth` this object holds. Every stored shard is checked against the
+manifest (size, stored digest, decompressed size and raw digest) as it streams into the cache. Filesystems, thread
+pools and connections are per process, so the object can be pickled into DataLoader workers. A URL is printed (in
 errors, stats and states) as :func:`shown` makes it: without the user info and query string a URL may
 carry credentials in.
 """
@@ -40,7 +37,8 @@ from ferry.shard_tools.storage.store import Location, resolve
 
 from ..checks import show
 from ..stats import COUNTERS
-from .fetch import FetchOptions, Link, Missing, RaceLost, ShardSink, race, start_read
+from .fetch import FetchOptions, RaceLost, ShardSink, race, start_read
+from .health import MANIFESTS, SHARDS, ReplicaHealth
 from .pools import DaemonPool
 
 __all__ = ["Replicas", "shown"]
@@ -124,10 +122,7 @@ class Replicas:
                     "give one mapping for all, or one per URL"
                 )
         self.fetch_options = FetchOptions.of(dict(fetch) if isinstance(fetch, Mapping) else fetch)
-        self._order = list(range(len(self.urls)))  # for shard reads
-        self._manifest_order = list(range(len(self.urls)))
-        self._links = [Link(self.fetch_options) for _ in self.urls]
-        self._hung: set[int] = set()  # passed a deadline and never answered: behind the others until it does
+        self.health = ReplicaHealth(self.names, self.fetch_options)  # nearest healthy first, deadlines
         self._locations: dict[int, Location] = {}
         self._pools: _Pools | None = None
         self._lock = threading.Lock()
@@ -145,6 +140,7 @@ class Replicas:
     def _fresh(self) -> None:
         if self._pid != os.getpid():  # forked: do not share another process's connections or threads
             self._locations, self._pools, self._lock = {}, None, threading.Lock()
+            self.health.fresh_lock()
             self._pid = os.getpid()
 
     def _location(self, i: int) -> Location:
@@ -175,21 +171,6 @@ class Replicas:
             self._pools.shutdown()
         self._pools = None
 
-    def _demote(self, i: int, order: list[int] | None = None) -> None:
-        """Replica ``i`` last, but ahead of the hung ones (unless it is one of them)."""
-        with self._lock:
-            for o in (self._order, self._manifest_order) if order is None else (order,):
-                if i in o:
-                    o.remove(i)
-                    hung = [k for k, j in enumerate(o) if j in self._hung]
-                    o.insert(len(o) if i in self._hung or not hung else hung[0], i)
-
-    def _unanswered(self, replicas: list[int]) -> None:
-        with self._lock:
-            self._hung.update(replicas)
-        for i in replicas:
-            self._demote(i)
-
     # --- one request, raced across replicas -------------------------------------------------------------------
 
     def _read(
@@ -199,20 +180,17 @@ class Replicas:
         nbytes: int,
         order: list[int],
         *,
-        check: Any = None,
+        kind: str,
+        check: Callable[[int, bytes], None] | None = None,
         exclude: frozenset[int] = frozenset(),
     ) -> tuple[int, bytes]:
-        """Bytes ``span = (start, end)`` of ``rel`` (all of it when None) from the first replica (of
-        ``order``) that answers well in time; :class:`RaceLost` when none does."""
-        with self._lock:
-            tries = [i for i in order if i not in exclude] or list(order)
-            answering = [i for i in tries if i not in self._hung]
-            if answering and len(answering) < len(tries):
-                # a hedge goes to a new connection of the first replica before one that never answered
-                tries = [*answering[:1], *answering, *[i for i in tries if i in self._hung]]
+        """Bytes ``span = (start, end)`` of ``rel`` (all of it when None) from the first replica (of ``order``)
+        that answers well in time; a replica that fails moves down for reads of ``kind``. :class:`RaceLost` when
+        none does."""
+        self._fresh()
+        tries = self.health.tries(order, exclude)
         pools = self._pool()
         start, end = span if span is not None else (None, None)
-        opts = self.fetch_options
 
         def begin(i: int) -> Future[bytes]:
             try:
@@ -222,37 +200,8 @@ class Replicas:
                 fut.set_exception(exc)
                 return fut
 
-        def deadline(i: int) -> float:
-            return opts.deadline_floor + opts.deadline_slack * self._links[i].expected(nbytes)
-
-        def good(i: int, data: bytes, elapsed: float) -> None:
-            try:
-                if check is not None:
-                    check(i, data)
-            except Exception:
-                COUNTERS.request(self.names[i], len(data), elapsed, "failed")
-                raise
-            COUNTERS.request(self.names[i], len(data), elapsed, "ok")
-            self._links[i].observe(len(data), elapsed)
-            if i in self._hung:
-                with self._lock:
-                    self._hung.discard(i)
-
-        def hedge(i: int) -> None:
-            COUNTERS.hedged(self.names[i])
-            self._demote(i)
-
-        def failed(i: int, exc: BaseException, elapsed: float) -> str:
-            if isinstance(exc, (FileNotFoundError, Missing)):
-                COUNTERS.request(self.names[i], 0, elapsed, "missing")
-                return "missing"
-            if not isinstance(exc, (ShardError, ManifestError)):  # a bad answer was counted by good()
-                COUNTERS.request(self.names[i], 0, elapsed, "failed")
-            self._demote(i, order)
-            return "failed"
-
         spare = tries[0] if len(tries) == 1 else None
-        return race(tries, begin, deadline, good, hedge, failed, spare, self._unanswered)
+        return race(tries, begin, check, self.health, nbytes=nbytes, kind=kind, spare=spare)
 
     def scrub(self, text: str) -> str:
         """``text`` (e.g. a storage library's error, which may quote a URL whole) with every replica URL as
@@ -289,7 +238,8 @@ class Replicas:
                 check(data)
 
         try:
-            return self._read(rel, (start, start + length), length, self._order, check=exact)[1]
+            shards = self.health.order(SHARDS)
+            return self._read(rel, (start, start + length), length, shards, kind=SHARDS, check=exact)[1]
         except RaceLost as lost:
             if lost.missing == len(lost.errors):
                 raise ShardMissingError(rel, "no replica has it: " + self._lost(lost)) from None
@@ -310,8 +260,9 @@ class Replicas:
     def load_manifest(self, version: str | None = None) -> Manifest:
         """The manifest from the first replica that serves a valid one (in time)."""
         rel = MANIFEST_FILE if version is None else version_path(version)
+        first = self.health.order(MANIFESTS)
         try:
-            i, header = self._read(rel, (0, _MANIFEST_HINT), _MANIFEST_HINT, self._manifest_order, check=self._header)
+            i, header = self._read(rel, (0, _MANIFEST_HINT), _MANIFEST_HINT, first, kind=MANIFESTS, check=self._header)
         except RaceLost as lost:
             if lost.missing == len(lost.errors):
                 what = (
@@ -322,10 +273,10 @@ class Replicas:
                 raise DatasetNotFoundError(f"{what}: {self._lost(lost)}") from None
             raise DatasetError(f"cannot read the dataset manifest from any replica: {self._lost(lost)}") from None
         if len(header) == _MANIFEST_HINT:  # longer than the hint: read it whole from the same replica
-            order = [i, *[j for j in self._manifest_order if j != i]]
+            order = [i, *[j for j in self.health.order(MANIFESTS) if j != i]]
             check = self._header_whole
             try:
-                i, header = self._read(rel, None, _MANIFEST_HINT, order, check=check)
+                i, header = self._read(rel, None, _MANIFEST_HINT, order, kind=MANIFESTS, check=check)
             except RaceLost as lost:
                 raise DatasetError(f"cannot read the dataset manifest from any replica: {self._lost(lost)}") from None
         table = Manifest.parse_header(header)["shard_table"]
@@ -334,12 +285,10 @@ class Replicas:
             if len(data) != table["bytes"] or digest_bytes(data) != table["digest"]:
                 raise ManifestError(f"shard table {table['path']} does not match its digest in the manifest")
 
-        order = [i, *[j for j in self._manifest_order if j != i]]
-        span = (0, table["bytes"])
+        order = [i, *[j for j in self.health.order(MANIFESTS) if j != i]]
+        span, size = (0, table["bytes"]), table["bytes"]
         try:
-            _, data = (
-                self._read(table["path"], span, table["bytes"], order, check=matches) if table["bytes"] else (i, b"")
-            )
+            _, data = self._read(table["path"], span, size, order, kind=MANIFESTS, check=matches) if size else (i, b"")
         except RaceLost as lost:
             raise ManifestError(
                 f"cannot read the shard table {table['path']} named by the manifest: {self._lost(lost)}"
@@ -408,7 +357,8 @@ class Replicas:
             def ranged(i: int, data: bytes) -> None:
                 self._ranged(i, info.path, a, b, data)
 
-            return self._read(info.path, (a, b), b - a, self._order, check=ranged, exclude=exclude)
+            order = self.health.order(SHARDS)
+            return self._read(info.path, (a, b), b - a, order, kind=SHARDS, check=ranged, exclude=exclude)
 
         try:
             for k in range(len(spans)):

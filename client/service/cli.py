@@ -15,6 +15,7 @@ from ferry.shard_tools.cli import printable_fields as _printable_fields
 from ferry.shard_tools.errors import ServiceError
 from ferry.shard_tools.units import format_bytes
 
+from .job_types import Job
 from .service_client import DEFAULT_SERVER, ServiceClient
 from .service_types import ErrorEntry, ReplicaMatrix, Status, Transfer
 
@@ -65,12 +66,18 @@ def _cell_text(matrix: ReplicaMatrix, dataset: str, cluster: str) -> str:
 
 
 def render_status(
-    server: str, status: Status, matrix: ReplicaMatrix, transfers: list[Transfer], errors: list[ErrorEntry]
+    server: str,
+    status: Status,
+    matrix: ReplicaMatrix,
+    transfers: list[Transfer],
+    errors: list[ErrorEntry],
+    jobs: list[Job] | None = None,
 ) -> str:
     """The whole ``ferry status`` screen as text; strings from the server are shown ``printable``."""
     server = printable(server)
     status, matrix = _printable_fields(status), _printable_fields(matrix)
     transfers, errors = _printable_fields(transfers), _printable_fields(errors)
+    jobs = _printable_fields(jobs or [])
     state = "paused" if status.paused else ("syncing" if status.transfers_in_flight else "idle")
     lines = [
         f"ferry status — {server}",
@@ -104,15 +111,40 @@ def render_status(
             for e in errors
         ]
         lines += ["", f"ERRORS ({len(errors)})", *_table(["ID", "SHARD", "CLUSTER", "TRIES", "REASON"], rows)]
+    if jobs:
+        lines += ["", f"JOBS ({len(jobs)})", *_jobs_table(jobs)]
     return "\n".join(lines) + "\n"
 
 
-def _snapshot(client: ServiceClient) -> tuple[Status, ReplicaMatrix, list[Transfer], list[ErrorEntry]]:
-    return client.status(), client.replicas(), client.transfers(), client.errors(limit=20)
+def _jobs_table(jobs: list[Job]) -> list[str]:
+    """One row per registered loader: job and rank, what it reads (dataset@version, from which replica),
+    where it stands, how fast, and the share of its time it waited on data."""
+    rows = []
+    for j in jobs:
+        reads = ", ".join(f"{s.dataset or s.replica}@{s.version[:12]}" for s in j.sources)
+        replica = ", ".join(sorted({s.cluster or s.replica for s in j.sources}))
+        rows.append([
+            j.name, f"{j.rank}/{j.world_size}", reads[:60], replica[:40], str(j.position),
+            f"{j.samples_per_second:.0f}/s", f"{100 * j.stats.stall_share:.1f}%",
+        ])  # fmt: skip
+    return _table(["JOB", "RANK", "READS", "REPLICA", "POSITION", "RATE", "STALL"], rows, right={4, 5, 6})
+
+
+def _snapshot(client: ServiceClient) -> tuple[Status, ReplicaMatrix, list[Transfer], list[ErrorEntry], list[Job]]:
+    return client.status(), client.replicas(), client.transfers(), client.errors(limit=20), _jobs(client)
+
+
+def _jobs(client: ServiceClient) -> list[Job]:
+    try:
+        return client.jobs()
+    except ServiceError as exc:
+        if exc.status == 404:  # a service without the jobs API
+            return []
+        raise
 
 
 def _show(client: ServiceClient, as_json: bool, out: TextIO) -> None:
-    status, matrix, transfers, errors = _snapshot(client)
+    status, matrix, transfers, errors, jobs = _snapshot(client)
     if as_json:
         doc: dict[str, Any] = {
             "server": client.base_url,
@@ -120,10 +152,11 @@ def _show(client: ServiceClient, as_json: bool, out: TextIO) -> None:
             "replicas": dataclasses.asdict(matrix),
             "transfers": [dataclasses.asdict(t) for t in transfers],
             "errors": [dataclasses.asdict(e) for e in errors],
+            "jobs": [dataclasses.asdict(j) for j in jobs],
         }
         out.write(json.dumps(doc, indent=2).replace("\x7f", "\\u007f") + "\n")  # ASCII: no raw DEL either
     else:
-        out.write(render_status(client.base_url, status, matrix, transfers, errors))
+        out.write(render_status(client.base_url, status, matrix, transfers, errors, jobs))
     out.flush()
 
 

@@ -17,6 +17,7 @@ import httpx
 
 from ferry.shard_tools.errors import ServiceError
 
+from .job_types import Job
 from .service_types import (
     ActionResult,
     Cluster,
@@ -135,6 +136,10 @@ class ServiceClient:
     def throughput(self, seconds: float = 3600, buckets: int = 120) -> Throughput:
         """Copy throughput over the last ``seconds``, in ``buckets`` points."""
         return self._get(Throughput, "/api/v1/throughput", {"seconds": seconds, "buckets": buckets})
+
+    def jobs(self) -> list[Job]:
+        """Registered training jobs (one entry per rank), with where each stands and its stall share."""
+        return self._list(Job, "/api/v1/jobs")
 
     def limits(self) -> Limits:
         """Current transfer and bandwidth limits."""

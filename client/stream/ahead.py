@@ -2,7 +2,7 @@
 
 With DataLoader workers the training process still has work for every batch: receiving and unpickling
 what a worker sent, widening the compact token arrays into tensors, pinning them. Done in ``next()``
-it is time the loop waits on data (~0.5 ms a batch of 16 x 2049 tokens, 2.5% of a 20 ms step).
+it is time the loop waits on data, a share of every step that grows as steps get shorter.
 :class:`Ahead` does it in one thread while the loop runs its step, ``depth`` batches ahead; the thread
 runs only while the step leaves the interpreter free (sleeping, waiting on the accelerator), as
 DataLoader's own pin-memory thread does.

@@ -24,7 +24,7 @@ from .. import checks
 from ..agree import agreed_manifest
 from ..fetching.cache import ShardCache, default_cache_dir
 from ..fetching.frames import frame_reader_for
-from ..fetching.pools import DaemonPool
+from ..fetching.prefetcher import RECENT, Prefetcher
 from ..resume.state import fingerprint
 from ..sampling.order import SHUFFLE_MODES, SampleOrder, WindowOrder, make_order
 from ..source import MODES, SampleSource
@@ -35,7 +35,6 @@ __all__ = ["TokenDataset"]
 DEFAULT_WINDOW = 8
 DEFAULT_PREFETCH = 2
 DEFAULT_CACHE_LIMIT = "50GiB"
-_RECENT = 1024  # shards remembered as already prefetched
 
 
 class TokenDataset(SampleSource):
@@ -121,7 +120,8 @@ class TokenDataset(SampleSource):
         self.pad_id = self._pad_id(pad)
         self.cache = ShardCache(directory, limit, self.replicas, dtype=self.manifest.token_dtype, verify=verify)
         shards = self.manifest.shards
-        self._fits_cache = int(shards.raw_bytes.sum()) <= limit and len(shards) <= _RECENT
+        # every shard fits the cache: one asked for once stays in it (the prefetcher remembers RECENT shards)
+        self._fits_cache = int(shards.raw_bytes.sum()) <= limit and len(shards) <= RECENT
         total_tokens = int(shards.token_offsets[-1])
         if self.mode == "tokens":
             self.num_samples = max(0, (total_tokens - 1) // self.seq_len)
@@ -137,8 +137,6 @@ class TokenDataset(SampleSource):
         self._segments: list[tuple[int, int, int, SampleOrder]] = [(0, 0, self.num_samples, self.order)]
         self._reader: ShardReader | None = None
         self._pid = -1
-        self._pool: DaemonPool | None = None
-        self._submitted: set[int] = set()
         self._scan: _Scan | None = None
 
     def __repr__(self) -> str:
@@ -149,7 +147,7 @@ class TokenDataset(SampleSource):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_reader=None, _pid=-1, _pool=None, _submitted=set(), _scan=None)
+        state.update(_reader=None, _pid=-1, _scan=None)
         return state
 
     def _pad_id(self, pad_id: int | None) -> int:
@@ -295,15 +293,18 @@ class TokenDataset(SampleSource):
             populate = self.shuffle != "global" or int(self.manifest.shards.raw_bytes.sum()) <= budget
             # format-3 shards: read by frames when whole shards are not wanted (the same test) or not cached yet
             frames = frame_reader_for(self.manifest, self.replicas, budget)
+            prefetcher = Prefetcher(self.cache) if self.prefetch_depth > 0 else None
+            # once a shard's whole fetch started, batches wait for it rather than read its frames (each sample
+            # decompresses a whole frame again): in windows and in order, where the next batches read the same
+            # shards, and from a local first replica, where the wait is only the decompression
+            wait = self.shuffle != "global" or self.replicas.local(0)
             self._reader = ShardReader(
                 self.manifest, self.cache, max_bytes=budget, populate=populate, frames=frames, whole_shards=populate,
-                background=self.prefetch_depth > 0, wait_for_started=self.shuffle != "global",
+                prefetcher=prefetcher, wait_for_started=wait,
                 max_open=2 * self.window if self.shuffle == "window" else 64,
                 head_tokens=self.seq_len + 1 if self.mode == "tokens" else 0,
             )  # fmt: skip
             self._pid = _FORKS.generation
-            self._pool = None
-            self._submitted = set()
             self._scan = None
         return self._reader
 
@@ -371,18 +372,31 @@ class TokenDataset(SampleSource):
         return sorted(touched)
 
     def prefetch(self, positions: np.ndarray) -> None:
-        if self.prefetch_depth == 0 or len(positions) == 0:
+        if self.prefetch_depth == 0 or len(positions) == 0 or self._all_asked():
             return
-        if self._fits_cache and len(self._submitted) >= len(self.manifest.shards):
-            return  # every shard went through the cache in this process and none gets evicted
-        reader = self.reader
+        reader, prefetcher = self.reader, self._prefetcher
         wanted = self.shards_of(positions, to_fetch=True)
-        todo = [s for s in wanted if s not in self._submitted and not reader.frames_only(s)]
+        todo = [s for s in wanted if not prefetcher.asked(s) and not reader.frames_only(s)]
         if not todo:
             return
-        if len(self._submitted) > _RECENT:
-            self._submitted.clear()  # forget old submissions: their shards may have been evicted since
+        if prefetcher.asked_count > RECENT:
+            prefetcher.forget()  # forget old requests: their shards may have been evicted since
         self._submit(todo)
+
+    @property
+    def _prefetcher(self) -> Prefetcher:
+        """This process's background fetches (with a prefetch depth above 0)."""
+        prefetcher = self.reader.prefetcher
+        assert prefetcher is not None
+        return prefetcher
+
+    def _all_asked(self) -> bool:
+        """Whether there is nothing to prefetch: every shard is mapped here (held in the cache), or went through
+        the cache in this process and none gets evicted."""
+        count = len(self.manifest.shards)
+        if self.reader.mapped_count >= count:
+            return True
+        return self._fits_cache and self._prefetcher.asked_count >= count
 
     def prefetch_ahead(self, plan: tuple[int, ...], i: int, positions_of: Callable[[int], np.ndarray]) -> None:
         """Prefetch, in the order they are first read, the shards of this process's batches after its ``i``-th
@@ -391,10 +405,8 @@ class TokenDataset(SampleSource):
 
         The scan resumes where it stopped (at most 16 batches per call), so its cost per batch is
         constant; ``plan`` names the sequence, a new one starts a new scan."""
-        if self.prefetch_depth == 0:
+        if self.prefetch_depth == 0 or self._all_asked():
             return
-        if self._fits_cache and len(self._submitted) >= len(self.manifest.shards):
-            return  # every shard went through the cache in this process and none gets evicted
         reader = self.reader
         scan = self._scan
         if scan is None or scan.plan != plan:
@@ -462,41 +474,21 @@ class TokenDataset(SampleSource):
         yield from self.order.windows_from(epoch, within)
 
     def _submit(self, shards: list[int]) -> None:
-        if self._pool is None:
-            self._pool = DaemonPool(2, "ferry-prefetch")
-        reader = self.reader
-        later: list[int] = []
+        """Ask the prefetcher for ``shards`` whole; a format-3 shard whose cold read starts with frames once the
+        samples at hand are read, so that its fetch does not compete with them."""
+        reader, prefetcher = self.reader, self._prefetcher
         for s in shards:
-            if reader.mapped(s) or reader.frames_only(s) or (self._fits_cache and s in self._submitted):
-                continue  # in the cache already (mapped here, or fetched once and never evicted), or never whole
-            self._submitted.add(s)
-            if reader.read_by_frames_first(s):
-                later.append(s)
-            else:
-                self._pool.submit(reader.cache.ensure_in_background, reader.info(s))
-        if later:
-            reader.defer(lambda: self._submit_now(later))
-
-    def _submit_now(self, shards: list[int]) -> None:
-        pool, reader = self._pool, self._reader
-        if pool is None or reader is None:
-            return  # closed meanwhile: nothing to prefetch for
-        try:
-            for s in shards:
-                pool.submit(reader.cache.ensure_in_background, reader.info(s))
-                reader.started(s)
-        except RuntimeError:
-            pass  # shut down meanwhile (close() from another thread)
+            if reader.mapped(s) or reader.frames_only(s):
+                continue  # in the cache already (mapped here), or never fetched whole
+            # a shard asked for once is in the cache for good when the dataset fits it; else it may have been evicted
+            again = not self._fits_cache
+            prefetcher.request(s, reader.info(s), after_gather=reader.read_by_frames_first(s), again=again)
 
     def settle(self) -> None:
-        """Let this process's background fetches end (running ones finish, queued ones are dropped). A
-        DataLoader worker settles after its last batch, so that the counters it sends last count every
-        request it made (its pools are made again if it reads on)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
-        if self._reader is not None and self._pid == _FORKS.generation:
-            self._reader.settle()
+        """Let this process's background fetches end (see :meth:`ferry.client.fetching.prefetcher.Prefetcher.settle`;
+        its threads are made again if the process reads on)."""
+        if self._reader is not None and self._pid == _FORKS.generation and self._reader.prefetcher is not None:
+            self._reader.prefetcher.settle()
 
     def raise_deferred(self) -> None:
         self.cache.raise_deferred()
@@ -507,7 +499,6 @@ class TokenDataset(SampleSource):
         if self._reader is not None and self._pid == _FORKS.generation:
             self._reader.close()
         self._reader = None
-        self._submitted = set()
         self.replicas.close()
 
 

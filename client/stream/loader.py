@@ -34,6 +34,7 @@ from .. import checks
 from ..resume.replan import resume
 from ..resume.state import make_state, parse_state
 from ..sampling.partition import batches_until, global_batch_size, rank_positions, worker_batches
+from ..service.jobs import report_jobs
 from ..source import SampleSource, to_batch
 from ..stats import COUNTERS, merge, render_prometheus, subtract, summarise
 from .ahead import Ahead
@@ -208,6 +209,9 @@ class TokenLoader:
         return_doc_boundaries: add ``cu_seqlens`` (int32, over the flattened batch) and ``position_ids``.
         prefetch_factor: batches each worker builds ahead (DataLoader's own prefetching).
         stall_warning: log a warning when the loop waited on data more than this share of the last 30 s.
+        service: URL of the cluster's ferry daemon to register this loader's read plan with (default
+            ``$FERRY_SERVICE_URL``; ``False``: never), so it can show the job and stage its shards ahead.
+            Best-effort, from a background thread: the batches and their timing do not depend on it.
 
     ``stats()`` says what it did (see :mod:`ferry.client.stats`); ``prometheus()`` is the same as Prometheus text.
     """
@@ -224,6 +228,7 @@ class TokenLoader:
         *,
         prefetch_factor: int = 2,
         stall_warning: float = 0.1,
+        service: str | bool | None = None,
     ) -> None:
         if not isinstance(dataset, SampleSource):
             raise UsageError(f"dataset must be a TokenDataset or MixedDataset, got {checks.show(dataset)}")
@@ -243,6 +248,7 @@ class TokenLoader:
             raise UsageError(f"stall_warning must be a share in (0, 1], got {checks.show(stall_warning)}")
         self._watch = _StallWatch(float(stall_warning))
         self._counters_at_start = COUNTERS.snapshot()
+        self._job = report_jobs(self, service)  # the daemon hears of this loader (its thread holds it weakly)
 
     @property
     def global_batch_size(self) -> int:

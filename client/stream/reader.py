@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,7 +27,7 @@ from ferry.shard_tools.format.shard import ShardView
 
 from ..fetching.cache import Lease, ShardCache
 from ..fetching.frames import FrameReader
-from ..fetching.pools import DaemonPool
+from ..fetching.prefetcher import Prefetcher
 
 __all__ = ["ShardReader"]
 
@@ -49,7 +48,7 @@ class ShardReader:
         populate: bool = False,
         frames: FrameReader | None = None,
         whole_shards: bool = True,
-        background: bool = False,
+        prefetcher: Prefetcher | None = None,
         wait_for_started: bool = False,
         head_tokens: int = 0,
     ) -> None:
@@ -61,15 +60,11 @@ class ShardReader:
         self.populate = populate
         self.frames = frames
         self.whole_shards = whole_shards
-        self.background = background  # a shard read by frames is fetched whole meanwhile (one helper thread)
+        # the background fetches of this process (None: none); a shard read by frames is fetched whole meanwhile
+        self.prefetcher = prefetcher
         # window / in-order reads: once a shard's whole fetch has started, later batches wait for it instead of
         # reading frames, which cost far more bytes per sample and slow that very fetch
         self.wait_for_started = wait_for_started
-        self._started: set[int] = set()
-        self._pool: DaemonPool | None = None
-        self._fetching: set[int] = set()
-        self._later: list[tuple[int, ShardInfo]] = []
-        self._deferred: list[Callable[[], None]] = []  # jobs run once the samples at hand are read
         self._no_frames: set[int] = set()  # shards whose frames failed here: read whole (with replica fallback)
         self.dtype = np.dtype(manifest.token_dtype)
         self._seekable = manifest.shards.frame_size > 0  # format 3: frames checkable against the raw digest
@@ -85,15 +80,15 @@ class ShardReader:
         self._leases: OrderedDict[int, Lease] = OrderedDict()
         self._bytes = 0
 
-    def settle(self) -> None:
-        """Let the whole fetches this reader started end (see
-        :meth:`ferry.client.stream.dataset.TokenDataset.settle`)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+    @property
+    def background(self) -> bool:
+        """Whether shards are fetched whole in the background (then a cold format-3 shard is read by frames
+        meanwhile)."""
+        return self.prefetcher is not None
 
     def close(self) -> None:
-        self.settle()
+        if self.prefetcher is not None:
+            self.prefetcher.settle()
         if self.frames is not None:
             self.frames.close()
         for lease in self._leases.values():
@@ -124,6 +119,11 @@ class ShardReader:
         """Raw bytes of the shards this process has mapped now."""
         return self._bytes
 
+    @property
+    def mapped_count(self) -> int:
+        """How many shards this process has mapped now."""
+        return len(self._leases)
+
     def mapped(self, s: int) -> bool:
         return s in self._leases
 
@@ -145,7 +145,7 @@ class ShardReader:
             return False
         if not self.whole_shards:
             return True
-        if not self.background:
+        if self.prefetcher is None:
             return False  # nothing would ever bring the whole shard: fetch it now, as format 1
         self.cache.raise_deferred()  # a full disk is the job's to see, not only a slower run
         info = self.info(s)
@@ -154,50 +154,27 @@ class ShardReader:
                 return False
         except OSError:
             return False  # the cache directory itself is unusable: the whole-shard path names it (CacheError)
-        if self.wait_for_started and s in self._started:
+        if self.wait_for_started and self.prefetcher.started(s):
             return False  # its whole fetch is under way: wait for it
         self._fetch_whole(s, info)
         return True
 
     def _fetch_whole(self, s: int, info: ShardInfo) -> None:
-        """Bring shard ``s`` into the node cache in the background (once per process, while it is read by frames)."""
-        if s in self._fetching:
-            return
-        if len(self._fetching) >= 4096:
-            self._fetching.clear()
-        self._fetching.add(s)
-        self._later.append((s, info))  # started once the samples at hand are read: not competing with them
-
-    def started(self, s: int) -> None:
-        """Shard ``s`` is being fetched whole (by this reader or the dataset's prefetch)."""
-        if len(self._started) >= 4096:
-            self._started.clear()
-        self._started.add(s)
+        """Bring shard ``s`` into the node cache in the background while it is read by frames: once the samples
+        at hand are read, so as not to compete with them, on the prefetcher's thread for shards read now."""
+        assert self.prefetcher is not None
+        self.prefetcher.request(s, info, urgent=True, after_gather=True)
 
     def read_by_frames_first(self, s: int) -> bool:
-        """Whether a cold read of shard ``s`` starts with frames (format 3 and a frame reader): then
-        fetching it whole waits until the samples at hand are read (:meth:`defer`)."""
+        """Whether a cold read of shard ``s`` starts with frames (format 3 and a frame reader): then fetching it
+        whole waits until the samples at hand are read (a whole fetch would compete with the frames a cold batch
+        reads)."""
         return self.frames is not None and self.background and bool(self._seekable[s])
 
-    def defer(self, job: Callable[[], None]) -> None:
-        """Run ``job`` once the samples at hand are read (after the current gather), so that a prefetch of
-        whole format-3 shards does not compete with the frames a cold batch reads (measured on a local
-        dataset of 64 MiB shards: a cold first batch 0.02 s instead of 0.10 s)."""
-        self._deferred.append(job)
-
     def _start_later(self) -> None:
-        if self._deferred:
-            jobs, self._deferred = self._deferred, []
-            for job in jobs:
-                job()
-        if not self._later:
-            return
-        if self._pool is None:
-            self._pool = DaemonPool(1, "ferry-whole")
-        for s, info in self._later:
-            self._pool.submit(self.cache.ensure_in_background, info)
-            self.started(s)
-        self._later = []
+        """The samples at hand are read: the whole fetches that waited for them start."""
+        if self.prefetcher is not None:
+            self.prefetcher.release()
 
     def head_by_frames(self, s: int) -> bool:
         """Whether the head of shard ``s`` that a sample of the shard before runs on into is read by frames
@@ -315,7 +292,9 @@ class ShardReader:
         memo: dict[int, np.ndarray | None] = {}
         width = length + 1
         shard_list = shards.tolist()
-        if self.frames is not None and len(starts) > 1:
+        # each shard of the batch decided once, in read order; frames fetched together only where some are read so
+        by_frames = self.frames is not None and [s for s in dict.fromkeys(shard_list) if self._source(s, memo) is None]
+        if by_frames and len(starts) > 1:
             self._prefetch_frames(shard_list, locals_, width, memo)
         sizes = self._size_list
         for local, s, row in zip(locals_, shard_list, rows.tolist(), strict=True):

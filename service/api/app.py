@@ -13,14 +13,18 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client.registry import Collector
 
 from ferry.shard_tools.errors import NotFoundError, UsageError
 
 from ..config import ApiConfig
+from ..jobs.registry import JobRegistry
 from .auth import NAME_PATTERN, check_token, valid_name
 from .backend import ApiBackend
 from .fastpath import CachedReads, FastReadsApp
 from .guard import MAX_BODY_BYTES, RequestGuard
+from .job_metrics import JobCollector
+from .jobs import job_routes
 from .metrics import CONTENT_TYPE, render_metrics
 from .models import (
     ActionResult,
@@ -104,6 +108,9 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
     _activity_routes(read, backend, cache, stopping, settings.max_event_streams)
     app.include_router(read)
     app.include_router(_write_routes(backend, cache, token))
+    app.state.jobs = _job_registry(daemon, backend)
+    for router in job_routes(app.state.jobs, token, read_access):
+        app.include_router(router)
     # token and body size are checked from the headers, before FastAPI reads (and parses) any body
     app.add_middleware(RequestGuard, token=token, read_protected=settings.read_protected)
     app.fast_reads = CachedReads(
@@ -120,7 +127,7 @@ def create_app(daemon: Any, api_config: Any = None) -> FastAPI:
         token=token if settings.read_protected else None,
     )
     _error_handlers(app)
-    _site_routes(app, backend, read_access)
+    _site_routes(app, backend, read_access, [JobCollector(app.state.jobs.jobs, app.state.jobs.missing)])
     app.state.started = time.time()
     return app
 
@@ -324,12 +331,14 @@ def _error_handlers(app: FastAPI) -> None:
         return JSONResponse({"detail": [{"loc": ["body"], "msg": str(exc), "type": "value_error"}]}, status_code=422)
 
 
-def _site_routes(app: FastAPI, backend: ApiBackend, read_access: Callable[[Request], None]) -> None:
+def _site_routes(
+    app: FastAPI, backend: ApiBackend, read_access: Callable[[Request], None], collectors: list[Collector]
+) -> None:
     """/metrics, health probes, and the dashboard's page and static files."""
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=Response, dependencies=[Depends(read_access)])
     def metrics() -> Response:
-        return Response(render_metrics(backend), media_type=CONTENT_TYPE)
+        return Response(render_metrics(backend, collectors), media_type=CONTENT_TYPE)
 
     @app.get("/healthz", response_model=HealthOut, summary="Liveness")
     def healthz() -> HealthOut:
@@ -373,6 +382,14 @@ def _json(body: bytes) -> Response:
 
 def _static_bytes(name: str) -> bytes:
     return (_STATIC / name).read_bytes()
+
+
+def _job_registry(daemon: Any, backend: ApiBackend) -> JobRegistry:
+    """The daemon's registry of jobs (the one its staging reads), else one of the API's own."""
+    registry = getattr(daemon, "jobs", None)
+    if isinstance(registry, JobRegistry):
+        return registry
+    return JobRegistry(lambda: [(c.name, c.url) for c in backend.clusters()])
 
 
 def _as_backend(daemon: Any, settings: ApiConfig) -> ApiBackend:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -61,8 +61,10 @@ class _DaemonCollector(Collector):
         yield GaugeMetricFamily("ferry_uptime_seconds", "Seconds since the daemon started", value=st.uptime_seconds)
 
 
-def render_metrics(backend: ApiBackend) -> bytes:
-    """Prometheus text format for the daemon's current counters."""
+def render_metrics(backend: ApiBackend, extra: Iterable[Collector] = ()) -> bytes:
+    """Prometheus text format for the daemon's current counters (and those of the ``extra`` collectors)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_DaemonCollector(backend))
+    for collector in extra:
+        registry.register(collector)
     return generate_latest(registry)

@@ -63,7 +63,7 @@ def _api_type(tp: Any) -> Any:
     return tp
 
 
-def response_model(record: type, name: str, doc: str, **fields: dict[str, Any]) -> type[BaseModel]:
+def response_model(record: type, name: str, doc: str, /, **fields: dict[str, Any]) -> type[BaseModel]:
     """The response model ``name`` of ``record``, a dataclass of ferry.client.service.service_types, which owns
     the record: its field names, their order, types and defaults. ``fields`` adds what only the API
     states, per field: ``Field`` arguments (description, bounds) and, under ``"annotation"``, a narrower

@@ -239,6 +239,30 @@ function renderErrors(errors) {
   $("errors-count").textContent = rows.length ? `(${rows.length})` : "";
 }
 
+// Jobs: one row per registered loader (a rank of a training job); a stall share over 5% is flagged.
+const STALL_BAD = 0.05;
+function renderJobs(jobs) {
+  const rows = jobs.map((j) => {
+    const share = j.stats.stall_share;
+    const reads = j.sources.map((s) => `${s.dataset || s.replica} @ ${short(s.version)}`).join(", ");
+    const replica = [...new Set(j.sources.map((s) => s.cluster || s.replica))].join(", ");
+    return el("tr", { "data-job-id": j.id },
+      el("td", { class: "nowrap", title: `${j.host} pid ${j.pid}` }, el("b", { text: j.name }), ` rank ${j.rank}/${j.world_size}`),
+      el("td", { class: "mono ellip", text: reads, title: reads }),
+      el("td", { class: "ellip", text: replica, title: j.sources.map((s) => s.replica).join(", ") }),
+      el("td", { class: "num", text: j.position.toLocaleString() + ` (epoch ${j.epoch})` }),
+      el("td", { class: "num", text: `${Math.round(j.samples_per_second).toLocaleString()}/s` }),
+      el("td", {}, el("div", { class: "sla" + (share > STALL_BAD ? " miss" : "") },
+        el("div", { class: "track", "aria-hidden": "true" }, el("div", { class: "fill", style: `width:${Math.min(1, share) * 100}%` })),
+        el("span", { class: share > STALL_BAD ? "lag-bad" : "", text: `${(share * 100).toFixed(1)}%` }))),
+      el("td", { class: "num", text: j.staged_ahead_bytes == null ? "—" : fmtBytes(j.staged_ahead_bytes) }),
+      el("td", { class: "num", text: fmtAgo(j.last_seen) }));
+  });
+  $("jobs").tBodies[0].replaceChildren(...rows);
+  $("jobs-empty").hidden = rows.length > 0;
+  $("jobs-count").textContent = rows.length ? `(${rows.length})` : "";
+}
+
 // Throughput: our own SVG area chart; y scales to the max bucket, x spans the requested window.
 function renderChart(tp) {
   const svg = $("chart");
@@ -273,6 +297,7 @@ const loaders = {
   transfers: async () => renderTransfers(await api("/transfers")),
   links: async () => renderLinks(await api("/links")),
   errors: async () => renderErrors(await api("/errors?limit=50")),
+  jobs: async () => renderJobs(await api("/jobs")),
   chart: async () => {
     // the last hour, or less while the daemon is younger (5-minute steps) so early traffic is not a sliver
     const up = state.status?.uptime_seconds ?? 3600;
@@ -412,6 +437,6 @@ document.addEventListener("DOMContentLoaded", () => {
   connect();
   // a safety net for changes that raise no event (a dataset planned while paused), and lag and
   // "x ago" grow without events; the server caches these reads, so polling costs little
-  setInterval(() => schedule("replicas", "transfers", "errors", "status"), 3000);
+  setInterval(() => schedule("replicas", "transfers", "errors", "status", "jobs"), 3000);
   setInterval(() => schedule("links", "chart"), 10000);
 });

@@ -46,6 +46,7 @@ from .header import (
     parse_header,
     version_id_of,
 )
+from .policy import MediaPolicy
 from .shard import MAX_FRAME_SIZE, MIN_FRAME_SIZE
 
 __all__ = [
@@ -68,7 +69,9 @@ _TABLE_SCHEMA = pa.schema(
 _INDEX_COLUMNS = [("index_bytes", pa.int64()), ("index_digest", pa.string())]
 _TABLE_SCHEMA_2 = pa.schema(list(_TABLE_SCHEMA) + [pa.field(n, t) for n, t in _INDEX_COLUMNS])
 _TABLE_SCHEMA_3 = pa.schema(list(_TABLE_SCHEMA_2) + [pa.field("frame_size", pa.int64())])
-_SCHEMAS = (_TABLE_SCHEMA, _TABLE_SCHEMA_2, _TABLE_SCHEMA_3)  # each the one before with columns added
+_MEDIA_COLUMNS = ("media_items", "media_bytes")
+_TABLE_SCHEMA_4 = pa.schema(list(_TABLE_SCHEMA_3) + [pa.field(n, pa.int64()) for n in _MEDIA_COLUMNS])
+_SCHEMAS = (_TABLE_SCHEMA, _TABLE_SCHEMA_2, _TABLE_SCHEMA_3, _TABLE_SCHEMA_4)  # each the one before with columns added
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,8 @@ class ShardInfo:
     index_bytes: int = 0  # formats 2, 3: size of the frame index at the end of the stored bytes
     index_digest: str = ""  # formats 2, 3: its digest
     frame_size: int = 0  # format 3: raw bytes per frame, over which the raw digest is a tree (0: a flat digest)
+    media_items: int = 0  # media items in the shard's media column (shard_tools.format.media)
+    media_bytes: int = 0  # their encoded bytes
 
     @property
     def stored_format(self) -> int:
@@ -123,6 +128,9 @@ class ShardTable:
         zeros = np.zeros(len(self.documents), dtype=np.int64)
         self.index_bytes = self._column_int("index_bytes") if self.seekable else zeros
         self.frame_size = self._column_int("frame_size") if level >= 2 else zeros
+        self.has_media = level >= 3
+        self.media_items = self._column_int("media_items") if self.has_media else zeros
+        self.media_bytes = self._column_int("media_bytes") if self.has_media else zeros
 
     def _column_int(self, name: str) -> np.ndarray:
         arr = self._table.column(name)
@@ -139,9 +147,11 @@ class ShardTable:
         return values
 
     @classmethod
-    def from_rows(cls, rows: Iterable[ShardInfo]) -> ShardTable:
+    def from_rows(cls, rows: Iterable[ShardInfo], *, media: bool = False) -> ShardTable:
+        """A table of ``rows``; with ``media`` (a dataset packed with media) it has the media columns."""
         rows = list(rows)
-        schema = _SCHEMAS[max([2 if r.frame_size else 1 if r.index_bytes else 0 for r in rows], default=0)]
+        level = max([2 if r.frame_size else 1 if r.index_bytes else 0 for r in rows], default=0)
+        schema = _SCHEMAS[3 if media or any(r.media_items or r.media_bytes for r in rows) else level]
         data: dict[str, list[Any]] = {name: [getattr(r, name) for r in rows] for name in schema.names}
         return cls(pa.Table.from_pydict(data, schema=schema))
 
@@ -207,6 +217,8 @@ class ShardTable:
             index_bytes=int(self.index_bytes[i]),
             index_digest=self._index_digest(i),
             frame_size=int(self.frame_size[i]),
+            media_items=int(self.media_items[i]),
+            media_bytes=int(self.media_bytes[i]),
         )
 
     def __iter__(self) -> Iterator[ShardInfo]:
@@ -308,6 +320,7 @@ class Manifest:
     tool_version: str
     version_id: str
     lineage: dict[str, Any] | None = field(default=None, repr=False)  # see next_lineage; None: a root
+    media: MediaPolicy | None = None  # the media cost policy of a dataset packed with media (format.policy)
 
     def child_lineage(self) -> dict[str, Any]:
         """The lineage of a version whose parent is this one."""
@@ -326,6 +339,7 @@ class Manifest:
         created_at: str,
         tool_version: str,
         lineage: dict[str, Any] | None = None,
+        media: MediaPolicy | None = None,
     ) -> tuple[Manifest, bytes]:
         """A new manifest and the IPC bytes of its shard table (to be stored at ``table_path``);
         ``lineage`` is the parent's :meth:`child_lineage` (None only without a parent)."""
@@ -346,6 +360,7 @@ class Manifest:
             tool_version=tool_version,
             version_id="",
             lineage=lineage,
+            media=media,
         )
         version_id = version_id_of(draft.body())
         return _replace_version(draft, version_id), table_data
@@ -353,12 +368,14 @@ class Manifest:
     @property
     def totals(self) -> dict[str, int]:
         t = self.shards
+        media = {"media_items": int(t.media_items.sum()), "media_bytes": int(t.media_bytes.sum())}
         return {
             "shards": len(t),
             "documents": int(t.documents.sum()),
             "tokens": int(t.tokens.sum()),
             "stored_bytes": int(t.stored_bytes.sum()),
             "raw_bytes": int(t.raw_bytes.sum()),
+            **(media if t.has_media else {}),
         }
 
     def body(self) -> dict[str, Any]:
@@ -373,6 +390,7 @@ class Manifest:
             "shard_table": {"path": self.table_path, "digest": self.table_digest, "bytes": self.table_bytes},
             "parent": self.parent,
             **({"lineage": self.lineage} if self.lineage is not None else {}),
+            **({"media": {"policy": self.media.to_dict()}} if self.media is not None else {}),
         }
 
     def to_json(self) -> bytes:
@@ -414,6 +432,7 @@ class Manifest:
             tool_version=doc["tool_version"],
             version_id=doc["version_id"],
             lineage=lineage_of(doc),
+            media=_media_of(doc, shards),
         )
         if manifest.totals != doc["totals"]:
             raise ManifestError(f"manifest totals {doc['totals']} do not match its shard table {manifest.totals}")
@@ -463,6 +482,18 @@ def lineage_of(doc: dict[str, Any]) -> dict[str, Any] | None:
     if not ok:
         raise ManifestError(f"manifest {doc.get('version_id')}: malformed lineage")
     return {"gen": gen, "root": root, "up": [list(p) for p in pairs]}
+
+
+def _media_of(doc: dict[str, Any], shards: ShardTable) -> MediaPolicy | None:
+    """The checked media policy of a parsed header (None for a dataset without media)."""
+    media = doc.get("media")
+    if media is None:
+        if shards.has_media:
+            raise ManifestError("the shard table has media columns, the manifest no media policy")
+        return None
+    if not isinstance(media, dict) or set(media) != {"policy"}:
+        raise ManifestError(f"manifest field 'media' is malformed: {media!r}")
+    return MediaPolicy.from_dict(media["policy"])
 
 
 def _ints(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:

@@ -85,7 +85,7 @@ __all__ = [
     "max_index_bytes",
 ]
 
-DEFAULT_FRAME_SIZE = 512 << 10  # measured: same ratio as one frame at zstd 1-3, packs faster (see README)
+DEFAULT_FRAME_SIZE = 512 << 10  # one frame's ratio at zstd 1-3, and faster packing (docs/format.md)
 INDEX_MAGIC = b"FSI2"
 INDEX_MAGIC_3 = b"FSI3"
 SHARD_SUFFIX_2 = ".s2" + SHARD_SUFFIX  # shards/<raw digest>.s2.arrow.zst
@@ -149,7 +149,7 @@ def arrow_positions(raw: pa.Buffer) -> tuple[int, int]:
 class EncodedShard:
     """A format-2 or format-3 stored shard, as its pieces in order (the frames, then the index), and what its
     manifest row records about it (the raw digest as that format computes it). The pieces are kept apart:
-    joining ~60 MiB of frames into one new buffer costs as much CPU as a fifth of compressing them (page
+    joining a shard's frames into one new buffer costs CPU on the scale of compressing them (page
     faults of a fresh allocation), and a local file is written piece by piece."""
 
     pieces: tuple[bytes, ...]

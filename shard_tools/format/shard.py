@@ -342,7 +342,7 @@ def _read_one_batch(
 
 def _numpy(arr: pa.Array) -> np.ndarray:
     """A null-free integer array as numpy over its Arrow data buffer, zero-copy (``Array.to_numpy`` imports
-    pandas on first use: 0.2 s of a cold start)."""
+    pandas on first use, a large part of a cold start)."""
     dtype = np.dtype(arr.type.to_pandas_dtype()).newbyteorder("<")
     if len(arr) == 0:
         return np.zeros(0, dtype=dtype)

@@ -25,6 +25,7 @@ from .. import __version__
 from ..dataset import load_manifest
 from ..errors import DatasetNotFoundError, UsageError
 from ..format.manifest import Manifest, ShardInfo, ShardTable, Tokenizer
+from ..format.policy import MediaPolicy, parse_policy
 from ..format.seekable import DEFAULT_FRAME_SIZE, MAX_FRAME_SIZE, MIN_FRAME_SIZE
 from ..format.shard import STORED_FORMATS, dtype_for_vocab
 from ..sources import DocBatch, SourceOptions, Unit, plan_units
@@ -86,6 +87,9 @@ class PackOptions:
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     input_storage_options: Mapping[str, Any] = field(default_factory=dict)
     progress: bool | None = None  # None: only on a TTY
+    media_policy: str | None = None  # --media-policy: pack media (images, audio) with placeholder spans under it
+    media_column: str = "image"  # --media-column: the image column of Parquet / Hugging Face inputs
+    skip_bad_media: bool = False  # --skip-bad-media: leave out and count bad media instead of failing
 
     def __post_init__(self) -> None:
         if self.name is not None:
@@ -140,6 +144,9 @@ class PackResult:
     stored_bytes: int
     raw_bytes: int
     seconds: float
+    media_items: int = 0
+    media_bytes: int = 0
+    skipped_media: int = 0  # bad media items this pack left out (--skip-bad-media)
 
     @property
     def tokens_per_second(self) -> float:
@@ -177,24 +184,31 @@ class _Prepared:
     job: Job
 
 
-def _resolve_tokenizer(opts: PackOptions) -> tuple[Tokenizer, Any]:
+def _resolve_tokenizer(opts: PackOptions) -> tuple[Tokenizer, Any, MediaPolicy | None]:
+    """The tokenizer record, the text tokenizer (None for token-id input) and the media policy."""
+    tok = None
     if opts.tokenizer is not None:
         tok = load_tokenizer(opts.tokenizer, opts.eos_token)
         eos = opts.eos_id if opts.eos_id is not None else tok.info.eos_id
-        vocab = opts.vocab_size or tok.info.vocab_size
-        return Tokenizer(tok.info.name, vocab, eos), tok
-    if opts.vocab_size is None:
+        info = Tokenizer(tok.info.name, opts.vocab_size or tok.info.vocab_size, eos)
+    elif opts.vocab_size is None:
         raise UsageError("token-id input needs --vocab-size (or pass --tokenizer for text input)")
-    return Tokenizer("none", opts.vocab_size, opts.eos_id), None
+    else:
+        info = Tokenizer("none", opts.vocab_size, opts.eos_id)
+    if opts.media_policy is None:
+        return info, tok, None
+    # the placeholder ids: above the tokenizer's vocabulary unless given, which grows to hold them
+    media = parse_policy(opts.media_policy).with_ids(info.vocab_size)
+    return Tokenizer(info.name, max(info.vocab_size, max(media.ids) + 1), info.eos_id), tok, media
 
 
-def _header(opts: PackOptions, info: Tokenizer, out_url: str) -> DatasetHeader:
+def _header(opts: PackOptions, info: Tokenizer, out_url: str, media: MediaPolicy | None = None) -> DatasetHeader:
     if opts.append_eos and info.eos_id is None:
         raise UsageError("appending EOS needs an EOS id: pass --eos-id (or --no-eos)")
     if info.eos_id is not None and info.eos_id >= info.vocab_size:
         raise UsageError(f"EOS id {info.eos_id} is not below the vocabulary size {info.vocab_size}")
     name = opts.name or out_url.rstrip("/").rsplit("/", 1)[-1]
-    return DatasetHeader(name, dtype_for_vocab(info.vocab_size), info, opts.append_eos)
+    return DatasetHeader(name, dtype_for_vocab(info.vocab_size), info, opts.append_eos, media)
 
 
 def _job(out_url: str, opts: PackOptions, header: DatasetHeader, source: SourceOptions) -> Job:
@@ -212,8 +226,8 @@ def _job(out_url: str, opts: PackOptions, header: DatasetHeader, source: SourceO
 
 
 def _prepare(inputs: Sequence[str], out_url: str, opts: PackOptions) -> _Prepared:
-    info, tok = _resolve_tokenizer(opts)
-    header = _header(opts, info, out_url)
+    info, tok, media = _resolve_tokenizer(opts)
+    header = _header(opts, info, out_url, media)
     source = SourceOptions(
         tokenizer=tok,
         tokens_column=opts.tokens_column,
@@ -226,6 +240,9 @@ def _prepare(inputs: Sequence[str], out_url: str, opts: PackOptions) -> _Prepare
         storage_options=dict(opts.input_storage_options) or None,
         split=opts.split,
         origin=opts.origin,
+        media=media,
+        media_column=opts.media_column,
+        skip_bad_media=opts.skip_bad_media,
     )
     units = plan_units(list(inputs), source, opts.input_format)
     return _Prepared(header, units, _job(out_url, opts, header, source))
@@ -295,6 +312,8 @@ def _check_compatible(prev: Manifest, header: DatasetHeader, explicit_name: bool
         mismatches.append(f"tokenizer {prev.tokenizer.to_dict()} vs {header.tokenizer.to_dict()}")
     if prev.eos_appended != header.eos_appended:
         mismatches.append(f"eos_appended {prev.eos_appended} vs {header.eos_appended}")
+    if prev.media != header.media:
+        mismatches.append(f"media policy {prev.media} vs {header.media}")
     if mismatches:
         raise UsageError(
             f"cannot append to {prev.name!r}: the dataset and this pack differ in " + "; ".join(mismatches)
@@ -309,8 +328,9 @@ def _publish(
     started: float,
     *,
     explicit_name: bool = False,
+    skipped_media: int = 0,
 ) -> PackResult:
-    new_table = ShardTable.from_rows(rows)
+    new_table = ShardTable.from_rows(rows, media=header.media is not None)
 
     def build(base: Manifest | None) -> tuple[Manifest, bytes]:
         return Manifest.build(
@@ -323,6 +343,7 @@ def _publish(
             created_at=_now(),
             tool_version=__version__,
             lineage=base.child_lineage() if base else None,
+            media=header.media,
         )
 
     def rebase(current: str) -> tuple[Manifest, bytes]:
@@ -352,6 +373,9 @@ def _publish(
         stored_bytes=totals["stored_bytes"],
         raw_bytes=totals["raw_bytes"],
         seconds=time.perf_counter() - started,
+        media_items=totals.get("media_items", 0),
+        media_bytes=totals.get("media_bytes", 0),
+        skipped_media=skipped_media,
     )
 
 
@@ -382,7 +406,10 @@ def pack(inputs: Sequence[str], out: str, options: PackOptions | None = None) ->
         opts.progress,
     )
     rows = [row for r in results for row in r.shards]
-    return _publish(loc, previous, prep.header, rows, started, explicit_name=opts.name is not None)
+    skipped = sum(r.skipped_media for r in results)
+    return _publish(
+        loc, previous, prep.header, rows, started, explicit_name=opts.name is not None, skipped_media=skipped
+    )
 
 
 def pack_part(
@@ -475,8 +502,8 @@ def pack_documents(
     """Pack in-memory documents (lists or arrays of token ids) — for tests, notebooks and tools."""
     started = time.perf_counter()
     opts = options or PackOptions()
-    info, _ = _resolve_tokenizer(opts)
-    header = _header(opts, info, out)
+    info, _, media = _resolve_tokenizer(opts)
+    header = _header(opts, info, out, media)
     source = SourceOptions(eos_id=info.eos_id, shard_size=opts.shard_size)
     job = _job(out, opts, header, source)
     loc = resolve(out, opts.storage_options)

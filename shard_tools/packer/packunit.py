@@ -18,11 +18,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..errors import FerryError, ShardError, StorageError, TokenRangeError
 from ..format.digest import digest_bytes, raw_digest
 from ..format.header import SHARDS_DIR
 from ..format.manifest import ShardInfo
+from ..format.media import MEDIA_COLUMN, binary_offsets, empty_media, item_arrays, item_offsets
 from ..format.seekable import (
     DEFAULT_FRAME_SIZE,
     SHARD_SUFFIX_2,
@@ -76,6 +78,7 @@ class UnitResult:
     shards: list[ShardInfo]
     documents: int
     tokens: int
+    skipped_media: int = 0  # bad media items left out (--skip-bad-media)
 
 
 def cut_shards(
@@ -101,9 +104,12 @@ def _groups(batches: Iterable[DocBatch], budget: int, itemsize: int, per_doc: in
     for batch in batches:
         pos = 0
         ndocs = len(batch.offsets) - 1
+        media = _media_bytes(batch)
         while pos < ndocs:
             # raw bytes after taking documents pos..k: (offsets[k+1]-offsets[pos])*itemsize + per_doc*(k+1-pos)
             rel = (batch.offsets[pos + 1 :] - batch.offsets[pos]) * itemsize + per_doc * np.arange(1, ndocs - pos + 1)
+            if media is not None:  # and the documents' media bytes
+                rel = rel + (media[pos + 1 :] - media[pos])
             k = int(np.searchsorted(rel, budget - used, side="left"))
             if k >= ndocs - pos:  # the whole rest stays below the budget
                 parts.append(_slice(batch, pos, ndocs))
@@ -118,10 +124,22 @@ def _groups(batches: Iterable[DocBatch], budget: int, itemsize: int, per_doc: in
         yield parts
 
 
+def _media_bytes(batch: DocBatch) -> np.ndarray | None:
+    """Cumulative media bytes before each document of a batch with media (None without)."""
+    if batch.media is None:
+        return None
+    items = item_offsets(batch.media)
+    data = binary_offsets(item_arrays(batch.media)[-1])
+    at = data[items - items[0]]
+    return at - at[0]
+
+
 def _slice(batch: DocBatch, a: int, b: int) -> DocBatch:
     lo, hi = batch.offsets[a], batch.offsets[b]
     rows = None if batch.rows is None else batch.rows[a:b]
-    return DocBatch(batch.tokens[lo:hi], batch.offsets[a : b + 1] - lo, rows)
+    media = None if batch.media is None else batch.media.slice(a, b - a)
+    skipped = batch.skipped_media if a == 0 else 0  # counted once, with the batch's first slice
+    return DocBatch(batch.tokens[lo:hi], batch.offsets[a : b + 1] - lo, rows, media, skipped)
 
 
 def assemble(parts: list[DocBatch], eos_id: int | None, dtype: str) -> DocBatch:
@@ -146,7 +164,12 @@ def assemble(parts: list[DocBatch], eos_id: int | None, dtype: str) -> DocBatch:
         t += n
         d += k
     rows = None if any(p.rows is None for p in parts) else np.concatenate([p.rows for p in parts])
-    return DocBatch(out, offsets, rows)
+    media = None
+    if any(p.media is not None for p in parts):
+        if any(p.media is None for p in parts):
+            raise ShardError("<new>", "some documents of a shard have a media column and some have none")
+        media = pa.concat_arrays([p.media for p in parts])
+    return DocBatch(out, offsets, rows, media, sum(p.skipped_media for p in parts))
 
 
 def _copy_with_eos(dst: np.ndarray, tokens: np.ndarray, src: np.ndarray, local: np.ndarray, eos_id: int) -> None:
@@ -207,7 +230,10 @@ def origin_columns(batch: DocBatch, origin: str | None) -> dict[str, pa.Array]:
 def store_shard(job: Job, batch: DocBatch, origin: str | None = None) -> ShardInfo:
     """Encode, compress and store one shard under its raw digest; returns its manifest row. With
     ``origin`` (the input file) and the batch's rows, the shard records where each document came from."""
-    extra = origin_columns(batch, origin) if job.source.origin else {}
+    extra = {}
+    if job.source.media is not None:  # the media column comes right after tokens (format.media)
+        extra[MEDIA_COLUMN] = batch.media if batch.media is not None else empty_media(len(batch.offsets) - 1)
+    extra.update(origin_columns(batch, origin) if job.source.origin else {})
     buffer = encode_shard_buffer(batch.tokens, batch.offsets, job.dtype, extra)
     raw = memoryview(buffer)
     index_bytes, index_digest, frame_size = 0, "", 0
@@ -233,8 +259,15 @@ def store_shard(job: Job, batch: DocBatch, origin: str | None = None) -> ShardIn
         index_bytes=index_bytes,
         index_digest=index_digest,
         frame_size=frame_size,
+        **(_media_counts(extra[MEDIA_COLUMN]) if MEDIA_COLUMN in extra else {}),
     )
     return store_immutable(_out(job), info, stored)
+
+
+def _media_counts(column: pa.Array) -> dict[str, int]:
+    """The manifest row's media totals of a shard's media column."""
+    data = item_arrays(column)[-1]
+    return {"media_items": len(data), "media_bytes": int(pc.sum(pc.binary_length(data)).as_py() or 0)}
 
 
 def store_immutable(loc: Location, info: ShardInfo, stored: bytes | tuple[bytes, ...]) -> ShardInfo:
@@ -391,8 +424,11 @@ def pack_batches(
 
     source = _prefetch(checked()) if job.prefetch else checked()
     cuts = cut_shards(source, job.source.shard_size, itemsize, eos_id=job.eos_id, dtype=job.dtype)
-    shards = [store_shard(job, b, origin if record else None) for b in cuts]
-    return UnitResult(shards, sum(s.documents for s in shards), sum(s.tokens for s in shards))
+    shards, skipped = [], 0
+    for b in cuts:
+        shards.append(store_shard(job, b, origin if record else None))
+        skipped += b.skipped_media
+    return UnitResult(shards, sum(s.documents for s in shards), sum(s.tokens for s in shards), skipped)
 
 
 def unit_label(unit: Unit) -> str:

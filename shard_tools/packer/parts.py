@@ -17,6 +17,7 @@ from typing import Any
 from ..errors import ManifestError, UsageError
 from ..format.digest import digest_bytes
 from ..format.manifest import ShardInfo, Tokenizer
+from ..format.policy import MediaPolicy
 from ..sources import Unit
 from ..storage.store import Location
 from .packunit import Job
@@ -36,6 +37,7 @@ class DatasetHeader:
     token_dtype: str
     tokenizer: Tokenizer
     eos_appended: bool
+    media: MediaPolicy | None = None  # the media cost policy (a pack with media)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -43,12 +45,15 @@ class DatasetHeader:
             "token_dtype": self.token_dtype,
             "tokenizer": self.tokenizer.to_dict(),
             "eos_appended": self.eos_appended,
+            **({"media": self.media.to_dict()} if self.media is not None else {}),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DatasetHeader:
         t = d["tokenizer"]
-        return cls(d["name"], d["token_dtype"], Tokenizer(t["name"], t["vocab_size"], t["eos_id"]), d["eos_appended"])
+        media = MediaPolicy.from_dict(d["media"]) if d.get("media") is not None else None
+        tokenizer = Tokenizer(t["name"], t["vocab_size"], t["eos_id"])
+        return cls(d["name"], d["token_dtype"], tokenizer, d["eos_appended"], media)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from .npy import read_npy
 from .parquet import read_parquet
 from .split import plan_file
 from .text import read_text
+from .wds import read_wds
 
 __all__ = ["DocBatch", "SourceOptions", "Unit", "FORMATS", "detect_format", "plan_units", "read_unit"]
 
@@ -37,6 +38,7 @@ FORMATS: dict[str, Reader] = {
     "npy": read_npy,
     "megatron": read_megatron,
     "arrow": read_arrow,
+    "wds": read_wds,
 }
 _SUFFIXES = [
     (".parquet", "parquet"),
@@ -54,6 +56,7 @@ _SUFFIXES = [
     (".idx", "megatron"),
     (".bin", "megatron"),
     (".arrow", "arrow"),
+    (".tar", "wds"),
 ]
 
 

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import zstandard
 
+from ..format.policy import MediaPolicy
 from .tokenizer import TextTokenizer
 
 __all__ = ["DocBatch", "SourceOptions", "Unit", "batch_from_lists", "READ_ERRORS"]
@@ -23,12 +24,16 @@ class DocBatch(NamedTuple):
     """Documents as one flat integer array plus ``len(docs) + 1`` int64 offsets.
 
     ``rows``, when a reader knows it, is where each document sits in its input file (JSONL: the
-    1-based line); left None, the packer numbers the documents of a file from 0 instead.
+    1-based line); left None, the packer numbers the documents of a file from 0 instead. ``media``, from a
+    reader of media inputs, is the documents' ``media`` column (:mod:`ferry.shard_tools.format.media`), and
+    ``skipped_media`` how many bad media items it left out (``--skip-bad-media``).
     """
 
     tokens: np.ndarray
     offsets: np.ndarray
     rows: np.ndarray | None = None
+    media: Any = None
+    skipped_media: int = 0
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,9 @@ class SourceOptions:
     split: str | None = None
     origin: bool = True  # record each document's input file and row in the shards (columns origin_file/origin_row)
     split_size: int | None = None  # size of the sub-units of a large input; None: see split.split_size
+    media: MediaPolicy | None = None  # pack media with their placeholder spans under this policy (None: text only)
+    media_column: str = "image"  # the image column of Parquet / Hugging Face inputs
+    skip_bad_media: bool = False  # leave out (and count) media that fail their checks instead of failing the pack
 
 
 def batch_from_lists(docs: list[np.ndarray]) -> DocBatch:

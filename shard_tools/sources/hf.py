@@ -22,6 +22,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import InputFormatError, UsageError
 from .base import DocBatch, SourceOptions, Unit
+from .mediatable import check_media_column, media_batches
 from .parquet import _convert, find_column
 
 __all__ = ["dataset_files", "is_directory", "read_arrow"]
@@ -189,6 +190,10 @@ def read_arrow(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
     try:
         with _open(unit.path, options) as source:
             schema, batches = _ipc_batches(source)
+            if options.media is not None:  # images (Image structs or bytes) and their text
+                check_media_column(unit.path, options, schema.names)
+                yield from media_batches(unit.path, batches, options)
+                return
             index = find_column(unit.path, column, schema.names)
             for batch in batches:
                 for start in range(0, batch.num_rows, options.batch_documents):

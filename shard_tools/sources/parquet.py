@@ -14,8 +14,11 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import InputFormatError
 from .base import DocBatch, SourceOptions, Unit, batch_from_lists
+from .mediatable import check_media_column, media_batches
 
 __all__ = ["read_parquet", "find_column"]
+
+_MEDIA_ROWS = 256
 
 
 def read_parquet(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
@@ -23,8 +26,16 @@ def read_parquet(unit: Unit, options: SourceOptions) -> Iterator[DocBatch]:
     try:
         with _open(unit.path, options) as f:
             pf = pq.ParquetFile(f)
-            find_column(unit.path, column, pf.schema_arrow.names)
             groups = None if unit.stop is None else _row_groups(unit, pf.metadata.num_row_groups)
+            if options.media is not None:  # images (bytes or Image structs) and their text
+                names = pf.schema_arrow.names
+                check_media_column(unit.path, options, names)
+                columns = [options.media_column] + ([options.text_column] if options.text_column in names else [])
+                rows = min(options.batch_documents, _MEDIA_ROWS)  # rows of images read at once
+                batches = pf.iter_batches(columns=columns, batch_size=rows, row_groups=groups)
+                yield from media_batches(unit.path, batches, options, unit.first_document or 0)
+                return
+            find_column(unit.path, column, pf.schema_arrow.names)
             for batch in pf.iter_batches(columns=[column], batch_size=options.batch_documents, row_groups=groups):
                 yield _convert(unit.path, column, batch.column(0), options)
     except (pa.ArrowException, OSError) as exc:

@@ -490,8 +490,8 @@ _S3_SESSION: list[Any] = []  # this process's botocore session; a forked DataLoa
 def _share_s3_session(fs: Any) -> None:
     """Give a new S3 filesystem this process's botocore session.
 
-    A new session parses botocore's service models again: ~0.1 s before the first request of every
-    dataset opened, and of every DataLoader worker. With a shared one a client is made in ~10 ms. Not
+    A new session parses botocore's service models again before the first request of every dataset
+    opened, and of every DataLoader worker; a shared one makes a client without that parse. Not
     where the caller chose a session or a profile (``fs.kwargs``), nor once the filesystem has a client.
     The session is set on the filesystem, not in its storage options, which stay picklable."""
     if getattr(fs, "session", True) is not None or getattr(fs, "_s3", None) is not None or getattr(fs, "kwargs", None):

@@ -31,7 +31,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -43,7 +43,7 @@ from ferry.shard_tools.storage.store import Location, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = int(os.environ.get("FERRY_WRITER_ROUNDS", "50"))  # a developer may run fewer
-CLOUD_ROUNDS = min(ROUNDS, 8)  # on the GCS and Azure emulators: a round there takes ~25 s on 2 busy cores
+CLOUD_ROUNDS = min(ROUNDS, 8)  # on the GCS and Azure emulators: a round there is many times slower
 PROCESSES = 4
 KILL_SHARE = 0.3  # of the processes, SIGKILLed at a random moment of their run
 ROUND_TIMEOUT = 90.0
@@ -226,25 +226,32 @@ def _concurrent_writers(
     assert len(seen["D"].versions) >= 3 and len(appended) == len(set(appended))
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_concurrent_writers_on_file(tmp_path: Path) -> None:
-    _concurrent_writers(str(tmp_path / "store"), {}, {}, tmp_path)
+class ConcurrentWriters:
+    """The property on one store (a subclass names its conftest backend fixture)."""
+
+    backend_name: ClassVar[str]
+    rounds: ClassVar[int] = ROUNDS
+
+    @pytest.mark.slow
+    @pytest.mark.timeout(900)
+    def test_concurrent_writers(self, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+        backend = request.getfixturevalue(f"{self.backend_name}_backend")
+        _concurrent_writers(backend.base, backend.storage_options, backend.env, tmp_path, self.rounds)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_concurrent_writers_on_s3(s3_backend: Any, s3_env: Mapping[str, str], tmp_path: Path) -> None:
-    _concurrent_writers(s3_backend.base, s3_backend.storage_options, s3_env, tmp_path)
+class TestConcurrentWritersOnFile(ConcurrentWriters):
+    backend_name = "file"
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_concurrent_writers_on_gcs(gcs_backend: Any, tmp_path: Path) -> None:
-    _concurrent_writers(gcs_backend.base, gcs_backend.storage_options, gcs_backend.env, tmp_path, CLOUD_ROUNDS)
+class TestConcurrentWritersOnS3(ConcurrentWriters):
+    backend_name = "s3"
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_concurrent_writers_on_azure(azure_backend: Any, tmp_path: Path) -> None:
-    _concurrent_writers(azure_backend.base, azure_backend.storage_options, azure_backend.env, tmp_path, CLOUD_ROUNDS)
+class TestConcurrentWritersOnGcs(ConcurrentWriters):
+    backend_name = "gcs"
+    rounds = CLOUD_ROUNDS
+
+
+class TestConcurrentWritersOnAzure(ConcurrentWriters):
+    backend_name = "azure"
+    rounds = CLOUD_ROUNDS

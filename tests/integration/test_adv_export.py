@@ -105,7 +105,7 @@ def test_export_into_an_unwritable_place_is_one_line(tmp_path: Path) -> None:
 
 
 def test_large_vocabulary_exports_as_int32(tmp_path: Path) -> None:
-    """A uint32 dataset (vocabulary over 65536) used to fail: Megatron has no uint32 code."""
+    """A uint32 dataset (vocabulary over 65536) exports as int32: Megatron has no uint32 code."""
     docs = [np.array([1, 70_000, 99_998]), np.array([5])]
     url = str(tmp_path / "ds")
     pack_documents(docs, url, PackOptions(vocab_size=100_000, eos_id=99_999, name="big"))

@@ -224,8 +224,8 @@ class _OpensAFile:
 
 
 def test_an_object_npy_cannot_run_code(tmp_path: Path) -> None:
-    """Observed: an object-dtype .npy ran whatever its pickle named (here: open() made a file)
-    before ferry refused the document it produced."""
+    """An object-dtype .npy is refused without running its pickle, which would call whatever it names
+    (here: open() makes a file)."""
     marker = tmp_path / "ran"
     arr = np.empty(2, dtype=object)
     arr[0], arr[1] = np.array([1, 2]), _OpensAFile(marker)

@@ -366,7 +366,7 @@ except FerryError as exc:
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_full_disk_is_a_cache_error_naming_the_file(url: str, tmp_path: Path, workers: int, late: str) -> None:
     """Also when only background fetches meet the full disk, after the last batch was read by frames
-    ("late"): the error comes after the last batch (a loop once ended silently: 4 of 30 runs)."""
+    ("late"): the error comes after the last batch; the loop never ends silently."""
     cache = tmp_path / "cache"
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     done = subprocess.run(

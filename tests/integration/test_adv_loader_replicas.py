@@ -239,7 +239,7 @@ def test_malformed_storage_options_are_refused_without_printing_them(
     ],
 )
 def test_fetch_options_without_a_finite_deadline_are_usage_errors(good: Replica, tmp_path: Path, option: Any) -> None:
-    """They made every read raise OverflowError (or would wait for ever on a hung replica)."""
+    """Without a finite deadline every read would raise OverflowError (or wait for ever on a hung replica)."""
     with pytest.raises(UsageError, match=f"fetch.{next(iter(option))}"):
         TokenDataset(good.url("ds"), seq_len=SEQ, cache_dir=str(tmp_path), fetch=option)
 

@@ -67,7 +67,7 @@ def test_s3_with_a_small_cache_gives_the_local_stream(s3_backend: Backend, local
     np.testing.assert_array_equal(epoch_rows(remote, workers=2), epoch_rows(local))  # workers fetch over S3 too
     used = sum(p.stat().st_size for p in cached_files(cache))
     # a soft bound: each of the 2 workers keeps its window's 2 shards and a successor (samples that cross a
-    # shard's end) in use, and those are never evicted; seen: 4 full shards and the small last one left
+    # shard's end) in use, and those are never evicted
     in_use = 2 * (2 + 1) * int(manifest.shards.raw_bytes.max())
     assert used <= max(limit, in_use) + int(manifest.shards.raw_bytes.max())
     assert len(cached_files(cache)) < shards // 2  # evicted as it went
@@ -219,8 +219,8 @@ def _open_fds() -> int:
 
 
 def test_a_dropped_dataset_gives_its_lock_descriptors_back(local_url: str, tmp_path: Path) -> None:
-    """Each mapped shard holds its ``use`` lock open; a dataset dropped without closing used to keep
-    those descriptors until the process ended (a long run creating datasets ran out of them)."""
+    """Each mapped shard holds its ``use`` lock open; a dataset dropped without closing gives those
+    descriptors back (kept until the process ended, a long run creating datasets would run out)."""
     import gc
 
     gc.collect()

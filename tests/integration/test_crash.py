@@ -62,7 +62,7 @@ def test_sigkill_at_random_moments(tmp_path: Path) -> None:
     docs = make_docs(2500, 31)
     first = pack(str(tmp_path / "src" / "big"), docs[:2000], {}, shard_size=4096)
     assert first.shards >= 100
-    rate = first.stored_bytes / 8  # ~8 s of copying in all: the kills land mid-transfer
+    rate = first.stored_bytes / 8  # 8 s of copying in all at this rate: the kills land mid-transfer
     config = tmp_path / "ferry.toml"
     FerryToml(
         clusters={"src": Cluster(f"{tmp_path}/src"), "dst": Cluster(f"{tmp_path}/dst")},

@@ -232,3 +232,44 @@ def test_another_writer_is_shown_until_its_lease_ends(page, tmp_path: Path, monk
             other.release()
         page.wait_for_selector("#writers[hidden]", state="attached", timeout=30_000)
         page.wait_for_selector('#matrix td[data-cluster="west"][data-state="complete"]', timeout=30_000)
+
+
+def test_the_jobs_panel_shows_a_real_loader(page, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """A loader process registered with the daemon: its row names the job, dataset @ version, the replica
+    (cluster) it reads, its position and stall share (flagged over 5%), and what staging holds ahead of it."""
+    import os
+    import subprocess
+
+    from configs import Staging
+
+    staging = Staging(str(tmp_path / "staging"), "4MiB", "256KiB", interval=0.1)
+    with running_service(tmp_path, monkeypatch, staging=staging) as svc:
+        res = pack(svc.east("corpus"), 200)
+        wait_until(lambda: svc.west_version("corpus") == res.version_id, what="publication")
+        script = Path(__file__).resolve().parents[1] / "scripts" / "job_loader.py"
+        env = {**os.environ, "FERRY_SERVICE_URL": svc.url, "FERRY_API_TOKEN": TOKEN, "FERRY_JOB_NAME": "llama-run",
+               "FERRY_JOB_HEARTBEAT": "0.2"}  # fmt: skip
+        urls = f"{tmp_path / 'staging' / 'corpus'},{svc.west('corpus')}"
+        cmd = [sys.executable, str(script), urls, str(tmp_path / "cache"), str(tmp_path / "progress"), "100000", "0.01"]
+        loader = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        try:
+            page.goto(svc.url + "/")
+            row = page.locator("#jobs tbody tr").first
+            page.wait_for_function(  # registered, moving, and staged for
+                "(() => { const r = document.querySelector('#jobs tbody tr');"
+                " return r && !r.cells[3].textContent.startsWith('0 ') && r.cells[6].textContent !== '—'; })()",
+                timeout=60_000,
+            )
+            cells = [row.locator("td").nth(i).inner_text() for i in range(8)]
+            assert cells[0] == "llama-run rank 0/1"
+            assert cells[1] == f"corpus @ {res.version_id[:10]}"
+            assert cells[2] in ("west", urls.split(",")[0])  # the replica read most: west, or staging once ahead
+            (job,) = svc.client.jobs()
+            share = job.stats.stall_share
+            flagged = row.locator("td").nth(5).locator(".sla.miss").count() == 1
+            assert flagged == (share > 0.05) or abs(share - 0.05) < 0.01, (share, cells)
+            assert page.locator("#jobs-empty").is_hidden() and page.locator("#jobs-count").inner_text() == "(1)"
+            _shot(page, "jobs")
+        finally:
+            loader.kill()
+            loader.wait(timeout=30)

@@ -52,16 +52,6 @@ def test_rank_and_world_size_come_from_the_environment(
         TokenLoader(ds, 2, rank=4, world_size=4)
 
 
-def test_a_token_dataset_works_in_a_plain_dataloader(url_cache: tuple[str, str]) -> None:
-    url, cache = url_cache
-    ds = TokenDataset(url, seq_len=16, seed=1, cache_dir=cache)
-    plain = list(torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2))
-    rows = torch.cat([b["input_ids"] for b in plain]).numpy()
-    assert rows.shape == (ds.num_samples, 16)
-    reference = ds.batch(np.arange(ds.num_samples))["input_ids"].numpy()
-    assert sorted(map(bytes, rows)) == sorted(map(bytes, reference))  # every sample once
-
-
 def test_an_abandoned_iterator_stops_its_worker_processes_when_closed(url_cache: tuple[str, str]) -> None:
     """Leaving an epoch early (break, an exception, a checkpoint-and-exit) must not leave DataLoader
     workers waiting for work until interpreter exit."""

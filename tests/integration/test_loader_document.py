@@ -1,12 +1,15 @@
-"""Document mode (pad/truncate with attention_mask) and document boundaries in token mode."""
+"""Document mode (pad/truncate with attention_mask; the contract every source keeps, tests/contracts/sources.py)
+and document boundaries in token mode."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from contracts.sources import Make, SampleSourceContract
 from scripts.loader_common import EOS, make_documents, pack_test_dataset, token_stream
 
 from ferry.client import TokenDataset, TokenLoader
+from ferry.client.source import SampleSource
 from ferry.client.stream.reader import IGNORE_INDEX
 from ferry.shard_tools.errors import UsageError
 
@@ -45,19 +48,6 @@ def test_document_mode_pads_and_truncates_with_an_attention_mask(url_cache: tupl
     assert saw_short and saw_long
 
 
-def test_document_mode_resumes_on_another_world_size(url_cache: tuple[str, str]) -> None:
-    url, cache = url_cache
-    ds = TokenDataset(url, seq_len=16, seed=3, mode="document", cache_dir=cache)
-    full = np.concatenate([b["input_ids"].numpy() for b in TokenLoader(ds, 8, rank=0, world_size=1)])
-    one = TokenLoader(ds, 8, rank=0, world_size=1)
-    head = [b["input_ids"].numpy() for _, b in zip(range(5), one, strict=False)]
-    ranks = [TokenLoader(ds, 4, num_workers=1, rank=r, world_size=2) for r in range(2)]
-    for r in ranks:
-        r.load_state_dict(one.state_dict())
-    tail = [b["input_ids"].numpy() for pair in zip(*ranks, strict=True) for b in pair]
-    np.testing.assert_array_equal(np.concatenate(head + tail), full)
-
-
 def test_doc_boundaries_give_cu_seqlens_and_position_ids(url_cache: tuple[str, str]) -> None:
     url, cache = url_cache
     seq = 64
@@ -90,3 +80,27 @@ def test_boundaries_need_token_mode(url_cache: tuple[str, str]) -> None:
         TokenDataset(url, seq_len=16, mode="chars", cache_dir=cache)
     with pytest.raises(UsageError, match="shuffle"):
         TokenDataset(url, seq_len=16, shuffle="random", cache_dir=cache)
+
+
+class TestTokenDatasetDocuments(SampleSourceContract):
+    mode = "document"
+    seq = 32
+    pad = 7
+
+    @pytest.fixture
+    def make(self, url_cache: tuple[str, str]) -> Make:
+        url, cache = url_cache
+        return lambda seed: TokenDataset(
+            url, seq_len=self.seq, seed=seed, mode="document", cache_dir=cache, pad_id=self.pad
+        )
+
+    def expected(self, source: SampleSource, positions: np.ndarray) -> dict[str, np.ndarray]:
+        assert isinstance(source, TokenDataset)
+        docs = [np.append(d, EOS) for d in make_documents(N_DOCS, 4)]  # as stored: EOS appended
+        rows = {k: np.full((len(positions), self.seq), fill) for k, fill in
+                (("input_ids", self.pad), ("labels", IGNORE_INDEX), ("attention_mask", 0))}  # fmt: skip
+        for row, d in enumerate(source.sample_ids(positions).tolist()):
+            t = docs[d][: self.seq + 1]
+            n = len(t) - 1
+            rows["input_ids"][row, :n], rows["labels"][row, :n], rows["attention_mask"][row, :n] = t[:-1], t[1:], 1
+        return rows

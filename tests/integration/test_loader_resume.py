@@ -1,4 +1,5 @@
-"""The resume test: interrupted + resumed == uninterrupted, sample for sample.
+"""The resume test: interrupted + resumed == uninterrupted, sample for sample, for a ``TokenDataset`` in
+token mode (and the contract every source keeps, tests/contracts/sources.py, for its shuffle modes).
 
 Ranks are simulated in one process (one TokenLoader per rank); the global batch of a
 step is the ranks' batches concatenated in rank order. Streams are compared as rows
@@ -13,11 +14,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from contracts.sources import Make, SampleSourceContract
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scripts.loader_common import pack_test_dataset, token_stream
 
 from ferry.client import TokenDataset, TokenLoader
+from ferry.client.source import SampleSource
 from ferry.shard_tools.errors import StateError
 
 SEQ = 64
@@ -86,28 +89,6 @@ def test_uninterrupted_stream_is_the_epoch_permutations_of_the_samples(
         np.testing.assert_array_equal(rows[:n], everything)
 
 
-@pytest.mark.timeout(60)
-def test_positions_epochs_apart_cost_only_their_epochs(dataset_url: str, cache_dir: str) -> None:
-    """Positions billions of epochs apart (``ferry trace`` of a late step) are looked up epoch by epoch
-    for the epochs they are in, never by walking every epoch between them."""
-    ds = TokenDataset(dataset_url, seq_len=SEQ, seed=3, shuffle="global", cache_dir=cache_dir)
-    n = ds.num_samples
-    positions = np.array([5, 2**61 + 7, 3 * n + 1, 2**61 + n + 2], dtype=np.int64)
-    expected = [int(ds.sample_ids(np.array([p]))[0]) for p in positions.tolist()]
-    assert ds.sample_ids(positions).tolist() == expected
-
-
-def test_labels_are_inputs_shifted_by_one(dataset_url: str, cache_dir: str) -> None:
-    ds = TokenDataset(dataset_url, seq_len=SEQ, seed=1, cache_dir=cache_dir)
-    stream = token_stream(dataset_url)
-    ids = ds.sample_ids(np.arange(8))
-    b = ds.batch(np.arange(8))
-    assert b["input_ids"].dtype == b["labels"].dtype
-    assert str(b["input_ids"].dtype) == "torch.int64" and tuple(b["labels"].shape) == (8, SEQ)
-    for row, i in enumerate(ids.tolist()):
-        np.testing.assert_array_equal(b["labels"][row].numpy(), stream[i * SEQ + 1 : i * SEQ + SEQ + 1])
-
-
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     shuffle=st.sampled_from(["global", "window", "none"]),
@@ -163,35 +144,6 @@ def test_changing_the_global_batch_repeats_and_skips_nothing(
     np.testing.assert_array_equal(np.stack(got), reference(ds, len(got)))
 
 
-def test_state_counts_only_delivered_batches(dataset_url: str, cache_dir: str) -> None:
-    """With workers prefetching ahead, the state still reflects what the loop received."""
-    ds = TokenDataset(dataset_url, seq_len=SEQ, seed=2, cache_dir=cache_dir)
-    loader = TokenLoader(ds, batch_size=3, num_workers=2, rank=1, world_size=2, prefetch_factor=4)
-    assert loader.state_dict()["consumed"] == 0
-    it = iter(loader)
-    for k in range(1, 6):
-        next(it)
-        assert loader.state_dict()["consumed"] == 6 * k
-    del it
-    state = loader.state_dict()
-    assert json.loads(json.dumps(state)) == state
-    assert set(state) == {"version", "dataset_version", "seed", "seq_len", "epoch", "consumed", "fingerprint"}
-
-
-def test_iteration_runs_to_the_epoch_end_and_continues(dataset_url: str, cache_dir: str) -> None:
-    ds = TokenDataset(dataset_url, seq_len=SEQ, seed=5, cache_dir=cache_dir)
-    loader = TokenLoader(ds, batch_size=10, rank=0, world_size=1)
-    n = ds.num_samples
-    assert len(loader) == -(-n // 10)
-    batches = list(loader)
-    assert len(batches) == -(-n // 10)
-    assert loader.epoch == 1 and loader.state_dict()["consumed"] == len(batches) * 10 - n
-    pos = loader.position
-    assert len(loader) == -(-(2 * n - pos) // 10)
-    assert len(list(loader)) == -(-(2 * n - pos) // 10)
-    assert loader.epoch == 2
-
-
 def test_state_mismatch_is_a_clear_error(dataset_url: str, cache_dir: str, tmp_path: Path) -> None:
     ds = TokenDataset(dataset_url, seq_len=SEQ, seed=3, cache_dir=cache_dir)
     loader = TokenLoader(ds, batch_size=4, rank=0, world_size=1)
@@ -219,3 +171,30 @@ def test_state_mismatch_is_a_clear_error(dataset_url: str, cache_dir: str, tmp_p
 
     other_seed.load_state_dict(state, strict=False)  # explicitly overridden: continue at the same counter
     assert other_seed.position == 4
+
+
+class TestTokenDatasetGlobalShuffle(SampleSourceContract):
+    shuffle = "global"
+
+    @pytest.fixture
+    def make(self, dataset_url: str, cache_dir: str) -> Make:
+        return lambda seed: TokenDataset(
+            dataset_url, seq_len=SEQ, seed=seed, shuffle=self.shuffle, cache_dir=cache_dir, window=2
+        )
+
+    def expected(self, source: SampleSource, positions: np.ndarray) -> dict[str, np.ndarray]:
+        assert isinstance(source, TokenDataset) and source.url is not None
+        stream = token_stream(source.url)
+        windows = np.stack([stream[i * SEQ : i * SEQ + SEQ + 1] for i in source.sample_ids(positions).tolist()])
+        return {"input_ids": windows[:, :-1], "labels": windows[:, 1:]}
+
+    def test_the_state_names_what_fixes_the_order(self, source: SampleSource) -> None:
+        loader = TokenLoader(source, batch_size=3, rank=0, world_size=1)
+        next(iter(loader))
+        assert set(loader.state_dict()) == {
+            "version", "dataset_version", "seed", "seq_len", "epoch", "consumed", "fingerprint"
+        }  # fmt: skip
+
+
+class TestTokenDatasetWindowShuffle(TestTokenDatasetGlobalShuffle):
+    shuffle = "window"

@@ -1,4 +1,5 @@
-"""``MapStyleView`` + ``StreamSampler`` in a plain ``DataLoader`` give TokenLoader's batches, state and resume."""
+"""``MapStyleView`` + ``StreamSampler`` in a plain ``DataLoader`` give TokenLoader's batches, state and resume
+(for every kind of source, indexing by stream position included: tests/contracts/sources.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from scripts.loader_common import pack_test_dataset
@@ -52,19 +52,6 @@ def test_dataloader_over_the_view_gives_tokenloaders_batches(
     assert loader.sampler.state_dict() == ref.state_dict()  # type: ignore[attr-defined]
 
 
-def test_view_indexes_stream_positions(ds: TokenDataset) -> None:
-    view = MapStyleView(ds)
-    assert len(view) == ds.num_samples
-    later = ds.num_samples + 3  # epoch 1 is its own permutation
-    for p in (0, 7, later):
-        sample = view[p]
-        want = ds.batch(np.asarray([p]))
-        assert torch.equal(sample["input_ids"], want["input_ids"][0])
-        assert torch.equal(sample["labels"], want["labels"][0])
-    with pytest.raises(UsageError, match="stream position"):
-        view[-1]
-
-
 def test_position_ids_match_the_loaders(ds: TokenDataset) -> None:
     got = next(iter(_map_loader(ds, 4, 0, 1, position_ids=True)))
     want = next(iter(TokenLoader(ds, 4, return_doc_boundaries=True)))
@@ -73,15 +60,11 @@ def test_position_ids_match_the_loaders(ds: TokenDataset) -> None:
     assert torch.equal(got["input_ids"], want["input_ids"])
 
 
-def test_document_mode_and_mixtures(tmp_path: Path, ds: TokenDataset) -> None:
+def test_position_ids_need_token_mode(tmp_path: Path) -> None:
     url = pack_test_dataset(str(tmp_path / "b"), 60, seed=1)
     docs = TokenDataset(url, seq_len=SEQ, mode="document", cache_dir=str(tmp_path / "c"))
-    _same(next(iter(_map_loader(docs, 3, 1, 2))), next(iter(TokenLoader(docs, 3, rank=1, world_size=2))))
     with pytest.raises(UsageError, match="position_ids needs mode='tokens'"):
         MapStyleView(docs, position_ids=True)
-    mixed = TokenDataset.mix([ds, TokenDataset(url, seq_len=SEQ, cache_dir=str(tmp_path / "c"))], [3, 1])
-    for a, b in zip(_map_loader(mixed, 4, 0, 1), TokenLoader(mixed, 4), strict=True):
-        _same(a, b)
 
 
 def _tracked(sampler: StreamSampler, loader: DataLoader) -> Iterator[dict[str, torch.Tensor]]:

@@ -22,8 +22,9 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from configs import Staging
 from conftest import free_port
-from helpers import pack, running_service, wait_until
+from helpers import TOKEN, pack, running_service, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 if sys.version_info >= (3, 11):
@@ -228,18 +229,27 @@ class Live:
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     """A real daemon + API: one dataset replicated east → west, one open error; its /metrics parsed."""
     root = tmp_path_factory.mktemp("monitoring")
-    with pytest.MonkeyPatch.context() as mp, running_service(root, mp) as svc:
+    staging = Staging(str(root / "staging"), "1MiB", "64KiB", interval=0.1)
+    with pytest.MonkeyPatch.context() as mp, running_service(root, mp, staging=staging) as svc:
         version = pack(svc.east("corpus"), 40).version_id
         (root / "east" / "broken").mkdir()
         (root / "east" / "broken" / "manifest.json").write_text("not json")  # an open, non-retryable error
         wait_until(lambda: svc.west_version("corpus") == version, what="west to publish corpus")
-        with httpx.Client(base_url=svc.url) as http:
+        with httpx.Client(base_url=svc.url, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+            job = {"name": "train", "rank": 0, "world_size": 1, "batch_size": 4, "phases": [{"start": 0, "quota": [1]}],
+                   "sources": [{"urls": [svc.west("corpus")], "version": version, "seed": "0", "shuffle": "global",
+                                "window": 8, "mode": "tokens", "seq_len": 16}]}  # fmt: skip
+            assert http.post("/api/v1/jobs", json=job).status_code == 201  # a job, so the per-job families have samples
             text = wait_until(
                 # the copied bytes are counted when the copy's stats land, which may trail the publish
                 lambda: (
-                    (t := http.get("/metrics").text) and "ferry_errors{" in t and "ferry_copied_bytes_total{" in t and t
+                    (t := http.get("/metrics").text)
+                    and all(
+                        f in t for f in ("ferry_errors{", "ferry_copied_bytes_total{", "ferry_job_staged_ahead_bytes{")
+                    )
+                    and t
                 ),
-                what="an open error and the copied bytes in /metrics",
+                what="an open error, the copied bytes and a staged job in /metrics",
             )
         yield Live(svc.url, {**exported_metrics(text), **SYNTHETIC})
 
@@ -255,6 +265,8 @@ def test_the_scrape_has_every_family_with_samples(exported: dict[str, set[str]])
     assert exported["ferry_errors"] == {"dataset", "cluster", "retryable"}
     assert exported["ferry_lag_seconds"] == {"dataset", "cluster"}
     assert exported["ferry_uptime_seconds"] == set()
+    assert exported["ferry_job_stall_seconds_total"] == {"training_job"}
+    assert exported["ferry_job_staging_missing_bytes"] == {"training_job"}
 
 
 def test_dashboard_and_rules_name_only_exported_metrics_and_labels(exported: dict[str, set[str]]) -> None:
@@ -446,7 +458,7 @@ def _prometheus(tmp_path: Path, target: str) -> Iterator[httpx.Client]:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
-            # it listens before its storage is open and answers 503 until then (seen on a loaded CI machine)
+            # it listens before its storage is open and answers 503 until then (for a while on a loaded machine)
             wait_until(lambda: _ready(http, proc), timeout=60, what="prometheus /-/ready")
             yield http
     finally:

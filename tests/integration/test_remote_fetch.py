@@ -102,7 +102,7 @@ def test_a_hung_first_replica_costs_one_deadline(
     hung = [r for r in net.requests if r.hung]
     assert hung, "the proxy hung no request: the test did not test anything"
     deadline = FAST["deadline_floor"] + FAST["deadline_slack"] * 0.2  # prior round trip + a small request
-    # one deadline, with room for one stall of this process on a loaded machine (seen: ~0.5 s in either run);
+    # one deadline, with room for one stall of this process on a loaded machine;
     # a deadline per shard would cost 5 or more (5 shards), and a second round of hung requests fails the check below
     assert hung_s - healthy_s < 2 * deadline + 0.6, (hung_s, healthy_s, len(hung))
     # the hung replica was asked once per request in flight at the time, then not again
@@ -198,8 +198,8 @@ def test_a_manifest_longer_than_the_first_ranged_read_is_read_whole(
 
 
 def test_s3_locations_share_one_warm_botocore_session(dataset: dict[str, str], net: Netem) -> None:
-    """A new botocore session parses botocore's service models again (~0.1 s before the first request of
-    every dataset, and of every DataLoader worker); ferry's S3 filesystems share one per process, made
+    """A new botocore session parses botocore's service models again (before the first request of every
+    dataset, and of every DataLoader worker); ferry's S3 filesystems share one per process, made
     before a fork and so inherited warm by workers. A caller's profile keeps its own session."""
     from ferry.shard_tools.storage.store import resolve
 

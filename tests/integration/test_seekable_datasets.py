@@ -262,9 +262,9 @@ def test_cold_first_batch_reads_only_the_frames_it_touches(tmp_path: Path) -> No
 
 
 def test_prefetch_of_whole_shards_waits_for_the_frames_of_the_batch_at_hand(tmp_path: Path, monkeypatch: Any) -> None:
-    """A cold first batch reads its frames first; the whole shards the prefetch wants are submitted after
-    (before, they competed with those frames: 0.10 s instead of 0.02 s on 64 MiB shards)."""
-    import ferry.client.stream.dataset as dataset_module
+    """A cold first batch reads its frames first; the whole shards the prefetch wants are submitted after,
+    so they do not compete with those frames."""
+    import ferry.client.fetching.prefetcher as prefetcher_module
 
     out = str(tmp_path / "ds")
     inputs, opts = write_input("parquet", tmp_path, make_docs(2000, 6))
@@ -276,7 +276,7 @@ def test_prefetch_of_whole_shards_waits_for_the_frames_of_the_batch_at_hand(tmp_
             frames_read_at_submit.append(ds.reader.frames.stats.frames)  # type: ignore[union-attr]
             return super().submit(fn, *args, **kwargs)
 
-    monkeypatch.setattr(dataset_module, "DaemonPool", Recording)
+    monkeypatch.setattr(prefetcher_module, "DaemonPool", Recording)
     ds = TokenDataset(out, seq_len=64, seed=3, shuffle="global", cache_dir=str(tmp_path / "c"))
     it = iter(TokenLoader(ds, batch_size=16))
     next(it)
@@ -324,6 +324,41 @@ def test_window_batches_wait_for_a_started_whole_fetch_instead_of_reading_frames
     ref.close()
 
 
+def test_a_global_shuffle_of_local_data_reads_frames_for_its_first_batch_only(tmp_path: Path, monkeypatch: Any) -> None:
+    """From a local replica, a shard whose whole fetch started is waited for, not read by frames (each sample
+    decompresses a whole frame again): only the cold first batch reads frames, however slow the whole fetches."""
+    import time
+
+    from ferry.client.fetching.cache import ShardCache
+
+    out = str(tmp_path / "ds")
+    inputs, opts = write_input("parquet", tmp_path, make_docs(2000, 6))
+    pack(inputs, out, PackOptions(shard_size=4 * SHARD, stored_format=3, frame_size=FRAME, **opts))
+    download = ShardCache._download
+
+    def slow(self: ShardCache, info: Any, path: str) -> None:
+        time.sleep(0.3)  # a loaded machine: the whole shards land well after the first batch
+        download(self, info, path)
+
+    monkeypatch.setattr(ShardCache, "_download", slow)
+    ds = TokenDataset(out, seq_len=64, seed=3, shuffle="global", cache_dir=str(tmp_path / "c"))
+    it = iter(TokenLoader(ds, batch_size=16))
+    first = next(it)["input_ids"]
+    frames = ds.reader.frames
+    assert frames is not None and frames.stats.frames > 0  # the cold first batch was read by frames
+    after_first = frames.stats.frames
+    rest = [next(it)["input_ids"] for _ in range(5)]
+    assert frames.stats.frames == after_first, (after_first, frames.stats.frames)
+    ref = TokenDataset(out, seq_len=64, seed=3, shuffle="global", cache_dir=str(tmp_path / "c-ref"))
+    ref.reader.frames = None
+    ref_it = iter(TokenLoader(ref, batch_size=16))
+    for got in [first, *rest]:
+        assert torch.equal(got, next(ref_it)["input_ids"])
+    del it, ref_it
+    ds.close()
+    ref.close()
+
+
 def test_loader_over_formats_2_and_3_equals_format_1(tmp_path: Path) -> None:
     inputs, opts = write_input("parquet", tmp_path, make_docs(400, 8))
     batches = {}
@@ -341,7 +376,7 @@ def test_loader_over_formats_2_and_3_equals_format_1(tmp_path: Path) -> None:
 def test_a_sample_running_into_a_cold_format_3_shard_reads_its_head_by_frames(tmp_path: Path) -> None:
     """A window's last sample of a shard runs on into the next shard. In format 3 its head is read by frames:
     with a cache of less than half the dataset, each shard is fetched whole once an epoch (for its own window),
-    not once more for the sample of the shard before (which doubled the bytes downloaded)."""
+    not once more for the sample of the shard before (that would double the bytes downloaded)."""
     out = str(tmp_path / "ds")
     inputs, opts = write_input("parquet", tmp_path, make_docs(3000, 8))
     pack(inputs, out, PackOptions(shard_size=4 * SHARD, stored_format=3, frame_size=FRAME, **opts))

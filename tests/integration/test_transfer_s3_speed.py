@@ -1,4 +1,5 @@
-"""Object-store uploads: one PUT for a shard that fits, verified multipart above, nothing on corruption."""
+"""Object-store uploads to S3: one PUT for a shard that fits, multipart above, presigned or signed, memory bounded
+(what every copy path guarantees, verification and create-only included: tests/contracts/copy_paths.py)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from faults import faulty_location
 
 import ferry.service.transfer.transfer as transfer
 from ferry.service.transfer import http_pool, object_store, s3_presigned
 from ferry.service.transfer.object_store import skip_double_checksums
-from ferry.shard_tools.errors import ShardDigestError, ShardFormatError
 from ferry.shard_tools.format.digest import digest_bytes
 from ferry.shard_tools.storage.store import resolve
 
@@ -49,33 +48,13 @@ def test_small_shard_is_one_put_and_large_is_verified_multipart(
     assert "-" not in _etag(dst, bucket, "ds/shards/a.bin")  # a multipart ETag ends in -<parts>
     assert digest_bytes(dst.read_bytes("shards/a.bin")) == d
 
-    # above the single-PUT size: multipart, completed only when the digest matched
+    # above the single-PUT size: multipart (completed only when the digest matched: tests/contracts/copy_paths.py)
     monkeypatch.setattr(object_store, "SINGLE_PUT_MAX", 5 * 2**20)
     size = 11 * 2**20 + 5
     d = _shard(src, "shards/b.bin", size)
-    with pytest.raises(ShardDigestError):
-        transfer.copy_shard(faulty_location(src, flip=1.0, seed=3), dst, "shards/b.bin", size, d, chunk_size=2**20)
-    dst.fs.invalidate_cache()
-    assert not dst.exists("shards/b.bin")
-    assert dst.fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", []) == []
     transfer.copy_shard(src, dst, "shards/b.bin", size, d, chunk_size=2**20)
     assert _etag(dst, bucket, "ds/shards/b.bin").endswith("-3")
     assert digest_bytes(dst.read_bytes("shards/b.bin")) == d
-
-
-def test_single_put_from_a_corrupt_local_source_writes_nothing(file_backend: Any, s3_backend: Any) -> None:
-    src = resolve(file_backend.url("ds"))
-    dst = resolve(s3_backend.url("ds"), s3_backend.storage_options)
-    size = 3 * 2**20 + 1
-    d = _shard(src, "shards/c.bin", size)
-    data = src.read_bytes("shards/c.bin")
-    src.write_bytes("shards/c.bin", bytes([data[0] ^ 1]) + data[1:])  # the replica rots
-    with pytest.raises(ShardDigestError):
-        transfer.copy_shard(src, dst, "shards/c.bin", size, d, chunk_size=2**20)
-    with pytest.raises(ShardFormatError):  # the manifest's size disagrees with the file
-        transfer.copy_shard(src, dst, "shards/c.bin", size + 1, d, chunk_size=2**20)
-    dst.fs.invalidate_cache()
-    assert not dst.exists("shards/c.bin")
 
 
 def _payload_hashes(dst: Any) -> list[str]:
@@ -136,7 +115,7 @@ def test_presigned_put_streams_with_memory_bounded_by_one_chunk(file_backend: An
     dst = resolve(s3_backend.url("ds-stream"), s3_backend.storage_options)
     size, chunk = 24 * 2**20 + 11, 2**20
     d = _shard(src, "shards/s.bin", size)
-    dst.fs.url(dst.full("shards/s.bin"))  # the S3 client and its service model (~12 MB of JSON) exist before
+    dst.fs.url(dst.full("shards/s.bin"))  # the S3 client and its service model (megabytes of JSON) exist before
     tracemalloc.start()
     try:
         transfer.copy_shard(src, dst, "shards/s.bin", size, d, chunk_size=chunk)

@@ -84,7 +84,7 @@ def main() -> int:
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)  # as dcp_train.py: no destructors (a gloo/DDP teardown deadlock seen there)
+    os._exit(0)  # as dcp_train.py: no destructors (a gloo/DDP teardown can deadlock)
 
 
 if __name__ == "__main__":

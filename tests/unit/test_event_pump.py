@@ -47,7 +47,7 @@ def test_a_burst_of_events_arrives_in_order_with_few_wakeups(tmp_path: Path, mon
 
     unsubscribe = backend.subscribe(on_event)
     try:
-        for i in range(200):  # ~0.2 s of a busy sync's progress events
+        for i in range(200):  # a burst of a busy sync's progress events
             daemon.events.publish("progress", dataset="ds", shard=f"shards/{i}", bytes_done=i)
             time.sleep(0.001)
         wait_until(lambda: len(got) == 200, timeout=10, what="every event delivered")

@@ -33,9 +33,9 @@ EXPECTED_FLAGS = {
         "--lines", "--merge", "--name", "--no-eos", "--no-origin", "--out", "--part", "--parts", "--ray-address",
         "--run-id",
         "--shard-size", "--split", "--storage-option", "--text-column", "--tokenizer", "--tokens-column",
-        "--vocab-size", "--workers", "--input-storage-option",
+        "--vocab-size", "--workers", "--input-storage-option", "--media-policy", "--media-column", "--skip-bad-media",
     },
-    "inspect": {"--json", "--shards", "--storage-option", "--version"},
+    "inspect": {"--json", "--media", "--shards", "--storage-option", "--version"},
     "verify": {"--json", "--storage-option", "--threads", "--version"},
     "export": {"--format", "--json", "--out", "--storage-option", "--strip-eos"},
 }  # fmt: skip

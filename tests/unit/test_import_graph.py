@@ -22,8 +22,8 @@ FOLDERS = {
 }
 # each package's subpackages; every other module of the package is a room of its own
 ROOMS = {
-    "ferry.client": ("sampling", "fetching", "resume", "stream", "service", "integrations"),
-    "ferry.service": ("replication", "transfer", "api"),
+    "ferry.client": ("sampling", "fetching", "resume", "stream", "service", "integrations", "media"),
+    "ferry.service": ("replication", "transfer", "api", "jobs"),
     "ferry.shard_tools": ("format", "storage", "sources", "packer"),
 }
 
@@ -121,6 +121,13 @@ def test_transfer_never_imports_replication_or_api() -> None:
     graph = service_room_graph()
     assert not graph["transfer"] & {"replication", "api"}, graph["transfer"]
     assert "api" not in graph["replication"], graph["replication"]
+
+
+def test_jobs_sit_below_the_api() -> None:
+    """The jobs room (registry, staging) is served by the API and never imports it."""
+    graph = service_room_graph()
+    assert "jobs" in graph["api"], graph["api"]  # the graph sees real edges
+    assert "api" not in graph["jobs"], graph["jobs"]
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:

@@ -1,4 +1,5 @@
-"""Mixing: exact proportions over every prefix (±1 per source), pure per position, resumable."""
+"""Mixing: exact proportions over every prefix (±1 per source), pure per position (a mixture as a source,
+resumable and deterministic: tests/integration/test_mixture_sources.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from scripts.loader_common import pack_test_dataset, token_stream
 
 from ferry.client import TokenDataset, TokenLoader
 from ferry.client.sampling.mixing import MAX_PERIOD, MixSchedule
-from ferry.shard_tools.errors import StateError, UsageError
+from ferry.shard_tools.errors import UsageError
 
 
 @settings(max_examples=150, deadline=None)
@@ -77,30 +78,6 @@ def test_mixed_batches_draw_each_source_in_its_own_order(two: tuple[str, str, st
     assert (src == 0).sum() == 210 and (src == 1).sum() == 90
     np.testing.assert_array_equal(rows[src == 0], expect_a[idx[src == 0]])
     np.testing.assert_array_equal(rows[src == 1], expect_b[idx[src == 1]])
-
-
-def test_a_mixture_resumes_exactly_and_checks_its_state(two: tuple[str, str, str]) -> None:
-    _, _, mixed = _mixed(two)
-    full = np.concatenate(
-        [b["input_ids"].numpy() for _, b in zip(range(40), TokenLoader(mixed, 6, rank=0, world_size=1), strict=False)]
-    )  # type: ignore[arg-type]
-    first = TokenLoader(mixed, 6, rank=0, world_size=1)  # type: ignore[arg-type]
-    head = [b["input_ids"].numpy() for _, b in zip(range(13), first, strict=False)]
-    state = first.state_dict()
-    _, _, fresh = _mixed(two)
-    worlds = [TokenLoader(fresh, 3, num_workers=0, rank=r, world_size=2) for r in range(2)]  # type: ignore[arg-type]
-    for w in worlds:
-        w.load_state_dict(state)
-    tail = []
-    for batches in zip(*(iter(w) for w in worlds), strict=False):
-        tail.extend(b["input_ids"].numpy() for b in batches)
-        if len(tail) >= 2 * 27:
-            break
-    got = np.concatenate(head + tail)
-    np.testing.assert_array_equal(got, full[: len(got)])
-    _, _, reseeded = _mixed(two, seed_a=9)
-    with pytest.raises(StateError, match="seed"):
-        TokenLoader(reseeded, 6, rank=0, world_size=1).load_state_dict(state)  # type: ignore[arg-type]
 
 
 def test_mixing_needs_matching_seq_len(two: tuple[str, str, str]) -> None:

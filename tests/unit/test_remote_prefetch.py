@@ -114,7 +114,7 @@ def test_a_windows_own_shards_are_prefetched_before_their_successors(local: str,
 
 def test_a_window_shuffle_keeps_mapped_only_what_its_window_reads(local: str, tmp_path: Path) -> None:
     """Shards of windows already read stay in the cache but not mapped: mapped (leased) shards cannot be
-    evicted, so keeping them left the prefetch no room and its shards were evicted before they were read."""
+    evicted, so keeping them would leave the prefetch no room and its shards evicted before they are read."""
     ds = _dataset(local, tmp_path, "window")
     seen: set[int] = set()
     for j in range(ds.num_samples // BATCH):

@@ -11,7 +11,8 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 
-from ferry.client.fetching.fetch import FetchOptions, Link, RaceLost, ShardSink, race
+from ferry.client.fetching.fetch import FetchOptions, RaceLost, ShardSink, race
+from ferry.client.fetching.health import Link
 from ferry.client.stats import Counters, merge, render_prometheus, subtract, summarise
 from ferry.shard_tools.errors import ShardDigestError, ShardFormatError, ShardMissingError, StorageError, UsageError
 from ferry.shard_tools.format.digest import digest_bytes
@@ -45,11 +46,29 @@ def _race(answers: dict[int, Future[bytes]], tries: list[int], deadline: float =
         started.append(i)
         return answers[i] if i not in started[:-1] else _answer(b"again")
 
-    def failed(i: int, exc: BaseException, _s: float) -> str:
-        errors.append(type(exc).__name__)
-        return "missing" if isinstance(exc, FileNotFoundError) else "failed"
+    class Health:
+        """Records what the race tells of each attempt; every deadline is ``deadline``."""
 
-    out = race(tries, start, lambda _i: deadline, lambda *_: None, hedged.append, failed, spare)
+        def deadline(self, _i: int, _nbytes: int) -> float:
+            return deadline
+
+        def answered(self, *_: object) -> None:
+            pass
+
+        def refused(self, *_: object) -> None:
+            pass
+
+        def failed(self, _i: int, exc: BaseException, _s: float, _kind: str) -> str:
+            errors.append(type(exc).__name__)
+            return "missing" if isinstance(exc, FileNotFoundError) else "failed"
+
+        def hedged(self, i: int) -> None:
+            hedged.append(i)
+
+        def unanswered(self, _replicas: list[int]) -> None:
+            pass
+
+    out = race(tries, start, None, Health(), nbytes=10, kind="shards", spare=spare)
     return out, started, hedged, errors
 
 

@@ -70,24 +70,18 @@ def test_other_kernel_errors_fail_the_copy(tmp_path: Path, monkeypatch: pytest.M
     assert not dst.exists("shards/a.bin") and not os.listdir(tmp_path / "dst" / "shards")
 
 
-@pytest.mark.parametrize("kernel", [True, False])
-def test_a_rotten_source_never_reaches_the_final_name(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel: bool
+def test_a_rotten_source_never_reaches_the_final_name_after_the_kernel_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The mmap loop the copy falls back to checks the bytes too (every path's own check of a rotten source:
+    tests/contracts/copy_paths.py)."""
     size = 2 * 2**20 + 3
     src, dst, data = _setup(tmp_path, size)
     good = digest_bytes(data)
     src.write_bytes("shards/a.bin", data[:1000] + bytes([data[1000] ^ 0x40]) + data[1001:])  # one bit rots
-    if not kernel:
-        _counting(monkeypatch, fail=errno.EXDEV)
+    _counting(monkeypatch, fail=errno.EXDEV)
     with pytest.raises(ShardDigestError):
         transfer.copy_shard(src, dst, "shards/a.bin", size, good, chunk_size=2**20)
     with pytest.raises(ShardFormatError):
         transfer.copy_shard(src, dst, "shards/a.bin", size + 1, good, chunk_size=2**20)
     assert not os.listdir(tmp_path / "dst" / "shards")  # neither the shard nor a temp file
-
-
-def test_empty_shard(tmp_path: Path) -> None:
-    src, dst, _ = _setup(tmp_path, 0)
-    transfer.copy_shard(src, dst, "shards/a.bin", 0, digest_bytes(b""), chunk_size=2**20)
-    assert dst.read_bytes("shards/a.bin") == b""

@@ -1,0 +1,8 @@
+"""Reading datasets packed with media: packed sequences with their media items (docs/guides/multimodal.md)."""
+
+from __future__ import annotations
+
+from .dataset import MediaDataset
+from .loader import MediaLoader, collate, decode_image
+
+__all__ = ["MediaDataset", "MediaLoader", "collate", "decode_image"]

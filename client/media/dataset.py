@@ -1,0 +1,264 @@
+"""``MediaDataset``: a dataset packed with media, read as fixed-length packed sequences with their media.
+
+Each sequence holds ``seq_len`` tokens: pieces of documents (:mod:`ferry.client.media.planner`) back to
+back, each media item's placeholder span whole, then padding. A sample carries:
+
+- ``input_ids`` (``seq_len``), ``labels`` (the next token within the same piece; -100 where the next
+  token is padding, a placeholder id or past the piece's end), ``position_ids`` (the position in the
+  document, so a piece that continues a document goes on counting);
+- ``documents``: one row ``(document, start in the sequence, length, start in the document)`` per piece,
+  the document boundaries;
+- ``media_spans``: one row ``(start in the sequence, length)`` per media item, and ``media``: the items
+  in the same order, as :class:`ferry.shard_tools.format.media.MediaItem` (the encoded bytes), or what the
+  ``decode`` hook makes of each (run where the sample is made: in the DataLoader's workers);
+- ``epoch`` and ``index``: where the sequence is in this rank's stream (what resuming needs).
+
+Only the metadata of each shard (token offsets and media metadata, without media bytes) and the tokens and
+media bytes of the documents a sequence holds are read: a sample never fetches another sample's media.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+from torch.utils.data import IterableDataset, get_worker_info
+
+from ferry.shard_tools.errors import StateError, UsageError
+from ferry.shard_tools.format.manifest import Manifest
+from ferry.shard_tools.format.media import MediaItem
+
+from ..agree import agreed_manifest
+from ..fetching.frames import frame_reader_for
+from .planner import Pieces, Plan, cut_pieces, plan_epoch
+from .reader import MediaReader
+
+__all__ = ["MediaDataset", "Decode"]
+
+Decode = Callable[[MediaItem], Any]
+IGNORE = -100
+_FRAME_BUDGET = 256 << 20
+_META_THREADS = 8  # shards whose metadata is read at once from remote replicas
+
+
+class MediaDataset(IterableDataset[dict[str, Any]]):
+    """Packed sequences with media from a ferry dataset packed with ``--media-policy``.
+
+    Args:
+        url: dataset URL (or replicas of it, nearest first).
+        seq_len: tokens per sequence; every media item's span must fit in one.
+        seed: shuffle seed; epoch ``e`` shuffles the document pieces by ``(seed, e)``.
+        shuffle: False keeps document order (still packed best-fit).
+        max_images: at most this many images per sequence (None: no cap).
+        max_frames: at most this many video frames per sequence (None: no cap).
+        pad_id: padding id (default: the tokenizer's EOS id, else 0).
+        decode: called on each media item where the sample is made; its result goes in ``media``.
+        rank, world_size: this rank reads sequences ``rank, rank + world_size, …`` of each epoch.
+        epochs: epochs to read (None: without end).
+        open_bins: sequences open at once while packing (more: fuller sequences, more planning time).
+        storage_options: fsspec options of the URLs.
+        version: read this published version (default: the current one; under ``torch.distributed``, the one
+            rank 0 read).
+    """
+
+    def __init__(
+        self,
+        url: str | list[str],
+        seq_len: int,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        max_images: int | None = None,
+        max_frames: int | None = None,
+        pad_id: int | None = None,
+        decode: Decode | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        epochs: int | None = None,
+        open_bins: int = 64,
+        storage_options: Mapping[str, Any] | None = None,
+        version: str | None = None,
+    ) -> None:
+        from ..fetching.replicas import Replicas
+
+        if seq_len < 2 or not 0 <= rank < world_size or open_bins < 1 or (epochs is not None and epochs < 0):
+            raise UsageError("MediaDataset: need seq_len >= 2, 0 <= rank < world_size, open_bins >= 1, epochs >= 0")
+        for name, cap in (("max_images", max_images), ("max_frames", max_frames)):
+            if cap is not None and cap < 0:
+                raise UsageError(f"MediaDataset: {name} must not be negative, got {cap}")
+        self.replicas = Replicas(url, storage_options)
+        # under torch.distributed every rank reads the version rank 0 read (client.agree), as TokenDataset does
+        self.manifest: Manifest = agreed_manifest(self.replicas.load_manifest, self.replicas.names, version)
+        if self.manifest.media is None:
+            raise UsageError(f"{self.replicas.names[0]} was packed without media: read it with TokenDataset")
+        self.policy = self.manifest.media
+        self.seq_len, self.seed, self.shuffle = seq_len, seed, shuffle
+        self.max_images, self.max_frames, self.open_bins = max_images, max_frames, open_bins
+        eos = self.manifest.tokenizer.eos_id
+        self.pad_id = pad_id if pad_id is not None else (eos if eos is not None else 0)
+        self.decode = decode
+        self.rank, self.world_size, self.epochs = rank, world_size, epochs
+        self.start_epoch, self.start_index = 0, 0
+        self._pid = -1
+        self._reader: MediaReader | None = None
+        self._pieces: Pieces | None = None
+        self._doc_first = np.zeros(0, dtype=np.int64)
+        self._plans: dict[int, Plan] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Without the reader (open handles, locks): each process makes its own (DataLoader workers, spawn)."""
+        state = dict(self.__dict__)
+        state["_reader"], state["_pid"] = None, -1
+        return state
+
+    # -- state -------------------------------------------------------------------------------------------------
+
+    def _fingerprint(self) -> list[Any]:
+        caps = [self.max_images, self.max_frames, self.open_bins, self.shuffle]
+        return [self.manifest.version_id, self.seq_len, self.seed, self.rank, self.world_size, *caps]
+
+    def state_after(self, epoch: int, index: int) -> dict[str, Any]:
+        """The state that resumes right after sequence ``index`` of ``epoch`` of this rank's stream."""
+        return {"epoch": epoch, "index": index + 1, "fingerprint": self._fingerprint()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a state of :meth:`state_after` (the same dataset, seq_len, seed, caps and rank)."""
+        if list(state.get("fingerprint", [])) != self._fingerprint():
+            raise StateError(
+                f"the state is of another reading (version, seq_len, seed, rank, world size, caps): "
+                f"{state.get('fingerprint')} against {self._fingerprint()}"
+            )
+        self.start_epoch, self.start_index = int(state["epoch"]), int(state["index"])
+
+    # -- planning ----------------------------------------------------------------------------------------------
+
+    def _new_reader(self) -> MediaReader:
+        return MediaReader(self.manifest, self.replicas, frame_reader_for(self.manifest, self.replicas, _FRAME_BUDGET))
+
+    def reader(self) -> MediaReader:
+        """This process's reader (made anew in each DataLoader worker)."""
+        if self._reader is None or self._pid != os.getpid():
+            self._reader, self._pid = self._new_reader(), os.getpid()
+        return self._reader
+
+    def pieces(self) -> Pieces:
+        """Every document's pieces (from each shard's metadata: no media bytes)."""
+        if self._pieces is not None:
+            return self._pieces
+        reader = self.reader()
+        local = all(self.replicas.local(i) for i in range(len(self.replicas.urls)))
+        shards = reader.load(range(len(self.manifest.shards)), self._new_reader, 1 if local else _META_THREADS)
+        lengths, span_doc, span_start, span_cost, span_img, span_frames = [], [], [], [], [], []
+        first = 0
+        self._doc_first = np.zeros(len(self.manifest.shards) + 1, dtype=np.int64)
+        for s, sm in enumerate(shards):
+            meta = sm.meta
+            lengths.append(np.diff(sm.offsets))
+            per_doc = np.diff(meta.doc_offsets)
+            span_doc.append(first + np.repeat(np.arange(len(per_doc)), per_doc))
+            span_start.append(meta.position)
+            span_cost.append(meta.cost)
+            span_img.append(np.asarray([k == "image" for k in meta.kind], dtype=np.int64))
+            span_frames.append(np.where(np.asarray(meta.kind) == "video", meta.frames, 0).astype(np.int64))
+            first += len(per_doc)
+            self._doc_first[s + 1] = first
+
+        def joined(parts: list[np.ndarray]) -> np.ndarray:
+            return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+        self._pieces = cut_pieces(
+            joined(lengths),
+            joined(span_doc),
+            joined(span_start),
+            joined(span_cost),
+            joined(span_img),
+            joined(span_frames),
+            self.seq_len,
+        )
+        return self._pieces
+
+    def plan(self, epoch: int) -> Plan:
+        """The sequences of ``epoch`` (all ranks'); the last two epochs' plans are kept."""
+        plan = self._plans.get(epoch)
+        if plan is None:
+            plan = plan_epoch(
+                self.pieces(),
+                self.seq_len,
+                self.seed,
+                epoch,
+                max_images=self.max_images,
+                max_frames=self.max_frames,
+                open_bins=self.open_bins,
+                shuffle=self.shuffle,
+            )
+            self._plans = {e: p for e, p in self._plans.items() if e == epoch - 1}
+            self._plans[epoch] = plan
+        return plan
+
+    def sequences(self, epoch: int) -> int:
+        """How many sequences this rank reads in ``epoch``."""
+        n = len(self.plan(epoch))
+        return max(0, (n - self.rank + self.world_size - 1) // self.world_size)
+
+    # -- reading -----------------------------------------------------------------------------------------------
+
+    def positions(self) -> Iterator[tuple[int, int]]:
+        """``(epoch, index)`` of each sequence of this rank's stream, from the start state on."""
+        epoch = self.start_epoch
+        while self.epochs is None or epoch < self.epochs:
+            first = self.start_index if epoch == self.start_epoch else 0
+            for index in range(first, self.sequences(epoch)):
+                yield epoch, index
+            epoch += 1
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """The samples of this rank's stream; DataLoader worker ``w`` of ``n`` makes samples ``w, w + n, …``."""
+        info = get_worker_info()
+        workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        for q, (epoch, index) in enumerate(self.positions()):
+            if q % workers == worker:
+                yield self.sample(epoch, index)
+
+    def sample(self, epoch: int, index: int) -> dict[str, Any]:
+        """Sequence ``index`` of this rank's ``epoch``."""
+        plan, pieces, reader = self.plan(epoch), self.pieces(), self.reader()
+        k = self.rank + index * self.world_size
+        L = self.seq_len
+        ids = np.full(L, self.pad_id, dtype=np.int64)
+        labels = np.full(L, IGNORE, dtype=np.int64)
+        positions = np.zeros(L, dtype=np.int64)
+        documents, spans, media = [], [], []
+        placeholder = np.asarray(self.policy.ids, dtype=np.int64)
+        t = 0
+        for p in plan.pieces(k).tolist():
+            d, a, b = int(pieces.doc[p]), int(pieces.start[p]), int(pieces.stop[p])
+            s = int(np.searchsorted(self._doc_first, d, side="right")) - 1
+            local = d - int(self._doc_first[s])
+            sm = reader.shard(s)
+            base = int(sm.offsets[local])
+            n = b - a
+            ids[t : t + n] = reader.tokens(s, base + a, base + b)
+            nxt = ids[t + 1 : t + n]
+            labels[t : t + n - 1] = np.where(np.isin(nxt, placeholder), IGNORE, nxt)
+            positions[t : t + n] = np.arange(a, b)
+            documents.append((d, t, n, a))
+            j0, j1 = int(sm.meta.doc_offsets[local]), int(sm.meta.doc_offsets[local + 1])
+            pos = sm.meta.position[j0:j1]
+            inside = np.flatnonzero((pos >= a) & (pos < b))
+            if len(inside):
+                for item in reader.items(s, j0 + int(inside[0]), j0 + int(inside[-1]) + 1):
+                    spans.append((t + item.position - a, item.cost))
+                    media.append(self.decode(item) if self.decode is not None else item)
+            t += n
+        return {
+            "input_ids": ids,
+            "labels": labels,
+            "position_ids": positions,
+            "documents": np.asarray(documents, dtype=np.int64).reshape(-1, 4),
+            "media_spans": np.asarray(spans, dtype=np.int64).reshape(-1, 2),
+            "media": media,
+            "epoch": epoch,
+            "index": index,
+        }

@@ -1,0 +1,150 @@
+"""Reading a media dataset's shards: per shard its document offsets and media metadata, then tokens and
+media bytes of the documents a sequence holds, and nothing else.
+
+Format-3 shards are read by frames (:class:`ferry.client.fetching.frames.FrameReader`, every frame checked
+against the manifest's raw digest): once per shard per process the head (Arrow metadata, giving where the
+media column's buffers lie: :func:`ferry.shard_tools.format.media.media_layout`), the ``tokens`` offsets and
+the media metadata region (item offsets and fields, no media bytes); then for each piece of a document its
+tokens and its items' bytes, one contiguous range. Shards of stored formats 1 and 2 are fetched whole
+(verified against their raw digest) and kept in memory while in use.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ferry.shard_tools.errors import ShardFormatError
+from ferry.shard_tools.format.manifest import Manifest, ShardInfo
+from ferry.shard_tools.format.media import MEDIA_COLUMN, MediaItem, MediaLayout, MediaMeta, media_layout
+from ferry.shard_tools.format.shard import ShardView, parse_shard
+
+from ..fetching.frames import FrameReader
+
+__all__ = ["ShardMedia", "MediaReader"]
+
+_WHOLE_KEPT = 4  # whole shards (formats 1, 2) kept in memory per process
+
+
+@dataclass(frozen=True)
+class ShardMedia:
+    """What a shard's documents hold: token offsets and media metadata (no media bytes)."""
+
+    offsets: np.ndarray
+    meta: MediaMeta
+    layout: MediaLayout | None  # None when the shard is read whole
+
+
+class MediaReader:
+    """Tokens and media of a media dataset's documents, by frames where the shard allows it."""
+
+    def __init__(self, manifest: Manifest, replicas: Any, frames: FrameReader | None) -> None:
+        self.manifest = manifest
+        self.replicas = replicas
+        self.frames = frames
+        self.dtype = np.dtype(manifest.token_dtype)
+        self._meta: dict[int, ShardMedia] = {}
+        self._whole: OrderedDict[int, ShardView] = OrderedDict()
+
+    def _by_frames(self, info: ShardInfo) -> bool:
+        return self.frames is not None and info.stored_format == 3
+
+    def _view(self, s: int) -> ShardView:
+        view = self._whole.get(s)
+        if view is not None:
+            self._whole.move_to_end(s)
+            return view
+        info = self.manifest.shards[s]
+        raw = self.replicas.fetch(info)
+        view = parse_shard(raw, shard=info.path, dtype=self.manifest.token_dtype, documents=info.documents)
+        self._whole[s] = view
+        while len(self._whole) > _WHOLE_KEPT:
+            self._whole.popitem(last=False)
+        return view
+
+    def shard(self, s: int) -> ShardMedia:
+        """Shard ``s``'s document offsets and media metadata (read once per process)."""
+        got = self._meta.get(s)
+        if got is not None:
+            return got
+        info = self.manifest.shards[s]
+        if self._by_frames(info):
+            assert self.frames is not None
+            index = self.frames.index(info)
+            layout = media_layout(self.frames.raw(info, 0, index.offsets_pos), info)
+            if layout is None:
+                raise ShardFormatError(info.path, "the dataset has a media policy, the shard no media column")
+            offsets = self.frames.offsets(info, 0, info.documents)
+            a, b = layout.meta_range
+            meta = layout.decode(self.frames.raw(info, a, b), info.path)
+            got = ShardMedia(offsets, meta, layout)
+        else:
+            view = self._view(s)
+            if MEDIA_COLUMN not in view.table.schema.names:
+                raise ShardFormatError(info.path, "the dataset has a media policy, the shard no media column")
+            meta = MediaMeta.from_column(view.table.column(MEDIA_COLUMN), info.path)
+            got = ShardMedia(np.asarray(view.offsets, dtype=np.int64), meta, None)
+        got.meta.check(info.path, np.diff(got.offsets))
+        if (got.meta.items, got.meta.data_bytes) != (info.media_items, info.media_bytes):
+            raise ShardFormatError(info.path, "its media column disagrees with the manifest's media counts")
+        self._meta[s] = got
+        return got
+
+    def load(self, shards: range, make: Callable[[], MediaReader], threads: int) -> list[ShardMedia]:
+        """Every shard's metadata, ``threads`` shards at a time (remote replicas: their round trips overlap), each
+        thread with a reader of its own from ``make`` (a frame reader serves one thread)."""
+        missing = [s for s in shards if s not in self._meta]
+        if threads > 1 and len(missing) > 1:
+            local = threading.local()
+
+            def one(s: int) -> tuple[int, ShardMedia]:
+                if getattr(local, "reader", None) is None:
+                    local.reader = make()
+                return s, local.reader.shard(s)
+
+            with ThreadPoolExecutor(min(threads, len(missing)), thread_name_prefix="ferry-media-meta") as pool:
+                self._meta.update(pool.map(one, missing))
+        return [self.shard(s) for s in shards]
+
+    def tokens(self, s: int, a: int, b: int) -> np.ndarray:
+        """Tokens ``[a, b)`` of shard ``s``'s token stream."""
+        info = self.manifest.shards[s]
+        if self._by_frames(info):
+            assert self.frames is not None
+            return self.frames.tokens(info, self.dtype, a, b)
+        return self._view(s).tokens[a:b]
+
+    def items(self, s: int, j0: int, j1: int) -> list[MediaItem]:
+        """Media items ``[j0, j1)`` of shard ``s`` with their bytes (one contiguous read)."""
+        if j0 == j1:
+            return []
+        info = self.manifest.shards[s]
+        meta = self.shard(s).meta
+        lo, hi = int(meta.data_offsets[j0]), int(meta.data_offsets[j1])
+        if self._by_frames(info):
+            assert self.frames is not None
+            layout = self._meta[s].layout
+            assert layout is not None
+            data = bytes(self.frames.raw(info, layout.data_pos + lo, layout.data_pos + hi)) if hi > lo else b""
+            base = lo
+        else:
+            column = self._view(s).table.column(MEDIA_COLUMN).combine_chunks()
+            data, base = _data_bytes(column, lo, hi), lo
+        return [
+            meta.item(j, data[int(meta.data_offsets[j]) - base : int(meta.data_offsets[j + 1]) - base])
+            for j in range(j0, j1)
+        ]
+
+
+def _data_bytes(column: Any, lo: int, hi: int) -> bytes:
+    from ferry.shard_tools.format.media import binary_offsets, item_arrays
+
+    data = item_arrays(column)[-1]
+    first = int(binary_offsets(data)[0])
+    return bytes(memoryview(data.buffers()[2])[first + lo : first + hi])

@@ -1,0 +1,53 @@
+"""Which shards a stream position reads: the samples each shard owns, and the shards of sample ids. Pure index math.
+
+Shard ``s`` owns the samples whose first token (document mode: whose document) it holds: samples
+``[first[s], first[s + 1])``. In token mode sample ``i`` is tokens ``[i*L, i*L + L + 1)``, so it may run
+on into the shards after its owner. ``TokenDataset`` lays its samples out by :func:`first_samples`;
+the daemon stages a job's shards in the order :func:`shards_of_samples` gives.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["first_samples", "samples_of", "shards_of_samples"]
+
+
+def samples_of(token_offsets: np.ndarray, documents: np.ndarray, seq_len: int, mode: str, shards: int) -> int:
+    """Samples per epoch of the dataset made of its first ``shards`` shards."""
+    if mode == "document":
+        return int(np.asarray(documents)[:shards].sum())
+    return max(0, (int(token_offsets[shards]) - 1) // seq_len)
+
+
+def first_samples(
+    token_offsets: np.ndarray, documents: np.ndarray, seq_len: int, mode: str, shards: int | None = None
+) -> np.ndarray:
+    """``first`` (``shards + 1`` entries) over the first ``shards`` shards (all by default): shard ``s`` owns
+    samples ``[first[s], first[s + 1])``. ``token_offsets`` has one entry per shard and the total at the end."""
+    count = len(token_offsets) - 1 if shards is None else shards
+    if mode == "document":
+        first = np.zeros(count + 1, dtype=np.int64)
+        np.cumsum(np.asarray(documents, dtype=np.int64)[:count], out=first[1:])
+        return first
+    first = -(-np.asarray(token_offsets, dtype=np.int64)[: count + 1] // seq_len)
+    return np.minimum(first, samples_of(token_offsets, documents, seq_len, mode, count))
+
+
+def shards_of_samples(
+    ids: np.ndarray, first: np.ndarray, token_offsets: np.ndarray, seq_len: int, mode: str
+) -> list[int]:
+    """The shards samples ``ids`` read, in the order the ids first read them (each once): a sample's owner,
+    then (token mode) the shards its last tokens run on into."""
+    ids = np.asarray(ids, dtype=np.int64)
+    owner = np.searchsorted(first, ids, side="right") - 1
+    if mode == "document":
+        return list(dict.fromkeys(owner.tolist()))
+    last_token = ids * seq_len + seq_len  # the label of the sample's last position
+    last = np.minimum(np.searchsorted(token_offsets, last_token, side="right") - 1, len(token_offsets) - 2)
+    out: dict[int, None] = {}
+    for a, b in zip(owner.tolist(), last.tolist(), strict=True):
+        out[a] = None
+        for t in range(a + 1, b + 1):
+            out[t] = None
+    return list(out)

@@ -1,0 +1,232 @@
+"""Staging I/O: every ``interval`` the stager plans (``staging_plan``) over the live jobs and carries the plan
+out: evicts what no job needs soon, then copies the shards read soonest into ``[staging] url``.
+
+A job is staged for when its plan's datasets lie in configured clusters (its loader reads
+``[<staging url>/NAME, <cluster url>/NAME]``: staged shards from staging, the rest from the cluster; staging
+is a partial replica). Each shard is copied from that cluster with ``copy_shard``, so it lands whole and
+verified against the manifest's digest, as every replica copy. A staged copy is evicted only while the
+cluster still holds the shard: staging never removes an only copy (and lies outside every cluster).
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ferry.shard_tools.dataset import load_manifest
+from ferry.shard_tools.errors import FerryError
+from ferry.shard_tools.format.manifest import Manifest
+from ferry.shard_tools.storage.store import Location, resolve
+from ferry.shard_tools.threadname import start_named_thread
+
+from ..config_types import Cluster, StagingConfig
+from ..transfer.transfer import copy_shard, verify_shard
+from .registry import JobRegistry, RegisteredJob, plan_problem, resolve_replica
+from .staging_plan import DatasetShards, JobReads, Key, SourceReads, StagingPlan, plan_staging
+
+__all__ = ["Stager"]
+
+log = logging.getLogger("ferry.staging")
+_MANIFESTS = 64  # (cluster, dataset, version) manifests kept
+_RETRY_S = 60.0  # a manifest that could not be read is tried again after this long
+
+
+@dataclass(frozen=True)
+class _Origin:
+    cluster: str
+    dataset: str
+    manifest: Manifest
+
+
+class Stager:
+    """Stages the registered jobs' coming shards; reports per job what is staged ahead and what is missing."""
+
+    def __init__(self, registry: JobRegistry, config: StagingConfig, clusters: Mapping[str, Cluster]) -> None:
+        self.registry, self.config, self.clusters = registry, config, dict(clusters)
+        self._lock = threading.Lock()
+        self._staged: dict[Key, int] = {}  # what staging holds, verified
+        self._origins: dict[Key, str] = {}  # the cluster each staged shard came from
+        self._report: tuple[dict[str, int], dict[str, int]] = ({}, {})
+        self._manifests: dict[tuple[str, str, str], Manifest] = {}
+        self._failed: dict[tuple[str, str, str], float] = {}  # manifests that could not be read: until when
+        self._adopted: set[str] = set()  # datasets whose earlier staged copies were looked for
+        self._refused: set[str] = set()  # jobs whose plan no loader could have: logged once
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.rounds = 0  # plans carried out (tests wait on it)
+        registry.staging = self
+
+    # the registry's StagingReport
+    def staged_ahead(self, job_id: str) -> int | None:
+        return self._report[0].get(job_id)
+
+    def missing(self, job_id: str) -> int | None:
+        return self._report[1].get(job_id)
+
+    def staged(self) -> dict[Key, int]:
+        with self._lock:
+            return dict(self._staged)
+
+    def start(self) -> None:
+        self._thread = start_named_thread(self._run, "ferry-staging")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.step()
+            except Exception:  # noqa: BLE001 — staging is an optimisation: it never takes the daemon down
+                log.exception("staging round failed")
+            self._stop.wait(self.config.interval)
+
+    def step(self) -> StagingPlan:
+        """One round: plan over the live jobs, evict, stage (soonest read first, until stopped)."""
+        reads, origins = self._reads(self.registry.live())
+        with self._lock:
+            staged = dict(self._staged)
+        plan = plan_staging(reads, staged, horizon=self.config.horizon, budget=self.config.budget)
+        for key in plan.evict:
+            self._evict(key)
+        for key in plan.stage:
+            if self._stop.is_set():
+                break
+            origin = origins.get(key[0])
+            if origin is not None:
+                self._copy(key, origin)
+        with self._lock:
+            staged = dict(self._staged)
+        self._report = (plan.staged_ahead(staged), plan.missing(staged))
+        self.rounds += 1
+        return plan
+
+    def _reads(self, jobs: list[RegisteredJob]) -> tuple[list[JobReads], dict[str, _Origin]]:
+        """Each job's plan resolved against the clusters and their manifests (sources elsewhere: None), and
+        where each dataset's shards come from."""
+        out: list[JobReads] = []
+        origins: dict[str, _Origin] = {}
+        for job in jobs:
+            problem = plan_problem(job.plan)
+            if problem is not None:
+                if job.id not in self._refused:
+                    self._refused.add(job.id)
+                    log.warning("staging: not for job %s (%s): %s", job.id, job.plan.name, problem)
+                continue
+            sources: list[SourceReads | None] = []
+            for src in job.plan.sources:
+                origin = self._origin(src.urls, src.version)
+                if origin is None:
+                    sources.append(None)
+                    continue
+                if origin.dataset not in self._adopted:
+                    self._adopt(origin)
+                origins.setdefault(origin.dataset, origin)
+                t = origin.manifest.shards
+                shards = DatasetShards(origin.dataset, t.paths, np.asarray(t.stored_bytes), t.token_offsets,
+                                       np.asarray(t.documents))  # fmt: skip
+                era_start = sum(e.samples * e.epochs for e in src.eras)
+                seed = int(src.seed) % 2**64  # the loader's seeds are below 2**64 (the pattern allows 20 digits)
+                sources.append(SourceReads(shards, seed, src.shuffle, src.window, src.mode, src.seq_len, era_start))
+            phases = [(p.start, p.quota) for p in job.plan.phases]
+            out.append(JobReads(job.id, job.beat.position, phases, sources))
+        return out, origins
+
+    def _origin(self, urls: list[str], version: str) -> _Origin | None:
+        """The first of ``urls`` that names a dataset of a configured cluster, with that version's manifest."""
+        clusters = [(c.name, c.url) for c in self.clusters.values()]
+        for url in urls:
+            cluster, dataset = resolve_replica(url, clusters)
+            if cluster is not None and dataset is not None:
+                manifest = self._manifest(cluster, dataset, version)
+                return None if manifest is None else _Origin(cluster, dataset, manifest)
+        return None
+
+    def _manifest(self, cluster: str, dataset: str, version: str) -> Manifest | None:
+        key = (cluster, dataset, version)
+        found = self._manifests.get(key)
+        if found is None:
+            if time.monotonic() < self._failed.get(key, 0.0):
+                return None  # it failed a moment ago: no read (and no log line) every round
+            try:
+                found = load_manifest(self._location(self.clusters[cluster].dataset_url(dataset), cluster), version)
+            except FerryError as exc:
+                log.warning("staging: cannot read %s version %s at %s (trying again in %.0f s): %s",
+                            dataset, version, cluster, _RETRY_S, exc)  # fmt: skip
+                self._failed[key] = time.monotonic() + _RETRY_S
+                if len(self._failed) > 4 * _MANIFESTS:
+                    self._failed.clear()
+                return None
+            if len(self._manifests) >= _MANIFESTS:
+                self._manifests.pop(next(iter(self._manifests)))
+            self._manifests[key] = found
+        return found
+
+    def _location(self, url: str, cluster: str | None) -> Location:
+        options = self.clusters[cluster].storage_options if cluster else self.config.storage_options
+        return resolve(url, options)
+
+    def _adopt(self, origin: _Origin) -> None:
+        """Count the shards a previous run of the daemon staged for ``origin.dataset`` that still verify (so
+        they count against the budget and can be evicted); a copy that does not verify is removed."""
+        self._adopted.add(origin.dataset)
+        dst = self._location(self.config.dataset_url(origin.dataset), None)
+        table = origin.manifest.shards
+        wanted = {p: i for i, p in enumerate(table.paths)}
+        for folder in sorted({posixpath.dirname(p) for p in wanted}):
+            for name in dst.listdir(folder):
+                path = posixpath.join(folder, name) if folder else name
+                i = wanted.get(path)
+                if i is None:
+                    continue
+                info = table[i]
+                try:
+                    problem = verify_shard(dst, path, info.stored_bytes, info.stored_digest)
+                    if problem is not None:
+                        log.warning("staging: removing %s/%s from staging: %s", origin.dataset, path, problem)
+                        dst.remove(path)
+                        continue
+                except FerryError as exc:
+                    log.warning("staging: cannot check %s/%s: %s", origin.dataset, path, exc)
+                    continue
+                with self._lock:
+                    self._staged[(origin.dataset, path)] = info.stored_bytes
+                    self._origins[(origin.dataset, path)] = origin.cluster
+
+    def _copy(self, key: Key, origin: _Origin) -> None:
+        dataset, path = key
+        info = origin.manifest.shards[origin.manifest.shards.paths.index(path)]
+        src = self._location(self.clusters[origin.cluster].dataset_url(dataset), origin.cluster)
+        dst = self._location(self.config.dataset_url(dataset), None)
+        try:
+            copy_shard(src, dst, path, info.stored_bytes, info.stored_digest)
+        except FerryError as exc:
+            log.warning("staging: cannot stage %s/%s from %s: %s", dataset, path, origin.cluster, exc)
+            return
+        with self._lock:
+            self._staged[key] = info.stored_bytes
+            self._origins[key] = origin.cluster
+
+    def _evict(self, key: Key) -> None:
+        dataset, path = key
+        cluster = self._origins.get(key)
+        try:
+            if cluster is None or not self._location(self.clusters[cluster].dataset_url(dataset), cluster).exists(path):
+                log.warning("staging: keeping %s/%s: its cluster copy is gone (staging may hold the only one)",
+                            dataset, path)  # fmt: skip
+                return
+            self._location(self.config.dataset_url(dataset), None).remove(path)
+        except FerryError as exc:
+            log.warning("staging: cannot evict %s/%s: %s", dataset, path, exc)
+            return
+        with self._lock:
+            self._staged.pop(key, None)
+            self._origins.pop(key, None)

@@ -1,0 +1,176 @@
+"""Reading media datasets as packed sequences: spans hold their items, resume is exact (with and without
+DataLoader workers), stored formats agree, and a sample reads no other sample's media bytes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("webdataset", reason="the test extra installs `webdataset`")
+pytest.importorskip("PIL", reason="the media extra installs Pillow")
+pytest.importorskip("torch", reason="the loader extra installs torch")
+
+from ferry.client.media.dataset import MediaDataset  # noqa: E402
+from ferry.client.media.loader import MediaLoader, decode_image  # noqa: E402
+from ferry.shard_tools import PackOptions, pack  # noqa: E402
+from ferry.shard_tools.errors import StateError, UsageError  # noqa: E402
+from ferry.shard_tools.packer.packing import pack_documents  # noqa: E402
+from tests.media_inputs import POLICY, image, pair_samples, write_tar  # noqa: E402
+
+SEQ = 160
+
+
+@pytest.fixture(scope="module")
+def samples() -> list[dict[str, Any]]:
+    out = pair_samples(48)
+    for i in range(0, 48, 5):  # some documents with two images and a long caption
+        out[i] = {**out[i], "0.png": image(40, 70, "PNG", 100 + i), "txt": "long caption " * (3 + i % 7)}
+    return out
+
+
+@pytest.fixture(scope="module")
+def dataset_url(tmp_path_factory: pytest.TempPathFactory, samples: list[dict[str, Any]]) -> str:
+    root = tmp_path_factory.mktemp("media-loader")
+    tar = write_tar(root / "in.tar", samples)
+    pack([str(tar)], str(root / "ds"), PackOptions(tokenizer="bytes", media_policy=POLICY, shard_size=16 << 10,
+                                                   frame_size=4096))  # fmt: skip
+    return str(root / "ds")
+
+
+def _stream(loader: MediaLoader, limit: int | None = None) -> list[dict[str, Any]]:
+    out = []
+    for batch in loader:
+        out.append(batch)
+        if limit is not None and len(out) == limit:
+            break
+    return out
+
+
+def _same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        for key in ("input_ids", "labels", "position_ids", "documents", "media_spans"):
+            assert x[key].equal(y[key]), key
+        assert [m.data for m in x["media"]] == [m.data for m in y["media"]]
+        assert x["positions"] == y["positions"]
+
+
+def _dataset(url: str, **kw: Any) -> MediaDataset:
+    return MediaDataset(url, SEQ, seed=3, epochs=2, max_images=3, **kw)
+
+
+def test_sequences_hold_their_media_and_documents(dataset_url: str, samples: list[dict[str, Any]]) -> None:
+    ds = _dataset(dataset_url)
+    begin, patch, end = ds.policy.ids
+    sources = {v for s in samples for k, v in s.items() if k not in ("__key__", "txt")}
+    seen = 0
+    for batch in _stream(MediaLoader(ds, 4)):
+        ids = batch["input_ids"].numpy()
+        assert ids.shape[1] == SEQ
+        for (row, start, length), item in zip(batch["media_spans"].tolist(), batch["media"], strict=True):
+            span = ids[row, start : start + length]
+            assert span[0] == begin and span[-1] == end and (span[1:-1] == patch).all()
+            assert length == item.cost and item.data in sources
+            seen += 1
+        for row in range(ids.shape[0]):
+            docs = batch["documents"].numpy()
+            mine = docs[docs[:, 0] == row]
+            assert mine[:, 3].sum() <= SEQ and (batch["media_spans"][:, 0] == row).sum() <= 3
+            assert (batch["labels"][row][np.isin(ids[row], [begin, patch, end])[1:].nonzero()[0]] == -100).all()
+    assert seen == 2 * sum(1 for s in samples for k in s if k not in ("__key__", "txt"))  # two epochs, all items
+
+
+@pytest.mark.parametrize("cut", [1, 6, 13])
+def test_resume_mid_stream_equals_uninterrupted(dataset_url: str, cut: int) -> None:
+    full = _stream(MediaLoader(_dataset(dataset_url), 3))
+    assert len(full) > cut
+    first = MediaLoader(_dataset(dataset_url), 3)
+    head = _stream(first, cut)
+    state = first.state_dict()
+    again = MediaLoader(_dataset(dataset_url), 3)
+    again.load_state_dict(state)
+    _same(head + _stream(again), full)
+
+
+def test_workers_give_the_same_stream_and_resume(dataset_url: str) -> None:
+    full = _stream(MediaLoader(_dataset(dataset_url), 3))
+    two = MediaLoader(_dataset(dataset_url), 3, num_workers=2)
+    head = _stream(two, 5)
+    again = MediaLoader(_dataset(dataset_url), 3, num_workers=2)
+    again.load_state_dict(two.state_dict())
+    _same(head + _stream(again), full)
+
+
+def test_spawned_workers_give_the_same_stream(dataset_url: str) -> None:
+    """Workers started by spawn get the dataset pickled (its reader is made anew in each)."""
+    full = _stream(MediaLoader(_dataset(dataset_url), 3))
+    spawned = MediaLoader(_dataset(dataset_url), 3, num_workers=1, multiprocessing_context="spawn")
+    _same(_stream(spawned), full)
+
+
+def test_state_of_another_reading_is_refused(dataset_url: str) -> None:
+    loader = MediaLoader(_dataset(dataset_url), 3)
+    _stream(loader, 2)
+    other = MediaLoader(MediaDataset(dataset_url, SEQ + 1, seed=3, epochs=2, max_images=3), 3)
+    with pytest.raises(StateError):
+        other.load_state_dict(loader.state_dict())
+
+
+def test_stored_formats_agree_and_decode_hook(tmp_path: Path, samples: list[dict[str, Any]], dataset_url: str) -> None:
+    tar = write_tar(tmp_path / "in.tar", samples)
+    pack([str(tar)], str(tmp_path / "f1"), PackOptions(tokenizer="bytes", media_policy=POLICY, shard_size=16 << 10,
+                                                       stored_format=1))  # fmt: skip
+    _same(_stream(MediaLoader(_dataset(str(tmp_path / "f1")), 3)), _stream(MediaLoader(_dataset(dataset_url), 3)))
+    ds = _dataset(dataset_url, decode=decode_image)
+    sample = ds.sample(0, 0)
+    assert sample["media"] and all(m.size[0] > 0 and m.mode == "RGB" for m in sample["media"])
+
+
+def test_a_sample_reads_no_other_samples_media(tmp_path: Path) -> None:
+    """One shard of incompressible images in 4 KiB frames: reading one sequence fetches its own media, the
+    shard's metadata and a few frames around them, nothing near the shard's size."""
+    docs = [{"__key__": f"k{i:03d}", "png": image(96, 96, "PNG", i), "txt": f"t{i}"} for i in range(30)]
+    tar = write_tar(tmp_path / "big.tar", docs)
+    pack([str(tar)], str(tmp_path / "ds"), PackOptions(tokenizer="bytes", media_policy=POLICY, frame_size=4096))
+    ds = MediaDataset(str(tmp_path / "ds"), 64, seed=1, max_images=1)
+    total = ds.manifest.totals["media_bytes"]
+    frames = ds.reader().frames
+    assert frames is not None
+    ds.pieces()  # the metadata of every shard: no media bytes
+    metadata = frames.stats.bytes_read
+    sample = ds.sample(0, 0)
+    own = sum(len(m.data) for m in sample["media"])
+    read = frames.stats.bytes_read - metadata
+    assert own > 0 and read <= own * 1.1 + 3 * 4096 + 4096, (read, own)
+    assert metadata < total / 10, (metadata, total)
+
+
+def test_text_dataset_is_refused(tmp_path: Path) -> None:
+    pack_documents([[1, 2, 3]], str(tmp_path / "t"), PackOptions(vocab_size=10, eos_id=0))
+    with pytest.raises(UsageError, match="without media"):
+        MediaDataset(str(tmp_path / "t"), 16)
+
+
+def test_a_remote_replica_gives_the_same_stream(
+    dataset_url: str, samples: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """memory:// is read as a remote replica: shards' metadata several at a time, frames by ranged reads."""
+    import uuid
+
+    tar = write_tar(tmp_path / "in.tar", samples)
+    url = f"memory://media-{uuid.uuid4().hex}"
+    pack([str(tar)], url, PackOptions(tokenizer="bytes", media_policy=POLICY, shard_size=16 << 10, frame_size=4096))
+    remote = _dataset(url)
+    assert not remote.replicas.local(0) and len(remote.manifest.shards) > 2
+    _same(_stream(MediaLoader(remote, 3)), _stream(MediaLoader(_dataset(dataset_url), 3)))
+
+
+def test_ranks_read_disjoint_sequences_covering_the_epoch(dataset_url: str) -> None:
+    whole = [s["input_ids"].tolist() for s in MediaDataset(dataset_url, SEQ, seed=3, epochs=1)]
+    parts = [[s["input_ids"].tolist() for s in MediaDataset(dataset_url, SEQ, seed=3, epochs=1, rank=r, world_size=3)]
+             for r in range(3)]  # fmt: skip
+    assert sorted(x for p in parts for x in p) == sorted(whole)
+    assert [len(p) for p in parts] == [len(whole[r::3]) for r in range(3)]

@@ -1,0 +1,101 @@
+"""The one owner of a process's background shard fetches: what it asks the cache for, when, and what settling
+leaves behind."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from scripts.loader_common import pack_test_dataset
+
+from ferry.client import TokenDataset
+from ferry.client.fetching import prefetcher
+from ferry.client.fetching.cache import ShardCache
+from ferry.shard_tools.format.manifest import ShardInfo
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> str:
+    # stored format 1: a cold shard is fetched whole at once (no frames first, so no request waits for a gather)
+    return pack_test_dataset(str(tmp_path_factory.mktemp("prefetcher") / "ds"), 300, shard_size=4096, stored_format=1)
+
+
+def test_a_prefetch_dropped_by_settle_is_asked_for_again(
+    local: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Settling drops the queued fetches; the shards they were for are asked for again by the next prefetch
+    (before, they stayed recorded as asked for, and each was left to the synchronous read of its batch)."""
+    asked: list[str] = []
+    opened = threading.Event()
+
+    def fetch(_cache: ShardCache, info: ShardInfo) -> None:  # blocks until opened: the later ones queue meanwhile
+        asked.append(info.path)
+        opened.wait(10)
+
+    monkeypatch.setattr(ShardCache, "ensure_in_background", fetch)
+    ds = TokenDataset(local, seq_len=32, seed=2, cache_dir=str(tmp_path / "c"), prefetch=1)
+    everything = np.arange(ds.num_samples)
+    wanted = len(ds.shards_of(everything, to_fetch=True))
+    assert wanted > 3
+    ds.prefetch(everything)  # every shard: two running (the prefetch threads, blocked), the rest queued
+    settler = threading.Thread(target=ds.settle)
+    settler.start()  # drops the queued ones, waits for the running ones
+    deadline = time.monotonic() + 10
+    while len(asked) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    opened.set()
+    settler.join(10)
+    assert len(asked) == 2
+    ds.prefetch(everything)
+    deadline = time.monotonic() + 10
+    while len(asked) < wanted and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ds.settle()
+    assert len(asked) == wanted and sorted(set(asked)) == sorted(asked), (wanted, asked)  # each asked for once
+    ds.close()
+
+
+class _Pool:
+    """Stands in for a DaemonPool: records what it is given, runs nothing."""
+
+    started: list[tuple[str, bool]] = []
+
+    def __init__(self, _threads: int, name: str) -> None:
+        self.urgent = name == "ferry-whole"
+
+    def submit(self, _fn: Any, info: ShardInfo) -> Future[None]:
+        _Pool.started.append((info.path, self.urgent))
+        return Future()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        pass
+
+
+def test_requests_wait_for_the_samples_at_hand_and_an_urgent_one_is_not_queued_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(prefetcher, "DaemonPool", _Pool)
+    started = _Pool.started = []
+    p = prefetcher.Prefetcher(SimpleNamespace(ensure_in_background=None))  # type: ignore[arg-type]  # never called
+    info = {s: ShardInfo(f"shards/{s}", 1, 0, 1, 1, "xxh128:0", "xxh128:0") for s in range(3)}
+    p.request(0, info[0])  # now
+    p.request(1, info[1], after_gather=True)  # once the samples at hand are read
+    p.request(1, info[1], urgent=True, after_gather=True)  # the same shard, urgently: still one request
+    p.request(0, info[0])  # asked for already: nothing
+    assert started == [("shards/0", False)]
+    assert p.asked(1) and not p.started(1)
+    p.release()
+    assert started == [("shards/0", False), ("shards/1", True)] and p.started(1)
+    p.request(0, info[0], urgent=True)  # a plain request started already: the urgent one goes too
+    assert started[-1] == ("shards/0", True)
+    p.request(2, info[2], after_gather=True)
+    p.settle()  # a waiting request is dropped, and forgotten
+    assert not p.asked(2) and not p.started(2)
+    p.release()
+    assert "shards/2" not in [path for path, _ in started]

@@ -1,0 +1,138 @@
+"""The stager on real files: stages a job's coming shards verified and within the budget, evicts what the job
+passed, adopts (and re-checks) what an earlier run staged, and never evicts a shard whose cluster copy is gone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import pack
+
+from ferry.client.service.job_types import Heartbeat, JobPhase, Registration, SourcePlan
+from ferry.service.config_types import Cluster, StagingConfig
+from ferry.service.jobs.registry import JobRegistry
+from ferry.service.jobs.stager import Stager
+from ferry.shard_tools.dataset import open_dataset
+from ferry.shard_tools.format.digest import digest_bytes
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> tuple[Path, Path, list[tuple[str, int, str]]]:
+    """A dataset on cluster west (seq_len 1, shuffle none: positions walk the shards in order)."""
+    west = tmp_path / "west"
+    res = pack(str(west / "corpus"), 120, shard_size=4096)
+    t = open_dataset(str(west / "corpus")).manifest.shards
+    shards = [(t.paths[i], int(t.stored_bytes[i]), t[i].stored_digest) for i in range(len(t))]
+    assert len(shards) >= 8
+    (tmp_path / "version").write_text(res.version_id)
+    return west, tmp_path / "staging", shards
+
+
+def start(
+    world: tuple[Path, Path, list[tuple[str, int, str]]], budget: int, horizon: int
+) -> tuple[JobRegistry, Stager]:
+    west, staging, _ = world
+    registry = JobRegistry(lambda: [("west", str(west))])
+    stager = Stager(registry, StagingConfig(str(staging), budget, horizon), {"west": Cluster("west", str(west))})
+    return registry, stager
+
+
+def register(registry: JobRegistry, west: Path, version: str) -> str:
+    source = SourcePlan([str(west / "corpus")], version, "0", "none", 1, "tokens", 1)
+    return registry.register(Registration("train", 0, 1, 1, [source], [JobPhase(0, [1])], heartbeat_s=60)).id
+
+
+def staged_files(staging: Path) -> dict[str, bytes]:
+    root = staging / "corpus"
+    return {f.relative_to(root).as_posix(): f.read_bytes() for f in root.rglob("*") if f.is_file()}
+
+
+def position_of_shard(west: Path, k: int) -> int:
+    """The first stream position (seq_len 1) whose sample lies in shard ``k``."""
+    t = open_dataset(str(west / "corpus")).manifest.shards
+    return int(t.token_offsets[k])
+
+
+def test_stage_in_order_within_budget_evict_passed_and_adopt_after_restart(
+    world: tuple[Path, Path, list[tuple[str, int, str]]],
+) -> None:
+    west, staging, shards = world
+    version = (west.parent / "version").read_text()
+    sizes = [s for _, s, _ in shards]
+    budget, horizon = sum(sizes[:4]), sum(sizes[:3])
+    registry, stager = start(world, budget, horizon)
+    job = register(registry, west, version)
+    stager.step()
+    files = staged_files(staging)
+    assert set(files) == {p for p, _, _ in shards[:3]}  # the first shards it reads, for `horizon` bytes
+    assert all(digest_bytes(files[p]) == d for p, _, d in shards[:3])
+    assert sum(len(b) for b in files.values()) <= budget
+    assert stager.staged_ahead(job) == sum(sizes[:3]) and stager.missing(job) == 0
+
+    registry.heartbeat(job, Heartbeat(position=position_of_shard(west, 4), epoch=0, samples_per_second=1.0))
+    stager.step()
+    files = staged_files(staging)
+    assert set(files) == {p for p, _, _ in shards[4:7]}  # passed shards evicted, the next ones staged
+
+    # a restart: the new stager adopts what is there (one copy damaged meanwhile: removed and staged again)
+    damaged = staging / "corpus" / shards[5][0]
+    damaged.write_bytes(b"x" * len(damaged.read_bytes()))
+    registry2, stager2 = start(world, budget, horizon)
+    job2 = register(registry2, west, version)
+    registry2.heartbeat(job2, Heartbeat(position=position_of_shard(west, 4), epoch=0, samples_per_second=1.0))
+    stager2.step()
+    assert set(stager2.staged()) == {("corpus", p) for p, _, _ in shards[4:7]}
+    assert digest_bytes((staging / "corpus" / shards[5][0]).read_bytes()) == shards[5][2]
+
+
+def test_a_shard_whose_cluster_copy_is_gone_is_never_evicted(
+    world: tuple[Path, Path, list[tuple[str, int, str]]],
+) -> None:
+    west, staging, shards = world
+    version = (west.parent / "version").read_text()
+    sizes = [s for _, s, _ in shards]
+    registry, stager = start(world, sum(sizes), sizes[0])
+    job = register(registry, west, version)
+    stager.step()
+    assert set(staged_files(staging)) == {shards[0][0]}
+    (west / "corpus" / shards[0][0]).unlink()  # staging now holds the only copy
+    registry.heartbeat(job, Heartbeat(position=position_of_shard(west, 3), epoch=0, samples_per_second=1.0))
+    stager.step()
+    assert shards[0][0] in staged_files(staging)  # passed, yet kept: it is the only copy
+
+
+def test_the_staging_section_is_checked(tmp_path: Path) -> None:
+    from configs import Cluster as ClusterToml
+    from configs import FerryToml, Rule, Staging
+
+    from ferry.service.config import parse_config
+    from ferry.shard_tools.errors import ConfigError
+
+    def parse(staging: Staging) -> StagingConfig | None:
+        toml = FerryToml(clusters={"a": ClusterToml(tmp_path / "a"), "b": ClusterToml(tmp_path / "b")},
+                         rules=[Rule("a", ["b"])], staging=staging)  # fmt: skip
+        return parse_config(toml.doc(), base_dir=tmp_path).staging
+
+    got = parse(Staging("fast", "2GiB", "512MiB"))
+    assert got == StagingConfig(str(tmp_path / "fast"), 2 * 2**30, 512 * 2**20)
+    for url in (tmp_path / "a" / "staging", tmp_path):  # inside a cluster, or holding one
+        with pytest.raises(ConfigError, match="outside every cluster"):
+            parse(Staging(str(url), "1GiB", "1GiB"))
+    with pytest.raises(ConfigError, match="staging.budget"):
+        parse(Staging("fast", "lots", "1GiB"))
+    with pytest.raises(ConfigError, match="staging.horizon"):
+        parse(Staging("fast", "1GiB", 0))
+
+
+def test_a_plan_no_loader_could_have_is_left_out_and_the_others_are_staged(
+    world: tuple[Path, Path, list[tuple[str, int, str]]],
+) -> None:
+    west, staging, shards = world
+    version = (west.parent / "version").read_text()
+    registry, stager = start(world, sum(s for _, s, _ in shards), shards[0][1])
+    source = SourcePlan([str(west / "corpus")], version, "0", "none", 1, "tokens", 1)
+    bad = Registration("bad", 0, 1, 1, [source], [JobPhase(0, [1]), JobPhase(0, [1])], heartbeat_s=60)
+    registry.register(bad)  # two phases at 0: Schedule refuses it, and so would every round without the check
+    register(registry, west, version)
+    stager.step()
+    assert set(staged_files(staging)) == {shards[0][0]}
