@@ -4,7 +4,8 @@ and the daemon and ``ferry sync`` drive them; the HTTP API is ``ferry.service.ap
 Where things are: ``config`` (ferry.toml, typed), ``records`` (what the daemon hands out), ``events``,
 ``names`` (the dataset name rule), ``daemon``, ``cli`` (``ferry sync`` / ``ferry serve``) and ``lease_cli``
 at the top; ``replication`` (planner, engine, passes, state, lease, noop_check); ``transfer`` (executor,
-slots, transfer, hashed_io, local_copy, object_store, s3_presigned, s3_get, http_pool, bandwidth, stats).
+slots, copier, ray_copier, ray_tasks, governor, transfer, hashed_io, local_copy, object_store, s3_presigned,
+s3_get, http_pool, bandwidth, stats).
 ``transfer`` never imports ``replication``, and neither imports ``api``.
 
 The names below load on first use, so ``ferry sync`` imports only what a pass needs.

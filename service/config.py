@@ -28,6 +28,7 @@ from .config_types import (
     Limits,
     Rule,
     StagingConfig,
+    TransferConfig,
     _is_secret_key,
     link_name,
     redact,
@@ -42,6 +43,7 @@ __all__ = [
     "Cluster",
     "Rule",
     "Limits",
+    "TransferConfig",
     "ApiConfig",
     "StagingConfig",
     "parse_api",
@@ -112,6 +114,7 @@ def parse_config(
         clusters=clusters,
         rules=tuple(_rule(section, f"rules[{i}]", clusters) for i, section in enumerate(checked.rules)),
         limits=_limits(checked.limits, clusters),
+        transfer=_transfer(checked.transfer, clusters),
         state_dir=state_dir,
         poll_interval=float(checked.poll_interval),
         keep_versions=checked.keep_versions,
@@ -175,6 +178,19 @@ def _limits(section: Any, clusters: Mapping[str, Cluster]) -> Limits:
             raise ConfigError(f'limits.per_link: {link!r} is not "SRC->DST" with two known clusters')
         per_link[link_name(src.strip(), dst.strip())] = rate
     return Limits(transfers=section.transfers, bwlimit=section.bwlimit, per_link=per_link, retries=section.retries)
+
+
+def _transfer(section: Any, clusters: Mapping[str, Cluster]) -> TransferConfig:
+    """A checked ``[transfer]``; the Ray engine's tasks reach every cluster from other processes and
+    nodes, so none of the clusters may live in the daemon's memory."""
+    if section.engine == "ray":
+        for c in clusters.values():
+            if c.url.startswith("memory://"):
+                raise ConfigError(
+                    f'transfer.engine: "ray" copies in other processes, which cannot see cluster {c.name!r} '
+                    f"({c.url}: this process' memory); use storage every node reaches"
+                )
+    return TransferConfig(**section.model_dump())
 
 
 def parse_api(section: Any) -> ApiConfig:

@@ -19,13 +19,14 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from ferry.shard_tools.errors import ConfigError, UsageError
 from ferry.shard_tools.units import parse_rate, parse_size
 
-from .config_types import ApiConfig, Cluster, Config, Limits, url_problem
+from .config_types import ApiConfig, Cluster, Config, Limits, TransferConfig, url_problem
 
 __all__ = [
     "FileSection",
     "ClusterSection",
     "RuleSection",
     "LimitsSection",
+    "TransferSection",
     "ApiSection",
     "StagingSection",
     "check_file",
@@ -101,6 +102,25 @@ class LimitsSection(_Section):
     retries: int = Field(default=Limits.retries, ge=1)
 
 
+def _ray_address(address: str) -> str:
+    """``"auto"``, ``"HOST:PORT"`` or ``"ray://HOST:PORT"`` (what ``ray.init(address=...)`` takes)."""
+    rest = address[len("ray://") :] if address.startswith("ray://") else address
+    host, sep, port = rest.rpartition(":")
+    if address == "auto" or (sep and host and port.isdigit() and 0 < int(port) < 65536 and "/" not in host):
+        return address
+    raise ValueError(f'expected "auto", "HOST:PORT" or "ray://HOST:PORT", got {address!r}')
+
+
+class TransferSection(_Section):
+    """``[transfer]``; defaults are :class:`TransferConfig`'s."""
+
+    engine: Literal["threads", "ray"] = "threads"
+    address: Annotated[str, AfterValidator(_ray_address)] = TransferConfig.address
+    max_retries: int = Field(default=TransferConfig.max_retries, ge=0)
+    task_cpus: float = Field(default=TransferConfig.task_cpus, ge=0)
+    node_bwlimit: Rate = None
+
+
 class ApiSection(_Section):
     """``[api]``; defaults are :class:`ApiConfig`'s. The connection bounds keep the API's sockets and
     timeouts usable (see service/api/connections.py)."""
@@ -148,6 +168,7 @@ class FileSection(_Section):
     clusters: dict[ClusterName, ClusterSection] = Field(default_factory=dict, validate_default=True)
     rules: list[RuleSection] = Field(default_factory=list, validate_default=True)
     limits: LimitsSection = LimitsSection()  # frozen: one shared default is safe
+    transfer: TransferSection = TransferSection()
     state_dir: str = Field(default=str(Config.state_dir), min_length=1)
     poll_interval: float = Field(default=Config.poll_interval, ge=0.01)
     keep_versions: int = Field(default=Config.keep_versions, ge=1)

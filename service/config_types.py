@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["Cluster", "Rule", "Limits", "ApiConfig", "Config", "url_problem", "link_name", "redact"]
+__all__ = ["Cluster", "Rule", "Limits", "TransferConfig", "ApiConfig", "Config", "url_problem", "link_name", "redact"]
 
 _SECRET_WORDS = ("secret", "password", "passwd", "token", "credential", "private_key", "sas", "connection_string")
 _SECRET_KEYS = {"key", "access_key", "access_key_id", "aws_access_key_id", "account_key", "session_token"}
@@ -84,6 +84,18 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class TransferConfig:
+    """``[transfer]``: where the copies run. ``threads``: in the daemon's own process; ``ray``: as Ray tasks
+    spread over the nodes of the Ray cluster at ``address`` (the daemon still plans, records and publishes)."""
+
+    engine: str = "threads"  # "threads" | "ray"
+    address: str = "auto"  # ray: "auto" (the cluster this machine belongs to), "HOST:PORT" or "ray://HOST:PORT"
+    max_retries: int = 3  # ray: times a copy task is run again after its worker or node died
+    task_cpus: float = 1.0  # ray: CPUs one copy task reserves on its node
+    node_bwlimit: float | None = None  # bytes/s that all copies on one node take together (None = unlimited)
+
+
+@dataclass(frozen=True)
 class StagingConfig:
     """``[staging]``: copy the shards registered jobs will read, in their read order, to a fast location."""
 
@@ -131,6 +143,7 @@ class Config:
     clusters: Mapping[str, Cluster]
     rules: tuple[Rule, ...]
     limits: Limits = field(default_factory=Limits)
+    transfer: TransferConfig = field(default_factory=TransferConfig)
     state_dir: Path = Path(".ferry-state")
     poll_interval: float = 30.0
     keep_versions: int = 3

@@ -49,6 +49,7 @@ from .records import (
 from .replication.engine import Engine, PassResult, read_header
 from .replication.state import State
 from .transfer.bandwidth import Bandwidth
+from .transfer.copier import make_copier
 from .transfer.executor import Executor
 from .transfer.hashed_io import CHUNK_SIZE
 from .transfer.object_store import skip_double_checksums
@@ -100,15 +101,16 @@ class Daemon:
     def __init__(self, config: Config, *, chunk_size: int | None = None) -> None:
         self._config = config
         skip_double_checksums()
-        self.state = State(config.state_dir)
         self._stats = Stats()
         self.events = EventBus()
         lim = config.limits
-        self.bandwidth = Bandwidth(lim.bwlimit, lim.per_link)
+        self.bandwidth = Bandwidth(lim.bwlimit, lim.per_link, node_rate=config.transfer.node_bwlimit)
         self.executor = Executor(
             transfers=lim.transfers, bandwidth=self.bandwidth, stats=self._stats, events=self.events,
             retries=lim.retries, chunk_size=chunk_size or CHUNK_SIZE,
+            copier=make_copier(config.transfer, self.bandwidth, chunk_size or CHUNK_SIZE),
         )  # fmt: skip
+        self.state = State(config.state_dir)  # after the copier: a Ray engine that cannot start leaves nothing open
         priority = {c.name: c.priority for c in config.clusters.values()}
         self.engine = Engine(
             self.executor, self.state, events=self.events, keep_versions=config.keep_versions, priority=priority

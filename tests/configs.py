@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Api", "Cluster", "FerryToml", "Limits", "Rule", "Staging", "toml_text"]
+__all__ = ["Api", "Cluster", "FerryToml", "Limits", "Rule", "Staging", "Transfer", "toml_text"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,17 @@ class Limits:
     bwlimit: str | float | None = None
     per_link: Mapping[str, str | float] | None = None
     retries: int | None = None
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """``[transfer]``: where copies run (``engine`` "threads" or "ray") and the Ray engine's settings."""
+
+    engine: str | None = None
+    address: str | None = None
+    max_retries: int | None = None
+    task_cpus: float | None = None
+    node_bwlimit: str | float | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +98,7 @@ class FerryToml:
     clusters: Mapping[str, Cluster]
     rules: Sequence[Rule]
     limits: Limits | None = None
+    transfer: Transfer | None = None
     api: Api | None = None
     state_dir: str | Path | None = None
     poll_interval: float | None = None

@@ -1,5 +1,6 @@
 """Transfer: do and count. ``executor`` and ``slots`` (a bounded, pausable pool of shard jobs; outcomes from
-the error tree), ``transfer`` (one shard copy: which path) over ``hashed_io`` (the one read-hash-write loop),
+the error tree), ``copier`` (where a copy runs: this thread, or a Ray task: ``ray_copier``, ``ray_tasks``,
+``governor``), ``transfer`` (one shard copy: which path) over ``hashed_io`` (the one read-hash-write loop),
 ``local_copy``, ``object_store``, ``s3_presigned``, ``s3_get`` and ``http_pool``; ``bandwidth`` (token
 buckets) and ``stats`` (live counters).
 

@@ -4,6 +4,8 @@ The executor decides nothing: it runs the jobs the planner produced. Each job tr
 sources in order (nearest first); a digest mismatch, a truncated read or a backend error
 moves on to the next source, and after a round over all sources it backs off
 exponentially with jitter. A job that runs out of attempts fails alone; the others go on.
+Where a copy runs is its :class:`~.copier.Copier`'s business: in the worker thread (the default) or
+as a Ray task on a cluster's nodes; everything else (slots, retries, statistics, events) stays here.
 """
 
 from __future__ import annotations
@@ -31,10 +33,10 @@ from ferry.shard_tools.threadname import start_named_thread
 from ..config import link_name
 from ..events import EventBus
 from .bandwidth import Bandwidth
+from .copier import Copier, ThreadCopier
 from .hashed_io import CHUNK_SIZE
 from .slots import Slots
 from .stats import Stats
-from .transfer import copy_shard, verify_shard
 
 __all__ = ["ShardRef", "Job", "JobResult", "Executor", "Outcome", "outcome_of"]
 
@@ -119,8 +121,11 @@ class Executor:
         chunk_size: int = CHUNK_SIZE,
         backoff: tuple[float, float] = (0.2, 10.0),
         max_workers: int = 64,
+        copier: Copier | None = None,
     ) -> None:
+        """``copier`` runs each copy (default: a :class:`~.copier.ThreadCopier` under ``bandwidth``)."""
         self.bandwidth = bandwidth or Bandwidth()
+        self.copier: Copier = copier or ThreadCopier(self.bandwidth, chunk_size)
         self.stats = stats or Stats()
         self.events = events
         self.retries = retries
@@ -160,6 +165,7 @@ class Executor:
         if not self._slots.wait_idle(drain_timeout):
             self.cancel.set()
             self._slots.wait_idle(10.0)
+        self.copier.close()
 
     def run(
         self,
@@ -234,8 +240,7 @@ class Executor:
         t0 = time.monotonic()
         if job.verify_first:
             try:
-                problem = verify_shard(dst, shard.path, shard.size, shard.digest, chunk_size=self.chunk_size,
-                                       cancel=self.cancel)  # fmt: skip
+                problem = self.copier.verify(dst, shard.path, shard.size, shard.digest, cancel=self.cancel)
             except Cancelled:
                 result.cancelled, result.error = True, "stopped"
                 return result
@@ -287,9 +292,6 @@ class Executor:
         tid = self.stats.start(job.dataset, job.version, shard.path, src_name, job.dest, shard.size)
         last: list[float] = [time.monotonic(), 0.0]
 
-        def throttle(n: int) -> None:
-            self.bandwidth.take(link, n, self.cancel)
-
         def progress(n: int) -> None:
             self.stats.progress(tid, n)
             last[1] += n
@@ -304,9 +306,8 @@ class Executor:
         t_start = time.monotonic()
         started = time.time()
         try:
-            copy_shard(src, dst, shard.path, shard.size, shard.digest, chunk_size=self.chunk_size,
-                       throttle=throttle, progress=progress, cancel=self.cancel,
-                       create_only=not job.replace)  # fmt: skip
+            self.copier.copy(src, dst, shard.path, shard.size, shard.digest, create_only=not job.replace,
+                             link=link, progress=progress, cancel=self.cancel)  # fmt: skip
         except FerryError as exc:
             self.stats.finish(tid, ok=False)
             outcome = outcome_of(exc)

@@ -84,7 +84,7 @@ class _PackMeanwhile(Bandwidth):
         self.url, self.docs, self.opts = url, docs, opts
         self.packed: list[str] = []
 
-    def take(self, link: str | None, n: int, cancel: Any = None) -> None:
+    def take(self, link: str | None, n: int, cancel: Any = None, *, node: str | None = None) -> None:
         if not self.packed:
             self.packed.append(_pack(self.url, self.docs, self.opts, compression_level=9))
 

@@ -1,0 +1,208 @@
+"""The Ray engine's daemon side: each copy a Ray task spread over the cluster's nodes, the limits and
+the cancel flag in one :class:`~.governor.Governor` actor, progress read back from it.
+
+The daemon stays the one control plane: it plans, holds the lease, records every attempt and
+publishes; only the bytes move on other nodes. A worker or node that dies mid-copy costs a retry of
+that task elsewhere (Ray's ``max_retries``); the shard only ever appears under its final name whole
+and verified (the task runs the very ``copy_shard`` of the thread engine). Ray is an optional
+extra, imported only when this engine is chosen.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+from ferry.shard_tools.errors import Cancelled, FerryError, StorageError, UsageError
+from ferry.shard_tools.storage.store import Location
+
+from .bandwidth import Bandwidth
+from .governor import Governor, Rates
+from .hashed_io import CHUNK_SIZE, PROGRESS_SECONDS, Progress
+from .ray_tasks import copy_task, verify_task
+
+__all__ = ["RayCopier", "import_ray"]
+
+#: seconds to wait for the Ray cluster's address to accept a connection
+_CONNECT_TIMEOUT = 10.0
+#: seconds a copy still waits for its task once the executor is cancelled (the task stops at its next grant)
+_CANCEL_GRACE = 10.0
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or a UsageError that says how to install it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise UsageError(
+            "[transfer] engine = \"ray\" needs Ray, an optional extra: pip install 'ferry-data[ray]'"
+        ) from exc
+    return ray
+
+
+def _check_reachable(address: str) -> None:
+    """A UsageError at once when nothing listens at ``address`` (``ray.init`` would retry for minutes)."""
+    if address == "auto":
+        return  # ray.init says at once when this machine belongs to no cluster
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=_CONNECT_TIMEOUT).close()
+    except (OSError, ValueError) as exc:
+        raise UsageError(
+            f'[transfer] engine = "ray": no Ray cluster answers at {address} ({exc}); start it (ray start --head) '
+            "or fix [transfer] address"
+        ) from exc
+
+
+class RayCopier:
+    """Runs each copy (and re-hash) as a Ray task with SPREAD scheduling on the cluster at ``address``
+    (``"auto"``, ``"HOST:PORT"`` or ``"ray://HOST:PORT"``), under ``bandwidth``'s limits."""
+
+    def __init__(
+        self,
+        bandwidth: Bandwidth,
+        *,
+        address: str = "auto",
+        max_retries: int = 3,
+        task_cpus: float = 1.0,
+        chunk_size: int = CHUNK_SIZE,
+        max_concurrency: int = 256,
+    ) -> None:
+        ray = self._ray = import_ray()
+        self.bandwidth = bandwidth
+        self.chunk_size = chunk_size
+        self._started_here = not ray.is_initialized()
+        if self._started_here:
+            _check_reachable(address)
+            try:
+                ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+            except Exception as exc:  # noqa: BLE001 - Ray raises assorted types for unreachable clusters
+                raise UsageError(
+                    f'[transfer] engine = "ray": cannot reach the Ray cluster at {address}: {exc}'
+                ) from exc
+        opts = {"scheduling_strategy": "SPREAD", "max_retries": max_retries, "retry_exceptions": False,
+                "num_cpus": task_cpus}  # fmt: skip
+        self._copy = ray.remote(copy_task).options(**opts)
+        self._verify = ray.remote(verify_task).options(**opts)
+        # beside the daemon (its node's death is the daemon's too), taking no CPU from the copies
+        here = ray.get_runtime_context().get_node_id()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        # restarted (with its calls retried) should its node or process die: it then starts from the
+        # rates it was made with, and the next copy hands it the current ones
+        self._governor = (
+            ray.remote(Governor)
+            .options(
+                max_concurrency=max_concurrency,
+                num_cpus=0,
+                max_restarts=-1,
+                max_task_retries=-1,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
+            )
+            .remote(self._rates())
+        )
+        self._cancel_sent = False
+        self._lock = threading.Lock()
+        self._closed = False
+        bandwidth.watch(self._push_rates)
+
+    def _rates(self) -> Rates:
+        b = self.bandwidth
+        return b.global_bucket.rate, b.link_rates(), b.node_rate
+
+    def _push_rates(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._governor.set_rates.remote(self._rates())
+
+    def _cancel(self) -> None:
+        with self._lock:
+            if not self._cancel_sent and not self._closed:
+                self._cancel_sent = True
+                self._governor.cancel.remote()
+
+    def copy(
+        self,
+        src: Location,
+        dst: Location,
+        path: str,
+        size: int,
+        digest: str,
+        *,
+        create_only: bool,
+        link: str,
+        progress: Progress,
+        cancel: threading.Event,
+    ) -> None:
+        key = uuid.uuid4().hex
+        self._push_rates()
+        ref = self._copy.remote(src, dst, (path, size, digest), self.chunk_size, create_only, link, self._governor, key)
+        seen = 0
+
+        def report() -> None:  # progress is best effort: a governor being restarted reports nothing meanwhile
+            nonlocal seen
+            try:
+                moved = int(self._ray.get(self._governor.moved.remote(key), timeout=PROGRESS_SECONDS * 4))
+            except (self._ray.exceptions.RayError, TimeoutError):
+                return
+            if moved > seen:
+                progress(moved - seen)
+                seen = moved
+
+        try:
+            error = self._wait(ref, cancel, report)
+            report()
+        finally:
+            self._governor.forget.remote(key)
+        if error is not None:
+            raise error
+
+    def verify(self, dst: Location, path: str, size: int, digest: str, *, cancel: threading.Event) -> str | None:
+        got = self._wait(self._verify.remote(dst, (path, size, digest), self.chunk_size), cancel, None)
+        if isinstance(got, FerryError):
+            raise got
+        return got
+
+    def _wait(self, ref: Any, cancel: threading.Event, report: Any) -> Any:
+        """The task's value, polling progress every PROGRESS_SECONDS; Cancelled once ``cancel`` is set and
+        the task has not ended within _CANCEL_GRACE; a StorageError (retryable) when Ray lost the task or it
+        crashed (any error other than the FerryError a task returns: none may end a copy thread)."""
+        ray = self._ray
+        cancelled_at: float | None = None
+        while True:
+            done, _ = ray.wait([ref], timeout=PROGRESS_SECONDS)
+            if done:
+                break
+            if cancel.is_set():
+                self._cancel()
+                cancelled_at = cancelled_at or time.monotonic()
+                if time.monotonic() - cancelled_at > _CANCEL_GRACE:
+                    raise Cancelled()
+            if report is not None:
+                report()
+        try:
+            return ray.get(ref)
+        except Exception as exc:  # noqa: BLE001 - Ray's errors (a lost worker, node or object) and a task's crash
+            if cancel.is_set():
+                raise Cancelled() from exc
+            raise StorageError(f"the Ray task copying the shard was lost ({type(exc).__name__}: {exc})") from exc
+
+    def transfers_by_node(self) -> dict[str, int]:
+        """Ray node id → how many copies moved bytes there since this copier started."""
+        return dict(self._ray.get(self._governor.transfers_by_node.remote()))
+
+    def close(self) -> None:
+        """Stop the governor; disconnect from Ray where this copier connected."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        ray = self._ray
+        try:
+            ray.kill(self._governor)
+        finally:
+            if self._started_here:
+                ray.shutdown()

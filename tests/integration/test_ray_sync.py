@@ -1,0 +1,192 @@
+"""``[transfer] engine = "ray"``: the daemon plans, records and publishes; the copies run as Ray tasks on
+a real two-node Ray cluster of separate processes (tests/ray_cluster.py), spread over both nodes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from configs import Cluster, FerryToml, Limits, Rule, Transfer
+from helpers import pack, wait_until
+from ray_cluster import RayCluster, ray_cluster
+
+from ferry.service.config import parse_config
+from ferry.service.daemon import Daemon
+from ferry.service.replication.planner import SourceVersion
+from ferry.service.transfer.ray_copier import RayCopier
+from ferry.service.transfer.transfer import verify_shard
+from ferry.shard_tools import open_dataset, verify
+from ferry.shard_tools.storage.store import TEMP_MARKER, resolve
+
+pytest.importorskip("ray", reason="Ray is not installed (optional extra: pip install 'ferry-data[ray]')")
+
+pytestmark = pytest.mark.slow  # a Ray cluster of two nodes takes tens of seconds to start on two cores
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RayCluster]:
+    with ray_cluster(2, cpus=2) as c:
+        yield c
+
+
+def _daemon(root: Path, dest: str, transfer: Transfer, limits: Limits | None = None) -> Daemon:
+    doc = FerryToml(
+        clusters={"src": Cluster(root / "src"), dest: Cluster(root / dest)},
+        rules=[Rule("src", [dest])],
+        limits=limits or Limits(transfers=4),
+        transfer=transfer,
+        state_dir=root / f"state-{dest}",
+        poll_interval=0.2,
+    ).doc()
+    return Daemon(parse_config(doc, base_dir=root))
+
+
+def _sync(d: Daemon, dataset: str, version: str, timeout: float = 120) -> None:
+    d.start()
+    try:
+        wait_until(lambda: any(r.dataset == dataset and r.role == "destination" and r.published_version == version
+                               for r in d.replica_matrix()), timeout=timeout, what="the replica published")  # fmt: skip
+    finally:
+        d.stop()
+
+
+def _shard_files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted((root / "shards").rglob("*")) if p.is_file()}
+
+
+def test_ray_engine_makes_the_replica_threads_make(cluster: RayCluster, tmp_path: Path) -> None:
+    made = pack(str(tmp_path / "src" / "ds"), 600, seed=3, shard_size=16 * 1024)
+    assert made.shards >= 8
+    _sync(_daemon(tmp_path, "threads", Transfer(engine="threads")), "ds", made.version_id)
+    ray_daemon = _daemon(tmp_path, "ray", Transfer(engine="ray", address=cluster.address))
+    copier = ray_daemon.executor.copier
+    assert isinstance(copier, RayCopier)
+    by_node: dict[str, int] = {}
+    real_close = copier.close
+
+    def close() -> None:  # read the governor's count before the daemon's stop ends it
+        by_node.update(copier.transfers_by_node())
+        real_close()
+
+    copier.close = close  # type: ignore[method-assign]
+    _sync(ray_daemon, "ds", made.version_id)
+    for dest in ("threads", "ray"):
+        assert verify(str(tmp_path / dest / "ds")).ok
+        assert open_dataset(str(tmp_path / dest / "ds")).version_id == made.version_id
+    assert _shard_files(tmp_path / "ray" / "ds") == _shard_files(tmp_path / "threads" / "ds")
+    assert len(by_node) == 2 and sum(by_node.values()) == made.shards, by_node  # SPREAD: both nodes copied
+
+
+def test_worker_killed_mid_copy_costs_a_retry_not_a_partial_shard(cluster: RayCluster, tmp_path: Path) -> None:
+    made = pack(str(tmp_path / "src" / "ds"), 900, seed=4, shard_size=32 * 1024)
+    # ~128 KiB/s over every node: each copy takes a while, so one is caught in the middle
+    d = _daemon(tmp_path, "ray", Transfer(engine="ray", address=cluster.address, max_retries=3),
+                Limits(transfers=2, bwlimit=128 * 1024))  # fmt: skip
+    killed: list[int] = []
+    stop = threading.Event()
+
+    def assassin() -> None:
+        deadline = time.monotonic() + 60
+        while not stop.is_set() and time.monotonic() < deadline and not killed:
+            for pid in cluster.task_pids("copy_task"):
+                time.sleep(0.3)  # let it move some bytes first
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=assassin, daemon=True)
+    thread.start()
+    try:
+        _sync(d, "ds", made.version_id, timeout=180)
+    finally:
+        stop.set()
+        thread.join(5)
+    assert killed, "no Ray worker was caught running copy_task"
+    out = tmp_path / "ray" / "ds"
+    assert verify(str(out)).ok
+    named = set(open_dataset(str(out)).manifest.shards.paths)
+    for rel in _shard_files(out):
+        assert rel in named or TEMP_MARKER in rel, f"{rel}: neither a verified shard nor a temp object"
+
+
+def test_stop_cancels_running_tasks_and_publishes_nothing(cluster: RayCluster, tmp_path: Path) -> None:
+    assert pack(str(tmp_path / "src" / "ds"), 900, seed=5, shard_size=32 * 1024).shards > 4
+    # 32 KiB/s: the whole copy would take about ten seconds; the daemon stops a moment into it
+    d = _daemon(
+        tmp_path, "ray", Transfer(engine="ray", address=cluster.address), Limits(transfers=2, bwlimit=32 * 1024)
+    )
+    events = d.subscribe()
+    d.start()
+    try:
+        wait_until(lambda: d.stats().transfers_in_flight > 0 and d.stats().bytes_read > 0, timeout=120,
+                   what="copies moving bytes")  # fmt: skip
+    finally:
+        t0 = time.monotonic()
+        d.stop(timeout=0.5)  # drain half a second, then cancel
+        took = time.monotonic() - t0
+    assert took < 15, f"stop took {took:.1f}s: the running tasks did not hear the cancel"
+    out = tmp_path / "ray" / "ds"
+    assert not (out / "manifest.json").exists()
+    seen = []
+    while not events.empty():
+        seen.append(events.get_nowait())
+    assert any(e["type"] == "progress" for e in seen)  # tasks' bytes came back as progress events
+    assert not any(e["type"] == "version_published" for e in seen)
+    digests = {s.path: s for s in SourceVersion.of(open_dataset(str(tmp_path / "src" / "ds")).manifest).shards}
+    for rel in _shard_files(out):
+        if TEMP_MARKER not in rel:  # a shard under its final name is a whole, verified one
+            s = digests[rel]
+            assert verify_shard(resolve(str(out)), rel, s.size, s.digest) is None
+
+
+def test_a_node_dying_mid_copy_costs_retries_elsewhere(cluster: RayCluster, tmp_path: Path) -> None:
+    made = pack(str(tmp_path / "src" / "ds"), 900, seed=6, shard_size=32 * 1024)
+    cluster.add_node(cpus=2, resources={"node3": 1})  # the node that dies; the fixture's two stay
+    d = _daemon(
+        tmp_path, "ray", Transfer(engine="ray", address=cluster.address), Limits(transfers=6, bwlimit=96 * 1024)
+    )
+    d.start()
+    try:
+        wait_until(lambda: cluster.task_pids("copy_task", node=2), timeout=120, what="a copy running on node 3")
+        time.sleep(0.3)  # let it move some bytes
+        cluster.kill_node(2)
+        wait_until(lambda: any(r.published_version == made.version_id for r in d.replica_matrix()
+                               if r.role == "destination"), timeout=180, what="the replica published")  # fmt: skip
+    finally:
+        d.stop()
+    out = tmp_path / "ray" / "ds"
+    assert verify(str(out)).ok
+    named = set(open_dataset(str(out)).manifest.shards.paths)
+    for rel in _shard_files(out):
+        assert rel in named or TEMP_MARKER in rel, f"{rel}: neither a verified shard nor a temp object"
+
+
+def test_pause_holds_new_tasks_and_a_new_limit_reaches_running_ones(cluster: RayCluster, tmp_path: Path) -> None:
+    made = pack(str(tmp_path / "src" / "ds"), 2000, seed=7, shard_size=256 * 1024)
+    assert made.shards >= 3
+    # 16 KiB/s over two copies: a shard of ~190 KB would take about 20 s at this limit
+    d = _daemon(
+        tmp_path, "ray", Transfer(engine="ray", address=cluster.address), Limits(transfers=2, bwlimit=16 * 1024)
+    )
+    d.start()
+    try:
+        wait_until(lambda: d.stats().bytes_read > 0, timeout=120, what="copies moving bytes")
+        d.pause()
+        d.set_limits(bwlimit=None)  # the running copies finish at once; paused, no new one starts
+        wait_until(lambda: d.stats().transfers_in_flight == 0, timeout=8, what="the running copies finishing")
+        done = d.stats().transfers_ok
+        time.sleep(1.5)
+        assert d.stats().transfers_ok == done and d.stats().transfers_in_flight == 0
+        assert done < made.shards
+        d.resume()
+        wait_until(lambda: any(r.published_version == made.version_id for r in d.replica_matrix()
+                               if r.role == "destination"), timeout=30, what="the replica published")  # fmt: skip
+    finally:
+        d.stop()
+    assert verify(str(tmp_path / "ray" / "ds")).ok
