@@ -82,16 +82,16 @@ def test_elsewhere_naming_is_a_quiet_no_op(monkeypatch: pytest.MonkeyPatch) -> N
 
 @linux_only
 def test_the_daemon_and_its_copy_threads_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import ferry.service.transfer.executor
+    import ferry.service.transfer.copier
 
     copying: set[str] = set()
-    real_copy = ferry.service.transfer.executor.copy_shard
+    real_copy = ferry.service.transfer.copier.copy_shard
 
     def recording_copy(*args: object, **kwargs: object) -> object:
         copying.add(os_name(threading.get_native_id()))  # the OS name of the thread doing the copy
         return real_copy(*args, **kwargs)
 
-    monkeypatch.setattr(ferry.service.transfer.executor, "copy_shard", recording_copy)
+    monkeypatch.setattr(ferry.service.transfer.copier, "copy_shard", recording_copy)
     pack(str(tmp_path / "src" / "alpha"), make_docs(300, 5), {})
     d = Daemon(load_config(write_serve_config(tmp_path, free_port())))
     q = d.subscribe()

@@ -105,7 +105,7 @@ def test_governor_limits_each_node_on_its_own() -> None:
         t.start()
     for t in threads:
         t.join(30)
-    # 512 KiB per node at 256 KiB/s each: ~1.75 s apiece in parallel (one shared bucket would take twice that)
+    # each node draws from its own bucket, so both finish in the time one takes alone; a shared bucket takes twice that
     assert all(1.2 < s < 3.3 for s in took.values()), took
 
 
