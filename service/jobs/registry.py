@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ferry.client.sampling.schedule import Schedule
 from ferry.client.service.job_types import Heartbeat, Job, JobSource, JobStats, Registration
 from ferry.shard_tools.errors import FerryError, NotFoundError
 
@@ -148,6 +147,9 @@ class JobRegistry:
 def plan_problem(plan: Registration) -> str | None:
     """Why no loader could have this plan (its schedule breaks the loader's rules, it names other sources than
     it has, a URL does not parse, its rank is past its world size), or None."""
+    # numpy comes with it: loaded when a plan is checked, not by every import of the API
+    from ferry.client.sampling.schedule import Schedule
+
     try:
         schedule = Schedule([(p.start, p.quota) for p in plan.phases])
     except ValueError as exc:
