@@ -3,6 +3,8 @@ passed, adopts (and re-checks) what an earlier run staged, and never evicts a sh
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from ferry.service.jobs.registry import JobRegistry
 from ferry.service.jobs.stager import Stager
 from ferry.shard_tools.dataset import open_dataset
 from ferry.shard_tools.format.digest import digest_bytes
+from ferry.shard_tools.storage.store import temp_name
 
 
 @pytest.fixture
@@ -136,3 +139,25 @@ def test_a_plan_no_loader_could_have_is_left_out_and_the_others_are_staged(
     register(registry, west, version)
     stager.step()
     assert set(staged_files(staging)) == {shards[0][0]}
+
+
+def test_a_temp_file_left_by_a_killed_copy_is_removed_and_a_live_writers_kept(
+    world: tuple[Path, Path, list[tuple[str, int, str]]],
+) -> None:
+    """A daemon killed while it staged leaves its copy's temp file: the next stager removes it when it adopts
+    what staging holds; a temp file whose writer still runs (this process) stays."""
+    west, staging, shards = world
+    version = (west.parent / "version").read_text()
+    target = shards[-1][0]  # a shard the job does not read within its horizon: only the sweep touches its folder
+    code = f"from ferry.shard_tools.storage.store import temp_name; print(temp_name({target!r}))"
+    dead = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    live = temp_name(target)
+    for name in (dead, live):
+        (staging / "corpus" / name).parent.mkdir(parents=True, exist_ok=True)
+        (staging / "corpus" / name).write_bytes(b"half a shard")
+    registry, stager = start(world, sum(s for _, s, _ in shards), shards[0][1])
+    register(registry, west, version)
+    stager.step()
+    left = set(staged_files(staging))
+    assert dead not in left and live in left
+    assert shards[0][0] in left  # and staging went on
