@@ -36,8 +36,9 @@ TOKEN = "staging-test-token"
 def start_daemon(root: Path, port: int, staging: Staging) -> subprocess.Popen[bytes]:
     config = write_serve_config(root, port, staging)
     log = (root / "serve.log").open("ab")
+    env = {**os.environ, "FERRY_API_TOKEN": TOKEN}
     proc = subprocess.Popen([sys.executable, "-m", "ferry.shard_tools.cli", "serve", "--config", str(config)],
-                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "FERRY_API_TOKEN": TOKEN})  # fmt: skip
+                            stdout=log, stderr=subprocess.STDOUT, env=env)  # fmt: skip
     log.close()
     wait_until(lambda: _ready(port), what="ferry serve to answer", proc=proc, timeout=60)
     return proc
@@ -134,7 +135,8 @@ def test_every_job_reads_the_same_stream_with_staging_and_across_a_daemon_killed
     total = sum(int(open_dataset(u).manifest.shards.stored_bytes.sum()) for u in (a, b))
     config = Staging(str(staging), total // 2, total // 8, interval=0.05)
     with daemon(tmp_path, config) as (procs, url):
-        running = {tag: start_job(tmp_path, tag, url, step_s=0.02, **spec) for tag, spec in (("mix", mix), ("one", one))}
+        specs = {"mix": mix, "one": one}
+        running = {tag: start_job(tmp_path, tag, url, step_s=0.02, **spec) for tag, spec in specs.items()}
         for proc, _ in running.values():  # both registered and something staged for them
             wait_until(lambda: len([j for j in jobs(url) if j["staged_ahead_bytes"]]) == 2, what="staging", proc=proc)
         progress = {tag: batches_read(p) for tag, (_, p) in running.items()}
@@ -179,8 +181,17 @@ def first_within(order: list[tuple[str, str]], sizes: dict[tuple[str, str], int]
 
 def expected_after_replan(tmp_path: Path, sources: list[list[str]], weights: list[int], state: Path) -> list[Any]:
     """The shards the loader of ``weights`` reads after loading ``state`` with replan=True, in read order."""
-    parts = [TokenDataset(urls[-1], seq_len=32, seed=7 + k, shuffle="window", window=2,
-                          cache_dir=str(tmp_path / f"expect-{k}-{weights}")) for k, urls in enumerate(sources)]  # fmt: skip
+    parts = [
+        TokenDataset(
+            urls[-1],
+            seq_len=32,
+            seed=7 + k,
+            shuffle="window",
+            window=2,
+            cache_dir=str(tmp_path / f"expect-{k}-{weights}"),
+        )  # fmt: skip
+        for k, urls in enumerate(sources)
+    ]
     loader = TokenLoader(TokenDataset.mix(parts, weights), batch_size=4, service=False)
     try:
         loader.load_state_dict(json.loads(state.read_text()), replan=True)

@@ -29,8 +29,9 @@ WAIT_S = 120.0
 
 def build(spec: dict[str, Any]) -> TokenLoader:
     parts = [
-        TokenDataset(urls, seq_len=32, seed=spec["seed"] + k, shuffle="window", window=2,
-                     cache_dir=f"{spec['cache']}/{k}")  # fmt: skip
+        TokenDataset(
+            urls, seq_len=32, seed=spec["seed"] + k, shuffle="window", window=2, cache_dir=f"{spec['cache']}/{k}"
+        )  # fmt: skip
         for k, urls in enumerate(spec["sources"])
     ]
     ds = parts[0] if len(parts) == 1 else TokenDataset.mix(parts, spec["weights"])
