@@ -22,13 +22,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ferry.shard_tools.dataset import load_manifest
-from ferry.shard_tools.errors import FerryError
+from ferry.shard_tools.errors import FerryError, LeaseHeldError
 from ferry.shard_tools.format.manifest import Manifest
 from ferry.shard_tools.storage.store import TEMP_MARKER, Location, resolve, temp_is_stale
 from ferry.shard_tools.threadname import start_named_thread
 
 from ..config_types import Cluster, StagingConfig
 from ..replication.engine import listing_with_age
+from ..replication.lease import Lease
 from ..transfer.transfer import copy_shard, verify_shard
 from .registry import JobRegistry, RegisteredJob, plan_problem, resolve_replica
 from .staging_plan import DatasetShards, JobReads, Key, SourceReads, StagingPlan, plan_staging
@@ -61,6 +62,8 @@ class Stager:
         self._failed: dict[tuple[str, str, str], float] = {}  # manifests that could not be read: until when
         self._adopted: set[str] = set()  # datasets whose earlier staged copies were looked for
         self._refused: set[str] = set()  # jobs whose plan no loader could have: logged once
+        self._lease: Lease | None = None  # this daemon's hold on the staging location
+        self.held_by_other: str | None = None  # why staging is off: another daemon stages into the location
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.rounds = 0  # plans carried out (tests wait on it)
@@ -84,6 +87,34 @@ class Stager:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
+
+    def _hold(self) -> bool:
+        """Whether this daemon may stage: it holds the staging location's lease (taken here, renewed by the
+        lease's thread). Two daemons never stage into one location: the second stages nothing, says so once,
+        and takes over when the first one's lease ends (stopped, gone, or expired)."""
+        if self._lease is not None:
+            if self._lease.lost is None:
+                return True
+            log.error("staging: lost the lease on %s (%s): staging stops until it is taken again",
+                      self.config.url, self._lease.lost)  # fmt: skip
+            self._lease = None
+        lease = Lease(self._location(self.config.url, None), "staging")
+        try:
+            lease.acquire()
+        except LeaseHeldError as exc:
+            if self.held_by_other != str(exc):
+                log.error("staging: off: another daemon stages into this location: %s", exc)
+                self.held_by_other = str(exc)
+            return False
+        except FerryError as exc:
+            log.warning("staging: cannot take the lease on %s: %s", self.config.url, exc)
+            return False
+        lease.keep()
+        self._lease, self.held_by_other = lease, None
+        return True
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -95,6 +126,10 @@ class Stager:
 
     def step(self) -> StagingPlan:
         """One round: plan over the live jobs, evict, stage (soonest read first, until stopped)."""
+        if not self._hold():
+            self._report = ({}, {})
+            self.rounds += 1
+            return StagingPlan()
         reads, origins = self._reads(self.registry.live())
         with self._lock:
             staged = dict(self._staged)

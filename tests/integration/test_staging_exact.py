@@ -105,8 +105,9 @@ def batches_read(progress: Path) -> int:
 
 
 def staged_files(staging: Path) -> dict[str, Path]:
-    """Every file under ``staging`` by its path below it."""
-    return {f.relative_to(staging).as_posix(): f for f in staging.rglob("*") if f.is_file()}
+    """Every file of a staged dataset (``staging/NAME/...``) by its path below ``staging`` (not the lease)."""
+    found = {f.relative_to(staging).as_posix(): f for f in staging.rglob("*") if f.is_file()}
+    return {rel: f for rel, f in found.items() if "/" in rel}
 
 
 def assert_verified(staging: Path, datasets: dict[str, str]) -> None:

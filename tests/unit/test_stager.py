@@ -80,6 +80,7 @@ def test_stage_in_order_within_budget_evict_passed_and_adopt_after_restart(
     # a restart: the new stager adopts what is there (one copy damaged meanwhile: removed and staged again)
     damaged = staging / "corpus" / shards[5][0]
     damaged.write_bytes(b"x" * len(damaged.read_bytes()))
+    stager.stop()  # the daemon stops (and gives the staging location up)
     registry2, stager2 = start(world, budget, horizon)
     job2 = register(registry2, west, version)
     registry2.heartbeat(job2, Heartbeat(position=position_of_shard(west, 4), epoch=0, samples_per_second=1.0))
@@ -161,3 +162,28 @@ def test_a_temp_file_left_by_a_killed_copy_is_removed_and_a_live_writers_kept(
     left = set(staged_files(staging))
     assert dead not in left and live in left
     assert shards[0][0] in left  # and staging went on
+
+
+def test_a_second_daemon_on_the_same_staging_location_stages_nothing_until_the_first_stops(
+    world: tuple[Path, Path, list[tuple[str, int, str]]], caplog: pytest.LogCaptureFixture
+) -> None:
+    west, staging, shards = world
+    version = (west.parent / "version").read_text()
+    sizes = [s for _, s, _ in shards]
+    first_registry, first = start(world, sum(sizes), sizes[0])
+    register(first_registry, west, version)
+    first.step()
+    assert set(staged_files(staging)) == {shards[0][0]}
+    registry, second = start(world, sum(sizes), sum(sizes[:3]))
+    job = register(registry, west, version)
+    with caplog.at_level("ERROR", logger="ferry.staging"):
+        assert second.step().stage == [] and second.step().stage == []
+    assert set(staged_files(staging)) == {shards[0][0]}  # the second stages and evicts nothing
+    assert second.held_by_other is not None and second.staged_ahead(job) is None
+    assert [r.getMessage() for r in caplog.records].count(
+        f"staging: off: another daemon stages into this location: {second.held_by_other}"
+    ) == 1  # said once, not every round
+    first.stop()
+    second.step()
+    assert set(staged_files(staging)) == {p for p, _, _ in shards[:3]} and second.held_by_other is None
+    second.stop()
