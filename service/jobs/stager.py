@@ -109,8 +109,10 @@ class Stager:
                 log.error("staging: off: another daemon stages into this location: %s", exc)
                 self.held_by_other = str(exc)
             return False
-        except FerryError as exc:
-            log.warning("staging: cannot take the lease on %s: %s", self.config.url, exc)
+        except FerryError as exc:  # e.g. a lease file that is not one: said once, tried again every round
+            if self.held_by_other != str(exc):
+                log.error("staging: off: cannot take the lease on %s: %s", self.config.url, exc)
+                self.held_by_other = str(exc)
             return False
         lease.keep()
         self._lease, self.held_by_other = lease, None

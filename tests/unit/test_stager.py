@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,12 +32,24 @@ def world(tmp_path: Path) -> tuple[Path, Path, list[tuple[str, int, str]]]:
     return west, tmp_path / "staging", shards
 
 
+_STAGERS: list[Stager] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_stagers() -> Iterator[None]:
+    """Each test's stagers stop after it (their lease threads end, the leases are released)."""
+    yield
+    while _STAGERS:
+        _STAGERS.pop().stop()
+
+
 def start(
     world: tuple[Path, Path, list[tuple[str, int, str]]], budget: int, horizon: int
 ) -> tuple[JobRegistry, Stager]:
     west, staging, _ = world
     registry = JobRegistry(lambda: [("west", str(west))])
     stager = Stager(registry, StagingConfig(str(staging), budget, horizon), {"west": Cluster("west", str(west))})
+    _STAGERS.append(stager)
     return registry, stager
 
 
@@ -187,3 +200,16 @@ def test_a_second_daemon_on_the_same_staging_location_stages_nothing_until_the_f
     second.step()
     assert set(staged_files(staging)) == {p for p, _, _ in shards[:3]} and second.held_by_other is None
     second.stop()
+
+
+def test_a_lease_file_that_is_not_one_never_blocks_staging(
+    world: tuple[Path, Path, list[tuple[str, int, str]]],
+) -> None:
+    west, staging, shards = world
+    version = (west.parent / "version").read_text()
+    staging.mkdir(parents=True, exist_ok=True)
+    (staging / ".ferry-lease.json").write_bytes(b"\x00not a lease")
+    registry, stager = start(world, sum(s for _, s, _ in shards), shards[0][1])
+    register(registry, west, version)
+    stager.step()
+    assert set(staged_files(staging)) == {shards[0][0]} and stager.held_by_other is None
