@@ -454,6 +454,35 @@ def _remote(res: dict[str, Any]) -> list[str]:
     return [*lines, *_remote_global(rm)]
 
 
+def _staging(res: dict[str, Any]) -> list[str]:
+    """The staging suite: data-wait share and epoch time with staging off / on / warm; remote bytes of 2 x 2 ranks."""
+    st = res.get("staging")
+    if not st:
+        return []
+    lines = ["## Staging: training from a remote replica on a cold cluster", ""]
+    if "error" in st:
+        return [*lines, st["error"], ""]
+    link, data = st.get("link", {}), st.get("dataset", {})
+    lines += [
+        f"{data.get('shards')} shards, {data.get('stored_bytes', 0) / 1e6:.1f} MB stored; batch {st.get('batch_size')} "
+        f"x {st.get('seq_len', 0) + 1}, a {st.get('step_s', 0) * 1e3:.0f} ms step after {st.get('setup_s')} s of "
+        f"setup; {st.get('rtt_s', 0) * 1e3:.0f} ms RTT, {link.get('conn_rate', 0) / 1e6:.0f} MB/s per connection, "
+        f"{link.get('total_rate', 0) / 1e6:.0f} MB/s in all.",
+        "",
+        "| case | data-wait share per rank | first batch s | epoch s | remote MB ÷ dataset MB |",
+        "|---|---|---|---|---|",
+    ]
+    stored = data.get("stored_bytes") or 1
+    for case in st.get("cases", []):
+        runs = case.get("runs", [])
+        ok = [r for r in runs if "error" not in r]
+        shares = ", ".join(f"{r['wait_share']:.2%}" for r in ok) + (" (a rank failed)" if len(ok) < len(runs) else "")
+        first = ", ".join(f"{r['first_wait_s']:.2f}" for r in ok)
+        epoch = ", ".join(f"{r['epoch_s']:.1f}" for r in ok)
+        lines.append(f"| {case['what']} | {shares} | {first} | {epoch} | {case['remote_bytes'] / stored:.2f} |")
+    return [*lines, ""]
+
+
 def _remote_row(rtt: str, step: str, tool: str, runs: list[dict[str, Any]], *, overall: bool) -> str:
     """One row of a remote table (an error in the first cell when every run failed)."""
     err = next((str(r["error"]) for r in runs if "error" in r), None)
@@ -655,6 +684,7 @@ def write(res: dict[str, Any], page: Path, peers_python: str | None, results_rel
         *_schedule(res),
         *_seek(res),
         *_remote(res),
+        *_staging(res),
         *_profiles(res),
     ]
     page.parent.mkdir(parents=True, exist_ok=True)

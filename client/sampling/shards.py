@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["first_samples", "samples_of", "shards_of_samples"]
+__all__ = ["first_reads", "first_samples", "samples_of", "shards_of_samples"]
 
 
 def samples_of(token_offsets: np.ndarray, documents: np.ndarray, seq_len: int, mode: str, shards: int) -> int:
@@ -39,15 +39,23 @@ def shards_of_samples(
 ) -> list[int]:
     """The shards samples ``ids`` read, in the order the ids first read them (each once): a sample's owner,
     then (token mode) the shards its last tokens run on into."""
+    return first_reads(ids, first, token_offsets, seq_len, mode)[0]
+
+
+def first_reads(
+    ids: np.ndarray, first: np.ndarray, token_offsets: np.ndarray, seq_len: int, mode: str
+) -> tuple[list[int], list[int]]:
+    """:func:`shards_of_samples` and, per shard, the index into ``ids`` of the sample that reads it first."""
     ids = np.asarray(ids, dtype=np.int64)
     owner = np.searchsorted(first, ids, side="right") - 1
+    out: dict[int, int] = {}
     if mode == "document":
-        return list(dict.fromkeys(owner.tolist()))
+        for i, a in enumerate(owner.tolist()):
+            out.setdefault(a, i)
+        return list(out), list(out.values())
     last_token = ids * seq_len + seq_len  # the label of the sample's last position
     last = np.minimum(np.searchsorted(token_offsets, last_token, side="right") - 1, len(token_offsets) - 2)
-    out: dict[int, None] = {}
-    for a, b in zip(owner.tolist(), last.tolist(), strict=True):
-        out[a] = None
-        for t in range(a + 1, b + 1):
-            out[t] = None
-    return list(out)
+    for i, (a, b) in enumerate(zip(owner.tolist(), last.tolist(), strict=True)):
+        for t in range(a, b + 1):
+            out.setdefault(t, i)
+    return list(out), list(out.values())

@@ -27,6 +27,7 @@ from ..fetching.frames import frame_reader_for
 from ..fetching.prefetcher import RECENT, Prefetcher
 from ..resume.state import fingerprint
 from ..sampling.order import SHUFFLE_MODES, SampleOrder, WindowOrder, make_order
+from ..sampling.shards import first_samples, samples_of
 from ..source import MODES, SampleSource
 from .mixed import MixedDataset
 from .reader import ShardReader
@@ -123,10 +124,7 @@ class TokenDataset(SampleSource):
         # every shard fits the cache: one asked for once stays in it (the prefetcher remembers RECENT shards)
         self._fits_cache = int(shards.raw_bytes.sum()) <= limit and len(shards) <= RECENT
         total_tokens = int(shards.token_offsets[-1])
-        if self.mode == "tokens":
-            self.num_samples = max(0, (total_tokens - 1) // self.seq_len)
-        else:
-            self.num_samples = int(shards.documents.sum())
+        self.num_samples = self._samples_of(len(shards))
         if self.num_samples == 0:
             url, length = self.replicas.names[0], self.seq_len
             raise DatasetError(f"dataset {url} has {total_tokens} tokens: not one sample of seq_len {length} + 1")
@@ -182,22 +180,15 @@ class TokenDataset(SampleSource):
         return self.manifest.version_id
 
     def _first_samples(self, shards: int | None = None) -> np.ndarray:
-        """Shard ``s`` owns samples ``[first[s], first[s+1])`` (the samples whose first token/document it holds),
-        over the first ``shards`` shards (all by default: an earlier version of an appended dataset has fewer)."""
+        """Shard ``s`` owns samples ``[first[s], first[s+1])``, over the first ``shards`` shards (all by default: an
+        earlier version of an appended dataset has fewer); see :func:`ferry.client.sampling.shards.first_samples`."""
         table = self.manifest.shards
-        count = len(table) if shards is None else shards
-        if self.mode == "document":
-            first = np.zeros(count + 1, dtype=np.int64)
-            np.cumsum(table.documents[:count], out=first[1:])
-            return first
-        first = -(-table.token_offsets[: count + 1] // self.seq_len)
-        return np.minimum(first, self._samples_of(count))
+        return first_samples(table.token_offsets, table.documents, self.seq_len, self.mode, shards)
 
     def _samples_of(self, shards: int) -> int:
         """Samples per epoch of the dataset made of the first ``shards`` shards."""
-        if self.mode == "document":
-            return int(self.manifest.shards.documents[:shards].sum())
-        return max(0, (int(self.manifest.shards.token_offsets[shards]) - 1) // self.seq_len)
+        table = self.manifest.shards
+        return samples_of(table.token_offsets, table.documents, self.seq_len, self.mode, shards)
 
     # --- epochs over versions: a run continued on a newer version (``replan=True``) -----------------------------
 

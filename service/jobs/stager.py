@@ -10,22 +10,26 @@ cluster still holds the shard: staging never removes an only copy (and lies outs
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import posixpath
 import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 from ferry.shard_tools.dataset import load_manifest
-from ferry.shard_tools.errors import FerryError
+from ferry.shard_tools.errors import FerryError, LeaseHeldError
 from ferry.shard_tools.format.manifest import Manifest
-from ferry.shard_tools.storage.store import Location, resolve
+from ferry.shard_tools.storage.store import TEMP_MARKER, Location, resolve, temp_is_stale
 from ferry.shard_tools.threadname import start_named_thread
 
 from ..config_types import Cluster, StagingConfig
+from ..replication.engine import listing_with_age
+from ..replication.lease import Lease
 from ..transfer.transfer import copy_shard, verify_shard
 from .registry import JobRegistry, RegisteredJob, plan_problem, resolve_replica
 from .staging_plan import DatasetShards, JobReads, Key, SourceReads, StagingPlan, plan_staging
@@ -35,6 +39,7 @@ __all__ = ["Stager"]
 log = logging.getLogger("ferry.staging")
 _MANIFESTS = 64  # (cluster, dataset, version) manifests kept
 _RETRY_S = 60.0  # a manifest that could not be read is tried again after this long
+COPIES = 4  # shards copied into staging at a time
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,8 @@ class Stager:
         self._failed: dict[tuple[str, str, str], float] = {}  # manifests that could not be read: until when
         self._adopted: set[str] = set()  # datasets whose earlier staged copies were looked for
         self._refused: set[str] = set()  # jobs whose plan no loader could have: logged once
+        self._lease: Lease | None = None  # this daemon's hold on the staging location
+        self.held_by_other: str | None = None  # why staging is off: another daemon stages into the location
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.rounds = 0  # plans carried out (tests wait on it)
@@ -80,6 +87,36 @@ class Stager:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
+
+    def _hold(self) -> bool:
+        """Whether this daemon may stage: it holds the staging location's lease (taken here, renewed by the
+        lease's thread). Two daemons never stage into one location: the second stages nothing, says so once,
+        and takes over when the first one's lease ends (stopped, gone, or expired)."""
+        if self._lease is not None:
+            if self._lease.lost is None:
+                return True
+            log.error("staging: lost the lease on %s (%s): staging stops until it is taken again",
+                      self.config.url, self._lease.lost)  # fmt: skip
+            self._lease = None
+        lease = Lease(self._location(self.config.url, None), "staging")
+        try:
+            lease.acquire()
+        except LeaseHeldError as exc:
+            if self.held_by_other != str(exc):
+                log.error("staging: off: another daemon stages into this location: %s", exc)
+                self.held_by_other = str(exc)
+            return False
+        except FerryError as exc:  # e.g. a lease file that is not one: said once, tried again every round
+            if self.held_by_other != str(exc):
+                log.error("staging: off: cannot take the lease on %s: %s", self.config.url, exc)
+                self.held_by_other = str(exc)
+            return False
+        lease.keep()
+        self._lease, self.held_by_other = lease, None
+        return True
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -91,18 +128,27 @@ class Stager:
 
     def step(self) -> StagingPlan:
         """One round: plan over the live jobs, evict, stage (soonest read first, until stopped)."""
+        if not self._hold():
+            self._report = ({}, {})
+            self.rounds += 1
+            return StagingPlan()
         reads, origins = self._reads(self.registry.live())
         with self._lock:
             staged = dict(self._staged)
         plan = plan_staging(reads, staged, horizon=self.config.horizon, budget=self.config.budget)
         for key in plan.evict:
             self._evict(key)
-        for key in plan.stage:
-            if self._stop.is_set():
-                break
-            origin = origins.get(key[0])
-            if origin is not None:
-                self._copy(key, origin)
+        # COPIES at a time, started soonest read first: a remote cluster's round trip and per-connection rate
+        # do not bound staging to one shard at a time
+        copies: list[Future[None]] = []
+        with ThreadPoolExecutor(COPIES, thread_name_prefix="ferry-staging-copy") as pool:
+            for key in plan.stage:
+                origin = origins.get(key[0])
+                if origin is not None:
+                    copies.append(pool.submit(self._copy, key, origin))
+        for copy in copies:
+            if not copy.cancelled() and copy.exception() is not None:
+                log.error("staging: a copy failed", exc_info=copy.exception())
         with self._lock:
             staged = dict(self._staged)
         self._report = (plan.staged_ahead(staged), plan.missing(staged))
@@ -176,32 +222,44 @@ class Stager:
 
     def _adopt(self, origin: _Origin) -> None:
         """Count the shards a previous run of the daemon staged for ``origin.dataset`` that still verify (so
-        they count against the budget and can be evicted); a copy that does not verify is removed."""
+        they count against the budget and can be evicted); a copy that does not verify is removed, and so is
+        a temp file whose writer is gone (a copy cut short: the daemon was killed while it staged)."""
         self._adopted.add(origin.dataset)
         dst = self._location(self.config.dataset_url(origin.dataset), None)
         table = origin.manifest.shards
         wanted = {p: i for i, p in enumerate(table.paths)}
-        for folder in sorted({posixpath.dirname(p) for p in wanted}):
-            for name in dst.listdir(folder):
-                path = posixpath.join(folder, name) if folder else name
-                i = wanted.get(path)
-                if i is None:
-                    continue
-                info = table[i]
-                try:
-                    problem = verify_shard(dst, path, info.stored_bytes, info.stored_digest)
-                    if problem is not None:
-                        log.warning("staging: removing %s/%s from staging: %s", origin.dataset, path, problem)
+        try:
+            held = listing_with_age(dst)
+        except FerryError as exc:
+            log.warning("staging: cannot list %s in staging: %s", origin.dataset, exc)
+            return
+        for path, (_size, age) in sorted(held.items()):
+            if posixpath.basename(path).startswith(TEMP_MARKER):
+                if temp_is_stale(path, age):
+                    log.info("staging: removing the leftover temp file %s/%s", origin.dataset, path)
+                    with contextlib.suppress(FerryError):
                         dst.remove(path)
-                        continue
-                except FerryError as exc:
-                    log.warning("staging: cannot check %s/%s: %s", origin.dataset, path, exc)
+                continue
+            i = wanted.get(path)
+            if i is None:
+                continue
+            info = table[i]
+            try:
+                problem = verify_shard(dst, path, info.stored_bytes, info.stored_digest)
+                if problem is not None:
+                    log.warning("staging: removing %s/%s from staging: %s", origin.dataset, path, problem)
+                    dst.remove(path)
                     continue
-                with self._lock:
-                    self._staged[(origin.dataset, path)] = info.stored_bytes
-                    self._origins[(origin.dataset, path)] = origin.cluster
+            except FerryError as exc:
+                log.warning("staging: cannot check %s/%s: %s", origin.dataset, path, exc)
+                continue
+            with self._lock:
+                self._staged[(origin.dataset, path)] = info.stored_bytes
+                self._origins[(origin.dataset, path)] = origin.cluster
 
     def _copy(self, key: Key, origin: _Origin) -> None:
+        if self._stop.is_set():  # stopping: the copies not started yet are not made
+            return
         dataset, path = key
         info = origin.manifest.shards[origin.manifest.shards.paths.index(path)]
         src = self._location(self.clusters[origin.cluster].dataset_url(dataset), origin.cluster)

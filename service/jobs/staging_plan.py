@@ -5,6 +5,7 @@ its mixture schedule names the source of each global stream position and the pos
 stream, the source's order (shuffle, seed, window) the sample, and the sample its shards. From the job's
 position on, the shards it reads are listed in order of first read until they hold ``horizon`` bytes.
 
+Within a mixture the sources interleave as the loader reads them (by the stream position of each first read).
 The lists of all jobs are merged by how soon a shard is read (the fewest bytes any job reads before it)
 and taken in that order while they fit the ``budget``: that is the set to hold. A staged shard outside it
 is evicted (every job has passed it, or reads it only beyond its horizon); a staged shard inside it never
@@ -20,7 +21,7 @@ import numpy as np
 
 from ferry.client.sampling.order import SampleOrder, make_order
 from ferry.client.sampling.schedule import Schedule
-from ferry.client.sampling.shards import first_samples, samples_of, shards_of_samples
+from ferry.client.sampling.shards import first_reads, first_samples, samples_of
 
 __all__ = ["DatasetShards", "JobReads", "SourceReads", "StagingPlan", "coming_shards", "plan_staging", "Key"]
 
@@ -90,17 +91,20 @@ class _Walker:
         self.n = samples_of(s.token_offsets, s.documents, src.seq_len, src.mode, len(s.paths))
         self.order: SampleOrder = make_order(src.shuffle, self.first, src.seed, src.window)
 
-    def shards(self, stream_positions: np.ndarray) -> list[int]:
-        pos = stream_positions[stream_positions >= self.src.era_start] - self.src.era_start
-        if pos.size == 0 or self.n == 0:
-            return []
-        epoch, within = np.divmod(pos, self.n)
+    def shards(self, stream_positions: np.ndarray) -> tuple[list[int], np.ndarray]:
+        """The shards the samples at ``stream_positions`` read, in order of first read, and for each the index into
+        ``stream_positions`` of the position that reads it first."""
+        keep = np.nonzero(stream_positions >= self.src.era_start)[0]
+        if keep.size == 0 or self.n == 0:
+            return [], keep
+        epoch, within = np.divmod(stream_positions[keep] - self.src.era_start, self.n)
         ids = np.empty_like(within)
         for e in np.unique(epoch).tolist():
             sel = epoch == e
             ids[sel] = self.order.sample_ids(int(e), within[sel])
         s = self.src
-        return shards_of_samples(ids, self.first, s.shards.token_offsets, s.seq_len, s.mode)
+        shards, at = first_reads(ids, self.first, s.shards.token_offsets, s.seq_len, s.mode)
+        return shards, keep[np.asarray(at, dtype=np.int64)]
 
 
 def coming_shards(job: JobReads, horizon: int, max_positions: int = MAX_POSITIONS) -> Iterator[tuple[Key, int]]:
@@ -113,23 +117,25 @@ def coming_shards(job: JobReads, horizon: int, max_positions: int = MAX_POSITION
     for lo in range(job.position, job.position + max_positions, CHUNK):
         positions = np.arange(lo, lo + CHUNK, dtype=np.int64)
         src, idx = schedule.locate(positions)
-        # in order of first read: the positions of the chunk go source by source, which keeps each
-        # source's order; the interleaving of sources inside one chunk does not matter for staging
+        firsts: list[tuple[int, DatasetShards, int]] = []  # (global position of the first read, dataset, shard)
         for j in np.unique(src).tolist():
             walker = walkers[j] if j < len(walkers) else None
             if walker is None:
                 continue
-            data = walker.src.shards
-            for s in walker.shards(idx[src == j]):
-                key = (data.dataset, data.paths[s])
-                if key in seen:
-                    continue
-                seen.add(key)
-                size = int(data.sizes[s])
-                yield key, size
-                total += size
-                if total >= horizon:
-                    return
+            sel = src == j
+            shards, at = walker.shards(idx[sel])
+            firsts.extend(zip(positions[sel][at].tolist(), [walker.src.shards] * len(shards), shards, strict=True))
+        firsts.sort(key=lambda f: f[0])  # stable: one sample's shards keep their order
+        for _, data, s in firsts:
+            key = (data.dataset, data.paths[s])
+            if key in seen:
+                continue
+            seen.add(key)
+            size = int(data.sizes[s])
+            yield key, size
+            total += size
+            if total >= horizon:
+                return
         if len(seen) >= sum(len(w.src.shards.paths) for w in walkers if w is not None):
             return  # every shard of every source is listed
 

@@ -3,6 +3,9 @@ passed, adopts (and re-checks) what an earlier run staged, and never evicts a sh
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,7 @@ from ferry.service.jobs.registry import JobRegistry
 from ferry.service.jobs.stager import Stager
 from ferry.shard_tools.dataset import open_dataset
 from ferry.shard_tools.format.digest import digest_bytes
+from ferry.shard_tools.storage.store import temp_name
 
 
 @pytest.fixture
@@ -28,12 +32,24 @@ def world(tmp_path: Path) -> tuple[Path, Path, list[tuple[str, int, str]]]:
     return west, tmp_path / "staging", shards
 
 
+_STAGERS: list[Stager] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_stagers() -> Iterator[None]:
+    """Each test's stagers stop after it (their lease threads end, the leases are released)."""
+    yield
+    while _STAGERS:
+        _STAGERS.pop().stop()
+
+
 def start(
     world: tuple[Path, Path, list[tuple[str, int, str]]], budget: int, horizon: int
 ) -> tuple[JobRegistry, Stager]:
     west, staging, _ = world
     registry = JobRegistry(lambda: [("west", str(west))])
     stager = Stager(registry, StagingConfig(str(staging), budget, horizon), {"west": Cluster("west", str(west))})
+    _STAGERS.append(stager)
     return registry, stager
 
 
@@ -77,6 +93,7 @@ def test_stage_in_order_within_budget_evict_passed_and_adopt_after_restart(
     # a restart: the new stager adopts what is there (one copy damaged meanwhile: removed and staged again)
     damaged = staging / "corpus" / shards[5][0]
     damaged.write_bytes(b"x" * len(damaged.read_bytes()))
+    stager.stop()  # the daemon stops (and gives the staging location up)
     registry2, stager2 = start(world, budget, horizon)
     job2 = register(registry2, west, version)
     registry2.heartbeat(job2, Heartbeat(position=position_of_shard(west, 4), epoch=0, samples_per_second=1.0))
@@ -136,3 +153,63 @@ def test_a_plan_no_loader_could_have_is_left_out_and_the_others_are_staged(
     register(registry, west, version)
     stager.step()
     assert set(staged_files(staging)) == {shards[0][0]}
+
+
+def test_a_temp_file_left_by_a_killed_copy_is_removed_and_a_live_writers_kept(
+    world: tuple[Path, Path, list[tuple[str, int, str]]],
+) -> None:
+    """A daemon killed while it staged leaves its copy's temp file: the next stager removes it when it adopts
+    what staging holds; a temp file whose writer still runs (this process) stays."""
+    west, staging, shards = world
+    version = (west.parent / "version").read_text()
+    target = shards[-1][0]  # a shard the job does not read within its horizon: only the sweep touches its folder
+    code = f"from ferry.shard_tools.storage.store import temp_name; print(temp_name({target!r}))"
+    dead = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    live = temp_name(target)
+    for name in (dead, live):
+        (staging / "corpus" / name).parent.mkdir(parents=True, exist_ok=True)
+        (staging / "corpus" / name).write_bytes(b"half a shard")
+    registry, stager = start(world, sum(s for _, s, _ in shards), shards[0][1])
+    register(registry, west, version)
+    stager.step()
+    left = set(staged_files(staging))
+    assert dead not in left and live in left
+    assert shards[0][0] in left  # and staging went on
+
+
+def test_a_second_daemon_on_the_same_staging_location_stages_nothing_until_the_first_stops(
+    world: tuple[Path, Path, list[tuple[str, int, str]]], caplog: pytest.LogCaptureFixture
+) -> None:
+    west, staging, shards = world
+    version = (west.parent / "version").read_text()
+    sizes = [s for _, s, _ in shards]
+    first_registry, first = start(world, sum(sizes), sizes[0])
+    register(first_registry, west, version)
+    first.step()
+    assert set(staged_files(staging)) == {shards[0][0]}
+    registry, second = start(world, sum(sizes), sum(sizes[:3]))
+    job = register(registry, west, version)
+    with caplog.at_level("ERROR", logger="ferry.staging"):
+        assert second.step().stage == [] and second.step().stage == []
+    assert set(staged_files(staging)) == {shards[0][0]}  # the second stages and evicts nothing
+    assert second.held_by_other is not None and second.staged_ahead(job) is None
+    assert [r.getMessage() for r in caplog.records].count(
+        f"staging: off: another daemon stages into this location: {second.held_by_other}"
+    ) == 1  # said once, not every round
+    first.stop()
+    second.step()
+    assert set(staged_files(staging)) == {p for p, _, _ in shards[:3]} and second.held_by_other is None
+    second.stop()
+
+
+def test_a_lease_file_that_is_not_one_never_blocks_staging(
+    world: tuple[Path, Path, list[tuple[str, int, str]]],
+) -> None:
+    west, staging, shards = world
+    version = (west.parent / "version").read_text()
+    staging.mkdir(parents=True, exist_ok=True)
+    (staging / ".ferry-lease.json").write_bytes(b"\x00not a lease")
+    registry, stager = start(world, sum(s for _, s, _ in shards), shards[0][1])
+    register(registry, west, version)
+    stager.step()
+    assert set(staged_files(staging)) == {shards[0][0]} and stager.held_by_other is None
