@@ -14,12 +14,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ferry.shard_tools.cli import parse_storage_options, print_error, print_json, printable_fields
-from ferry.shard_tools.errors import DatasetNotFoundError, UsageError
+from ferry.shard_tools.errors import DatasetNotFoundError, FerryError, ManifestError, UsageError
 
 from .config import Config, format_rate, load_config, parse_rate, redact
 
 if TYPE_CHECKING:  # the engine and its storage stack load only when a command needs them
+    from ferry.shard_tools.storage.store import Location
+
     from .daemon import Daemon
+    from .replication.engine import Engine
     from .replication.passes import PassResult
     from .transfer.executor import Executor, JobResult
     from .transfer.stats import Stats
@@ -351,13 +354,52 @@ def _sync(args: argparse.Namespace) -> int:
             report, ok = _verify_only(executor, names, args)
         else:
             engine = Engine(executor, State(None), writer="sync", allow_rollback=args.allow_rollback)
-            res = engine.sync_pass("dataset", "src", "dst", names)
+            res = _pass_following_the_source(engine, names)
             report, ok = _report(res, args), res.ok
     finally:
         done.set()
         if thread is not None:
             thread.join()
     return _print_report(report, args, t0, ok)
+
+
+#: passes one ``ferry sync`` makes at most when its source publishes a newer version while it reads
+SOURCE_MOVES = 3
+
+
+def _pass_following_the_source(engine: Engine, names: dict[str, Location]) -> PassResult:
+    """One pass to the source's current version; when the source publishes a newer one meanwhile (whose
+    retention may prune what the pass was reading), a new pass starts at the newer one, a few times at most."""
+    from .replication.engine import read_header
+
+    for attempt in range(1, SOURCE_MOVES + 1):
+        header = read_header(names["src"])
+        try:
+            res = engine.sync_pass("dataset", "src", "dst", names, src_header=header)
+        except ManifestError:
+            if attempt == SOURCE_MOVES or not _moved_on(names["src"], header):
+                raise
+            continue
+        if res.ok or attempt == SOURCE_MOVES or not _moved_on(names["src"], header):
+            return res
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _moved_on(src: Location, header: tuple[bytes, dict[str, Any]] | None) -> bool:
+    """Whether the source's manifest.json names another version than ``header`` did."""
+    from .replication.engine import read_header
+
+    try:
+        now = read_header(src)
+    except FerryError:
+        return False
+    if now is None or header is None or now[1]["version_id"] == header[1]["version_id"]:
+        return False
+    was, new = header[1]["version_id"], now[1]["version_id"]
+    logging.getLogger("ferry.sync").warning(
+        "the source moved on from %s to %s during the pass: syncing %s", was, new, new
+    )
+    return True
 
 
 def _print_report(report: dict[str, Any], args: argparse.Namespace, t0: float, ok: bool) -> int:

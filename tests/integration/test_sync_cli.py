@@ -144,3 +144,28 @@ def test_sync_runs_without_pydantic(tmp_path: Path) -> None:
         assert run.stderr.strip().splitlines()[-1] == "RC 0", run.stderr
     assert json.loads(run.stdout)["up_to_date"] is True
     assert documents(dst, {}) == documents(src, {})
+
+
+def test_a_source_that_moves_on_mid_pass_is_followed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The source publishes a newer version, and its retention prunes the one being read, between the
+    pass reading manifest.json and the shard table: the sync starts over at the newer version."""
+    import ferry.service.replication.engine as engine_module
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    pack(str(src), make_docs(40, 7), {})
+    real_load = engine_module.load_version
+    moved: list[str] = []
+
+    def load_after_the_source_moved_on(loc: Any, header: bytes) -> Any:
+        if not moved and loc.url.rstrip("/").endswith("src"):
+            moved.append(pack(str(src), make_docs(20, 8), {}, append=True).version_id)
+            (src / engine_module.parse_header(header)["shard_table"]["path"]).unlink()  # a hub keeping one version
+        return real_load(loc, header)
+
+    monkeypatch.setattr(engine_module, "load_version", load_after_the_source_moved_on)
+    rc, out, err = run(capsys, str(src), str(dst), "--json", "--no-progress")
+    assert rc == 0, err
+    assert moved and out["version"] == moved[0] and out["published"], out
+    assert open_dataset(str(dst)).manifest.version_id == moved[0]
