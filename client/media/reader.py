@@ -44,12 +44,15 @@ class ShardMedia:
 class MediaReader:
     """Tokens and media of a media dataset's documents, by frames where the shard allows it."""
 
-    def __init__(self, manifest: Manifest, replicas: Any, frames: FrameReader | None) -> None:
+    def __init__(
+        self, manifest: Manifest, replicas: Any, frames: FrameReader | None, known: dict[int, ShardMedia] | None = None
+    ) -> None:
         self.manifest = manifest
         self.replicas = replicas
         self.frames = frames
         self.dtype = np.dtype(manifest.token_dtype)
-        self._meta: dict[int, ShardMedia] = {}
+        # shards' metadata another reader of this dataset read and checked (a DataLoader worker's parent's)
+        self._meta: dict[int, ShardMedia] = dict(known or {})
         self._whole: OrderedDict[int, ShardView] = OrderedDict()
 
     def _by_frames(self, info: ShardInfo) -> bool:
@@ -111,6 +114,33 @@ class MediaReader:
             with ThreadPoolExecutor(min(threads, len(missing)), thread_name_prefix="ferry-media-meta") as pool:
                 self._meta.update(pool.map(one, missing))
         return [self.shard(s) for s in shards]
+
+    @property
+    def known(self) -> dict[int, ShardMedia]:
+        """The shards' metadata read so far (immutable: a new reader may start from it)."""
+        return dict(self._meta)
+
+    def prefetch(self, spans: list[tuple[int, int, int, int, int]]) -> None:
+        """Fetch together (remote replicas: 8 ranged reads in flight) the frames that ``(shard, token a, token b,
+        item j0, item j1)`` spans need, so that :meth:`tokens` and :meth:`items` then read from the block cache;
+        a failed fetch is left for that read to raise. Nothing to do for local files or whole shards."""
+        if self.frames is None:
+            return
+        ranges = []
+        for s, a, b, j0, j1 in spans:
+            info = self.manifest.shards[s]
+            if not self._by_frames(info):
+                continue
+            sm = self.shard(s)
+            assert sm.layout is not None
+            # raw byte ranges given as uint8 "tokens" counted from the token buffer's start
+            base = self.frames.index(info).tokens_pos
+            ranges.append((info, a * self.dtype.itemsize, b * self.dtype.itemsize))
+            lo, hi = int(sm.meta.data_offsets[j0]), int(sm.meta.data_offsets[j1])
+            if hi > lo:
+                ranges.append((info, sm.layout.data_pos + lo - base, sm.layout.data_pos + hi - base))
+        if ranges:
+            self.frames.prefetch_tokens(ranges, np.dtype("u1"))
 
     def tokens(self, s: int, a: int, b: int) -> np.ndarray:
         """Tokens ``[a, b)`` of shard ``s``'s token stream."""

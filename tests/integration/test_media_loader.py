@@ -174,3 +174,28 @@ def test_ranks_read_disjoint_sequences_covering_the_epoch(dataset_url: str) -> N
              for r in range(3)]  # fmt: skip
     assert sorted(x for p in parts for x in p) == sorted(whole)
     assert [len(p) for p in parts] == [len(whole[r::3]) for r in range(3)]
+
+
+def test_prefetch_fetches_a_batch_at_once_and_workers_reuse_the_metadata(
+    samples: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """From a remote replica a batch's frames come in one parallel prefetch: making its samples then reads
+    nothing more; a reader made anew (as in a DataLoader worker) starts from the shards' metadata already read."""
+    import uuid
+
+    tar = write_tar(tmp_path / "in.tar", samples)
+    url = f"memory://media-{uuid.uuid4().hex}"
+    pack([str(tar)], url, PackOptions(tokenizer="bytes", media_policy=POLICY, shard_size=16 << 10, frame_size=4096))
+    ds = _dataset(url)
+    ds.pieces()
+    ds._pid = -1  # the next reader() is made anew, as in a forked worker
+    frames = ds.reader().frames
+    assert frames is not None and frames.threads > 1
+    assert [ds.reader().shard(s).meta.items for s in range(len(ds.manifest.shards))]
+    assert frames.stats.bytes_read == 0  # the metadata came with the dataset
+    chunk = [(0, i) for i in range(3)]
+    ds.prefetch(chunk)
+    fetched = frames.stats.bytes_read
+    assert fetched > 0
+    got = [ds.sample(*p) for p in chunk]
+    assert frames.stats.bytes_read == fetched and sum(len(s["media"]) for s in got) > 0
