@@ -3,10 +3,10 @@ column) vs litdata on the same generated set.
 
 The set: ``SAMPLES`` JPEGs (smooth random pictures with a little noise, sides 192–320 px, quality 90) with
 captions of 60–240 characters, written once as WebDataset tars (ferry's input), as MDS shards and as litdata
-chunks (each peer's own writer, shards of ``suite_pack.SHARD_SIZE``). ferry packs with ``--tokenizer bytes`` and
-the ``patch`` policy in frames of ``FRAME_SIZE`` (``MediaLoader``: ``FERRY_BATCH`` sequences of ``SEQ_LEN`` tokens, about the peers' batch of
-``BATCH`` pairs); the peers deliver batches of ``BATCH`` pairs. Every tool decodes with the same Pillow call in
-its DataLoader workers (2), with ``OMP_NUM_THREADS=1``. Measures:
+chunks (each peer's own writer, shards of ``suite_pack.SHARD_SIZE``). ferry packs with ``--tokenizer bytes``
+and the ``patch`` policy in frames of ``FRAME_SIZE`` (``MediaLoader``: ``FERRY_BATCH`` sequences of ``SEQ_LEN``
+tokens, about the peers' batch of ``BATCH`` pairs); the peers deliver batches of ``BATCH`` pairs. Every tool
+decodes with the same Pillow call in its DataLoader workers (2), with ``OMP_NUM_THREADS=1``. Measures:
 
 - samples/s: decoded image–text pairs per second, warm (after a first run), 2 workers, local data;
 - first batch, cold: a fresh cache (litdata copies its chunks into its cache; MosaicML and ferry read a local
@@ -199,3 +199,81 @@ def run(ctx: Context) -> dict[str, Any]:
     }
     result["remote"] = _remote(ctx, tools, runners, corpus["bytes_per_sample"])
     return result
+
+
+# ---------------------------------------------------------------- the page (bench/report.py calls these)
+
+LABELS = {"ferry": "ferry", "mosaic": "MosaicML streaming (MDS, jpeg)", "litdata": "litdata"}
+# measure: (where, key, higher is better, digits)
+MEASURES = {
+    "samples/s, 2 workers, warm": ("local", "samples_per_s", True, 0),
+    "samples per CPU second": ("local", "samples_per_cpu_s", True, 0),
+    "first batch s, cold cache": ("cold", "first_batch_s", False, 2),
+    "peak RSS MiB, runner + workers": ("local", "peak_rss_total_mb", False, 0),
+    "S3 at 30 ms: first batch s": ("remote", "first_batch_s", False, 2),
+    "S3 at 30 ms: samples/s": ("remote", "samples_per_s", True, 0),
+    "S3 at 30 ms: downloaded ÷ delivered bytes": ("remote", "downloaded_per_delivered", False, 2),
+}
+
+
+def _runs_of(res: dict[str, Any], where: str, tool: str) -> list[dict[str, Any]]:
+    if where == "cold":
+        one = res.get("local", {}).get("cold", {}).get(tool)
+        return [one] if one else []
+    block = res.get(where, {})
+    return list(block.get("runs", {}).get(tool, []))
+
+
+def _median(res: dict[str, Any], where: str, key: str, tool: str) -> float | None:
+    s = summary(_runs_of(res, where, tool), key)
+    return None if s is None else s["median"]
+
+
+def section(res: dict[str, Any] | None) -> list[str]:
+    """The Multimodal section of docs/BENCHMARKS.md."""
+    if not res:
+        return []
+    lines = ["## Multimodal: image–text pairs decoded (ferry vs MosaicML MDS vs litdata)", ""]
+    if "error" in res:
+        return [*lines, str(res["error"]), ""]
+    tools = [t for t in LABELS if any(_runs_of(res, w, t) for w in ("local", "remote", "cold"))]
+    lines += [
+        f"{res.get('samples')} JPEG–caption pairs of {res.get('bytes_per_sample', 0) / 1e3:.1f} kB on average; "
+        f"{res.get('workers')} DataLoader workers, every tool decoding with the same Pillow call; the peers' batches "
+        f"{res.get('batch_size')} pairs, ferry's {res.get('ferry_batch', [0, 0])[0]} packed sequences of "
+        f"{res.get('ferry_batch', [0, 0])[1]} tokens (policy `{res.get('policy')}`, frames of "
+        f"{res.get('frame_size', 0) >> 10} KiB). Remote: moto through the netem proxy at "
+        f"{res.get('remote', {}).get('rtt_s', 0) * 1e3:.0f} ms RTT, cold caches. Median of the repeats; "
+        "the best value of each row in bold.",
+        "",
+        "| measure | " + " | ".join(LABELS[t] for t in tools) + " |",
+        "|---|" + "---|" * len(tools),
+    ]
+    for name, (where, key, higher, digits) in MEASURES.items():
+        values = {t: _median(res, where, key, t) for t in tools}
+        known = [v for v in values.values() if v is not None]
+        best = (max(known) if higher else min(known)) if known else None
+        cells = []
+        for t in tools:
+            v = values[t]
+            text = "—" if v is None else f"{v:.{digits}f}"
+            cells.append(f"**{text}**" if v is not None and v == best else text)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def headline_rows(res: dict[str, Any] | None) -> list[str]:
+    """ferry against the better peer on each measure (ratio > 1: ferry ahead)."""
+    rows: list[str] = []
+    if not res or "error" in res:
+        return rows
+    for name, (where, key, higher, _digits) in MEASURES.items():
+        ferry = _median(res, where, key, "ferry")
+        peers = {t: _median(res, where, key, t) for t in ("mosaic", "litdata")}
+        peers = {t: v for t, v in peers.items() if v}
+        if not ferry or not peers:
+            continue
+        best = max(peers, key=lambda t: peers[t]) if higher else min(peers, key=lambda t: peers[t])
+        ratio = ferry / peers[best] if higher else peers[best] / ferry
+        rows.append(f"| multimodal {name} | {LABELS[best]} | {ratio:.2f}x |")
+    return rows

@@ -246,6 +246,8 @@ class MediaDataset(IterableDataset[dict[str, Any]]):
         """Fetch together the tokens' and media's frames of the sequences at ``(epoch, index)`` positions (from
         remote replicas their round trips overlap; a no-op for local files)."""
         reader = self.reader()
+        if not reader.fetches_ahead:
+            return
         spans = []
         for epoch, index in positions:
             for _d, s, local, a, b in self._located(epoch, index):
@@ -263,21 +265,21 @@ class MediaDataset(IterableDataset[dict[str, Any]]):
         labels = np.full(L, IGNORE, dtype=np.int64)
         positions = np.zeros(L, dtype=np.int64)
         documents, spans, media = [], [], []
-        placeholder = np.asarray(self.policy.ids, dtype=np.int64)
         t = 0
         for d, s, local, a, b in self._located(epoch, index):
             sm = reader.shard(s)
             base = int(sm.offsets[local])
             n = b - a
             ids[t : t + n] = reader.tokens(s, base + a, base + b)
-            nxt = ids[t + 1 : t + n]
-            labels[t : t + n - 1] = np.where(np.isin(nxt, placeholder), IGNORE, nxt)
+            labels[t : t + n - 1] = ids[t + 1 : t + n]
             positions[t : t + n] = np.arange(a, b)
             documents.append((d, t, n, a))
             for item in reader.items(s, *self._items_in(sm, local, a, b)):
                 spans.append((t + item.position - a, item.cost))
                 media.append(self.decode(item) if self.decode is not None else item)
             t += n
+        begin, patch, end = self.policy.ids
+        labels[(labels == begin) | (labels == patch) | (labels == end)] = IGNORE
         return {
             "input_ids": ids,
             "labels": labels,

@@ -54,6 +54,19 @@ class MediaReader:
         # shards' metadata another reader of this dataset read and checked (a DataLoader worker's parent's)
         self._meta: dict[int, ShardMedia] = dict(known or {})
         self._whole: OrderedDict[int, ShardView] = OrderedDict()
+        self._infos: dict[int, ShardInfo] = {}
+
+    def info(self, s: int) -> ShardInfo:
+        """Shard ``s``'s manifest row (made once: a row of the manifest's table is built on each access)."""
+        got = self._infos.get(s)
+        if got is None:
+            got = self._infos[s] = self.manifest.shards[s]
+        return got
+
+    @property
+    def fetches_ahead(self) -> bool:
+        """Whether :meth:`prefetch` does anything: frames read from remote replicas, several at once."""
+        return self.frames is not None and self.frames.threads > 1
 
     def _by_frames(self, info: ShardInfo) -> bool:
         return self.frames is not None and info.stored_format == 3
@@ -63,7 +76,7 @@ class MediaReader:
         if view is not None:
             self._whole.move_to_end(s)
             return view
-        info = self.manifest.shards[s]
+        info = self.info(s)
         raw = self.replicas.fetch(info)
         view = parse_shard(raw, shard=info.path, dtype=self.manifest.token_dtype, documents=info.documents)
         self._whole[s] = view
@@ -76,7 +89,7 @@ class MediaReader:
         got = self._meta.get(s)
         if got is not None:
             return got
-        info = self.manifest.shards[s]
+        info = self.info(s)
         if self._by_frames(info):
             assert self.frames is not None
             index = self.frames.index(info)
@@ -124,11 +137,11 @@ class MediaReader:
         """Fetch together (remote replicas: 8 ranged reads in flight) the frames that ``(shard, token a, token b,
         item j0, item j1)`` spans need, so that :meth:`tokens` and :meth:`items` then read from the block cache;
         a failed fetch is left for that read to raise. Nothing to do for local files or whole shards."""
-        if self.frames is None:
+        if self.frames is None or not self.fetches_ahead:
             return
         ranges = []
         for s, a, b, j0, j1 in spans:
-            info = self.manifest.shards[s]
+            info = self.info(s)
             if not self._by_frames(info):
                 continue
             sm = self.shard(s)
@@ -144,7 +157,7 @@ class MediaReader:
 
     def tokens(self, s: int, a: int, b: int) -> np.ndarray:
         """Tokens ``[a, b)`` of shard ``s``'s token stream."""
-        info = self.manifest.shards[s]
+        info = self.info(s)
         if self._by_frames(info):
             assert self.frames is not None
             return self.frames.tokens(info, self.dtype, a, b)
@@ -154,7 +167,7 @@ class MediaReader:
         """Media items ``[j0, j1)`` of shard ``s`` with their bytes (one contiguous read)."""
         if j0 == j1:
             return []
-        info = self.manifest.shards[s]
+        info = self.info(s)
         meta = self.shard(s).meta
         lo, hi = int(meta.data_offsets[j0]), int(meta.data_offsets[j1])
         if self._by_frames(info):
