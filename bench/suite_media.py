@@ -173,8 +173,24 @@ def _remote(ctx: Context, tools: dict[str, str], runners: dict[str, Runner], per
                     log(f"media remote {tool}: {res.get('error') or _short(res)}")
                     runs.setdefault(tool, []).append(res)
                     shutil.rmtree(cache, ignore_errors=True)
+            limit = _get_limit(ctx, net.url, tools["ferry"])
     keys = ("first_batch_s", "samples_per_s", "downloaded_per_delivered", "peak_rss_total_mb")
-    return {"rtt_s": RTT, "runs": runs, "summary": {t: {k: summary(rs, k) for k in keys} for t, rs in runs.items()}}
+    summaries = {t: {k: summary(rs, k) for k in keys} for t, rs in runs.items()}
+    return {"rtt_s": RTT, "runs": runs, "summary": summaries, "get_limit": limit}
+
+
+def _get_limit(ctx: Context, endpoint: str, ferry_dir: str) -> dict[str, Any]:
+    """Bare ranged GETs of one image's size (``FRAME_SIZE``) at random offsets of ferry's largest shard, 8 in
+    flight: the most samples/s a loader that fetches each sample's media with one GET gets through this link."""
+    from ferry.shard_tools.dataset import open_dataset
+
+    shards = open_dataset(ferry_dir).manifest.shards
+    big = max(range(len(shards)), key=lambda i: int(shards[i].stored_bytes))
+    args = {"endpoint": endpoint, "object": f"{BUCKETS['ferry']}/ds/{shards[big].path}", "length": FRAME_SIZE,
+            "gets": 100 if ctx.quick else 300, "threads": 8}  # fmt: skip
+    res = Runner("limit", "media_get_limit.py", ctx.ferry_python, LOADER_ENV)(ctx, args, timeout=300)
+    log(f"media remote limit: {res.get('error') or round(res.get('gets_per_s', 0))} ranged GETs/s")
+    return res
 
 
 def _short(res: dict[str, Any]) -> str:
@@ -259,6 +275,16 @@ def section(res: dict[str, Any] | None) -> list[str]:
             text = "—" if v is None else f"{v:.{digits}f}"
             cells.append(f"**{text}**" if v is not None and v == best else text)
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    limit = res.get("remote", {}).get("get_limit") or {}
+    if limit.get("gets_per_s"):
+        lines += [
+            "",
+            f"Limit of this link for a loader that fetches each sample's media with its own ranged GET: "
+            f"{limit['gets_per_s']:.0f} bare {res.get('frame_size', 0) >> 10} KiB ranged GETs/s "
+            f"({limit.get('threads')} in flight) through the same proxy and moto server. ferry reads each sample's "
+            "media by its frames (about one GET a sample), so its samples/s from S3 here is bounded by that rate; "
+            "the peers download whole shards (few GETs) and read them locally.",
+        ]
     return [*lines, ""]
 
 

@@ -30,6 +30,9 @@ from ..fetching.frames import FrameReader
 __all__ = ["ShardMedia", "MediaReader"]
 
 _WHOLE_KEPT = 4  # whole shards (formats 1, 2) kept in memory per process
+# a dataset whose token streams hold at most this many bytes in all has each shard's read with its metadata (one
+# ranged read a shard: placeholder spans compress to little), not a ranged read per document piece
+TOKENS_KEPT = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,7 @@ class ShardMedia:
     offsets: np.ndarray
     meta: MediaMeta
     layout: MediaLayout | None  # None when the shard is read whole
+    tokens: np.ndarray | None = None  # the whole token stream, read by frames with the metadata when kept
 
 
 class MediaReader:
@@ -55,6 +59,7 @@ class MediaReader:
         self._meta: dict[int, ShardMedia] = dict(known or {})
         self._whole: OrderedDict[int, ShardView] = OrderedDict()
         self._infos: dict[int, ShardInfo] = {}
+        self._keep_tokens = int(manifest.shards.tokens.sum()) * self.dtype.itemsize <= TOKENS_KEPT
 
     def info(self, s: int) -> ShardInfo:
         """Shard ``s``'s manifest row (made once: a row of the manifest's table is built on each access)."""
@@ -99,7 +104,8 @@ class MediaReader:
             offsets = self.frames.offsets(info, 0, info.documents)
             a, b = layout.meta_range
             meta = layout.decode(self.frames.raw(info, a, b), info.path)
-            got = ShardMedia(offsets, meta, layout)
+            tokens = self.frames.tokens(info, self.dtype, 0, info.tokens) if self._keep_tokens else None
+            got = ShardMedia(offsets, meta, layout, tokens)
         else:
             view = self._view(s)
             if MEDIA_COLUMN not in view.table.schema.names:
@@ -148,7 +154,8 @@ class MediaReader:
             assert sm.layout is not None
             # raw byte ranges given as uint8 "tokens" counted from the token buffer's start
             base = self.frames.index(info).tokens_pos
-            ranges.append((info, a * self.dtype.itemsize, b * self.dtype.itemsize))
+            if sm.tokens is None:
+                ranges.append((info, a * self.dtype.itemsize, b * self.dtype.itemsize))
             lo, hi = int(sm.meta.data_offsets[j0]), int(sm.meta.data_offsets[j1])
             if hi > lo:
                 ranges.append((info, sm.layout.data_pos + lo - base, sm.layout.data_pos + hi - base))
@@ -157,6 +164,9 @@ class MediaReader:
 
     def tokens(self, s: int, a: int, b: int) -> np.ndarray:
         """Tokens ``[a, b)`` of shard ``s``'s token stream."""
+        kept = self._meta.get(s)
+        if kept is not None and kept.tokens is not None:
+            return kept.tokens[a:b]
         info = self.info(s)
         if self._by_frames(info):
             assert self.frames is not None
