@@ -137,3 +137,20 @@ def test_skip_count_survives_part_and_merge(tmp_path: Path) -> None:
     local = pack(tars, str(tmp_path / "local"), opts)
     assert (merged.documents, merged.media_items, merged.skipped_media) == (9, 6, 3)
     assert (merged.shards, merged.skipped_media) == (local.shards, local.skipped_media)
+
+
+@pytest.mark.parametrize("forged", [-1, "3", 1.5, True])
+def test_forged_skip_count_in_a_part_record_is_refused(tmp_path: Path, forged: object) -> None:
+    import json
+
+    from ferry.shard_tools import ManifestError, merge_parts, pack_part
+
+    tar = str(_tar(tmp_path, "bomb", "png", png_claiming(60000, 60000)))
+    opts = PackOptions(tokenizer="bytes", media_policy=POLICY, skip_bad_media=True)
+    record = Path(tmp_path / "ds") / pack_part([tar], str(tmp_path / "ds"), 0, 1, opts).record
+    doc = json.loads(record.read_text())
+    doc["results"][0]["skipped_media"] = forged
+    record.write_text(json.dumps(doc))
+    with pytest.raises(ManifestError, match="skipped_media"):
+        merge_parts(str(tmp_path / "ds"), opts)
+    assert not (tmp_path / "ds" / "manifest.json").exists()
