@@ -29,11 +29,12 @@ from torch.utils.data import IterableDataset, get_worker_info
 from ferry.shard_tools.errors import StateError, UsageError
 from ferry.shard_tools.format.manifest import Manifest
 from ferry.shard_tools.format.media import MediaItem
+from ferry.shard_tools.storage.store import resolve
 
 from ..agree import agreed_manifest
 from ..fetching.frames import frame_reader_for
 from .planner import Pieces, Plan, cut_pieces, plan_epoch
-from .reader import MediaReader, ShardMedia
+from .reader import LocalRanges, MediaReader, ShardMedia
 
 __all__ = ["MediaDataset", "Decode"]
 
@@ -137,6 +138,8 @@ class MediaDataset(IterableDataset[dict[str, Any]]):
 
     def _new_reader(self) -> MediaReader:
         frames = frame_reader_for(self.manifest, self.replicas, _FRAME_BUDGET)
+        if frames is not None and len(self.replicas.urls) == 1 and self.replicas.local(0):
+            frames.read_range = LocalRanges(resolve(self.replicas.urls[0], self.replicas.options[0]))
         return MediaReader(self.manifest, self.replicas, frames, self._known)
 
     def reader(self) -> MediaReader:
