@@ -4,7 +4,8 @@ A runner gives ``build(a)`` (its loader, construction counted in the time to the
 (decoded image–text samples in a batch). Every tool decodes its JPEGs with :func:`rgb` (Pillow, RGB, as a numpy
 array) in its DataLoader workers. The loop times the first batch, then reads for ``max_seconds`` (at least
 ``min_batches``), starting a new epoch when one ends. Peak RSS is reported for the runner alone and summed with
-its live DataLoader workers' peaks (each process's ``VmHWM``, read before the workers stop).
+its DataLoader workers' peaks (each process's ``VmHWM``, read every 20 batches and at the end, before the
+workers stop).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def main(build: Callable[[dict[str, Any]], Any], count: Callable[[Any], int]) ->
     first_samples = count(next(it))
     first = now() - t0
     samples = batches = 0
+    workers_kib = _workers_hwm_kib()
     t1, c1 = now(), cpu_seconds()
     seconds = float(a.get("max_seconds", 10.0))
     while batches < a.get("min_batches", 5) or now() - t1 < seconds:
@@ -85,8 +87,10 @@ def main(build: Callable[[dict[str, Any]], Any], count: Callable[[Any], int]) ->
             continue
         samples += count(batch)
         batches += 1
+        if batches % 20 == 0:  # workers restarted at an epoch's end take their peaks with them: read them now
+            workers_kib = max(workers_kib, _workers_hwm_kib())
     wall, cpu = now() - t1, cpu_seconds() - c1
-    workers_kib = _workers_hwm_kib()
+    workers_kib = max(workers_kib, _workers_hwm_kib())
     own_kib = _hwm_kib("self")
     del it
     emit(
