@@ -521,6 +521,12 @@ def _remote_global(rm: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _media(res: dict[str, Any]) -> list[str]:
+    import suite_media
+
+    return suite_media.section(res.get("media"))
+
+
 def _schedule(res: dict[str, Any]) -> list[str]:
     """Loader throughput with a mixture schedule against a single-phase mixture; resume cost by phases."""
     sc = res.get("schedule")
@@ -596,7 +602,9 @@ def _headline_rows(res: dict[str, Any]) -> list[str]:
                 f"| no-op resync {link} (rclone time ÷ ferry time) | {LABEL['rclone']} | "
                 f"{_speed(case['noop_speedup_vs_rclone'])} |"
             )
-    return rows
+    import suite_media
+
+    return rows + suite_media.headline_rows(res.get("media"))
 
 
 def _speed(r: float) -> str:
@@ -685,6 +693,7 @@ def write(res: dict[str, Any], page: Path, peers_python: str | None, results_rel
         *_seek(res),
         *_remote(res),
         *_staging(res),
+        *_media(res),
         *_profiles(res),
     ]
     page.parent.mkdir(parents=True, exist_ok=True)

@@ -9,12 +9,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .media.dataset import MediaDataset
+    from .media.loader import MediaLoader
     from .service.service_client import ServiceClient
     from .stream.dataset import TokenDataset
     from .stream.loader import TokenLoader
     from .stream.mixed import MixedDataset
 
-__all__ = ["TokenDataset", "MixedDataset", "TokenLoader", "ServiceClient"]
+__all__ = ["TokenDataset", "MixedDataset", "TokenLoader", "MediaDataset", "MediaLoader", "ServiceClient"]
 
 # Imported on first use (PEP 562): `ferry status` and ServiceClient need no torch, and every `ferry`
 # command loads client.service.cli, which would otherwise pay torch's multi-second import.
@@ -22,6 +24,8 @@ _LAZY = {
     "TokenDataset": ".stream.dataset",
     "TokenLoader": ".stream.loader",
     "MixedDataset": ".stream.mixed",
+    "MediaDataset": ".media.dataset",
+    "MediaLoader": ".media.loader",
     "ServiceClient": ".service.service_client",
 }
 

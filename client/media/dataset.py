@@ -20,7 +20,7 @@ media bytes of the documents a sequence holds are read: a sample never fetches a
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,11 +29,12 @@ from torch.utils.data import IterableDataset, get_worker_info
 from ferry.shard_tools.errors import StateError, UsageError
 from ferry.shard_tools.format.manifest import Manifest
 from ferry.shard_tools.format.media import MediaItem
+from ferry.shard_tools.storage.store import resolve
 
 from ..agree import agreed_manifest
 from ..fetching.frames import frame_reader_for
 from .planner import Pieces, Plan, cut_pieces, plan_epoch
-from .reader import MediaReader
+from .reader import LocalRanges, MediaReader, ShardMedia
 
 __all__ = ["MediaDataset", "Decode"]
 
@@ -104,6 +105,7 @@ class MediaDataset(IterableDataset[dict[str, Any]]):
         self._pid = -1
         self._reader: MediaReader | None = None
         self._pieces: Pieces | None = None
+        self._known: dict[int, ShardMedia] = {}  # every shard's metadata once pieces() has read it
         self._doc_first = np.zeros(0, dtype=np.int64)
         self._plans: dict[int, Plan] = {}
 
@@ -135,10 +137,13 @@ class MediaDataset(IterableDataset[dict[str, Any]]):
     # -- planning ----------------------------------------------------------------------------------------------
 
     def _new_reader(self) -> MediaReader:
-        return MediaReader(self.manifest, self.replicas, frame_reader_for(self.manifest, self.replicas, _FRAME_BUDGET))
+        frames = frame_reader_for(self.manifest, self.replicas, _FRAME_BUDGET)
+        if frames is not None and len(self.replicas.urls) == 1 and self.replicas.local(0):
+            frames.read_range = LocalRanges(resolve(self.replicas.urls[0], self.replicas.options[0]))
+        return MediaReader(self.manifest, self.replicas, frames, self._known)
 
     def reader(self) -> MediaReader:
-        """This process's reader (made anew in each DataLoader worker)."""
+        """This process's reader (made anew in each DataLoader worker, from the shards' metadata already read)."""
         if self._reader is None or self._pid != os.getpid():
             self._reader, self._pid = self._new_reader(), os.getpid()
         return self._reader
@@ -150,6 +155,7 @@ class MediaDataset(IterableDataset[dict[str, Any]]):
         reader = self.reader()
         local = all(self.replicas.local(i) for i in range(len(self.replicas.urls)))
         shards = reader.load(range(len(self.manifest.shards)), self._new_reader, 1 if local else _META_THREADS)
+        self._known = dict(enumerate(shards))
         lengths, span_doc, span_start, span_cost, span_img, span_frames = [], [], [], [], [], []
         first = 0
         self._doc_first = np.zeros(len(self.manifest.shards) + 1, dtype=np.int64)
@@ -221,37 +227,62 @@ class MediaDataset(IterableDataset[dict[str, Any]]):
             if q % workers == worker:
                 yield self.sample(epoch, index)
 
+    def _located(self, epoch: int, index: int) -> list[tuple[int, int, int, int, int]]:
+        """``(document, shard, document in the shard, start, stop)`` of each piece of sequence ``index``."""
+        plan, pieces = self.plan(epoch), self.pieces()
+        out = []
+        for p in plan.pieces(self.rank + index * self.world_size).tolist():
+            d, a, b = int(pieces.doc[p]), int(pieces.start[p]), int(pieces.stop[p])
+            s = int(np.searchsorted(self._doc_first, d, side="right")) - 1
+            out.append((d, s, d - int(self._doc_first[s]), a, b))
+        return out
+
+    @staticmethod
+    def _items_in(sm: ShardMedia, local: int, a: int, b: int) -> tuple[int, int]:
+        """The items ``[j0, j1)`` of a shard whose spans start in tokens ``[a, b)`` of its document ``local``."""
+        j0, j1 = int(sm.meta.doc_offsets[local]), int(sm.meta.doc_offsets[local + 1])
+        pos = sm.meta.position[j0:j1]
+        inside = np.flatnonzero((pos >= a) & (pos < b))
+        return (j0 + int(inside[0]), j0 + int(inside[-1]) + 1) if len(inside) else (j0, j0)
+
+    def prefetch(self, positions: Sequence[tuple[int, int]]) -> None:
+        """Fetch together the tokens' and media's frames of the sequences at ``(epoch, index)`` positions (from
+        remote replicas their round trips overlap; a no-op for local files)."""
+        reader = self.reader()
+        if not reader.fetches_ahead:
+            return
+        spans = []
+        for epoch, index in positions:
+            for _d, s, local, a, b in self._located(epoch, index):
+                sm = reader.shard(s)
+                base = int(sm.offsets[local])
+                spans.append((s, base + a, base + b, *self._items_in(sm, local, a, b)))
+        reader.prefetch(spans)
+
     def sample(self, epoch: int, index: int) -> dict[str, Any]:
         """Sequence ``index`` of this rank's ``epoch``."""
-        plan, pieces, reader = self.plan(epoch), self.pieces(), self.reader()
-        k = self.rank + index * self.world_size
+        reader = self.reader()
+        self.prefetch([(epoch, index)])
         L = self.seq_len
         ids = np.full(L, self.pad_id, dtype=np.int64)
         labels = np.full(L, IGNORE, dtype=np.int64)
         positions = np.zeros(L, dtype=np.int64)
         documents, spans, media = [], [], []
-        placeholder = np.asarray(self.policy.ids, dtype=np.int64)
         t = 0
-        for p in plan.pieces(k).tolist():
-            d, a, b = int(pieces.doc[p]), int(pieces.start[p]), int(pieces.stop[p])
-            s = int(np.searchsorted(self._doc_first, d, side="right")) - 1
-            local = d - int(self._doc_first[s])
+        for d, s, local, a, b in self._located(epoch, index):
             sm = reader.shard(s)
             base = int(sm.offsets[local])
             n = b - a
             ids[t : t + n] = reader.tokens(s, base + a, base + b)
-            nxt = ids[t + 1 : t + n]
-            labels[t : t + n - 1] = np.where(np.isin(nxt, placeholder), IGNORE, nxt)
+            labels[t : t + n - 1] = ids[t + 1 : t + n]
             positions[t : t + n] = np.arange(a, b)
             documents.append((d, t, n, a))
-            j0, j1 = int(sm.meta.doc_offsets[local]), int(sm.meta.doc_offsets[local + 1])
-            pos = sm.meta.position[j0:j1]
-            inside = np.flatnonzero((pos >= a) & (pos < b))
-            if len(inside):
-                for item in reader.items(s, j0 + int(inside[0]), j0 + int(inside[-1]) + 1):
-                    spans.append((t + item.position - a, item.cost))
-                    media.append(self.decode(item) if self.decode is not None else item)
+            for item in reader.items(s, *self._items_in(sm, local, a, b)):
+                spans.append((t + item.position - a, item.cost))
+                media.append(self.decode(item) if self.decode is not None else item)
             t += n
+        begin, patch, end = self.policy.ids
+        labels[(labels == begin) | (labels == patch) | (labels == end)] = IGNORE
         return {
             "input_ids": ids,
             "labels": labels,

@@ -73,9 +73,11 @@ class _Batches(IterableDataset[dict[str, Any]]):
             chunk.append(position)
             if len(chunk) == self.batch_size:
                 if number % workers == worker:
+                    self.dataset.prefetch(chunk)  # the batch's frames in one go (remote replicas)
                     yield collate([self.dataset.sample(*p) for p in chunk])
                 chunk, number = [], number + 1
         if chunk and number % workers == worker:
+            self.dataset.prefetch(chunk)
             yield collate([self.dataset.sample(*p) for p in chunk])
 
 

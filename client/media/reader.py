@@ -11,6 +11,8 @@ tokens and its items' bytes, one contiguous range. Shards of stored formats 1 an
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -24,12 +26,50 @@ from ferry.shard_tools.errors import ShardFormatError
 from ferry.shard_tools.format.manifest import Manifest, ShardInfo
 from ferry.shard_tools.format.media import MEDIA_COLUMN, MediaItem, MediaLayout, MediaMeta, media_layout
 from ferry.shard_tools.format.shard import ShardView, parse_shard
+from ferry.shard_tools.storage.store import Location
 
 from ..fetching.frames import FrameReader
 
-__all__ = ["ShardMedia", "MediaReader"]
+__all__ = ["ShardMedia", "MediaReader", "LocalRanges"]
 
 _WHOLE_KEPT = 4  # whole shards (formats 1, 2) kept in memory per process
+# a dataset whose token streams hold at most this many bytes in all has each shard's read with its metadata (one
+# ranged read a shard: placeholder spans compress to little), not a ranged read per document piece
+TOKENS_KEPT = 64 << 20
+
+
+class LocalRanges:
+    """``read_range`` of a dataset on a local filesystem: ``os.pread`` on a handle kept per shard, in the calling
+    thread. A replica race (its pool, deadlines and hedging) buys nothing where a read costs no wait, and its
+    hand-offs between threads would cost about as much per sample as decoding a small image."""
+
+    def __init__(self, loc: Location, kept: int = 64) -> None:
+        self.loc, self.kept = loc, kept
+        self._fds: OrderedDict[str, int] = OrderedDict()
+
+    def __call__(
+        self, info: ShardInfo, offset: int, length: int, *, check: Callable[[bytes], None] | None = None
+    ) -> bytes:
+        fd = self._fds.get(info.path)
+        if fd is None:
+            fd = os.open(self.loc.full(info.path), os.O_RDONLY)  # FileNotFoundError: the shard is missing
+            self._fds[info.path] = fd
+            while len(self._fds) > self.kept:
+                os.close(self._fds.popitem(last=False)[1])
+        else:
+            self._fds.move_to_end(info.path)
+        data = os.pread(fd, length, offset)
+        if check is not None and len(data) == length:  # a short read is the frame reader's to report
+            check(data)
+        return data
+
+    def close(self) -> None:
+        while self._fds:
+            os.close(self._fds.popitem()[1])
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError):
+            self.close()
 
 
 @dataclass(frozen=True)
@@ -39,18 +79,36 @@ class ShardMedia:
     offsets: np.ndarray
     meta: MediaMeta
     layout: MediaLayout | None  # None when the shard is read whole
+    tokens: np.ndarray | None = None  # the whole token stream, read by frames with the metadata when kept
 
 
 class MediaReader:
     """Tokens and media of a media dataset's documents, by frames where the shard allows it."""
 
-    def __init__(self, manifest: Manifest, replicas: Any, frames: FrameReader | None) -> None:
+    def __init__(
+        self, manifest: Manifest, replicas: Any, frames: FrameReader | None, known: dict[int, ShardMedia] | None = None
+    ) -> None:
         self.manifest = manifest
         self.replicas = replicas
         self.frames = frames
         self.dtype = np.dtype(manifest.token_dtype)
-        self._meta: dict[int, ShardMedia] = {}
+        # shards' metadata another reader of this dataset read and checked (a DataLoader worker's parent's)
+        self._meta: dict[int, ShardMedia] = dict(known or {})
         self._whole: OrderedDict[int, ShardView] = OrderedDict()
+        self._infos: dict[int, ShardInfo] = {}
+        self._keep_tokens = int(manifest.shards.tokens.sum()) * self.dtype.itemsize <= TOKENS_KEPT
+
+    def info(self, s: int) -> ShardInfo:
+        """Shard ``s``'s manifest row (made once: a row of the manifest's table is built on each access)."""
+        got = self._infos.get(s)
+        if got is None:
+            got = self._infos[s] = self.manifest.shards[s]
+        return got
+
+    @property
+    def fetches_ahead(self) -> bool:
+        """Whether :meth:`prefetch` does anything: frames read from remote replicas, several at once."""
+        return self.frames is not None and self.frames.threads > 1
 
     def _by_frames(self, info: ShardInfo) -> bool:
         return self.frames is not None and info.stored_format == 3
@@ -60,7 +118,7 @@ class MediaReader:
         if view is not None:
             self._whole.move_to_end(s)
             return view
-        info = self.manifest.shards[s]
+        info = self.info(s)
         raw = self.replicas.fetch(info)
         view = parse_shard(raw, shard=info.path, dtype=self.manifest.token_dtype, documents=info.documents)
         self._whole[s] = view
@@ -73,7 +131,7 @@ class MediaReader:
         got = self._meta.get(s)
         if got is not None:
             return got
-        info = self.manifest.shards[s]
+        info = self.info(s)
         if self._by_frames(info):
             assert self.frames is not None
             index = self.frames.index(info)
@@ -83,7 +141,8 @@ class MediaReader:
             offsets = self.frames.offsets(info, 0, info.documents)
             a, b = layout.meta_range
             meta = layout.decode(self.frames.raw(info, a, b), info.path)
-            got = ShardMedia(offsets, meta, layout)
+            tokens = self.frames.tokens(info, self.dtype, 0, info.tokens) if self._keep_tokens else None
+            got = ShardMedia(offsets, meta, layout, tokens)
         else:
             view = self._view(s)
             if MEDIA_COLUMN not in view.table.schema.names:
@@ -112,9 +171,40 @@ class MediaReader:
                 self._meta.update(pool.map(one, missing))
         return [self.shard(s) for s in shards]
 
+    @property
+    def known(self) -> dict[int, ShardMedia]:
+        """The shards' metadata read so far (immutable: a new reader may start from it)."""
+        return dict(self._meta)
+
+    def prefetch(self, spans: list[tuple[int, int, int, int, int]]) -> None:
+        """Fetch together (remote replicas: 8 ranged reads in flight) the frames that ``(shard, token a, token b,
+        item j0, item j1)`` spans need, so that :meth:`tokens` and :meth:`items` then read from the block cache;
+        a failed fetch is left for that read to raise. Nothing to do for local files or whole shards."""
+        if self.frames is None or not self.fetches_ahead:
+            return
+        ranges = []
+        for s, a, b, j0, j1 in spans:
+            info = self.info(s)
+            if not self._by_frames(info):
+                continue
+            sm = self.shard(s)
+            assert sm.layout is not None
+            # raw byte ranges given as uint8 "tokens" counted from the token buffer's start
+            base = self.frames.index(info).tokens_pos
+            if sm.tokens is None:
+                ranges.append((info, a * self.dtype.itemsize, b * self.dtype.itemsize))
+            lo, hi = int(sm.meta.data_offsets[j0]), int(sm.meta.data_offsets[j1])
+            if hi > lo:
+                ranges.append((info, sm.layout.data_pos + lo - base, sm.layout.data_pos + hi - base))
+        if ranges:
+            self.frames.prefetch_tokens(ranges, np.dtype("u1"))
+
     def tokens(self, s: int, a: int, b: int) -> np.ndarray:
         """Tokens ``[a, b)`` of shard ``s``'s token stream."""
-        info = self.manifest.shards[s]
+        kept = self._meta.get(s)
+        if kept is not None and kept.tokens is not None:
+            return kept.tokens[a:b]
+        info = self.info(s)
         if self._by_frames(info):
             assert self.frames is not None
             return self.frames.tokens(info, self.dtype, a, b)
@@ -124,7 +214,7 @@ class MediaReader:
         """Media items ``[j0, j1)`` of shard ``s`` with their bytes (one contiguous read)."""
         if j0 == j1:
             return []
-        info = self.manifest.shards[s]
+        info = self.info(s)
         meta = self.shard(s).meta
         lo, hi = int(meta.data_offsets[j0]), int(meta.data_offsets[j1])
         if self._by_frames(info):

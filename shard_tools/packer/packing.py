@@ -170,6 +170,7 @@ class PartResult:
     documents: int
     tokens: int
     seconds: float
+    skipped_media: int = 0  # bad media items this part left out (--skip-bad-media)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -451,6 +452,7 @@ def pack_part(
         units=len(prep.units),
         header=prep.header,
         results={i: r.shards for i, r in zip(mine, results, strict=True)},
+        skipped_media={i: r.skipped_media for i, r in zip(mine, results, strict=True) if r.skipped_media},
     )
     path = write_part(loc, record)
     return PartResult(
@@ -464,6 +466,7 @@ def pack_part(
         documents=sum(r.documents for r in results),
         tokens=sum(r.tokens for r in results),
         seconds=time.perf_counter() - started,
+        skipped_media=sum(r.skipped_media for r in results),
     )
 
 
@@ -489,11 +492,11 @@ def merge_parts(
             raise UsageError("--merge with inputs needs --parts N (or pass --run-id)")
         prep = _prepare(inputs, out, opts)
         run_id = run_id_for(prep.units, prep.header, prep.job, parts)
-    header, rows = read_parts(loc, run_id)
+    header, rows, skipped = read_parts(loc, run_id)
     previous = _previous(loc, opts.append)
     if previous is not None:
         _check_compatible(previous, header, False)
-    return _publish(loc, previous, header, rows, started)
+    return _publish(loc, previous, header, rows, started, skipped_media=skipped)
 
 
 def pack_documents(

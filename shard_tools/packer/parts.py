@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ManifestError, UsageError
@@ -66,6 +66,7 @@ class PartRecord:
     units: int
     header: DatasetHeader
     results: dict[int, list[ShardInfo]]
+    skipped_media: dict[int, int] = field(default_factory=dict)  # per unit: bad items left out (--skip-bad-media)
 
     @property
     def path(self) -> str:
@@ -79,9 +80,13 @@ class PartRecord:
             "parts": self.parts,
             "units": self.units,
             "dataset": self.header.to_dict(),
-            "results": [{"unit": i, "shards": [vars(s) for s in rows]} for i, rows in sorted(self.results.items())],
+            "results": [self._unit(i, rows) for i, rows in sorted(self.results.items())],
         }
         return (json.dumps(doc, indent=1) + "\n").encode()
+
+    def _unit(self, i: int, rows: list[ShardInfo]) -> dict[str, Any]:
+        skipped = self.skipped_media.get(i, 0)
+        return {"unit": i, "shards": [vars(s) for s in rows], **({"skipped_media": skipped} if skipped else {})}
 
     @classmethod
     def from_json(cls, data: bytes, where: str) -> PartRecord:
@@ -96,9 +101,16 @@ class PartRecord:
                 units=int(doc["units"]),
                 header=DatasetHeader.from_dict(doc["dataset"]),
                 results={int(r["unit"]): [ShardInfo(**s) for s in r["shards"]] for r in doc["results"]},
+                skipped_media={int(r["unit"]): _count(r.get("skipped_media", 0)) for r in doc["results"]},
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise ManifestError(f"{where}: malformed part record ({exc})") from exc
+
+
+def _count(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"skipped_media {value!r} is not a count")
+    return value
 
 
 def parse_part_spec(spec: str) -> tuple[int, int]:
@@ -135,8 +147,9 @@ def write_part(loc: Location, record: PartRecord) -> str:
     return record.path
 
 
-def read_parts(loc: Location, run_id: str | None) -> tuple[DatasetHeader, list[ShardInfo]]:
-    """Read and cross-check every part of a run; returns the header and all rows in unit order."""
+def read_parts(loc: Location, run_id: str | None) -> tuple[DatasetHeader, list[ShardInfo], int]:
+    """Read and cross-check every part of a run; returns the header, all rows in unit order and the bad media
+    items the parts left out."""
     if run_id is None:
         runs = loc.listdir(PARTS_DIR)
         if len(runs) != 1:
@@ -170,4 +183,5 @@ def read_parts(loc: Location, run_id: str | None) -> tuple[DatasetHeader, list[S
             by_unit[i] = rows
     if sorted(by_unit) != list(range(first.units)):
         raise ManifestError(f"run {run_id}: the parts cover {len(by_unit)} of {first.units} units")
-    return first.header, [row for i in range(first.units) for row in by_unit[i]]
+    skipped = sum(n for r in records for n in r.skipped_media.values())
+    return first.header, [row for i in range(first.units) for row in by_unit[i]], skipped

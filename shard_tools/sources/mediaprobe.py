@@ -5,7 +5,9 @@
 undecodable, dimensions beyond the limits (a decompression bomb declares a huge size in a tiny file), or a
 header that disagrees with its data. Images are read with Pillow: the size comes from the header, then the
 image is decoded once (JPEGs at 1/8 scale, which still reads every byte) so that a truncated or corrupt file
-is refused at pack time, not in a training worker. WAV audio is read with the standard ``wave`` module.
+is refused at pack time, not in a training worker. WAV audio is read with the standard ``wave`` module, MP4 and
+WebM video from their container headers (:mod:`ferry.shard_tools.sources.videoprobe`: size, duration and frame
+count, no frame decoded).
 
 :class:`DocumentBuilder` turns a sample's segments (text, or media bytes) into one document: text
 tokenized, each media item a placeholder span of its cost under the pack's media policy
@@ -26,6 +28,7 @@ from ..errors import InputFormatError, UsageError
 from ..format.media import MediaItem, media_array
 from ..format.policy import MediaPolicy
 from .base import DocBatch, SourceOptions
+from .videoprobe import BadVideoError, is_mp4, is_webm, probe_mp4, probe_webm
 
 __all__ = ["BadMediaError", "probe", "Segment", "DocumentBuilder", "MAX_ITEM_BYTES", "MAX_SIDE", "MAX_PIXELS"]
 
@@ -49,7 +52,18 @@ def probe(data: bytes, where: str) -> MediaItem:
         raise BadMediaError(f"{where}: media item of {len(data)} bytes is larger than {MAX_ITEM_BYTES}")
     if data[:4] == b"RIFF" and data[8:12] == b"WAVE":
         return _probe_wav(data, where)
+    if is_mp4(data) or is_webm(data):
+        return _probe_video(data, where)
     return _probe_image(data, where)
+
+
+def _probe_video(data: bytes, where: str) -> MediaItem:
+    fmt = "mp4" if is_mp4(data) else "webm"
+    try:
+        width, height, duration, frames = probe_mp4(data, where) if fmt == "mp4" else probe_webm(data, where)
+    except BadVideoError as exc:
+        raise BadMediaError(str(exc)) from None
+    return MediaItem(kind="video", format=fmt, width=width, height=height, duration=duration, frames=frames, data=data)
 
 
 def _probe_image(data: bytes, where: str) -> MediaItem:

@@ -7,8 +7,8 @@ first dot of its file name); the rest of the name is the member's extension (``j
 - interleaved: a ``json`` member with lists ``texts`` and ``images`` of one length, each position either
   a text (``texts[i]``) or an image (``images[i]`` names the sample's member by its extension, as
   ``"0.jpg"``); the document is the segments in that order;
-- pairs: the sample's media members (images, ``wav`` audio) in extension order, then its caption:
-  the ``txt`` (or ``caption``) member, else the ``json`` member's ``caption`` or ``text``.
+- pairs: the sample's media members (images, ``wav`` audio, ``mp4`` / ``webm`` video) in extension order,
+  then its caption: the ``txt`` (or ``caption``) member, else the ``json`` member's ``caption`` or ``text``.
 
 Packing a tar needs ``--media-policy`` and a ``--tokenizer``; the tar is one unit.
 """
@@ -27,7 +27,7 @@ from .mediaprobe import DocumentBuilder, Segment
 
 __all__ = ["read_wds", "MEDIA_EXTENSIONS"]
 
-MEDIA_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "gif", "wav")
+MEDIA_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "gif", "wav", "mp4", "webm")
 _TEXT_EXTENSIONS = ("txt", "caption", "text")
 _MAX_MEMBER = 256 << 20  # bytes of one tar member read into memory
 _Sample = dict[str, bytes]

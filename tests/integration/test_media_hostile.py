@@ -122,3 +122,35 @@ def test_truncated_tar_and_bad_interleaving(tmp_path: Path) -> None:
         pack([str(bad)], str(tmp_path / "ds2"), PackOptions(tokenizer="bytes", media_policy=POLICY))
     with pytest.raises(Exception, match="--media-policy"):
         pack([str(tar)], str(tmp_path / "ds3"), PackOptions(tokenizer="bytes"))
+
+
+def test_skip_count_survives_part_and_merge(tmp_path: Path) -> None:
+    """Bad items left out by the parts of a ``--part I/N`` run are counted by ``--merge`` as by a local pack."""
+    from ferry.shard_tools import merge_parts, pack_part
+
+    tars = [str(_tar(tmp_path, f"bomb{i}", "png", png_claiming(60000, 60000))) for i in range(3)]
+    out = str(tmp_path / "ds")
+    opts = PackOptions(tokenizer="bytes", media_policy=POLICY, skip_bad_media=True)
+    parts = [pack_part(tars, out, i, 2, opts) for i in range(2)]
+    assert [p.skipped_media for p in parts] == [2, 1]
+    merged = merge_parts(out, opts)
+    local = pack(tars, str(tmp_path / "local"), opts)
+    assert (merged.documents, merged.media_items, merged.skipped_media) == (9, 6, 3)
+    assert (merged.shards, merged.skipped_media) == (local.shards, local.skipped_media)
+
+
+@pytest.mark.parametrize("forged", [-1, "3", 1.5, True])
+def test_forged_skip_count_in_a_part_record_is_refused(tmp_path: Path, forged: object) -> None:
+    import json
+
+    from ferry.shard_tools import ManifestError, merge_parts, pack_part
+
+    tar = str(_tar(tmp_path, "bomb", "png", png_claiming(60000, 60000)))
+    opts = PackOptions(tokenizer="bytes", media_policy=POLICY, skip_bad_media=True)
+    record = Path(tmp_path / "ds") / pack_part([tar], str(tmp_path / "ds"), 0, 1, opts).record
+    doc = json.loads(record.read_text())
+    doc["results"][0]["skipped_media"] = forged
+    record.write_text(json.dumps(doc))
+    with pytest.raises(ManifestError, match="skipped_media"):
+        merge_parts(str(tmp_path / "ds"), opts)
+    assert not (tmp_path / "ds" / "manifest.json").exists()

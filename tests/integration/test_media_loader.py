@@ -174,3 +174,51 @@ def test_ranks_read_disjoint_sequences_covering_the_epoch(dataset_url: str) -> N
              for r in range(3)]  # fmt: skip
     assert sorted(x for p in parts for x in p) == sorted(whole)
     assert [len(p) for p in parts] == [len(whole[r::3]) for r in range(3)]
+
+
+def test_prefetch_fetches_a_batch_at_once_and_workers_reuse_the_metadata(
+    samples: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """From a remote replica a batch's frames come in one parallel prefetch: making its samples then reads
+    nothing more; a reader made anew (as in a DataLoader worker) starts from the shards' metadata already read."""
+    import uuid
+
+    tar = write_tar(tmp_path / "in.tar", samples)
+    url = f"memory://media-{uuid.uuid4().hex}"
+    pack([str(tar)], url, PackOptions(tokenizer="bytes", media_policy=POLICY, shard_size=16 << 10, frame_size=4096))
+    ds = _dataset(url)
+    ds.pieces()
+    ds._pid = -1  # the next reader() is made anew, as in a forked worker
+    frames = ds.reader().frames
+    assert frames is not None and frames.threads > 1
+    assert [ds.reader().shard(s).meta.items for s in range(len(ds.manifest.shards))]
+    assert frames.stats.bytes_read == 0  # the metadata came with the dataset
+    chunk = [(0, i) for i in range(3)]
+    ds.prefetch(chunk)
+    fetched = frames.stats.bytes_read
+    assert fetched > 0
+    got = [ds.sample(*p) for p in chunk]
+    assert frames.stats.bytes_read == fetched and sum(len(s["media"]) for s in got) > 0
+
+
+def test_local_reads_of_a_truncated_or_missing_shard_fail_cleanly(
+    tmp_path: Path, samples: list[dict[str, Any]]
+) -> None:
+    """A local dataset is read with pread in the calling thread: a shard cut short after the dataset was opened,
+    or removed, fails the sample with the shard's error, not a short read handed on."""
+    from ferry.shard_tools.errors import ShardError
+
+    tar = write_tar(tmp_path / "in.tar", samples)
+    pack([str(tar)], str(tmp_path / "ds"), PackOptions(tokenizer="bytes", media_policy=POLICY, frame_size=4096))
+    ds = MediaDataset(str(tmp_path / "ds"), SEQ, seed=1)
+    ds.pieces()
+    shard = tmp_path / "ds" / ds.manifest.shards[0].path
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    with pytest.raises(ShardError, match="truncated|digest"):
+        for index in range(ds.sequences(0)):
+            ds.sample(0, index)
+    shard.unlink()
+    ds._pid = -1  # a fresh reader, as in a new worker
+    with pytest.raises(ShardError):
+        for index in range(ds.sequences(0)):
+            ds.sample(0, index)
