@@ -1,0 +1,434 @@
+"""Routes by capacity and price: which cluster each destination copies each shard group from (pure, no I/O).
+
+The model is a fluid one. Clusters are joined by directed links, each with a capacity (bytes/s) and an
+egress price ($ per GB); a cluster may also cap all it sends (``egress``) or receives (``ingress``), as a
+NIC does. Some clusters hold some shard groups; every destination must end up with every group.
+
+The planner packs **distribution trees**: an arborescence rooted at the holders that reaches every
+destination, each edge a link, each cluster receiving a group once from its parent in the tree (a holder,
+or a destination that received it earlier in the same tree: a relay). A tree carries data at a rate
+(its bottleneck in the capacity left by the trees before it); trees are packed greedily until the
+destinations are cut off from the holders. Two packings are built, one growing each tree along the
+widest links (fastest), one along the cheapest (relays whose egress costs less); the budget and the
+deadline pick how much of which trees to use (a fractional knapsack on one constraint, exact for the
+trees given); groups go to trees by earliest finish.
+
+Why trees and a greedy rather than an LP: the data every destination wants is the same, so one copy on
+a link serves every destination below it, which a per-destination flow LP cannot express without
+network coding; Edmonds' branching theorem says packed arborescences reach the max-flow bound
+``min_d maxflow(holders, d)`` when every cluster is a destination and only links are capacitated. The
+greedy packing does not always find the optimal packing: :attr:`RoutePlan.lower_bound_s` (max-flow, per
+destination, with node caps split out) is computed beside it so that every plan states how far from the
+bound it is (``bound_ratio``). The tests check that ratio over generated topologies.
+
+Shards are stored and forwarded whole (a relay serves a shard once it verified it), so a tree of depth
+``k`` adds ``k - 1`` group transfers of pipeline delay: small groups make that delay small.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+__all__ = [
+    "RouteLink",
+    "NodeCaps",
+    "ShardGroup",
+    "Hop",
+    "Tree",
+    "RoutePlan",
+    "RouteError",
+    "plan_routes",
+    "max_flow_rate",
+]
+
+_ROOT = "\x00holders"  # the super source joined to every holder
+_EPS = 1e-9
+GB = 1e9
+
+
+class RouteError(ValueError):
+    """The routes cannot be planned (a destination is unreachable, or no plan fits the budget)."""
+
+
+@dataclass(frozen=True)
+class RouteLink:
+    """A directed link: ``capacity`` bytes/s (None = unbounded), ``price_per_gb`` $ per 10⁹ bytes sent,
+    ``rtt`` seconds (added once per hop to a group's transfer)."""
+
+    src: str
+    dst: str
+    capacity: float | None = None
+    price_per_gb: float = 0.0
+    rtt: float = 0.0
+
+
+@dataclass(frozen=True)
+class NodeCaps:
+    """What one cluster can send (``egress``) and receive (``ingress``) in all, bytes/s (None = unbounded)."""
+
+    egress: float | None = None
+    ingress: float | None = None
+
+
+@dataclass(frozen=True)
+class ShardGroup:
+    """Shards copied together: a name, their bytes, and the clusters that hold them now."""
+
+    name: str
+    size: int
+    holders: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Hop:
+    """``dst`` copies ``group`` from ``src`` once ``src`` holds it (``stage`` 1 copies from a holder)."""
+
+    group: str
+    src: str
+    dst: str
+    stage: int
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A distribution tree: each destination's parent, its rate (bytes/s), its price per byte sent to all."""
+
+    parent: Mapping[str, str]  # destination -> the cluster it copies from (a holder or another destination)
+    rate: float
+    price_per_byte: float  # sum of the tree's link prices, per byte of a group carried by it
+
+    def depth(self, node: str) -> int:
+        d = 0
+        while node in self.parent:
+            node, d = self.parent[node], d + 1
+        return d
+
+
+@dataclass
+class RoutePlan:
+    """Which trees carry which groups, and what the plan predicts."""
+
+    hops: list[Hop] = field(default_factory=list)
+    trees: list[Tree] = field(default_factory=list)
+    groups: dict[str, int] = field(default_factory=dict)  # group -> index into trees
+    fill_s: float = 0.0  # predicted time until every destination holds every group
+    cost: float = 0.0  # $ of link egress
+    egress: dict[str, float] = field(default_factory=dict)  # bytes each cluster sends
+    lower_bound_s: float = 0.0  # max-flow bound on fill_s, whatever the plan
+
+    @property
+    def bound_ratio(self) -> float:
+        return self.fill_s / self.lower_bound_s if self.lower_bound_s > 0 else 1.0
+
+    def source_of(self, group: str, dst: str) -> str:
+        """The cluster ``dst`` copies ``group`` from."""
+        return self.trees[self.groups[group]].parent[dst]
+
+
+def _cap(x: float | None) -> float:
+    return math.inf if x is None else float(x)
+
+
+class _Residual:
+    """Capacity left on links and on each cluster's egress and ingress."""
+
+    def __init__(self, links: Sequence[RouteLink], caps: Mapping[str, NodeCaps]) -> None:
+        self.link = {(ln.src, ln.dst): _cap(ln.capacity) for ln in links}
+        self.price = {(ln.src, ln.dst): ln.price_per_gb / GB for ln in links}
+        self.egress = {n: _cap(c.egress) for n, c in caps.items()}
+        self.ingress = {n: _cap(c.ingress) for n, c in caps.items()}
+        self.out: dict[str, list[str]] = {}
+        for s, d in self.link:
+            self.out.setdefault(s, []).append(d)
+
+
+def _grow(res: _Residual, holders: frozenset[str], dests: frozenset[str], cheap: bool) -> dict[str, str] | None:
+    """One tree on the residual graph, grown from the holders one edge at a time (Prim's order): the widest
+    edge leaving the tree, or with ``cheap`` the cheapest (wider first on a tie). An edge's width shares
+    its sender's egress with the children it already feeds, so wide fan-outs lose to relays. Only
+    destinations join. None when some destination cannot be reached."""
+    parent: dict[str, str] = {}
+    fanout: dict[str, int] = {}
+    reached = set(holders)
+    while not dests <= reached:
+        best: tuple[float, float, str, str] | None = None
+        for s in reached:
+            for d in res.out.get(s, ()):
+                if d in reached or d not in dests:
+                    continue
+                w = min(
+                    res.link[(s, d)], res.ingress.get(d, math.inf), res.egress.get(s, math.inf) / (fanout.get(s, 0) + 1)
+                )
+                if w <= _EPS:
+                    continue
+                key = (res.price[(s, d)], -w, s, d) if cheap else (-w, res.price[(s, d)], s, d)
+                if best is None or key < best:
+                    best = key
+        if best is None:
+            return None
+        _, _, s, d = best
+        parent[d] = s
+        fanout[s] = fanout.get(s, 0) + 1
+        reached.add(d)
+    return parent
+
+
+def _tree_rate(res: _Residual, parent: Mapping[str, str]) -> float:
+    """The rate a tree can carry in the residual capacity: each edge, each sender's egress over its fan-out."""
+    fanout: dict[str, int] = {}
+    for s in parent.values():
+        fanout[s] = fanout.get(s, 0) + 1
+    rate = math.inf
+    for d, s in parent.items():
+        rate = min(rate, res.link[(s, d)], res.ingress.get(d, math.inf))
+    for s, k in fanout.items():
+        rate = min(rate, res.egress.get(s, math.inf) / k)
+    return rate
+
+
+def _pack(res: _Residual, holders: frozenset[str], dests: frozenset[str], cheap: bool) -> list[Tree]:
+    """Trees until the holders are cut off from a destination; each one saturates a link or a cluster cap,
+    so there are at most as many trees as links plus twice the clusters."""
+    trees: list[Tree] = []
+    limit = len(res.link) + 2 * len(res.out) + len(dests) * 2 + 2
+    for _ in range(limit):
+        parent = _grow(res, holders, dests, cheap)
+        if parent is None:
+            break
+        rate = _tree_rate(res, parent)
+        if rate <= _EPS or math.isinf(rate) and trees:
+            break
+        if math.isinf(rate):  # nothing bounds it: one tree carries everything at once
+            trees.append(Tree(parent, rate, sum(res.price[(s, d)] for d, s in parent.items())))
+            break
+        for d, s in parent.items():
+            res.link[(s, d)] -= rate
+            if d in res.ingress:
+                res.ingress[d] -= rate
+            if s in res.egress:
+                res.egress[s] -= rate
+        trees.append(Tree(parent, rate, sum(res.price[(s, d)] for d, s in parent.items())))
+    return trees
+
+
+def _select(trees: Sequence[Tree], total: int, budget: float | None, deadline: float | None) -> list[float]:
+    """How much of each tree's rate to use (a fraction each). Cost is ``total * sum(x r p) / sum(x r)``:
+    the cheapest trees first, then dearer ones while the average price fits the budget (the exact optimum
+    of this one-constraint LP over the trees given); with a deadline, stop once the rate meets it."""
+    order = sorted(range(len(trees)), key=lambda i: trees[i].price_per_byte)
+    x = [0.0] * len(trees)
+    cap = math.inf if budget is None or not total else budget / total  # the average price allowed per byte
+    need = math.inf if deadline is None else total / deadline
+    rate = slack = 0.0  # slack: sum of x r (cap - p), never below 0
+    for i in order:
+        t = trees[i]
+        margin = cap - t.price_per_byte
+        if math.isinf(t.rate):
+            if margin >= -1e-18:
+                x[i] = 1.0
+                return x
+            continue
+        use = min(t.rate, need - rate)
+        if margin < 0:
+            use = min(use, slack / -margin)
+        if use <= _EPS * max(1.0, t.rate):
+            break
+        x[i] = use / t.rate
+        rate += use
+        slack += use * margin if not math.isinf(margin) else 0.0
+    return x
+
+
+def _assign(
+    trees: Sequence[Tree], x: Sequence[float], groups: Sequence[ShardGroup], rtt: float
+) -> tuple[dict[str, int], float]:
+    """Each group to the tree where it finishes first (largest groups first). A tree of rate r carrying
+    bytes B with its deepest destination k hops down finishes at ``(B + (k - 1) * largest group) / r``."""
+    live = [i for i in range(len(trees)) if x[i] > 0]
+    if not live:
+        raise RouteError("no tree fits the budget")
+    rate = {i: trees[i].rate * x[i] for i in live}
+    depth = {i: max(trees[i].depth(d) for d in trees[i].parent) for i in live}
+    carried = dict.fromkeys(live, 0)
+    largest = dict.fromkeys(live, 0)
+
+    def finish(i: int, extra: int) -> float:
+        if math.isinf(rate[i]):
+            return depth[i] * rtt
+        big = max(largest[i], extra)
+        return (carried[i] + extra + (depth[i] - 1) * big) / rate[i] + depth[i] * rtt
+
+    where: dict[str, int] = {}
+    for g in sorted(groups, key=lambda g: (-g.size, g.name)):
+        i = min(live, key=lambda i: (finish(i, g.size), i))
+        where[g.name] = i
+        carried[i] += g.size
+        largest[i] = max(largest[i], g.size)
+    fill = max((finish(i, 0) for i in live if carried[i]), default=0.0)
+    return where, fill
+
+
+def plan_routes(
+    groups: Sequence[ShardGroup],
+    destinations: Sequence[str],
+    links: Sequence[RouteLink],
+    *,
+    caps: Mapping[str, NodeCaps] | None = None,
+    budget: float | None = None,
+    deadline: float | None = None,
+) -> RoutePlan:
+    """Pick, per shard group, the cluster each destination copies it from.
+
+    ``budget``: $ of link egress the whole plan may spend (None = no limit). ``deadline``: seconds; when
+    set, the cheapest plan that meets it is chosen (the fastest within budget when none does); else the
+    fastest plan within the budget. Groups with the same holders are planned together; sets of groups
+    with different holders one after the other on the capacity left (largest set first).
+    """
+    caps = caps or {}
+    dests = frozenset(destinations)
+    classes: dict[frozenset[str], list[ShardGroup]] = {}
+    for g in groups:
+        if not g.holders:
+            raise RouteError(f"group {g.name!r} has no holder")
+        classes.setdefault(g.holders, []).append(g)
+    plan = RoutePlan()
+    shared = _Residual(links, caps)
+    rtt = max((ln.rtt for ln in links), default=0.0)
+    for holders, members in sorted(classes.items(), key=lambda kv: -sum(g.size for g in kv[1])):
+        want = dests - holders
+        if not want:
+            continue
+        total = sum(g.size for g in members)
+        cls_budget = None if budget is None else budget * total / max(1, sum(g.size for g in groups))
+        options: list[_Option] = []
+        for cheap in (False, True):
+            res = copy.deepcopy(shared)
+            trees = _pack(res, holders, want, cheap)
+            if not trees:
+                raise RouteError(f"destinations {sorted(want)} cannot be reached from {sorted(holders)}")
+            x = _select(trees, total, cls_budget, deadline)
+            if any(x):
+                where, fill = _assign(trees, x, members, rtt)
+                options.append(_Option(trees, x, where, fill, res))
+        if not options:
+            raise RouteError(f"no route fits the budget of {budget} for groups held by {sorted(holders)}")
+        best = _choose(options, members, deadline)
+        shared = best.left
+        _record(plan, best.trees, best.x, best.where, members, best.fill)
+    plan.lower_bound_s = _lower_bound(groups, dests, links, caps)
+    return plan
+
+
+class _Option(NamedTuple):
+    trees: list[Tree]
+    x: list[float]
+    where: dict[str, int]
+    fill: float
+    left: _Residual  # the capacity its trees leave
+
+
+def _choose(options: Sequence[_Option], members: Sequence[ShardGroup], deadline: float | None) -> _Option:
+    """The cheapest option that meets the deadline, else the fastest."""
+
+    def cost(o: _Option) -> float:
+        return sum(g.size * o.trees[o.where[g.name]].price_per_byte for g in members)
+
+    meets = [o for o in options if deadline is not None and o.fill <= deadline]
+    if meets:
+        return min(meets, key=lambda o: (cost(o), o.fill))
+    return min(options, key=lambda o: (o.fill, cost(o)))
+
+
+def _record(
+    plan: RoutePlan,
+    trees: list[Tree],
+    x: list[float],
+    where: dict[str, int],
+    members: Sequence[ShardGroup],
+    fill: float,
+) -> None:
+    base = len(plan.trees)
+    plan.trees.extend(Tree(t.parent, t.rate * f, t.price_per_byte) for t, f in zip(trees, x, strict=True))
+    for g in members:
+        tree = trees[where[g.name]]
+        plan.groups[g.name] = base + where[g.name]
+        for d, s in tree.parent.items():
+            plan.hops.append(Hop(g.name, s, d, tree.depth(d)))
+            plan.egress[s] = plan.egress.get(s, 0.0) + g.size
+        plan.cost += g.size * tree.price_per_byte
+    plan.hops.sort(key=lambda h: (h.stage, h.group, h.dst))
+    plan.fill_s = max(plan.fill_s, fill)
+
+
+def _lower_bound(
+    groups: Sequence[ShardGroup], dests: frozenset[str], links: Sequence[RouteLink], caps: Mapping[str, NodeCaps]
+) -> float:
+    """No plan fills faster than the slowest destination's ``bytes it lacks / max-flow from the holders``
+    (one cut per destination; relays only move bytes that crossed it)."""
+    bound = 0.0
+    for d in dests:
+        need = sum(g.size for g in groups if d not in g.holders)
+        if not need:
+            continue
+        holders = frozenset().union(*(g.holders for g in groups if d not in g.holders))
+        flow = max_flow_rate(holders, d, links, caps)
+        bound = max(bound, 0.0 if math.isinf(flow) else need / flow if flow > 0 else math.inf)
+    return bound
+
+
+def max_flow_rate(
+    sources: frozenset[str], sink: str, links: Sequence[RouteLink], caps: Mapping[str, NodeCaps] | None = None
+) -> float:
+    """The max-flow rate (bytes/s) from ``sources`` to ``sink`` (Edmonds–Karp). A cluster is split into
+    ``in -> mid -> out`` so that its ingress and egress caps are edges; flow enters at a source's ``mid``
+    and leaves at the sink's ``mid``."""
+    caps = caps or {}
+    cap: dict[tuple[str, str], float] = {}
+    nodes = {ln.src for ln in links} | {ln.dst for ln in links} | set(sources) | {sink}
+    for n in nodes:
+        c = caps.get(n, NodeCaps())
+        cap[(f"i{n}", f"m{n}")] = _cap(c.ingress)
+        cap[(f"m{n}", f"o{n}")] = _cap(c.egress)
+    for ln in links:
+        key = (f"o{ln.src}", f"i{ln.dst}")
+        cap[key] = cap.get(key, 0.0) + _cap(ln.capacity)
+    for s in sources:
+        cap[(_ROOT, f"m{s}")] = math.inf
+    return _edmonds_karp(cap, _ROOT, f"m{sink}")
+
+
+def _edmonds_karp(cap: dict[tuple[str, str], float], s: str, t: str) -> float:
+    adj: dict[str, set[str]] = {}
+    for a, b in list(cap):
+        adj.setdefault(a, set()).add(b)
+        adj.setdefault(b, set()).add(a)
+        cap.setdefault((b, a), 0.0)
+    flow = 0.0
+    while True:
+        prev: dict[str, str] = {s: s}
+        queue = deque([s])
+        while queue and t not in prev:
+            u = queue.popleft()
+            for v in adj.get(u, ()):
+                if v not in prev and cap[(u, v)] > _EPS:
+                    prev[v] = u
+                    queue.append(v)
+        if t not in prev:
+            return flow
+        push, v = math.inf, t
+        while v != s:
+            push, v = min(push, cap[(prev[v], v)]), prev[v]
+        if math.isinf(push):
+            return math.inf
+        v = t
+        while v != s:
+            u = prev[v]
+            cap[(u, v)] -= push
+            cap[(v, u)] += push
+            v = u
+        flow += push
