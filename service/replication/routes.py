@@ -34,14 +34,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from ferry.shard_tools.errors import ReplicationError
+
+from ..config_types import LinkSpec
+
 __all__ = [
-    "RouteLink",
     "NodeCaps",
     "ShardGroup",
     "Hop",
     "Tree",
     "RoutePlan",
     "RouteError",
+    "LinkSpec",
     "plan_routes",
     "max_flow_rate",
 ]
@@ -51,20 +55,11 @@ _EPS = 1e-9
 GB = 1e9
 
 
-class RouteError(ValueError):
+class RouteError(ReplicationError):
     """The routes cannot be planned (a destination is unreachable, or no plan fits the budget)."""
 
-
-@dataclass(frozen=True)
-class RouteLink:
-    """A directed link: ``capacity`` bytes/s (None = unbounded), ``price_per_gb`` $ per 10⁹ bytes sent,
-    ``rtt`` seconds (added once per hop to a group's transfer)."""
-
-    src: str
-    dst: str
-    capacity: float | None = None
-    price_per_gb: float = 0.0
-    rtt: float = 0.0
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
 
 
 @dataclass(frozen=True)
@@ -137,7 +132,7 @@ def _cap(x: float | None) -> float:
 class _Residual:
     """Capacity left on links and on each cluster's egress and ingress."""
 
-    def __init__(self, links: Sequence[RouteLink], caps: Mapping[str, NodeCaps]) -> None:
+    def __init__(self, links: Sequence[LinkSpec], caps: Mapping[str, NodeCaps]) -> None:
         self.link = {(ln.src, ln.dst): _cap(ln.capacity) for ln in links}
         self.price = {(ln.src, ln.dst): ln.price_per_gb / GB for ln in links}
         self.egress = {n: _cap(c.egress) for n, c in caps.items()}
@@ -276,7 +271,7 @@ def _assign(
 def plan_routes(
     groups: Sequence[ShardGroup],
     destinations: Sequence[str],
-    links: Sequence[RouteLink],
+    links: Sequence[LinkSpec],
     *,
     caps: Mapping[str, NodeCaps] | None = None,
     budget: float | None = None,
@@ -366,7 +361,7 @@ def _record(
 
 
 def _lower_bound(
-    groups: Sequence[ShardGroup], dests: frozenset[str], links: Sequence[RouteLink], caps: Mapping[str, NodeCaps]
+    groups: Sequence[ShardGroup], dests: frozenset[str], links: Sequence[LinkSpec], caps: Mapping[str, NodeCaps]
 ) -> float:
     """No plan fills faster than the slowest destination's ``bytes it lacks / max-flow from the holders``
     (one cut per destination; relays only move bytes that crossed it)."""
@@ -382,7 +377,7 @@ def _lower_bound(
 
 
 def max_flow_rate(
-    sources: frozenset[str], sink: str, links: Sequence[RouteLink], caps: Mapping[str, NodeCaps] | None = None
+    sources: frozenset[str], sink: str, links: Sequence[LinkSpec], caps: Mapping[str, NodeCaps] | None = None
 ) -> float:
     """The max-flow rate (bytes/s) from ``sources`` to ``sink`` (Edmonds–Karp). A cluster is split into
     ``in -> mid -> out`` so that its ingress and egress caps are edges; flow enters at a source's ``mid``
