@@ -27,7 +27,6 @@ Shards are stored and forwarded whole (a relay serves a shard once it verified i
 
 from __future__ import annotations
 
-import copy
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -132,11 +131,11 @@ def _cap(x: float | None) -> float:
 class _Residual:
     """Capacity left on links and on each cluster's egress and ingress."""
 
-    def __init__(self, links: Sequence[LinkSpec], caps: Mapping[str, NodeCaps]) -> None:
-        self.link = {(ln.src, ln.dst): _cap(ln.capacity) for ln in links}
+    def __init__(self, links: Sequence[LinkSpec], caps: Mapping[str, NodeCaps], share: float = 1.0) -> None:
+        self.link = {(ln.src, ln.dst): _cap(ln.capacity) * share for ln in links}
         self.price = {(ln.src, ln.dst): ln.price_per_gb / GB for ln in links}
-        self.egress = {n: _cap(c.egress) for n, c in caps.items()}
-        self.ingress = {n: _cap(c.ingress) for n, c in caps.items()}
+        self.egress = {n: _cap(c.egress) * share for n, c in caps.items()}
+        self.ingress = {n: _cap(c.ingress) * share for n, c in caps.items()}
         self.out: dict[str, list[str]] = {}
         for s, d in self.link:
             self.out.setdefault(s, []).append(d)
@@ -217,7 +216,7 @@ def _select(trees: Sequence[Tree], total: int, budget: float | None, deadline: f
     of this one-constraint LP over the trees given); with a deadline, stop once the rate meets it."""
     order = sorted(range(len(trees)), key=lambda i: trees[i].price_per_byte)
     x = [0.0] * len(trees)
-    cap = math.inf if budget is None or not total else budget / total  # the average price allowed per byte
+    cap = math.inf if budget is None or not total else budget * (1 + 1e-9) / total  # average price allowed a byte
     need = math.inf if deadline is None else total / deadline
     rate = slack = 0.0  # slack: sum of x r (cap - p), never below 0
     for i in order:
@@ -240,32 +239,55 @@ def _select(trees: Sequence[Tree], total: int, budget: float | None, deadline: f
 
 
 def _assign(
-    trees: Sequence[Tree], x: Sequence[float], groups: Sequence[ShardGroup], rtt: float
+    trees: Sequence[Tree], x: Sequence[float], groups: Sequence[ShardGroup], rtt: float, budget: float | None
 ) -> tuple[dict[str, int], float]:
-    """Each group to the tree where it finishes first (largest groups first). A tree of rate r carrying
-    bytes B with its deepest destination k hops down finishes at ``(B + (k - 1) * largest group) / r``."""
+    """Each group to the tree where it finishes first (largest groups first); then, while the groups' cost
+    is over ``budget``, groups move from the dearest tree to the cheapest (whose price fits the budget,
+    as :func:`_select` picked it). Returns where each group goes and when the last tree finishes."""
     live = [i for i in range(len(trees)) if x[i] > 0]
     if not live:
         raise RouteError("no tree fits the budget")
-    rate = {i: trees[i].rate * x[i] for i in live}
-    depth = {i: max(trees[i].depth(d) for d in trees[i].parent) for i in live}
-    carried = dict.fromkeys(live, 0)
-    largest = dict.fromkeys(live, 0)
-
-    def finish(i: int, extra: int) -> float:
-        if math.isinf(rate[i]):
-            return depth[i] * rtt
-        big = max(largest[i], extra)
-        return (carried[i] + extra + (depth[i] - 1) * big) / rate[i] + depth[i] * rtt
-
+    finish = _Finish(trees, x, live, rtt)
     where: dict[str, int] = {}
     for g in sorted(groups, key=lambda g: (-g.size, g.name)):
-        i = min(live, key=lambda i: (finish(i, g.size), i))
+        i = min(live, key=lambda i: (finish.after(i, g.size), i))
         where[g.name] = i
-        carried[i] += g.size
-        largest[i] = max(largest[i], g.size)
-    fill = max((finish(i, 0) for i in live if carried[i]), default=0.0)
-    return where, fill
+        finish.add(i, g.size)
+    if budget is not None:
+        cheapest = min(live, key=lambda i: (trees[i].price_per_byte, i))
+        cost = sum(g.size * trees[where[g.name]].price_per_byte for g in groups)
+        movable = sorted(groups, key=lambda g: (-trees[where[g.name]].price_per_byte, -g.size, g.name))
+        for g in movable:
+            if cost <= budget * (1 + 1e-12) or where[g.name] == cheapest:
+                break
+            cost -= g.size * (trees[where[g.name]].price_per_byte - trees[cheapest].price_per_byte)
+            where[g.name] = cheapest
+        finish = _Finish(trees, x, live, rtt)
+        for g in groups:
+            finish.add(where[g.name], g.size)
+    return where, max((finish.after(i, 0) for i in live if finish.carried[i]), default=0.0)
+
+
+class _Finish:
+    """When each tree finishes: a tree of rate r carrying B bytes, its deepest destination k hops down,
+    finishes at ``(B + (k - 1) * its largest group) / r`` plus k round trips (store and forward)."""
+
+    def __init__(self, trees: Sequence[Tree], x: Sequence[float], live: Sequence[int], rtt: float) -> None:
+        self.rate = {i: trees[i].rate * x[i] for i in live}
+        self.depth = {i: max(trees[i].depth(d) for d in trees[i].parent) for i in live}
+        self.carried = dict.fromkeys(live, 0)
+        self.largest = dict.fromkeys(live, 0)
+        self.rtt = rtt
+
+    def after(self, i: int, extra: int) -> float:
+        if math.isinf(self.rate[i]):
+            return self.depth[i] * self.rtt
+        big = max(self.largest[i], extra)
+        return (self.carried[i] + extra + (self.depth[i] - 1) * big) / self.rate[i] + self.depth[i] * self.rtt
+
+    def add(self, i: int, size: int) -> None:
+        self.carried[i] += size
+        self.largest[i] = max(self.largest[i], size)
 
 
 def plan_routes(
@@ -282,7 +304,8 @@ def plan_routes(
     ``budget``: $ of link egress the whole plan may spend (None = no limit). ``deadline``: seconds; when
     set, the cheapest plan that meets it is chosen (the fastest within budget when none does); else the
     fastest plan within the budget. Groups with the same holders are planned together; sets of groups
-    with different holders one after the other on the capacity left (largest set first).
+    with different holders are copied at once, sharing every link and cap in proportion to their bytes
+    (as is their share of the budget).
     """
     caps = caps or {}
     dests = frozenset(destinations)
@@ -291,32 +314,66 @@ def plan_routes(
         if not g.holders:
             raise RouteError(f"group {g.name!r} has no holder")
         classes.setdefault(g.holders, []).append(g)
-    plan = RoutePlan()
-    shared = _Residual(links, caps)
+    everything = max(1, sum(g.size for g in groups))
     rtt = max((ln.rtt for ln in links), default=0.0)
+    work = []  # (members, the two packings, the least this set of groups can cost, what it costs unconstrained)
     for holders, members in sorted(classes.items(), key=lambda kv: -sum(g.size for g in kv[1])):
         want = dests - holders
         if not want:
             continue
         total = sum(g.size for g in members)
-        cls_budget = None if budget is None else budget * total / max(1, sum(g.size for g in groups))
-        options: list[_Option] = []
+        packings = []
         for cheap in (False, True):
-            res = copy.deepcopy(shared)
-            trees = _pack(res, holders, want, cheap)
+            trees = _pack(_Residual(links, caps, total / everything), holders, want, cheap)
             if not trees:
                 raise RouteError(f"destinations {sorted(want)} cannot be reached from {sorted(holders)}")
-            x = _select(trees, total, cls_budget, deadline)
-            if any(x):
-                where, fill = _assign(trees, x, members, rtt)
-                options.append(_Option(trees, x, where, fill, res))
+            packings.append(trees)
+        least = total * min(t.price_per_byte for trees in packings for t in trees)
+        free = _cost(_choose(_options(packings, members, None, deadline, rtt), members, deadline), members)
+        work.append((members, packings, least, free))
+    plan = RoutePlan()
+    spare = None if budget is None else budget - sum(w[2] for w in work)
+    if spare is not None and spare < -1e-9 * max(1.0, budget or 0.0):
+        raise RouteError(f"no route fits the budget of {budget}: the cheapest plan costs {budget - spare}")
+    excess = sum(w[3] - w[2] for w in work)
+    for members, packings, least, free in work:
+        share = None if spare is None else least + max(0.0, spare) * ((free - least) / excess if excess > 0 else 0.0)
+        options = _options(packings, members, share, deadline, rtt)
         if not options:
-            raise RouteError(f"no route fits the budget of {budget} for groups held by {sorted(holders)}")
+            raise RouteError(f"no route fits the budget of {budget} for groups held by {sorted(members[0].holders)}")
         best = _choose(options, members, deadline)
-        shared = best.left
         _record(plan, best.trees, best.x, best.where, members, best.fill)
     plan.lower_bound_s = _lower_bound(groups, dests, links, caps)
     return plan
+
+
+def _options(
+    packings: Sequence[list[Tree]],
+    members: Sequence[ShardGroup],
+    budget: float | None,
+    deadline: float | None,
+    rtt: float,
+) -> list[_Option]:
+    """Each packing's trees put to use within ``budget``; with a deadline, more rate is asked for until the
+    store-and-forward delay fits too."""
+    total = sum(g.size for g in members)
+    options: list[_Option] = []
+    for trees in packings:
+        target = deadline
+        for _ in range(4):
+            x = _select(trees, total, budget, target)
+            if not any(x):
+                break
+            where, fill = _assign(trees, x, members, rtt, budget)
+            options.append(_Option(trees, x, where, fill))
+            if deadline is None or target is None or fill <= deadline:
+                break
+            target = target * deadline / fill
+    return options
+
+
+def _cost(option: _Option, members: Sequence[ShardGroup]) -> float:
+    return sum(g.size * option.trees[option.where[g.name]].price_per_byte for g in members)
 
 
 class _Option(NamedTuple):
@@ -324,14 +381,13 @@ class _Option(NamedTuple):
     x: list[float]
     where: dict[str, int]
     fill: float
-    left: _Residual  # the capacity its trees leave
 
 
 def _choose(options: Sequence[_Option], members: Sequence[ShardGroup], deadline: float | None) -> _Option:
     """The cheapest option that meets the deadline, else the fastest."""
 
     def cost(o: _Option) -> float:
-        return sum(g.size * o.trees[o.where[g.name]].price_per_byte for g in members)
+        return _cost(o, members)
 
     meets = [o for o in options if deadline is not None and o.fill <= deadline]
     if meets:

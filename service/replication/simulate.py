@@ -174,13 +174,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         json.dump({"clusters": a.clusters, "nic": a.nic, "capacity": a.capacity, "rows": rows}, sys.stdout, indent=1)
         print()
         return 0
-    print(f"{'what':8} {'plan':7} {'bytes':>10} {'fill h':>8} {'origin egress':>14} {'cost $':>10} {'bound h':>8}")
+    print(f"{'what':8} {'plan':7} {'fill h':>8} {'origin egress':>14} {'cost $':>10} {'bound h':>8}")
     for r in rows:
         bound = "" if r["lower_bound_s"] is None else f"{r['lower_bound_s'] / 3600:.2f}"
         fill, egress = r["fill_s"] / 3600, r["origin_egress"]
-        print(
-            f"{r['what']:8} {r['plan']:7} {r['bytes']:>10.3g} {fill:>8.2f} {egress:>14.3g} {r['cost']:>10.0f} {bound:>8}"
-        )
+        print(f"{r['what']:8} {r['plan']:7} {fill:>8.2f} {egress:>14.3g} {r['cost']:>10.0f} {bound:>8}")
     return 0
 
 
