@@ -8,8 +8,8 @@ The planner packs **distribution trees**: an arborescence rooted at the holders 
 destination, each edge a link, each cluster receiving a group once from its parent in the tree (a holder,
 or a destination that received it earlier in the same tree: a relay). A tree carries data at a rate
 (its bottleneck in the capacity left by the trees before it); trees are packed greedily until the
-destinations are cut off from the holders. Two packings are built, one growing each tree along the
-widest links (fastest), one along the cheapest (relays whose egress costs less); the budget and the
+destinations are cut off from the holders. Three packings are built, growing each tree along the widest
+links, along relays first (chains that spare the holders' links), or along the cheapest links; the budget and the
 deadline pick how much of which trees to use (a fractional knapsack on one constraint, exact for the
 trees given); groups go to trees by earliest finish.
 
@@ -141,16 +141,20 @@ class _Residual:
             self.out.setdefault(s, []).append(d)
 
 
-def _grow(res: _Residual, holders: frozenset[str], dests: frozenset[str], cheap: bool) -> dict[str, str] | None:
+_ORDERS = ("wide", "relay", "cheap")  # the packings: how each tree grows
+
+
+def _grow(res: _Residual, holders: frozenset[str], dests: frozenset[str], order: str) -> dict[str, str] | None:
     """One tree on the residual graph, grown from the holders one edge at a time (Prim's order): the widest
-    edge leaving the tree, or with ``cheap`` the cheapest (wider first on a tie). An edge's width shares
+    edge leaving the tree (``wide``), the widest from a relay before any from a holder (``relay``: chains that
+    spare the holders' links for later trees), or the cheapest, wider first (``cheap``). An edge's width shares
     its sender's egress with the children it already feeds, so wide fan-outs lose to relays. Only
     destinations join. None when some destination cannot be reached."""
     parent: dict[str, str] = {}
     fanout: dict[str, int] = {}
     reached = set(holders)
     while not dests <= reached:
-        best: tuple[float, float, str, str] | None = None
+        best: tuple[float, float, float, str, str] | None = None
         for s in reached:
             for d in res.out.get(s, ()):
                 if d in reached or d not in dests:
@@ -160,12 +164,14 @@ def _grow(res: _Residual, holders: frozenset[str], dests: frozenset[str], cheap:
                 )
                 if w <= _EPS:
                     continue
-                key = (res.price[(s, d)], -w, s, d) if cheap else (-w, res.price[(s, d)], s, d)
+                price = res.price[(s, d)]
+                first = price if order == "cheap" else float(s in holders) if order == "relay" else -w
+                key = (first, -w, price, s, d)
                 if best is None or key < best:
                     best = key
         if best is None:
             return None
-        _, _, s, d = best
+        *_, s, d = best
         parent[d] = s
         fanout[s] = fanout.get(s, 0) + 1
         reached.add(d)
@@ -185,13 +191,13 @@ def _tree_rate(res: _Residual, parent: Mapping[str, str]) -> float:
     return rate
 
 
-def _pack(res: _Residual, holders: frozenset[str], dests: frozenset[str], cheap: bool) -> list[Tree]:
+def _pack(res: _Residual, holders: frozenset[str], dests: frozenset[str], order: str) -> list[Tree]:
     """Trees until the holders are cut off from a destination; each one saturates a link or a cluster cap,
     so there are at most as many trees as links plus twice the clusters."""
     trees: list[Tree] = []
     limit = len(res.link) + 2 * len(res.out) + len(dests) * 2 + 2
     for _ in range(limit):
-        parent = _grow(res, holders, dests, cheap)
+        parent = _grow(res, holders, dests, order)
         if parent is None:
             break
         rate = _tree_rate(res, parent)
@@ -323,8 +329,8 @@ def plan_routes(
             continue
         total = sum(g.size for g in members)
         packings = []
-        for cheap in (False, True):
-            trees = _pack(_Residual(links, caps, total / everything), holders, want, cheap)
+        for order in _ORDERS:
+            trees = _pack(_Residual(links, caps, total / everything), holders, want, order)
             if not trees:
                 raise RouteError(f"destinations {sorted(want)} cannot be reached from {sorted(holders)}")
             packings.append(trees)
@@ -332,9 +338,10 @@ def plan_routes(
         free = _cost(_choose(_options(packings, members, None, deadline, rtt), members, deadline), members)
         work.append((members, packings, least, free))
     plan = RoutePlan()
-    spare = None if budget is None else budget - sum(w[2] for w in work)
-    if spare is not None and spare < -1e-9 * max(1.0, budget or 0.0):
-        raise RouteError(f"no route fits the budget of {budget}: the cheapest plan costs {budget - spare}")
+    cheapest = sum(w[2] for w in work)
+    spare = None if budget is None else budget - cheapest
+    if spare is not None and spare < -1e-9 * max(1.0, cheapest):
+        raise RouteError(f"no route fits the budget of {budget}: the cheapest plan costs {cheapest}")
     excess = sum(w[3] - w[2] for w in work)
     for members, packings, least, free in work:
         share = None if spare is None else least + max(0.0, spare) * ((free - least) / excess if excess > 0 else 0.0)
