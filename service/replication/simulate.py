@@ -20,6 +20,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
+from ferry.shard_tools.errors import FerryError
 from ferry.shard_tools.units import parse_rate, parse_size
 
 from ..config_types import LinkSpec
@@ -168,7 +169,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     for what, size in (("fill", a.dataset), ("version", a.delta)):
         budget = a.budget if what == "version" else None if a.budget is None else a.budget * a.dataset / a.delta
-        for out in (simulate_tree(fleet, size, a.tree), simulate_routed(fleet, size, a.groups, budget)):
+        try:
+            outcomes = (simulate_tree(fleet, size, a.tree), simulate_routed(fleet, size, a.groups, budget))
+        except (FerryError, ValueError) as exc:
+            print(f"simulate: {exc}", file=sys.stderr)
+            return 2
+        for out in outcomes:
             rows.append({"what": what, **asdict(out), "keeps_up": what == "fill" or out.fill_s <= a.cadence})
     if a.json:
         json.dump({"clusters": a.clusters, "nic": a.nic, "capacity": a.capacity, "rows": rows}, sys.stdout, indent=1)

@@ -77,3 +77,7 @@ def test_the_command_line_prints_json(tmp_path: Path) -> None:
     assert rows[0]["fill_s"] == pytest.approx(3 * 1e12 / NIC)
     bad = subprocess.run([*argv, "--tree", "c1"], capture_output=True, text=True, env=env, timeout=60)
     assert bad.returncode == 2 and "CHILD=PARENT" in bad.stderr
+    broke = subprocess.run(
+        [*argv, "--price", "0.02", "--budget", "0.01"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert broke.returncode == 2 and "no route fits the budget" in broke.stderr and "Traceback" not in broke.stderr
