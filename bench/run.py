@@ -26,7 +26,7 @@ import report  # noqa: E402
 from corpus import CorpusSpec, ensure_corpus  # noqa: E402
 from harness import Context, log  # noqa: E402
 
-SUITES = ["pack", "load", "scaling", "sync", "service", "schedule", "split", "seek", "remote", "ray_sync"]
+SUITES = ["pack", "load", "scaling", "sync", "service", "schedule", "split", "seek", "remote", "ray_sync", "fleet_sim"]
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
