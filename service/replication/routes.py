@@ -222,6 +222,9 @@ def _select(trees: Sequence[Tree], total: int, budget: float | None, deadline: f
     of this one-constraint LP over the trees given); with a deadline, stop once the rate meets it."""
     order = sorted(range(len(trees)), key=lambda i: trees[i].price_per_byte)
     x = [0.0] * len(trees)
+    if total <= 0:  # nothing to move: the cheapest tree carries it
+        x[order[0]] = 1.0
+        return x
     cap = math.inf if budget is None or not total else budget * (1 + 1e-9) / total  # average price allowed a byte
     need = math.inf if deadline is None else total / deadline
     rate = slack = 0.0  # slack: sum of x r (cap - p), never below 0
@@ -236,7 +239,7 @@ def _select(trees: Sequence[Tree], total: int, budget: float | None, deadline: f
         use = min(t.rate, need - rate)
         if margin < 0:
             use = min(use, slack / -margin)
-        if use <= _EPS * max(1.0, t.rate):
+        if use <= 0:
             break
         x[i] = use / t.rate
         rate += use
@@ -315,10 +318,9 @@ def plan_routes(
     """
     caps = caps or {}
     dests = frozenset(destinations)
+    _check(groups, links, budget, deadline)
     classes: dict[frozenset[str], list[ShardGroup]] = {}
     for g in groups:
-        if not g.holders:
-            raise RouteError(f"group {g.name!r} has no holder")
         classes.setdefault(g.holders, []).append(g)
     everything = max(1, sum(g.size for g in groups))
     rtt = max((ln.rtt for ln in links), default=0.0)
@@ -330,7 +332,8 @@ def plan_routes(
         total = sum(g.size for g in members)
         packings = []
         for order in _ORDERS:
-            trees = _pack(_Residual(links, caps, total / everything), holders, want, order)
+            share = total / everything if total else 1.0  # a set of empty groups moves nothing: any share
+            trees = _pack(_Residual(links, caps, share), holders, want, order)
             if not trees:
                 raise RouteError(f"destinations {sorted(want)} cannot be reached from {sorted(holders)}")
             packings.append(trees)
@@ -354,6 +357,25 @@ def plan_routes(
     return plan
 
 
+def _check(
+    groups: Sequence[ShardGroup], links: Sequence[LinkSpec], budget: float | None, deadline: float | None
+) -> None:
+    """Inputs a plan cannot be made of: a RouteError naming the first."""
+    names: set[str] = set()
+    for g in groups:
+        if not g.holders or g.size < 0 or g.name in names:
+            raise RouteError(f"group {g.name!r}: needs a holder, a size >= 0 and a name of its own")
+        names.add(g.name)
+    for ln in links:
+        numbers = (ln.price_per_gb, ln.rtt, 1.0 if ln.capacity is None else ln.capacity)
+        if not all(math.isfinite(x) and x >= 0 for x in numbers) or ln.capacity == 0:
+            raise RouteError(f"link {ln.src}->{ln.dst}: capacity > 0, price and rtt >= 0, all finite")
+    if budget is not None and not (math.isfinite(budget) and budget >= 0):
+        raise RouteError(f"budget: expected $ >= 0, got {budget!r}")
+    if deadline is not None and not deadline > 0:
+        raise RouteError(f"deadline: expected seconds > 0, got {deadline!r}")
+
+
 def _options(
     packings: Sequence[list[Tree]],
     members: Sequence[ShardGroup],
@@ -366,8 +388,11 @@ def _options(
     total = sum(g.size for g in members)
     options: list[_Option] = []
     for trees in packings:
+        x = _select(trees, total, budget, None)  # the fastest within budget: the fallback when no deadline is met
+        if any(x):
+            options.append(_Option(trees, x, *_assign(trees, x, members, rtt, budget)))
         target = deadline
-        for _ in range(4):
+        for _ in range(4 if deadline is not None else 0):
             x = _select(trees, total, budget, target)
             if not any(x):
                 break

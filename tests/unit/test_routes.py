@@ -157,3 +157,28 @@ def test_max_flow_splits_node_caps() -> None:
     assert max_flow_rate(frozenset({"o"}), "d", links) == 10e9
     assert max_flow_rate(frozenset({"o"}), "d", links, {"o": NodeCaps(egress=3e9)}) == 3e9
     assert max_flow_rate(frozenset({"o"}), "d", links, {"a": NodeCaps(ingress=1e9)}) == 6e9
+
+
+def test_empty_groups_are_still_routed_once() -> None:
+    groups = [ShardGroup("empty", 0, frozenset({"o"})), ShardGroup("one", 1, frozenset({"o"}))]
+    links = [LinkSpec("o", "a", 1e9), LinkSpec("a", "b", 1e9)]
+    for deadline in (None, 1.0):
+        plan = plan_routes(groups, ["o", "a", "b"], links, deadline=deadline)
+        check_exactly_once(plan, {"groups": groups, "destinations": ["o", "a", "b"], "links": links})
+
+
+@pytest.mark.parametrize(
+    ("groups", "links", "kwargs", "message"),
+    [
+        ([ShardGroup("g", -1, frozenset({"o"}))], [LinkSpec("o", "a", 1.0)], {}, "size >= 0"),
+        ([ShardGroup("g", 1, frozenset())], [LinkSpec("o", "a", 1.0)], {}, "needs a holder"),
+        ([ShardGroup("g", 1, frozenset({"o"}))] * 2, [LinkSpec("o", "a", 1.0)], {}, "name of its own"),
+        ([ShardGroup("g", 1, frozenset({"o"}))], [LinkSpec("o", "a", 1.0, float("nan"))], {}, "all finite"),
+        ([ShardGroup("g", 1, frozenset({"o"}))], [LinkSpec("o", "a", 0.0)], {}, "capacity > 0"),
+        ([ShardGroup("g", 1, frozenset({"o"}))], [LinkSpec("o", "a", 1.0)], {"deadline": 0.0}, "deadline"),
+        ([ShardGroup("g", 1, frozenset({"o"}))], [LinkSpec("o", "a", 1.0)], {"budget": float("inf")}, "budget"),
+    ],
+)
+def test_inputs_no_plan_can_be_made_of_are_refused(groups: list, links: list, kwargs: dict, message: str) -> None:
+    with pytest.raises(RouteError, match=message):
+        plan_routes(groups, ["o", "a"], links, **kwargs)
