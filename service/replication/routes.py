@@ -347,8 +347,8 @@ def plan_routes(
         raise RouteError(f"no route fits the budget of {budget}: the cheapest plan costs {cheapest}")
     excess = sum(w[3] - w[2] for w in work)
     for members, packings, least, free in work:
-        share = None if spare is None else least + max(0.0, spare) * ((free - least) / excess if excess > 0 else 0.0)
-        options = _options(packings, members, share, deadline, rtt)
+        allowed = None if spare is None else least + max(0.0, spare) * ((free - least) / excess if excess > 0 else 0.0)
+        options = _options(packings, members, allowed, deadline, rtt)
         if not options:
             raise RouteError(f"no route fits the budget of {budget} for groups held by {sorted(members[0].holders)}")
         best = _choose(options, members, deadline)
