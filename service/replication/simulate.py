@@ -128,6 +128,20 @@ def uniform_fleet(
     return Fleet(names, links, {c: NodeCaps(nic, nic) for c in names}, names[0])
 
 
+def _from_config(path: str, nic: float | None) -> tuple[Fleet, dict[str, str]]:
+    """The fleet a ``ferry.toml`` describes, and today's tree of it."""
+    from ..config import load_config
+
+    cfg = load_config(path)
+    tree: dict[str, str] = {}
+    for rule in cfg.rules:
+        for d in rule.destinations:
+            tree.setdefault(d, rule.source)
+    names = tuple(cfg.clusters)
+    caps = {c: NodeCaps(nic, nic) for c in names}
+    return Fleet(names, tuple(cfg.link_specs.values()), caps, cfg.rules[0].source), tree
+
+
 def _parse_tree(text: str) -> dict[str, str]:
     """``"c1=c0,c2=c1"`` -> {c1: c0, c2: c1}."""
     out = {}
@@ -159,6 +173,9 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--tree", type=_parse_tree, default=None, help="today's tree as CHILD=PARENT,... (default: all from c0)"
     )
+    p.add_argument("--config", default=None, help="a ferry.toml: its clusters, [[links]] and rules (the tree: each "
+                   "destination follows its first rule's source; the origin is the first rule's) replace the flags "
+                   "--clusters, --capacity, --price, --origin-price, --rtt")  # fmt: skip
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     return p.parse_args(argv)
 
@@ -166,6 +183,13 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     a = _args(argv)
     fleet = uniform_fleet(a.clusters, a.capacity, nic=a.nic, price=a.price, origin_price=a.origin_price, rtt=a.rtt)
+    if a.config:
+        try:
+            fleet, tree = _from_config(a.config, a.nic)
+        except FerryError as exc:
+            print(f"simulate: {exc}", file=sys.stderr)
+            return 2
+        a.tree = a.tree or tree
     rows = []
     for what, size in (("fill", a.dataset), ("version", a.delta)):
         budget = a.budget if what == "version" else None if a.budget is None else a.budget * a.dataset / a.delta

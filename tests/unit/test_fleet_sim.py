@@ -81,3 +81,21 @@ def test_the_command_line_prints_json(tmp_path: Path) -> None:
         [*argv, "--price", "0.02", "--budget", "0.01"], capture_output=True, text=True, env=env, timeout=60
     )
     assert broke.returncode == 2 and "no route fits the budget" in broke.stderr and "Traceback" not in broke.stderr
+
+
+def test_a_ferry_toml_gives_the_fleet_and_todays_tree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ferry.service.replication.simulate import main
+
+    clusters = "".join(f'[clusters.{c}]\nurl = "{tmp_path / c}"\n' for c in ("east", "west", "north"))
+    rules = '[[rules]]\nfrom = "east"\nto = ["west"]\n[[rules]]\nfrom = "west"\nto = ["north"]\n'
+    links = '[[links]]\nfrom = "*"\nto = "*"\ncapacity = "1GB/s"\nprice_per_gb = 0.02\n'
+    path = tmp_path / "ferry.toml"
+    path.write_text(clusters + rules + links)
+    assert main(["--config", str(path), "--dataset", "1TB", "--delta", "1GB", "--nic", "off", "--json"]) == 0
+    fill_tree, fill_routed = json.loads(capsys.readouterr().out)["rows"][:2]
+    assert fill_tree["fill_s"] == pytest.approx(2 * 1e12 / 1e9)  # east -> west, then west -> north
+    assert fill_tree["cost"] == pytest.approx(2 * 1000 * 0.02) and fill_tree["origin_egress"] == 1e12
+    assert fill_routed["fill_s"] < fill_tree["fill_s"]
+    path.write_text(clusters + rules + '[[links]]\nfrom = "east"\nto = "west"\n')  # no link west -> north
+    assert main(["--config", str(path)]) == 2
+    assert "no link west->north" in capsys.readouterr().err
