@@ -39,6 +39,7 @@ SUITES = [
     "ray_sync",
     "staging",
     "media",
+    "fleet_sim",
 ]
 
 

@@ -26,6 +26,7 @@ from .config_types import (
     Cluster,
     Config,
     Limits,
+    LinkSpec,
     Rule,
     StagingConfig,
     TransferConfig,
@@ -43,6 +44,7 @@ __all__ = [
     "Cluster",
     "Rule",
     "Limits",
+    "LinkSpec",
     "TransferConfig",
     "ApiConfig",
     "StagingConfig",
@@ -122,6 +124,7 @@ def parse_config(
         api=ApiConfig(**checked.api.model_dump()),
         cluster=checked.cluster,
         staging=_staging(checked.staging, clusters, base, env),
+        link_specs=_link_specs(checked.links, clusters),
     )
 
 
@@ -178,6 +181,27 @@ def _limits(section: Any, clusters: Mapping[str, Cluster]) -> Limits:
             raise ConfigError(f'limits.per_link: {link!r} is not "SRC->DST" with two known clusters')
         per_link[link_name(src.strip(), dst.strip())] = rate
     return Limits(transfers=section.transfers, bwlimit=section.bwlimit, per_link=per_link, retries=section.retries)
+
+
+def _link_specs(sections: Any, clusters: Mapping[str, Cluster]) -> dict[tuple[str, str], LinkSpec]:
+    """Checked ``[[links]]`` entries, expanded to one spec per (src, dst) pair; a later entry wins."""
+    out: dict[tuple[str, str], LinkSpec] = {}
+    for i, section in enumerate(sections):
+        ends = []
+        for key, names in (("from", section.source), ("to", section.to)):
+            if names == "*":
+                names = list(clusters)
+            for n in names:
+                if n not in clusters:
+                    raise ConfigError(f"links[{i}].{key}: unknown cluster {n!r} (known: {', '.join(clusters)})")
+            ends.append(names)
+        for src in ends[0]:
+            for dst in ends[1]:
+                if src != dst:
+                    out[(src, dst)] = LinkSpec(
+                        src, dst, section.capacity, float(section.price_per_gb), float(section.rtt)
+                    )
+    return out
 
 
 def _transfer(section: Any, clusters: Mapping[str, Cluster]) -> TransferConfig:

@@ -29,6 +29,7 @@ __all__ = [
     "TransferSection",
     "ApiSection",
     "StagingSection",
+    "LinkSection",
     "check_file",
     "check_api",
 ]
@@ -162,6 +163,24 @@ class StagingSection(_Section):
     storage_options: dict[str, Any] = Field(default_factory=dict)
 
 
+def _ends(value: Any) -> Any:
+    """A cluster name, a list of them, or ``"*"`` (every cluster)."""
+    if isinstance(value, str) and value:
+        return value if value == "*" else [value]
+    return _destinations(value)
+
+
+class LinkSection(_Section):
+    """A ``[[links]]`` entry: every link from a cluster in ``from`` to one in ``to`` (names, lists or ``"*"``);
+    a later entry overrides an earlier one for the same link."""
+
+    source: Annotated[Literal["*"] | list[str], BeforeValidator(_ends)] = Field(alias="from")
+    to: Annotated[Literal["*"] | list[str], BeforeValidator(_ends)]
+    capacity: Rate = None
+    price_per_gb: float = Field(default=0.0, ge=0)
+    rtt: float = Field(default=0.0, ge=0)
+
+
 class FileSection(_Section):
     """A whole ``ferry.toml``; defaults are :class:`Config`'s."""
 
@@ -176,6 +195,7 @@ class FileSection(_Section):
     api: ApiSection = ApiSection()
     cluster: str | None = None
     staging: StagingSection | None = None
+    links: list[LinkSection] = Field(default_factory=list)
 
     @field_validator("clusters")
     @classmethod

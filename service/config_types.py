@@ -15,7 +15,18 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["Cluster", "Rule", "Limits", "TransferConfig", "ApiConfig", "Config", "url_problem", "link_name", "redact"]
+__all__ = [
+    "Cluster",
+    "Rule",
+    "LinkSpec",
+    "Limits",
+    "TransferConfig",
+    "ApiConfig",
+    "Config",
+    "url_problem",
+    "link_name",
+    "redact",
+]
 
 _SECRET_WORDS = ("secret", "password", "passwd", "token", "credential", "private_key", "sas", "connection_string")
 _SECRET_KEYS = {"key", "access_key", "access_key_id", "aws_access_key_id", "account_key", "session_token"}
@@ -71,6 +82,19 @@ class Rule:
 
     def matches(self, dataset: str) -> bool:
         return fnmatch.fnmatchcase(dataset, self.datasets)
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """``[[links]]``: what the network between two clusters offers, for the route planner
+    (:mod:`ferry.service.replication.routes`): capacity in bytes/s (None = unknown, unbounded), egress
+    price in $ per GB (10⁹ bytes) sent from ``src`` to ``dst``, round-trip time in seconds."""
+
+    src: str
+    dst: str
+    capacity: float | None = None
+    price_per_gb: float = 0.0
+    rtt: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -152,6 +176,7 @@ class Config:
     source_path: Path | None = None
     cluster: str | None = None  # one daemon per cluster: act only where this cluster is the destination
     staging: StagingConfig | None = None  # None: jobs are listed, nothing is staged
+    link_specs: Mapping[tuple[str, str], LinkSpec] = field(default_factory=dict)  # [[links]], by (src, dst)
 
     def links(self) -> list[tuple[str, str]]:
         """Every (source, destination) pair some rule names."""
