@@ -104,12 +104,20 @@ class Prefetcher:
                 self._ahead = DaemonPool(_AHEAD_THREADS, "ferry-prefetch")
             pool = self._ahead
         try:
-            future = pool.submit(self.cache.ensure_in_background, info)
+            future = pool.submit(self._fetch, info, urgent)
         except RuntimeError:
             return  # settled meanwhile from another thread (the loader closing): nothing to fetch for
         if len(self._started) >= RECENT:
             self._started.clear()
         self._started[s] = future
+
+    def _fetch(self, info: ShardInfo, urgent: bool) -> None:
+        """On a pool thread: the shard into the cache; a plain request's parts yield to those of shards read now."""
+        if urgent:
+            self.cache.ensure_in_background(info)
+            return
+        with self.cache.replicas.for_later():
+            self.cache.ensure_in_background(info)
 
     def settle(self) -> None:
         """Let the running fetches end and drop the queued ones and the requests still waiting (those are
