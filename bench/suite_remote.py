@@ -9,7 +9,9 @@ every read goes through the same :mod:`netem` proxy (per-connection and total ba
 per request) at each RTT. Batch 16 x 2049, a simulated step of ``STEP_S``
 per batch with one DataLoader worker (and, for the throughput, no step and no worker), a window shuffle
 (litdata's ``shuffle=True``, MosaicML's py1e in blocks of the window's shards), cold caches bounded to
-``CACHE_SHARDS`` shards. Bytes downloaded are what the proxy sent during the run; delivered are the token
+``CACHE_SHARDS`` shards; every runner (peers', limits' and floors' alike) has ``OMP_NUM_THREADS=1``, as the load
+suite's (torch's intra-op threads only fight the loader for the cores). Bytes downloaded are what the proxy
+sent during the run; delivered are the token
 bytes of the batches (uint16). The limit: bare parallel ranged GETs of ferry's stored shards.
 """
 
@@ -116,7 +118,7 @@ def _ferry_objects(local: str) -> tuple[list[tuple[str, int]], int]:
 
 def _call(ctx: Context, runner: Runner, args: dict[str, Any]) -> dict[str, Any]:
     """Run a runner with this checkout's ferry first on the path (not whichever ferry the venv installed)."""
-    env = ctx.env()
+    env = {**ctx.env(), **dict(suite_load.LOADER_ENV)}
     env["PYTHONPATH"] = os.pathsep.join([str(RUNNERS), str(ctx.repo)])
     return run_json([runner.python, str(RUNNERS / runner.script), json.dumps(args)], env, 300)
 

@@ -17,7 +17,12 @@ seen) and ``<cache_dir>/.locks/<hex>.{fetch,use}``.
 - A temp file of a download whose process is gone (killed, preempted) is removed by the next
   eviction; one of a live process is counted, never removed.
 - A file of the wrong size, or whose raw digest fails (checked once per process, by
-  the prefetch thread or on first open, when ``verify`` is on), is fetched again.
+  the prefetch thread or on first open, when ``verify`` is on), is fetched again. A file a process
+  wrote or checked gets a mark, ``.verified/<hex>``, that names the file as it was then (device,
+  inode, size, modification time) and the digest's shape (frame size); it goes with the file.
+  Another process (a DataLoader worker of the next epoch) takes a file its mark still names as
+  checked instead of hashing it again; any change to the file (replaced, rewritten in place)
+  changes what the mark would name, and the file is hashed again.
 - An ``OSError`` on the cache's own files (full disk, read-only or vanished directory)
   becomes a ``CacheError`` that names the file: the dataset is fine, this node's disk is not.
 """
@@ -52,6 +57,7 @@ _SUFFIX = ".arrow"
 _HEADS = "heads"  # the first tokens of shards seen, for the sample of the shard before that runs on into one
 _HEAD_SUFFIX = ".head"
 _HEAD_CHECK = 16  # bytes of the blake2b digest after a head's tokens
+_MARKS = ".verified"  # marks of files checked against their raw digest (see ShardCache._good)
 _HEAD_SHARE = 8  # heads together keep at most this share of the limit, and each at most this share of its shard
 
 
@@ -116,6 +122,29 @@ def _map_shard(path: str, info: ShardInfo, dtype: str, populate: bool) -> ShardV
     return parse_shard(pa.py_buffer(mm), shard=info.path, dtype=dtype, documents=info.documents, tokens=info.tokens)
 
 
+_SETTLE_NS = 50_000_000  # a marked file's time is set this far back: a write after the mark changes it
+
+
+def _settled(path: str) -> str:
+    """The file's stamp after setting its times a little into the past. File times come from a coarse clock:
+    a write right after a mark could leave the time the mark names unchanged; a time set back cannot."""
+    t = time.time_ns() - _SETTLE_NS
+    try:
+        os.utime(path, ns=(t, t))
+    except OSError:
+        return ""
+    return _stamp(path)
+
+
+def _stamp(path: str) -> str:
+    """What names a file as it is now: device, inode, size and modification time (ns); "" when it is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ""
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+
+
 def _file_digest(path: str, info: ShardInfo) -> str:
     """The raw digest of a cached file as ``info``'s row computes it (tree-shaped in stored format 3)."""
     hasher = raw_hasher(info.frame_size)
@@ -154,6 +183,7 @@ class ShardCache:
         locks = os.path.join(self.directory, ".locks")
         with _guard(locks, "create the cache directory"):
             os.makedirs(locks, exist_ok=True)
+            os.makedirs(os.path.join(self.directory, _MARKS), exist_ok=True)
 
     def __getstate__(self) -> dict[str, object]:
         state = self.__dict__.copy()
@@ -194,15 +224,60 @@ class ShardCache:
             return False
 
     def _good(self, info: ShardInfo) -> bool:
-        """Present with the right size and, when verifying, its raw digest checked once by this process."""
+        """Present with the right size and, when verifying, its raw digest checked once by this process, or by
+        another one while the file was as it is now (its mark names it)."""
         if not self.present(info):
             return False
         if not self.verify or (info.raw_digest, info.frame_size) in self._verified:
             return True
-        if _file_digest(self.path(info), info) == info.raw_digest:
+        path = self.path(info)
+        stamp = _stamp(path)
+        if stamp and self._read_mark(info) == f"{info.frame_size}:{stamp}":
             self._verified.add((info.raw_digest, info.frame_size))
             return True
+        if _file_digest(path, info) == info.raw_digest:
+            self._verified.add((info.raw_digest, info.frame_size))
+            if stamp and int(stamp.rsplit(":", 1)[1]) < time.time_ns() - _SETTLE_NS:  # else a write may hide
+                self._mark(info, stamp)  # as it was before it was hashed: a change meanwhile makes the mark stale
+            return True
         return False
+
+    def _mark_file(self, info: ShardInfo) -> str:
+        return os.path.join(self.directory, _MARKS, info.raw_digest.split(":", 1)[1])
+
+    def _read_mark(self, info: ShardInfo) -> str:
+        try:
+            with open(self._mark_file(info)) as f:
+                return f.read(256)
+        except OSError:
+            return ""
+
+    def _mark(self, info: ShardInfo, stamp: str) -> None:
+        """Record that the cached file named by ``stamp`` matches its raw digest (no error when it cannot be
+        written: other processes then hash the file themselves)."""
+        if not stamp or not self.verify:
+            return
+        path = self._mark_file(info)
+        tmp = temp_name(path)
+        try:
+            with open(tmp, "w") as f:
+                f.write(f"{info.frame_size}:{stamp}")
+            os.replace(tmp, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+    def _touch(self, info: ShardInfo, path: str) -> None:
+        """Recency for LRU eviction across processes; the mark follows the file's new time when it named the
+        file just before (so that the touch does not make other processes hash it again)."""
+        before = _stamp(path)
+        if before and self.verify and self._read_mark(info) == f"{info.frame_size}:{before}":
+            after = _settled(path)
+            if after:
+                self._mark(info, after)
+                return
+        with _guard(path, "touch", missing_ok=True):
+            os.utime(path)
 
     def ensure(self, info: ShardInfo, *, bad: bool = False) -> None:
         """Make sure a good copy of the shard is in the cache (fetch it if not; ``bad``: replace it).
@@ -220,6 +295,7 @@ class ShardCache:
                 os.unlink(path)  # wrong size or digest; processes that mapped it keep their (checked) copy
             self._download(info, path)  # checked against both manifest digests as it streams
             self._verified.add((info.raw_digest, info.frame_size))
+            self._mark(info, _settled(path))
             with self._count_lock:  # prefetch threads fetch too: += is not atomic across threads
                 self.fetches += 1
         self.evict(keep=path)
@@ -248,8 +324,7 @@ class ShardCache:
                     COUNTERS.add("cache", "hits" if self.present(info) else "misses", 1)
                 self.ensure(info, bad=attempt > 0)
                 path = self.path(info)
-                with _guard(path, "touch", missing_ok=True):
-                    os.utime(path)  # recency for LRU eviction across processes
+                self._touch(info, path)
                 return Lease(_map_shard(path, info, self.dtype, populate), fd, info.raw_bytes)
             except (ShardError, FileNotFoundError):
                 os.close(fd)
@@ -405,6 +480,8 @@ class ShardCache:
             except BlockingIOError:
                 return False  # mapped by some process right now
             self._remove(path)
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.directory, _MARKS, name))
             return True
         finally:
             os.close(fd)

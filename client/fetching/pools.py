@@ -12,6 +12,8 @@ is abandoned with the process (a half-written cache file keeps its temp name; a 
 from __future__ import annotations
 
 import atexit
+import heapq
+import itertools
 import os
 import queue
 import threading
@@ -23,7 +25,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from ferry.shard_tools.threadname import name_os_thread
 
-__all__ = ["EXIT_WAIT_S", "DaemonPool"]
+__all__ = ["EXIT_WAIT_S", "DaemonPool", "PriorityPool"]
 
 EXIT_WAIT_S = 1.0
 
@@ -85,6 +87,52 @@ class DaemonPool(Executor):
 
 
 _LIVE: weakref.WeakSet[DaemonPool] = weakref.WeakSet()
+
+
+class PriorityPool:
+    """Jobs on the threads of a :class:`DaemonPool`, the one of lowest ``priority`` first whenever a thread is free
+    (ties in the order submitted). Each job queues a turn on the pool; a turn runs the best job waiting when it
+    starts, so a job submitted later with a lower priority overtakes the queued ones."""
+
+    def __init__(self, max_workers: int, thread_name_prefix: str) -> None:
+        self._pool = DaemonPool(max_workers, thread_name_prefix)
+        self._heap: list[tuple[Any, int, Future[Any], Callable[..., Any], tuple[Any, ...]]] = []
+        self._lock = threading.Lock()
+        self._order = itertools.count()
+
+    def submit(self, priority: Any, fn: Callable[..., T], *args: Any) -> Future[T]:
+        future: Future[T] = Future()
+        with self._lock:
+            heapq.heappush(self._heap, (priority, next(self._order), future, fn, args))
+        self._pool.submit(self._turn)  # RuntimeError after shutdown, as a DaemonPool's
+        return future
+
+    def _turn(self) -> None:
+        """Run the best job waiting (one cancelled meanwhile is skipped)."""
+        while True:
+            with self._lock:
+                if not self._heap:
+                    return
+                _, _, future, fn, args = heapq.heappop(self._heap)
+            if future.set_running_or_notify_cancel():
+                break
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 — the caller sees it through the future
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """As :meth:`DaemonPool.shutdown`; ``cancel_futures`` cancels the jobs waiting for a turn too."""
+        self._pool.shutdown(wait=False, cancel_futures=cancel_futures)
+        if cancel_futures:
+            with self._lock:
+                waiting, self._heap = self._heap, []
+            for job in waiting:
+                job[2].cancel()
+        if wait:
+            self._pool.shutdown(wait=True)
 
 
 @atexit.register

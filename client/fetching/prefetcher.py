@@ -104,12 +104,17 @@ class Prefetcher:
                 self._ahead = DaemonPool(_AHEAD_THREADS, "ferry-prefetch")
             pool = self._ahead
         try:
-            future = pool.submit(self.cache.ensure_in_background, info)
+            future = pool.submit(self.cache.ensure_in_background if urgent else self._for_later, info)
         except RuntimeError:
             return  # settled meanwhile from another thread (the loader closing): nothing to fetch for
         if len(self._started) >= RECENT:
             self._started.clear()
         self._started[s] = future
+
+    def _for_later(self, info: ShardInfo) -> None:
+        """A plain request, on a prefetch thread: its parts yield the connections to those of shards read now."""
+        with self.cache.replicas.for_later():
+            self.cache.ensure_in_background(info)
 
     def settle(self) -> None:
         """Let the running fetches end and drop the queued ones and the requests still waiting (those are

@@ -12,11 +12,13 @@ carry credentials in.
 
 from __future__ import annotations
 
+import contextlib
 import io
+import itertools
 import os
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, BinaryIO
 from urllib.parse import SplitResult, urlsplit, urlunsplit
@@ -39,7 +41,7 @@ from ..checks import show
 from ..stats import COUNTERS
 from .fetch import FetchOptions, RaceLost, ShardSink, race, start_read
 from .health import MANIFESTS, SHARDS, ReplicaHealth
-from .pools import DaemonPool
+from .pools import DaemonPool, PriorityPool
 
 __all__ = ["Replicas", "shown"]
 
@@ -82,11 +84,11 @@ def _secrets(url: str) -> list[str]:
 
 
 class _Pools:
-    """This process's threads: ``parts`` runs ranged reads of shards (``connections`` at a time), ``io``
-    runs reads of filesystems without an event loop (local files)."""
+    """This process's threads: ``parts`` runs ranged reads of shards (``connections`` at a time), those of the
+    shard needed soonest first, ``io`` runs reads of filesystems without an event loop (local files)."""
 
     def __init__(self, connections: int) -> None:
-        self.parts = DaemonPool(connections, "ferry-fetch")  # never holds up the end of the process
+        self.parts = PriorityPool(connections, "ferry-fetch")  # never holds up the end of the process
         self.io = DaemonPool(2 * connections, "ferry-io")
 
     def shutdown(self) -> None:
@@ -127,15 +129,27 @@ class Replicas:
         self._pools: _Pools | None = None
         self._lock = threading.Lock()
         self._pid = os.getpid()
+        self._tickets = itertools.count()  # the order shard fetches start in: the earlier one's parts go first
+        self._later = threading.local()  # .depth > 0: this thread's fetches are for later batches
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_locations={}, _pools=None, _lock=None)  # re-made in the receiving process
+        state.update(_locations={}, _pools=None, _lock=None, _tickets=None, _later=None)  # re-made where received
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._lock = threading.Lock()
+        self._lock, self._tickets, self._later = threading.Lock(), itertools.count(), threading.local()
+
+    @contextlib.contextmanager
+    def for_later(self) -> Iterator[None]:
+        """Shards fetched by this thread inside the ``with`` are for later batches (a prefetch): their parts
+        yield the connections to those of a shard read now (a read that waits for it, or one read by frames)."""
+        self._later.depth = getattr(self._later, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._later.depth -= 1
 
     def _fresh(self) -> None:
         if self._pid != os.getpid():  # forked: do not share another process's connections or threads
@@ -351,6 +365,9 @@ class Replicas:
         sink = ShardSink(info, out)
         pools = self._pool()
         window = self.fetch_options.connections
+        # parts of the shard read now first, then of the shards fetched for later, each shard in the order its
+        # fetch started and its parts in order: the shard needed first ends first instead of all at once
+        rank = (int(getattr(self._later, "depth", 0) > 0), next(self._tickets))
         pending: list[Future[tuple[int, bytes]]] = []
 
         def part_of(a: int, b: int) -> tuple[int, bytes]:
@@ -364,7 +381,7 @@ class Replicas:
             for k in range(len(spans)):
                 while len(pending) < window and k + len(pending) < len(spans):
                     a, b = spans[k + len(pending)]
-                    pending.append(pools.parts.submit(part_of, a, b))
+                    pending.append(pools.parts.submit((*rank, k + len(pending)), part_of, a, b))
                 i, data = pending.pop(0).result()
                 used.add(i)
                 want = spans[k][1] - spans[k][0] - (k == len(spans) - 1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing
 import os
 import pickle
 import signal
@@ -153,12 +154,21 @@ class _WorkerStream(IterableDataset[tuple[_Item, dict[str, Any]]]):
     that only the background fetches of its last batches met comes after them, as batch ``plan.count``.
     """
 
-    def __init__(self, ds: SampleSource, plan: _Plan, num_workers: int, group: int) -> None:
+    def __init__(self, ds: SampleSource, plan: _Plan, num_workers: int, group: int, span: Any = None) -> None:
         self.ds, self.plan, self.num_workers, self.group = ds, plan, num_workers, group
+        self.span = span  # shared memory [start, count] of the plan each iteration reads (kept workers), or None
+
+    def _current(self) -> _Plan:
+        """The plan of this iteration: the one given, at the start and count the loader set for it last."""
+        if self.span is None:
+            return self.plan
+        p = self.plan
+        return _Plan(int(self.span[0]), int(self.span[1]), p.batch_size, p.world_size, p.rank, p.boundaries)
 
     def __iter__(self) -> Iterator[tuple[_Item, dict[str, Any]]]:
         info = get_worker_info()
         worker = info.id if info is not None else 0
+        self.plan = self._current()
         mine = worker_batches(self.plan.count, self.num_workers, worker)
         depth = self.ds.prefetch_depth
         item: _Item = []
@@ -249,6 +259,7 @@ class TokenLoader:
         self._watch = _StallWatch(float(stall_warning))
         self._counters_at_start = COUNTERS.snapshot()
         self._job = report_jobs(self, service)  # the daemon hears of this loader (its thread holds it weakly)
+        self._kept: _KeptWorkers | None = None  # the workers of the last epoch read to its end
 
     @property
     def global_batch_size(self) -> int:
@@ -328,22 +339,46 @@ class TokenLoader:
         self.dataset.raise_deferred()  # a full disk only they met is raised after the last batch
 
     def _workers(self, plan: _Plan) -> Generator[Batch, None, None]:
-        self.dataset.close()  # no threads or mapped shards in the parent when the workers fork
-        loader = DataLoader(
-            _WorkerStream(self.dataset, plan, self.num_workers, _GROUP),
-            batch_size=None,
-            collate_fn=_as_is,
-            num_workers=self.num_workers,
-            prefetch_factor=self.prefetch_factor,
-            worker_init_fn=_worker_init,
-        )
-        items = iter(loader)
+        """Batches from DataLoader workers: those of the last epoch when it was read to its end (they keep their
+        mapped shards, checked cache files and threads), else new ones. Workers of an epoch left early stop."""
+        key = (id(self.dataset), self.num_workers, self.prefetch_factor, plan.batch_size, plan.world_size, plan.rank,
+               plan.boundaries)  # fmt: skip
+        kept, self._kept = self._kept, None
+        if kept is not None and kept.key != key:
+            kept.stop()
+            kept = None
+        if kept is None:
+            self.dataset.close()  # no threads or mapped shards in the parent when the workers fork
+            try:
+                span = multiprocessing.Array("q", 2, lock=False)  # the plan of each epoch, read by the kept workers
+            except OSError:
+                span = None  # no shared memory for it (e.g. a full disk): new workers every epoch
+            stream = _WorkerStream(self.dataset, plan, self.num_workers, _GROUP, span)
+            loader = DataLoader(
+                stream,
+                batch_size=None,
+                collate_fn=_as_is,
+                num_workers=self.num_workers,
+                prefetch_factor=self.prefetch_factor,
+                worker_init_fn=_worker_init,
+                persistent_workers=span is not None,
+            )
+            kept = _KeptWorkers(key, loader, span)
+        if kept.span is not None:
+            kept.span[0], kept.span[1] = plan.start, plan.count  # before iter(): the workers read it when resumed
+        items = iter(kept.loader)
         ahead = Ahead(self._received(items), _AHEAD)
+        read_to_end = False
         try:
             yield from ahead  # batches made ready by the thread while the loop ran its step
+            read_to_end = True
         finally:
-            ahead.close(_CLOSE_WAIT_S)  # stopped, or still waiting on a worker: the workers stop either way
-            _stop_workers(items, _STOP_WAIT_S)
+            ended = ahead.close(_CLOSE_WAIT_S)  # stopped, or still waiting on a worker
+            if read_to_end and ended and kept.span is not None:
+                self._drop_workers()  # another iterator's, read to its end meanwhile
+                self._kept = kept  # every worker ended its share: they wait for the next epoch
+            else:
+                _stop_workers(items, _STOP_WAIT_S)
 
     def _received(self, items: Iterator[tuple[_Item, dict[str, Any]]]) -> Generator[Batch, None, None]:
         """The workers' batches as tensors, in order of ``k`` (run by the :class:`~ferry.client.stream.ahead.Ahead`
@@ -391,6 +426,25 @@ class TokenLoader:
         replan = checks.flag("replan", replan)
         dataset, position = resume(self._configured, saved, strict=strict, replan=replan)
         self.dataset, self._position, self._skips = dataset, position, saved.skips
+        self._drop_workers()  # made again, from the dataset as it is now, by the next iter()
+
+    def _drop_workers(self) -> None:
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            kept.stop()
+
+
+class _KeptWorkers:
+    """A DataLoader with persistent workers, what they were made for (``key``) and the shared ``span``
+    ([start, count]) that tells them the plan of the next iteration."""
+
+    def __init__(self, key: tuple[Any, ...], loader: DataLoader[Any], span: Any) -> None:
+        self.key, self.loader, self.span = key, loader, span
+
+    def stop(self) -> None:
+        items = getattr(self.loader, "_iterator", None)
+        if items is not None:
+            _stop_workers(items, _STOP_WAIT_S)
 
 
 class _StallWatch:

@@ -44,10 +44,13 @@ def test_a_prefetch_dropped_by_settle_is_asked_for_again(
     wanted = len(ds.shards_of(everything, to_fetch=True))
     assert wanted > 3
     ds.prefetch(everything)  # every shard: two running (the prefetch threads, blocked), the rest queued
+    deadline = time.monotonic() + 10
+    while len(asked) < 2 and time.monotonic() < deadline:  # both threads took a job: settling cannot drop theirs
+        time.sleep(0.01)
+    pool = ds.reader.prefetcher._ahead  # type: ignore[union-attr]
     settler = threading.Thread(target=ds.settle)
     settler.start()  # drops the queued ones, waits for the running ones
-    deadline = time.monotonic() + 10
-    while len(asked) < 2 and time.monotonic() < deadline:
+    while not pool._closed and time.monotonic() < deadline:  # type: ignore[union-attr]  # dropped: nothing to take
         time.sleep(0.01)
     opened.set()
     settler.join(10)

@@ -1,0 +1,52 @@
+"""DataLoader workers of an epoch read to its end are kept for the next one (they keep their mapped shards, checked
+cache files and threads): the same processes, the same batches as without workers, epoch after epoch."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import pytest
+import torch
+from scripts.loader_common import pack_test_dataset
+
+from ferry.client import TokenDataset, TokenLoader
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return pack_test_dataset(str(tmp_path_factory.mktemp("kept") / "ds"), 200)
+
+
+def _epoch(loader: TokenLoader) -> list[torch.Tensor]:
+    return [b["input_ids"] for b in loader]
+
+
+def test_the_workers_of_a_finished_epoch_read_the_next_one(url: str, tmp_path: Path) -> None:
+    alone = TokenLoader(TokenDataset(url, seq_len=16, seed=3, cache_dir=str(tmp_path / "c0")), batch_size=4)
+    loader = TokenLoader(TokenDataset(url, seq_len=16, seed=3, cache_dir=str(tmp_path / "c")), 4, num_workers=2)
+    pids: list[set[int]] = []
+    for _ in range(3):
+        expected, got = _epoch(alone), _epoch(loader)
+        assert len(got) == len(expected) > 0
+        assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))  # each epoch its own order
+        pids.append({p.pid for p in multiprocessing.active_children()})
+    assert len(pids[0]) == 2 and pids[0] == pids[1] == pids[2]  # before: two new workers every epoch
+
+
+def test_a_loaded_state_gets_new_workers_and_continues_exactly(url: str, tmp_path: Path) -> None:
+    def make(cache: str) -> TokenLoader:
+        return TokenLoader(TokenDataset(url, seq_len=16, seed=5, cache_dir=str(tmp_path / cache)), 4, num_workers=2)
+
+    first = make("a")
+    _epoch(first)  # workers kept
+    it = iter(first)
+    [next(it) for _ in range(3)]
+    state = first.state_dict()
+    rest = [b["input_ids"] for b in it]
+    before = {p.pid for p in multiprocessing.active_children()}
+    first.load_state_dict(state)  # back to the state: the kept workers go, new ones read on
+    again = _epoch(first)
+    assert all(torch.equal(a, b) for a, b in zip(again, rest, strict=True)) and len(again) == len(rest)
+    after = {p.pid for p in multiprocessing.active_children()}
+    assert len(after) == 2 and not before & after
