@@ -329,6 +329,8 @@ def measure_engine_steps(n: int, new_share: float) -> dict[str, Any]:
             lambda: eng._Work.of(plan, cols, set(), eng._unreplaceable(plan, cols, dst)), 1
         )
         out["planned_total_s"] = time.perf_counter() - t_all
+        del known
+        out["arrow_mib_held"] = pa.total_allocated_bytes() / 2**20  # the planned pass's columns, in Arrow's pool
         out["copies"], out["verified"] = int(len(work.rows)), int(len(plan.verified_rows))
         assert out["copies"] == out["new_shards"] and bool(np.all(held.sizes[plan.copy_rows] == -1)), out
         out["peak_rss_before_plan_mib"] = rss0 / 1024
