@@ -128,3 +128,21 @@ def test_a_column_it_does_not_load_is_left_to_the_full_load() -> None:
     assert got.stored_bytes.tolist() == [500, 501]
     with pytest.raises(ManifestError):
         Manifest.from_json(header, table)
+
+
+@pytest.mark.parametrize(
+    "path, ok",
+    [("shards/a..b.arrow.zst", True), ("shards/a.", True), ("shards/../b", False), ("shards/a/..", False),
+     ("shards/a\\b", False), ("shard/a", False)],
+)  # fmt: skip
+@pytest.mark.parametrize("loader", [StoredShards.from_json, Manifest.from_json], ids=["stored", "full"])
+def test_paths_both_loads_accept_and_refuse(path: str, ok: bool, loader: Callable[[bytes, bytes], object]) -> None:
+    """A ``..`` inside a name is no escape (the fast search's false alarm, cleared by the exact check); a
+    ``..`` component or a backslash is."""
+    rows = [flat(0), flat(1)]
+    header, table = forged(rows, _set("path", [path, "shards/.b"]))
+    if ok:
+        loader(header, table)
+    else:
+        with pytest.raises(ManifestError, match="not under shards/"):
+            loader(header, table)
