@@ -318,7 +318,7 @@ def measure_engine_steps(n: int, new_share: float) -> dict[str, Any]:
         out["load_version_s"], (manifest, _) = _median_time(lambda: eng.load_version(src, header[0]), 1)
         out["columns_s"], cols = _median_time(lambda: SourceColumns.of(manifest), 1)
         out["verified_set_s"], known = _median_time(lambda: state.verified_paths("corpus", "west"), 1)
-        out["verified_mask_s"], verified = _median_time(lambda: cols.has(known), 1)
+        out["verified_mask_s"], verified = _median_time(lambda known=known: cols.has(known), 1)
         engine = eng.Engine(eng.Executor(), state)
         out["held_s"], held = _median_time(lambda: engine._held(dst, cols, verified, "v1"), 1)
         out["held_by"] = "listing" if held.ages is not None else "lookups"
