@@ -35,7 +35,7 @@ from ..events import EventBus
 from ..transfer.executor import Executor, Job, JobResult
 from ..transfer.object_store import abort_stale_uploads
 from ..transfer.stats import Stats
-from .columns import bools, int64s, positions
+from .columns import bools, int64s, positions, release_memory
 from .lease import DEFAULT_TTL, Lease
 from .passes import PassResult
 from .planner import (
@@ -89,7 +89,9 @@ def load_version(loc: Location, header: bytes) -> tuple[StoredShards, bytes]:
         table = loc.read_bytes(doc["shard_table"]["path"])
     except FileNotFoundError as exc:
         raise ManifestError(f"shard table {doc['shard_table']['path']} is missing at {loc.url}") from exc
-    return StoredShards.from_json(header, table), table
+    version = StoredShards.from_json(header, table)
+    pa.default_memory_pool().release_unused()  # the IPC reader's copy of the table's body: freed, returned now
+    return version, table
 
 
 def listing(loc: Location) -> dict[str, int]:
@@ -272,7 +274,7 @@ class Engine:
         work = _Work.of(plan, cols, self.state.fatal(dataset, dest), _unreplaceable(plan, cols, dst_loc))
         result.skipped_failed = len(plan.copy_rows) + len(plan.verify_rows) - len(work.rows)
         self.stats.set_pending(dataset, dest, int(cols.sizes[work.rows].sum()), len(work.rows))
-        pa.default_memory_pool().release_unused()  # planning's hash tables and sets: back to the system now
+        release_memory()  # planning's hash tables and sets, the load's transient copies: back to the system now
         if on_plan is not None:
             on_plan(result)
         if len(work.rows):
