@@ -318,7 +318,7 @@ def measure_engine_steps(n: int, new_share: float) -> dict[str, Any]:
         out["load_version_s"], (manifest, _) = _median_time(lambda: eng.load_version(src, header[0]), 1)
         out["columns_s"], cols = _median_time(lambda: SourceColumns.of(manifest), 1)
         out["verified_set_s"], known = _median_time(lambda: state.verified_paths("corpus", "west"), 1)
-        out["verified_mask_s"], verified = _median_time(lambda: cols.has(known), 1)
+        out["verified_mask_s"], verified = _median_time(lambda known=known: cols.has(known), 1)
         engine = eng.Engine(eng.Executor(), state)
         out["held_s"], held = _median_time(lambda: engine._held(dst, cols, verified, "v1"), 1)
         out["held_by"] = "listing" if held.ages is not None else "lookups"
@@ -329,6 +329,8 @@ def measure_engine_steps(n: int, new_share: float) -> dict[str, Any]:
             lambda: eng._Work.of(plan, cols, set(), eng._unreplaceable(plan, cols, dst)), 1
         )
         out["planned_total_s"] = time.perf_counter() - t_all
+        del known
+        out["arrow_mib_held"] = pa.total_allocated_bytes() / 2**20  # the planned pass's columns, in Arrow's pool
         out["copies"], out["verified"] = int(len(work.rows)), int(len(plan.verified_rows))
         assert out["copies"] == out["new_shards"] and bool(np.all(held.sizes[plan.copy_rows] == -1)), out
         out["peak_rss_before_plan_mib"] = rss0 / 1024

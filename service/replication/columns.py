@@ -7,13 +7,15 @@ daemon that otherwise never needs it. The replication planner and state convert 
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["strings", "int64s", "bools", "positions", "common_prefix", "EMPTY_STRINGS"]
+__all__ = ["strings", "int64s", "bools", "positions", "common_prefix", "release_memory", "EMPTY_STRINGS"]
 
 _MAX_OFFSET = 2**31 - 1  # a string column's 32-bit offsets
 
@@ -79,5 +81,21 @@ def common_prefix(a: pa.StringArray, b: pa.StringArray) -> int:
     same = bools(pc.equal(a.slice(0, k), b.slice(0, k)))
     return k if bool(same.all()) else int(np.argmin(same))
 
+
+def release_memory() -> None:
+    """Hand memory freed since back to the system: Arrow's pool (a load's transient copies, planning's hash
+    tables) and, with glibc, the C heap's free pages (``malloc_trim``; elsewhere nothing more)."""
+    pa.default_memory_pool().release_unused()
+    global _TRIM
+    if _TRIM is None:
+        try:
+            _TRIM = ctypes.CDLL(None).malloc_trim
+        except (AttributeError, OSError):
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+_TRIM: Any = None  # libc's malloc_trim once looked up; False where there is none
 
 EMPTY_STRINGS = strings(())

@@ -35,7 +35,7 @@ from ..events import EventBus
 from ..transfer.executor import Executor, Job, JobResult
 from ..transfer.object_store import abort_stale_uploads
 from ..transfer.stats import Stats
-from .columns import bools, int64s, positions
+from .columns import bools, int64s, positions, release_memory
 from .lease import DEFAULT_TTL, Lease
 from .passes import PassResult
 from .planner import (
@@ -53,7 +53,7 @@ from .planner import (
 from .state import State
 
 if TYPE_CHECKING:
-    from ferry.shard_tools.format.manifest import Manifest
+    from ferry.shard_tools.format.manifest import StoredShards
 
 __all__ = ["Engine", "PassResult", "read_header", "load_version", "listing", "HEAD_MIN_SHARDS", "HEAD_SHARE",
            "JOB_BATCH"]  # fmt: skip
@@ -79,16 +79,19 @@ def read_header(loc: Location, rel: str = MANIFEST_FILE) -> tuple[bytes, dict[st
     return data, parse_header(data)
 
 
-def load_version(loc: Location, header: bytes) -> tuple[Manifest, bytes]:
-    """The manifest whose header is ``header`` with its shard table read from ``loc``."""
-    from ferry.shard_tools.format.manifest import Manifest  # numpy + pyarrow: only when there is work to plan
+def load_version(loc: Location, header: bytes) -> tuple[StoredShards, bytes]:
+    """The version whose header is ``header`` with the stored-shard columns of its table read from ``loc``
+    (paths, stored sizes and digests: what a replica copies and checks; the other columns stay undecoded)."""
+    from ferry.shard_tools.format.manifest import StoredShards  # numpy + pyarrow: only when there is work to plan
 
     doc = parse_header(header)
     try:
         table = loc.read_bytes(doc["shard_table"]["path"])
     except FileNotFoundError as exc:
         raise ManifestError(f"shard table {doc['shard_table']['path']} is missing at {loc.url}") from exc
-    return Manifest.from_json(header, table), table
+    version = StoredShards.from_json(header, table)
+    pa.default_memory_pool().release_unused()  # the IPC reader's copy of the table's body: freed, returned now
+    return version, table
 
 
 def listing(loc: Location) -> dict[str, int]:
@@ -271,7 +274,7 @@ class Engine:
         work = _Work.of(plan, cols, self.state.fatal(dataset, dest), _unreplaceable(plan, cols, dst_loc))
         result.skipped_failed = len(plan.copy_rows) + len(plan.verify_rows) - len(work.rows)
         self.stats.set_pending(dataset, dest, int(cols.sizes[work.rows].sum()), len(work.rows))
-        pa.default_memory_pool().release_unused()  # planning's hash tables and sets: back to the system now
+        release_memory()  # planning's hash tables and sets, the load's transient copies: back to the system now
         if on_plan is not None:
             on_plan(result)
         if len(work.rows):
@@ -387,7 +390,7 @@ class Engine:
                 shard=job.shard.path, reason=r.error or "failed", retryable=r.retryable, attempts=r.attempts,
             )  # fmt: skip
 
-    def _publish(self, src: Location, dst: Location, manifest: Manifest, header: bytes, res: PassResult) -> None:
+    def _publish(self, src: Location, dst: Location, manifest: StoredShards, header: bytes, res: PassResult) -> None:
         """The shard table, versions/<id>.json, then manifest.json by compare-and-swap: only over an ancestor
         (or nothing), so a slower writer of an older version can never roll the destination back. The
         table's bytes are read from the source again here: a pass copying for hours does not hold them."""
@@ -417,7 +420,7 @@ class Engine:
     def _retain(
         self,
         dst: Location,
-        current: Manifest,
+        current: StoredShards,
         dataset: str,
         dest: str,
         held: Mapping[str, tuple[int, float | None]] | None,
@@ -442,7 +445,7 @@ class Engine:
                 except (ManifestError, StorageError):
                     continue  # an unreadable old version is left alone
             generation = int(m.lineage["gen"]) if m.lineage else 0
-            records.append(VersionRecord(vid, m.created_at, frozenset(m.shards.paths), m.table_path, generation))
+            records.append(VersionRecord(vid, m.created_at, frozenset(m.paths.to_pylist()), m.table_path, generation))
         named = set().union(*(r.paths for r in records)) if records else set()
         # a shard no version names may be a concurrent `ferry pack --append`'s, stored but not yet
         # published: an orphan is one this service put there, or one unchanged for STALE_TEMP_SECONDS
@@ -456,7 +459,7 @@ class Engine:
         } - named
         if len(records) <= self.keep_versions and not orphans:
             return
-        src_paths = set(current.shards.paths)
+        src_paths = set(current.paths.to_pylist())
         replicas = self.state.replicas(dataset)
         elsewhere = {p: len([c for c in replicas.get(p, []) if c != dest]) + (p in src_paths) for p in named | orphans}
         plan = plan_retention(records, current=current.version_id, keep_versions=self.keep_versions,

@@ -26,7 +26,7 @@ from ..transfer.executor import ShardRef  # what the executor copies is what the
 from .columns import bools, common_prefix, int64s, positions, strings
 
 if TYPE_CHECKING:
-    from ferry.shard_tools.format.manifest import Manifest
+    from ferry.shard_tools.format.manifest import Manifest, StoredShards
 
 __all__ = [
     "ShardRef",
@@ -65,7 +65,12 @@ class SourceColumns:
     digests: pa.StringArray
 
     @classmethod
-    def of(cls, manifest: Manifest) -> SourceColumns:
+    def of(cls, manifest: Manifest | StoredShards) -> SourceColumns:
+        """The columns of a loaded version (no copy)."""
+        from ferry.shard_tools.format.manifest import StoredShards  # loaded already: the version is
+
+        if isinstance(manifest, StoredShards):
+            return cls(manifest.version_id, manifest.paths, manifest.stored_bytes, manifest.stored_digests)
         table = manifest.shards._table  # noqa: SLF001 - ShardTable has no public string columns
         return cls(manifest.version_id, _one_chunk(table.column("path")), manifest.shards.stored_bytes,
                    _one_chunk(table.column("stored_digest")))  # fmt: skip
@@ -207,7 +212,7 @@ class SourceVersion:
     shards: Sequence[ShardRef]
 
     @classmethod
-    def of(cls, manifest: Manifest) -> SourceVersion:
+    def of(cls, manifest: Manifest | StoredShards) -> SourceVersion:
         cols = SourceColumns.of(manifest)
         return cls(cols.version_id, cols.refs(np.arange(len(cols))))
 

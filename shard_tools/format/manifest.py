@@ -54,12 +54,17 @@ __all__ = [
     "ShardInfo",
     "ShardTable",
     "Manifest",
+    "StoredShards",
+    "STORED_COLUMNS",
     "next_lineage",
     "lineage_of",
 ]
 
 _INT_COLUMNS = ("documents", "tokens", "stored_bytes", "raw_bytes")
 _STR_COLUMNS = ("path", "stored_digest", "raw_digest")
+#: the columns :class:`StoredShards` loads: what a replica needs to copy a version's shards and check them
+STORED_COLUMNS = ("path", "stored_bytes", "stored_digest")
+_SEARCH_PIECE = 1 << 22
 _DIGEST_RE = r"^xxh128:[0-9a-f]{32}$"  # the form check_digest_string accepts
 _TABLE_SCHEMA = pa.schema(
     [("path", pa.string())]
@@ -235,30 +240,11 @@ class ShardTable:
 
     def validate(self) -> None:
         """Check every path and digest string (done once when a manifest is loaded)."""
-        # Vectorised check first (a per-row Python loop is slow at a million shards); the loop
-        # below then runs only on failure, to name the offending value.
-        path_col = self._table.column("path")
-        bad_path = pc.or_(
-            pc.invert(pc.starts_with(path_col, f"{SHARDS_DIR}/")),
-            pc.match_substring_regex(path_col, r"(^|/)\.\.(/|$)|\\"),
-        )
-        ok_digests = [
-            pc.all(pc.match_substring_regex(self._table.column(c), _DIGEST_RE)).as_py() is not False
-            for c in ("stored_digest", "raw_digest")
-        ]
-        no_nulls = all(self._table.column(c).null_count == 0 for c in _STR_COLUMNS)
         if self.seekable:
             self._validate_index_columns()
-        if no_nulls and pc.any(bad_path).as_py() is not True and all(ok_digests):
-            return
-        stored, raw = self._digests
-        for path in self.paths:
-            if not path.startswith(f"{SHARDS_DIR}/") or ".." in path.split("/") or "\\" in path:
-                raise ManifestError(f"shard path {path!r} is not under {SHARDS_DIR}/")
-        for d in stored:
-            check_digest_string(d)
-        for d in raw:
-            check_digest_string(d)
+        _check_strings(
+            self._table.column("path"), self._table.column("stored_digest"), self._table.column("raw_digest")
+        )
 
     def _validate_index_columns(self) -> None:
         """Format 2 and 3 rows name a digest and an index inside the stored bytes, format 1 rows neither; only
@@ -439,6 +425,89 @@ class Manifest:
         return manifest
 
 
+@dataclass(frozen=True)
+class StoredShards:
+    """One version's header and the stored-shard columns of its table alone (:data:`STORED_COLUMNS`): each
+    shard's path, stored size and stored digest, in manifest order, as Arrow and numpy arrays.
+
+    What a replication daemon plans, copies and publishes with, at a fraction of a :class:`Manifest`'s memory
+    and load time: the other columns are never decompressed. The table's bytes are checked against the
+    header's digest as a full load does, then the loaded columns (nulls, paths, digests, negative sizes)
+    and the totals they carry (shard count, stored bytes); the columns not loaded are covered by the
+    table's digest only, and a reader's full load checks them.
+    """
+
+    version_id: str
+    header: bytes = field(repr=False)  # the manifest.json bytes, as read
+    table_path: str
+    table_digest: str
+    created_at: str
+    lineage: dict[str, Any] | None = field(repr=False)
+    paths: pa.StringArray = field(repr=False)
+    stored_bytes: np.ndarray = field(repr=False)  # int64
+    stored_digests: pa.StringArray = field(repr=False)
+
+    def __len__(self) -> int:
+        return len(self.stored_bytes)
+
+    def to_json(self) -> bytes:
+        """The header, as read (what a replica publishes)."""
+        return self.header
+
+    @classmethod
+    def from_json(cls, data: bytes, table_data: bytes) -> StoredShards:
+        """The header ``data`` and the stored-shard columns of the shard table ``table_data``, checked."""
+        doc = parse_header(data)
+        st = doc["shard_table"]
+        if digest_bytes(table_data) != st["digest"] or len(table_data) != st["bytes"]:
+            raise ManifestError(f"shard table {st['path']} does not match its digest in the manifest")
+        paths, sizes, digests = _read_columns(table_data, STORED_COLUMNS)
+        _check_strings(paths, digests)
+        stored = _ints(sizes)
+        if len(stored) and int(stored.min()) < 0:
+            raise ManifestError("shard table column 'stored_bytes' has negative values; the manifest is corrupt")
+        totals = doc["totals"]
+        if (len(stored), int(stored.sum())) != (totals.get("shards"), totals.get("stored_bytes")):
+            raise ManifestError(
+                f"manifest totals {totals} do not match its shard table ({len(stored)} shards, "
+                f"{int(stored.sum())} stored bytes)"
+            )
+        return cls(
+            version_id=doc["version_id"],
+            header=data,
+            table_path=st["path"],
+            table_digest=st["digest"],
+            created_at=doc["created_at"],
+            lineage=lineage_of(doc),
+            paths=_string_array(paths),
+            stored_bytes=stored,
+            stored_digests=_string_array(digests),
+        )
+
+
+def _read_columns(table_data: bytes, names: tuple[str, ...]) -> list[pa.ChunkedArray]:
+    """The columns ``names`` of a shard table's IPC bytes, decoding no other column (its schema checked)."""
+    try:
+        schema = pa.ipc.open_file(pa.py_buffer(table_data)).schema  # the footer only
+        if not any(schema.equals(s) for s in _SCHEMAS):
+            raise ManifestError(
+                f"shard table schema is {schema}, expected {_TABLE_SCHEMA} (+ index columns, + frame_size)"
+            )
+        options = pa.ipc.IpcReadOptions(included_fields=[schema.get_field_index(n) for n in names])
+        table = pa.ipc.open_file(pa.py_buffer(table_data), options=options).read_all()
+    except pa.ArrowException as exc:
+        raise ManifestError(f"shard table is not a readable Arrow IPC file ({exc})") from exc
+    return [table.column(n) for n in names]
+
+
+def _string_array(column: pa.ChunkedArray) -> pa.StringArray:
+    """The column as one array: its one chunk itself where it has one (no copy)."""
+    chunk = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    if not isinstance(chunk, pa.StringArray):
+        raise ManifestError(f"shard table column of type {column.type} where strings were expected")
+    return chunk
+
+
 def next_lineage(parent: str, parent_lineage: dict[str, Any] | None) -> dict[str, Any]:
     """The lineage of a child of version ``parent`` (whose own lineage is ``parent_lineage``).
 
@@ -494,6 +563,48 @@ def _media_of(doc: dict[str, Any], shards: ShardTable) -> MediaPolicy | None:
     if not isinstance(media, dict) or set(media) != {"policy"}:
         raise ManifestError(f"manifest field 'media' is malformed: {media!r}")
     return MediaPolicy.from_dict(media["policy"])
+
+
+def _check_strings(paths: pa.ChunkedArray, *digests: pa.ChunkedArray) -> None:
+    """Every path under ``shards/`` (no ``..``, no backslash) and every digest well formed, else ManifestError.
+
+    Vectorised first (a per-row Python loop is slow at a million shards); the loop then runs only on
+    failure, to name the offending value."""
+    ok_digests = all(pc.all(pc.match_substring_regex(d, _DIGEST_RE)).as_py() is not False for d in digests)
+    no_nulls = all(c.null_count == 0 for c in (paths, *digests))
+    under = pc.all(pc.starts_with(paths, f"{SHARDS_DIR}/")).as_py() is not False
+    if no_nulls and under and ok_digests and not any(_has_dots_or_backslash(c) for c in paths.chunks):
+        return
+    for path in paths.to_pylist():
+        if (
+            not isinstance(path, str)
+            or not path.startswith(f"{SHARDS_DIR}/")
+            or ".." in path.split("/")
+            or "\\" in path
+        ):
+            raise ManifestError(f"shard path {path!r} is not under {SHARDS_DIR}/")
+    for column in digests:
+        for d in column.to_pylist():
+            if d is None:
+                raise ManifestError("shard table has a null digest; the manifest is corrupt")
+            check_digest_string(d)
+
+
+def _has_dots_or_backslash(column: pa.Array) -> bool:
+    """Whether a ``..`` or a backslash is anywhere in the string column's characters: one search of its data
+    buffer (a ``..`` across two values, or inside a name, is a false alarm the caller's exact check clears)."""
+    if len(column) == 0:
+        return False
+    offsets = np.frombuffer(column.buffers()[1], dtype=np.int32, count=len(column) + 1, offset=column.offset * 4)
+    data = column.buffers()[2]
+    if data is None:
+        return False
+    chars, start, stop = memoryview(data), int(offsets[0]), int(offsets[-1])
+    for at in range(start, stop, _SEARCH_PIECE):  # bytes searches (memmem), a piece at a time: no big copy
+        piece = bytes(chars[at : min(at + _SEARCH_PIECE + 1, stop)])  # + 1: a ".." across two pieces
+        if b".." in piece or b"\\" in piece:
+            return True
+    return False
 
 
 def _ints(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:

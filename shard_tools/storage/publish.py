@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import ManifestError, PublishError, StorageError, WriteConflictError
 from ..format.header import MANIFEST_FILE, parse_header, version_path
-from ..format.manifest import Manifest, lineage_of
+from ..format.manifest import Manifest, StoredShards, lineage_of
 from .conditional import read_versioned, write_if
 from .store import Location
 
@@ -77,7 +77,9 @@ def _check_stored(loc: Location, paths: Sequence[str]) -> None:
         raise PublishError(f"refusing to publish: shard {missing[0]}{more} not stored at {loc.url}")
 
 
-def store_version(loc: Location, manifest: Manifest, table_data: bytes, body: bytes | None = None) -> bytes:
+def store_version(
+    loc: Location, manifest: Manifest | StoredShards, table_data: bytes, body: bytes | None = None
+) -> bytes:
     """Store a version's shard table, ``lineage/<id>.json`` and ``versions/<id>.json`` (immutable,
     named by content); returns the manifest body. Safe to repeat and to race: both writers write a
     header of the same version (only ``created_at``/``tool_version`` may differ)."""
