@@ -26,6 +26,9 @@ from ferry.shard_tools.cli import main
 # with TLS before many operations; fake-gcs-server speaks neither, and every such call waits out a
 # 60 s timeout. Off here and in every process a test starts (they inherit the environment).
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+# A Ray driver reads its auth mode once per process, and a token file another Ray user left in ~/.ray
+# switches it on: the test clusters run without auth, so every driver of the run (and its children) does.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 # A shell without job control starts background commands with SIGINT ignored, and an ignored signal
 # stays ignored in every process started from there: the tests that interrupt ferry with SIGINT need
