@@ -176,11 +176,21 @@ def ray_cluster(nodes: int = 2, *, cpus: int = 2, env: Mapping[str, str] | None 
             cluster.add_node(cpus=cpus, resources={f"node{i + 1}": 1})
         yield cluster
     finally:
+        _disconnect_this_process()
         cluster.stop()
         if before is None:
             os.environ.pop("RAY_AUTH_MODE", None)
         else:
             os.environ["RAY_AUTH_MODE"] = before
+
+
+def _disconnect_this_process() -> None:
+    """Leave the cluster before it stops: a driver still connected when its GCS goes away ends the whole
+    process (the test run) a minute later, which a test that failed while connected would otherwise cause."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
 
 
 def _alive(pid: int) -> bool:
