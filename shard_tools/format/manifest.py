@@ -584,9 +584,9 @@ def _check_strings(paths: pa.ChunkedArray, *digests: pa.ChunkedArray) -> None:
         ):
             raise ManifestError(f"shard path {path!r} is not under {SHARDS_DIR}/")
     for column in digests:
-        for d in column.to_pylist():
+        for row, d in enumerate(column.to_pylist()):
             if d is None:
-                raise ManifestError("shard table has a null digest; the manifest is corrupt")
+                raise ManifestError(f"shard table row {row} has a null digest (None); the manifest is corrupt")
             check_digest_string(d)
 
 

@@ -91,3 +91,5 @@ def test_one_bad_row_in_a_large_table_is_caught(column: str, value: str | None) 
     with pytest.raises(ManifestError) as err:
         ShardTable(bad).validate()
     assert repr(str(value))[1:-1][:20] in str(err.value)
+    if value is None:
+        assert "row 12345" in str(err.value)
