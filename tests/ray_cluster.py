@@ -74,16 +74,22 @@ class RayCluster:
         self._wait_nodes(len(self._nodes))
 
     def _wait_nodes(self, n: int) -> None:
+        # counted alive by the GCS, and (for a node after the head) a task placed there by its resource: the
+        # GCS counts a node before the head's scheduler sees its resources, and a SPREAD scheduled meanwhile
+        # stays on the head
         probe = ("import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False); "
-                 "print(sum(1 for x in ray.nodes() if x['Alive']))")  # fmt: skip
+                 "n = int(sys.argv[2]); alive = sum(1 for x in ray.nodes() if x['Alive']); "
+                 "placed = n < 2 or alive < n or ray.get(ray.remote(lambda: 1).options(num_cpus=0, "
+                 "resources={f'node{n}': 0.001}).remote(), timeout=20) == 1; "
+                 "print(alive if placed else 0)")  # fmt: skip
         deadline = time.monotonic() + _START_TIMEOUT
         last = ""
         while time.monotonic() < deadline:
             if any(p.poll() is not None for p in self._nodes):
                 raise RuntimeError(f"a Ray node exited while starting: {self.logs()}")
             try:
-                got = subprocess.run([sys.executable, "-c", probe, self.address], capture_output=True, text=True,
-                                     env=self.env, timeout=60)  # fmt: skip
+                got = subprocess.run([sys.executable, "-c", probe, self.address, str(n)], capture_output=True,
+                                     text=True, env=self.env, timeout=60)  # fmt: skip
             except subprocess.TimeoutExpired:
                 last = "probe timed out"
                 continue

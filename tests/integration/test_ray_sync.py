@@ -63,7 +63,8 @@ def test_ray_engine_makes_the_replica_threads_make(cluster: RayCluster, tmp_path
     made = pack(str(tmp_path / "src" / "ds"), 600, seed=3, shard_size=16 * 1024)
     assert made.shards >= 8
     _sync(_daemon(tmp_path, "threads", Transfer(engine="threads")), "ds", made.version_id)
-    ray_daemon = _daemon(tmp_path, "ray", Transfer(engine="ray", address=cluster.address))
+    # a copy takes a whole node's CPUs: with four copies wanted at once, one node cannot take them all
+    ray_daemon = _daemon(tmp_path, "ray", Transfer(engine="ray", address=cluster.address, task_cpus=2))
     copier = ray_daemon.executor.copier
     assert isinstance(copier, RayCopier)
     by_node: dict[str, int] = {}

@@ -80,7 +80,7 @@ def test_governor_grants_under_every_limit() -> None:
     t0 = time.monotonic()
     for _ in range(8):  # 1 MiB under 512 KiB/s (a quarter second of burst): about 1.75 s
         assert gov.grant("t1", "a->b", "n1", 128 * 1024, 128 * 1024) == (128 * 1024, False)
-    assert 1.2 < time.monotonic() - t0 < 6
+    assert time.monotonic() - t0 > 1.2  # the limit holds (a copy that waits too long fails on the test timeout)
     # a small ask gets GRANT_SECONDS of the rate: few calls whatever the step the copy moves in
     assert gov.grant("t1", "a->b", "n1", 1024, 0) == (int(512 * 1024 * GRANT_SECONDS), False)
     assert gov.moved("t1") == 1024 * 1024 and gov.transfers_by_node() == {"n1": 1}
@@ -89,14 +89,14 @@ def test_governor_grants_under_every_limit() -> None:
     assert gov.moved("t1") == 0
 
 
-def test_governor_limits_each_node_on_its_own() -> None:
-    gov = Governor((None, {}, 256 * 1024))
+def _two_nodes_pull(gov: Governor, size: int) -> dict[str, float]:
+    """Seconds each of two nodes, pulling at once, takes to be granted ``size`` bytes."""
     took: dict[str, float] = {}
 
     def pull(node: str) -> None:
         t0 = time.monotonic()
         got = 0
-        while got < 512 * 1024:
+        while got < size:
             got += gov.grant(node, "x->y", node, 16 * 1024, 0)[0]
         took[node] = time.monotonic() - t0
 
@@ -104,9 +104,20 @@ def test_governor_limits_each_node_on_its_own() -> None:
     for t in threads:
         t.start()
     for t in threads:
-        t.join(30)
-    # each node draws from its own bucket, so both finish in the time one takes alone; a shared bucket takes twice that
-    assert all(1.2 < s < 3.3 for s in took.values()), took
+        t.join(60)
+    assert set(took) == {"n1", "n2"}, took
+    return took
+
+
+def test_governor_limits_each_node_on_its_own() -> None:
+    rate = 256 * 1024
+    own = _two_nodes_pull(Governor((None, {}, rate)), 512 * 1024)  # a bucket per node
+    shared = _two_nodes_pull(Governor((None, {"x->y": rate}, None)), 512 * 1024)  # one bucket for both
+    # both limits hold: a node's 512 KiB at 256 KiB/s, and the shared link's 1 MiB, less a burst each
+    assert min(own.values()) > 1.2 and max(shared.values()) > 3.2, (own, shared)
+    # each node draws from its own bucket: both finish in about the time one takes alone, half the shared time
+    # (a ratio against the shared run beside it, not a bound in seconds: a loaded machine slows both alike)
+    assert max(own.values()) < 0.75 * max(shared.values()), (own, shared)
 
 
 def test_governor_cancel_reaches_waiting_and_later_grants() -> None:
