@@ -27,10 +27,18 @@ __all__ = ["RayCluster", "ray_cluster"]
 _START_TIMEOUT = 180.0  # a loaded two-core machine takes its time
 
 
+_handed_out: set[int] = set()  # a port the kernel just freed may come back at the next bind: never twice
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise RuntimeError("no free port that was not handed out already")
 
 
 def _ports() -> list[str]:

@@ -22,6 +22,7 @@ from ferry.shard_tools.storage.store import Location
 from .bandwidth import Bandwidth
 from .governor import Governor, Rates
 from .hashed_io import CHUNK_SIZE, PROGRESS_SECONDS, Progress
+from .node_spread import NodeSpread
 from .ray_tasks import copy_task, verify_task
 
 __all__ = ["RayCopier", "import_ray"]
@@ -58,8 +59,9 @@ def _check_reachable(address: str) -> None:
 
 
 class RayCopier:
-    """Runs each copy (and re-hash) as a Ray task with SPREAD scheduling on the cluster at ``address``
-    (``"auto"``, ``"HOST:PORT"`` or ``"ray://HOST:PORT"``), under ``bandwidth``'s limits."""
+    """Runs each copy (and re-hash) as a Ray task on the cluster at ``address`` (``"auto"``, ``"HOST:PORT"``
+    or ``"ray://HOST:PORT"``), spread over its nodes by :class:`~.node_spread.NodeSpread`, under
+    ``bandwidth``'s limits."""
 
     def __init__(
         self,
@@ -83,13 +85,16 @@ class RayCopier:
                 raise UsageError(
                     f'[transfer] engine = "ray": cannot reach the Ray cluster at {address}: {exc}'
                 ) from exc
-        opts = {"scheduling_strategy": "SPREAD", "max_retries": max_retries, "retry_exceptions": False,
-                "num_cpus": task_cpus}  # fmt: skip
-        self._copy = ray.remote(copy_task).options(**opts)
-        self._verify = ray.remote(verify_task).options(**opts)
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self._affinity = NodeAffinitySchedulingStrategy
+        self._task_opts: dict[str, Any] = {"max_retries": max_retries, "retry_exceptions": False,
+                                           "num_cpus": task_cpus}  # fmt: skip
+        self._copy = ray.remote(copy_task)
+        self._verify = ray.remote(verify_task)
+        self._spread = NodeSpread(lambda: self._alive_nodes(task_cpus))
         # beside the daemon (its node's death is the daemon's too), taking no CPU from the copies
         here = ray.get_runtime_context().get_node_id()
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         # restarted (with its calls retried) should its node or process die: it then starts from the
         # rates it was made with, and the next copy hands it the current ones
@@ -108,6 +113,22 @@ class RayCopier:
         self._lock = threading.Lock()
         self._closed = False
         bandwidth.watch(self._push_rates)
+
+    def _alive_nodes(self, task_cpus: float) -> list[str]:
+        """The ids of the alive nodes that can run a copy task (enough CPUs for one)."""
+        return [n["NodeID"] for n in self._ray.nodes()
+                if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= task_cpus]  # fmt: skip
+
+    def _submit(self, fn: Any, *args: Any) -> tuple[Any, str | None]:
+        """Start ``fn`` as a task on the node :class:`NodeSpread` picks: (its ref, the node). The affinity is
+        soft: should that node die, Ray runs the task (and its retries) on another."""
+        node = self._spread.acquire()
+        strategy = "SPREAD" if node is None else self._affinity(node, soft=True)
+        try:
+            return fn.options(scheduling_strategy=strategy, **self._task_opts).remote(*args), node
+        except BaseException:
+            self._spread.release(node)
+            raise
 
     def _rates(self) -> Rates:
         b = self.bandwidth
@@ -139,7 +160,8 @@ class RayCopier:
     ) -> None:
         key = uuid.uuid4().hex
         self._push_rates()
-        ref = self._copy.remote(src, dst, (path, size, digest), self.chunk_size, create_only, link, self._governor, key)
+        ref, node = self._submit(self._copy, src, dst, (path, size, digest), self.chunk_size, create_only, link,
+                                 self._governor, key)  # fmt: skip
         seen = 0
 
         def report() -> None:  # progress is best effort: a governor being restarted reports nothing meanwhile
@@ -156,12 +178,17 @@ class RayCopier:
             error = self._wait(ref, cancel, report)
             report()
         finally:
+            self._spread.release(node)
             self._governor.forget.remote(key)
         if error is not None:
             raise error
 
     def verify(self, dst: Location, path: str, size: int, digest: str, *, cancel: threading.Event) -> str | None:
-        got = self._wait(self._verify.remote(dst, (path, size, digest), self.chunk_size), cancel, None)
+        ref, node = self._submit(self._verify, dst, (path, size, digest), self.chunk_size)
+        try:
+            got = self._wait(ref, cancel, None)
+        finally:
+            self._spread.release(node)
         if isinstance(got, FerryError):
             raise got
         return got
@@ -188,6 +215,7 @@ class RayCopier:
         except Exception as exc:  # noqa: BLE001 - Ray's errors (a lost worker, node or object) and a task's crash
             if cancel.is_set():
                 raise Cancelled() from exc
+            self._spread.forget_listing()
             raise StorageError(f"the Ray task copying the shard was lost ({type(exc).__name__}: {exc})") from exc
 
     def transfers_by_node(self) -> dict[str, int]:

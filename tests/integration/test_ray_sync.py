@@ -63,8 +63,7 @@ def test_ray_engine_makes_the_replica_threads_make(cluster: RayCluster, tmp_path
     made = pack(str(tmp_path / "src" / "ds"), 600, seed=3, shard_size=16 * 1024)
     assert made.shards >= 8
     _sync(_daemon(tmp_path, "threads", Transfer(engine="threads")), "ds", made.version_id)
-    # a copy takes a whole node's CPUs: with four copies wanted at once, one node cannot take them all
-    ray_daemon = _daemon(tmp_path, "ray", Transfer(engine="ray", address=cluster.address, task_cpus=2))
+    ray_daemon = _daemon(tmp_path, "ray", Transfer(engine="ray", address=cluster.address))
     copier = ray_daemon.executor.copier
     assert isinstance(copier, RayCopier)
     by_node: dict[str, int] = {}
@@ -80,7 +79,9 @@ def test_ray_engine_makes_the_replica_threads_make(cluster: RayCluster, tmp_path
         assert verify(str(tmp_path / dest / "ds")).ok
         assert open_dataset(str(tmp_path / dest / "ds")).version_id == made.version_id
     assert _shard_files(tmp_path / "ray" / "ds") == _shard_files(tmp_path / "threads" / "ds")
-    assert len(by_node) == 2 and sum(by_node.values()) == made.shards, by_node  # SPREAD: both nodes copied
+    # both nodes copied: the second copy goes to the node the first did not take (a node's share then follows
+    # how fast it finishes its copies)
+    assert len(by_node) == 2 and sum(by_node.values()) == made.shards, by_node
 
 
 def test_worker_killed_mid_copy_costs_a_retry_not_a_partial_shard(cluster: RayCluster, tmp_path: Path) -> None:
