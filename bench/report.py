@@ -527,6 +527,18 @@ def _media(res: dict[str, Any]) -> list[str]:
     return suite_media.section(res.get("media"))
 
 
+def _ray_sync(res: dict[str, Any]) -> list[str]:
+    import suite_ray_sync
+
+    return suite_ray_sync.section(res.get("ray_sync"))
+
+
+def _fleet_sim(res: dict[str, Any]) -> list[str]:
+    import suite_fleet_sim
+
+    return suite_fleet_sim.section(res.get("fleet_sim"))
+
+
 def _schedule(res: dict[str, Any]) -> list[str]:
     """Loader throughput with a mixture schedule against a single-phase mixture; resume cost by phases."""
     sc = res.get("schedule")
@@ -603,8 +615,9 @@ def _headline_rows(res: dict[str, Any]) -> list[str]:
                 f"{_speed(case['noop_speedup_vs_rclone'])} |"
             )
     import suite_media
+    import suite_ray_sync
 
-    return rows + suite_media.headline_rows(res.get("media"))
+    return rows + suite_media.headline_rows(res.get("media")) + suite_ray_sync.headline_rows(res.get("ray_sync"))
 
 
 def _speed(r: float) -> str:
@@ -694,6 +707,8 @@ def write(res: dict[str, Any], page: Path, peers_python: str | None, results_rel
         *_remote(res),
         *_staging(res),
         *_media(res),
+        *_ray_sync(res),
+        *_fleet_sim(res),
         *_profiles(res),
     ]
     page.parent.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO / "tests"))  # the Ray cluster of the tests
 
 from ray_cluster import RayCluster  # noqa: E402
 
-__all__ = ["run"]
+__all__ = ["headline_rows", "run", "section"]
 
 SHARD_MIB = 4
 TRANSFERS = 8
@@ -112,6 +112,41 @@ def run(
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
     return out
+
+
+def section(res: dict[str, Any] | None) -> list[str]:
+    """The Ray sync section of docs/BENCHMARKS.md."""
+    if not res:
+        return []
+    lines = ["## Replication on Ray: one node against two", ""]
+    if "error" in res:
+        return [*lines, str(res["error"]), ""]
+    lines += [
+        f"`bench/suite_ray_sync.py`: {res['stored_bytes'] / 2**20:.0f} MiB in {res['shard_mib']} MiB shards, "
+        f"local disk to local disk, {res['transfers']} copies in flight, every node's copies held to "
+        f"{res['node_mib_s']:g} MiB/s (`[transfer] node_bwlimit`, standing in for one NIC). Nodes are "
+        "processes of one Ray cluster on this machine; timed from the pass's start to its publish, best of "
+        "the repeats after a warm-up pass.",
+        "",
+        "| nodes | best pass | MiB/s | copies per node (each run) |",
+        "|---|---|---|---|",
+    ]
+    for nodes in (1, 2):
+        got = res.get(f"nodes_{nodes}")
+        if got:
+            per_node = "; ".join(" + ".join(str(n) for n in r["copies_by_node"]) for r in got["runs"])
+            lines.append(f"| {nodes} | {got['best_s']:.2f} s | {got['mib_s']:.1f} | {per_node} |")
+    if "speedup" in res:
+        lines += ["", f"Two nodes move **{res['speedup']:.2f}x** what one does (goal: at least 1.7x)."]
+    return [*lines, ""]
+
+
+def headline_rows(res: dict[str, Any] | None) -> list[str]:
+    """Two Ray nodes against one (a ratio, no peer)."""
+    if not res or "speedup" not in res:
+        return []
+    cap = f"{res['node_mib_s']:g} MiB/s"
+    return [f"| sync MB/s on Ray, 2 nodes | 1 node (each capped to {cap}) | {res['speedup']:.2f}x |"]
 
 
 def main() -> int:

@@ -1,0 +1,46 @@
+"""The benchmarks page renders the Ray sync and fleet simulator suites from their results."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import report  # noqa: E402
+
+RAY_SYNC = {
+    "mib": 64, "node_mib_s": 8, "shard_mib": 4, "transfers": 8, "stored_bytes": 64 * 2**20,
+    "nodes_1": {"runs": [{"seconds": 9.5, "copies_by_node": [16]}, {"seconds": 9.41, "copies_by_node": [16]}],
+                "best_s": 9.41, "mib_s": 6.8},
+    "nodes_2": {"runs": [{"seconds": 4.79, "copies_by_node": [8, 8]}], "best_s": 4.79, "mib_s": 13.4},
+    "speedup": 13.4 / 6.8,
+}  # fmt: skip
+FLEET_SIM = {
+    "mib": 24, "rate": 3 * 2**20, "poll": 0.3, "worst_error": 0.0175,
+    "runs": [{"fill_predicted_s": 16.01, "fill_measured_s": 16.29, "error": 0.0175, "predicted": {}, "measured": {}}],
+}  # fmt: skip
+
+
+def test_the_ray_sync_section_shows_both_node_counts_and_the_speedup() -> None:
+    text = "\n".join(report._ray_sync({"ray_sync": RAY_SYNC}))
+    assert "| 1 | 9.41 s | 6.8 | 16; 16 |" in text
+    assert "| 2 | 4.79 s | 13.4 | 8 + 8 |" in text
+    assert "**1.97x**" in text and "8 MiB/s" in text
+    assert "| sync MB/s on Ray, 2 nodes | 1 node (each capped to 8 MiB/s) | 1.97x |" in report._headline_rows(
+        {"ray_sync": RAY_SYNC}
+    )
+
+
+def test_the_fleet_sim_section_shows_prediction_measure_and_error() -> None:
+    text = "\n".join(report._fleet_sim({"fleet_sim": FLEET_SIM}))
+    assert "| 1 | 16.01 s | 16.29 s | +1.8% |" in text
+    assert "Worst error 1.8%" in text and "3 MiB/s" in text
+
+
+def test_a_suite_that_did_not_run_or_failed_says_so_or_nothing() -> None:
+    assert report._ray_sync({}) == [] and report._fleet_sim({}) == []
+    failed = report._ray_sync({"ray_sync": {"error": "Ray is not installed"}})
+    assert "Ray is not installed" in failed
+    assert report._headline_rows({"ray_sync": {"error": "x"}}) == []
