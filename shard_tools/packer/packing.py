@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import __version__
 from ..dataset import load_manifest
-from ..errors import DatasetNotFoundError, UsageError
+from ..errors import DatasetNotFoundError, InputFormatError, UsageError
 from ..format.manifest import Manifest, ShardInfo, ShardTable, Tokenizer
 from ..format.policy import MediaPolicy, parse_policy
 from ..format.seekable import DEFAULT_FRAME_SIZE, MAX_FRAME_SIZE, MIN_FRAME_SIZE
@@ -499,6 +499,24 @@ def merge_parts(
     return _publish(loc, previous, header, rows, started, skipped_media=skipped)
 
 
+def _doc_tokens(doc: Sequence[int] | np.ndarray, i: int) -> np.ndarray:
+    """Document ``i``'s token ids as int64, or InputFormatError: a float, string or other non-integer id is
+    refused, never truncated to an integer."""
+    try:
+        arr = np.asarray(doc)
+    except (ValueError, OverflowError) as exc:
+        raise InputFormatError(f"document {i}: not a flat sequence of token ids ({exc})") from None
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise InputFormatError(
+            f"document {i}: token ids must be a flat sequence of integers, got {arr.ndim}-d {arr.dtype} values"
+        )
+    if arr.dtype == np.uint64 and arr.max() > np.iinfo(np.int64).max:
+        raise InputFormatError(f"document {i}: token id {int(arr.max())} is out of range")
+    return arr.astype(np.int64, copy=False)
+
+
 def pack_documents(
     documents: Iterable[Sequence[int] | np.ndarray], out: str, options: PackOptions | None = None
 ) -> PackResult:
@@ -516,8 +534,8 @@ def pack_documents(
 
     def batches() -> Iterator[DocBatch]:
         chunk: list[np.ndarray] = []
-        for doc in documents:
-            chunk.append(np.asarray(doc, dtype=np.int64))
+        for i, doc in enumerate(documents):
+            chunk.append(_doc_tokens(doc, i))
             if len(chunk) >= 4096:
                 yield batch_from_lists(chunk)
                 chunk = []

@@ -255,3 +255,30 @@ def test_input_globs_are_expanded_in_order(tmp_path: Path) -> None:
     out = str(tmp_path / "ds")
     pack([f"file://{tmp_path}/p*.parquet"], out, token_opts())
     assert read_back(out) == as_lists(docs)
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ([1, 2.5, 3], "float64"),
+        (np.array([1.0, 2.0]), "float64"),
+        (["1", "2"], "<U1"),
+        ([[1, 2], [3, 4]], "2-d"),
+        ([1, 2**70], "object"),
+        ([True, False], "bool"),
+        (np.array([2**63 + 5], dtype=np.uint64), "out of range"),
+    ],
+)
+def test_pack_documents_refuses_ids_that_are_not_integers(tmp_path: Path, doc: object, message: str) -> None:
+    from ferry.shard_tools.errors import InputFormatError
+
+    with pytest.raises(InputFormatError, match=f"document 1: .*{message}"):
+        pack_documents([[5, 6], doc], str(tmp_path / "ds"), PackOptions(vocab_size=1000, eos_id=0))
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
+def test_pack_documents_takes_any_integer_dtype_and_empty_documents(tmp_path: Path) -> None:
+    docs = [[1, 2], np.array([3, 4], dtype=np.uint16), np.array([5], dtype=np.int32), []]
+    pack_documents(docs, str(tmp_path / "ds"), PackOptions(vocab_size=1000, eos_id=0))
+    got = [d.tolist() for d in open_dataset(str(tmp_path / "ds")).documents()]
+    assert got == [[1, 2], [3, 4], [5], []]
