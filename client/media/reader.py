@@ -132,7 +132,9 @@ class MediaReader:
         if got is not None:
             return got
         info = self.info(s)
-        if self._by_frames(info):
+        if self.manifest.media is None:  # a dataset without media: its documents' offsets alone
+            got = self._text_only(s, info)
+        elif self._by_frames(info):
             assert self.frames is not None
             index = self.frames.index(info)
             layout = media_layout(self.frames.raw(info, 0, index.offsets_pos), info)
@@ -154,6 +156,15 @@ class MediaReader:
             raise ShardFormatError(info.path, "its media column disagrees with the manifest's media counts")
         self._meta[s] = got
         return got
+
+    def _text_only(self, s: int, info: ShardInfo) -> ShardMedia:
+        if self._by_frames(info):
+            assert self.frames is not None
+            offsets = self.frames.offsets(info, 0, info.documents)
+            tokens = self.frames.tokens(info, self.dtype, 0, info.tokens) if self._keep_tokens else None
+        else:
+            offsets, tokens = np.asarray(self._view(s).offsets, dtype=np.int64), None
+        return ShardMedia(np.asarray(offsets, dtype=np.int64), _no_media(info.documents), None, tokens)
 
     def load(self, shards: range, make: Callable[[], MediaReader], threads: int) -> list[ShardMedia]:
         """Every shard's metadata, ``threads`` shards at a time (remote replicas: their round trips overlap), each
@@ -188,13 +199,12 @@ class MediaReader:
             if not self._by_frames(info):
                 continue
             sm = self.shard(s)
-            assert sm.layout is not None
             # raw byte ranges given as uint8 "tokens" counted from the token buffer's start
             base = self.frames.index(info).tokens_pos
             if sm.tokens is None:
                 ranges.append((info, a * self.dtype.itemsize, b * self.dtype.itemsize))
             lo, hi = int(sm.meta.data_offsets[j0]), int(sm.meta.data_offsets[j1])
-            if hi > lo:
+            if hi > lo and sm.layout is not None:
                 ranges.append((info, sm.layout.data_pos + lo - base, sm.layout.data_pos + hi - base))
         if ranges:
             self.frames.prefetch_tokens(ranges, np.dtype("u1"))
@@ -230,6 +240,13 @@ class MediaReader:
             meta.item(j, data[int(meta.data_offsets[j]) - base : int(meta.data_offsets[j + 1]) - base])
             for j in range(j0, j1)
         ]
+
+
+def _no_media(documents: int) -> MediaMeta:
+    """The media metadata of ``documents`` documents without media."""
+    none = np.zeros(0, dtype=np.int64)
+    return MediaMeta(np.zeros(documents + 1, dtype=np.int64), none, none, [], [], none, none,
+                     np.zeros(0, dtype=np.float64), none, np.zeros(1, dtype=np.int64))  # fmt: skip
 
 
 def _data_bytes(column: Any, lo: int, hi: int) -> bytes:

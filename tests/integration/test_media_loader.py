@@ -67,6 +67,7 @@ def test_sequences_hold_their_media_and_documents(dataset_url: str, samples: lis
     begin, patch, end = ds.policy.ids
     sources = {v for s in samples for k, v in s.items() if k not in ("__key__", "txt")}
     seen = 0
+    stop = ds.end()  # the last batch reaches past the two epochs' end: its rows there are not counted
     for batch in _stream(MediaLoader(ds, 4)):
         ids = batch["input_ids"].numpy()
         assert ids.shape[1] == SEQ
@@ -74,7 +75,7 @@ def test_sequences_hold_their_media_and_documents(dataset_url: str, samples: lis
             span = ids[row, start : start + length]
             assert span[0] == begin and span[-1] == end and (span[1:-1] == patch).all()
             assert length == item.cost and item.data in sources
-            seen += 1
+            seen += batch["positions"][row] < stop
         for row in range(ids.shape[0]):
             docs = batch["documents"].numpy()
             mine = docs[docs[:, 0] == row]
@@ -148,10 +149,19 @@ def test_a_sample_reads_no_other_samples_media(tmp_path: Path) -> None:
     assert metadata < total / 10, (metadata, total)
 
 
-def test_text_dataset_is_refused(tmp_path: Path) -> None:
-    pack_documents([[1, 2, 3]], str(tmp_path / "t"), PackOptions(vocab_size=10, eos_id=0))
-    with pytest.raises(UsageError, match="without media"):
-        MediaDataset(str(tmp_path / "t"), 16)
+def test_a_text_dataset_reads_as_sequences_without_media(tmp_path: Path) -> None:
+    docs = [list(range(1, 2 + i % 9)) for i in range(300)]
+    pack_documents(docs, str(tmp_path / "t"), PackOptions(vocab_size=16, eos_id=0, shard_size=1024))
+    ds = MediaDataset(str(tmp_path / "t"), 16, seed=2, epochs=1)
+    assert ds.policy is None and len(ds.manifest.shards) > 1
+    pieces = []
+    for s in ds:
+        assert s["media"] == [] and s["media_spans"].shape == (0, 2)
+        for _d, start, length, _a in s["documents"].tolist():
+            pieces.append(s["input_ids"][start : start + length].tolist())
+    assert sorted(pieces) == sorted(d + [0] for d in docs)  # every document once, EOS appended
+    with pytest.raises(UsageError):
+        MediaDataset(str(tmp_path / "t"), 16, rank=2, world_size=2)
 
 
 def test_a_remote_replica_gives_the_same_stream(
@@ -168,12 +178,14 @@ def test_a_remote_replica_gives_the_same_stream(
     _same(_stream(MediaLoader(remote, 3)), _stream(MediaLoader(_dataset(dataset_url), 3)))
 
 
-def test_ranks_read_disjoint_sequences_covering_the_epoch(dataset_url: str) -> None:
-    whole = [s["input_ids"].tolist() for s in MediaDataset(dataset_url, SEQ, seed=3, epochs=1)]
+def test_ranks_read_the_one_stream_in_turn(dataset_url: str) -> None:
+    """Rank ``r`` of 3 reads positions ``r, r + 3, …``; all as many, the last round reaching into epoch 1."""
+    whole = [s["input_ids"].tolist() for s in MediaDataset(dataset_url, SEQ, seed=3, epochs=2)]
     parts = [[s["input_ids"].tolist() for s in MediaDataset(dataset_url, SEQ, seed=3, epochs=1, rank=r, world_size=3)]
              for r in range(3)]  # fmt: skip
-    assert sorted(x for p in parts for x in p) == sorted(whole)
-    assert [len(p) for p in parts] == [len(whole[r::3]) for r in range(3)]
+    n = MediaDataset(dataset_url, SEQ, seed=3).sequences(0)
+    assert [len(p) for p in parts] == [-(-n // 3)] * 3
+    assert [x for row in zip(*parts, strict=True) for x in row] == whole[: 3 * len(parts[0])]
 
 
 def test_prefetch_fetches_a_batch_at_once_and_workers_reuse_the_metadata(
