@@ -17,7 +17,15 @@ if TYPE_CHECKING:
     from .stream.loader import TokenLoader
     from .stream.mixed import MixedDataset
 
-__all__ = ["TokenDataset", "MixedDataset", "TokenLoader", "MediaDataset", "MediaMixture", "MediaLoader", "ServiceClient"]
+__all__ = [
+    "TokenDataset",
+    "MixedDataset",
+    "TokenLoader",
+    "MediaDataset",
+    "MediaMixture",
+    "MediaLoader",
+    "ServiceClient",
+]
 
 # Imported on first use (PEP 562): `ferry status` and ServiceClient need no torch, and every `ferry`
 # command loads client.service.cli, which would otherwise pay torch's multi-second import.

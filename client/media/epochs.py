@@ -75,12 +75,10 @@ class EpochIndex:
     def adopt(self, anchor: object, position: int) -> None:
         """Take a state's anchor of ``position`` as known, after checking it holds ``position`` (a
         :class:`StateError` if it is malformed or does not)."""
-        ok = isinstance(anchor, (list, tuple)) and len(anchor) == 2 and all(
-            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in anchor
-        )  # fmt: skip
-        if not ok:
+        pair = list(anchor) if isinstance(anchor, (list, tuple)) else []
+        if len(pair) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in pair):
             raise StateError(f"a media loader state's anchor must be [epoch, first position], got {anchor!r}")
-        epoch, first = anchor  # type: ignore[misc]
+        epoch, first = int(pair[0]), int(pair[1])
         if not first <= position < first + self.length(epoch):
             raise StateError(f"the state's epoch {epoch} from position {first} does not hold position {position}")
         if epoch == 0 and first != 0:

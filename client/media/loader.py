@@ -25,7 +25,6 @@ from ferry.shard_tools.errors import UsageError
 from ferry.shard_tools.format.media import MediaItem
 
 from ..sampling.partition import rank_positions
-from .dataset import MediaDataset
 from .source import MediaSource
 
 __all__ = ["MediaLoader", "collate", "decode_image"]
