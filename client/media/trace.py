@@ -10,7 +10,7 @@ bytes (``shard_bytes``: the range a ranged read fetches). Only shard metadata is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ferry.shard_tools.errors import UsageError
@@ -80,3 +80,68 @@ def _item(sm: ShardMedia, j: int, shift: int) -> dict[str, Any]:
     if sm.layout is not None:
         out["shard_bytes"] = [sm.layout.data_pos + lo, sm.layout.data_pos + hi]
     return out
+
+
+# --- ferry trace --media ------------------------------------------------------------------------------------------
+
+
+def source_for(urls: Sequence[str], state: Mapping[str, Any] | None, settings: Mapping[str, Any]) -> MediaSource:
+    """The stream to trace: a media loader ``state``'s (its fingerprint fixes everything but the URLs, one per
+    source), else ``urls`` read with ``settings`` (``seq_len``, ``seed``, ``max_images``, ``max_frames``,
+    ``weights``), positioned at the state's position."""
+    from .dataset import MediaDataset
+    from .mixed import MediaMixture
+
+    if not urls:
+        raise UsageError("name the dataset(s) with --data URL (a media loader state does not record URLs)")
+    if state is None:
+        if settings.get("seq_len") is None or settings.get("seed") is None:
+            raise UsageError("without --state, give --seq-len and --seed (and --max-images, --max-frames if set)")
+        images, frames = settings.get("max_images"), settings.get("max_frames")
+        sets = [
+            MediaDataset(u, settings["seq_len"], seed=settings["seed"], max_images=images, max_frames=frames)
+            for u in urls
+        ]
+        if len(sets) == 1:
+            return sets[0]
+        return MediaMixture(sets, settings.get("weights") or [1] * len(sets))
+    fingerprint = state.get("fingerprint") if isinstance(state, Mapping) else None
+    if not isinstance(fingerprint, list) or not fingerprint:
+        raise UsageError("the state is no media loader state (no fingerprint list): drop --media or fix --state")
+    mixture = fingerprint[0] == "mixture"
+    prints = fingerprint[2] if mixture and len(fingerprint) == 3 else [fingerprint]
+    if not isinstance(prints, list) or len(prints) != len(urls):
+        raise UsageError(f"the state reads {len(prints) if isinstance(prints, list) else '?'} dataset(s), "
+                         f"--data names {len(urls)}")  # fmt: skip
+    sets = [_dataset_of(u, p) for u, p in zip(urls, prints, strict=True)]
+    source: MediaSource = MediaMixture(sets, [tuple(p) for p in fingerprint[1]]) if mixture else sets[0]
+    source.load_state_dict(state)
+    return source
+
+
+def _dataset_of(url: str, fingerprint: Any) -> MediaDataset:
+    """The dataset a :meth:`MediaDataset.fingerprint` names, at ``url`` (the version it names)."""
+    from .dataset import MediaDataset
+
+    if not isinstance(fingerprint, list) or len(fingerprint) != 7:
+        raise UsageError(f"the state's fingerprint {fingerprint!r} is no media dataset's")
+    version, seq_len, seed, max_images, max_frames, open_bins, shuffle = fingerprint
+    return MediaDataset(url, seq_len, seed=seed, shuffle=shuffle, max_images=max_images, max_frames=max_frames,
+                        open_bins=open_bins, version=version)  # fmt: skip
+
+
+def trace_lines(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """``ferry trace --media``'s text: a line per sequence, per document piece and per media item."""
+    lines = []
+    for r in records:
+        src = f"source {r['source']} position {r['source_position']} " if "source" in r else ""
+        lines.append(f"global sequence {r['position']}: {src}{r['url']} version {r['dataset_version']} "
+                     f"epoch {r['epoch']} sequence {r['sequence']}")  # fmt: skip
+        for d in r["documents"]:
+            a, b = d["doc_tokens"]
+            lines.append(f"  shard {d['shard']} document {d['document']} tokens [{a}, {b}) at {d['start']}")
+            for m in d["media"]:
+                lo, hi = m["data_bytes"]
+                lines.append(f"    item {m['item']} {m['kind']}/{m['format']} {m['width']}x{m['height']} "
+                             f"span [{m['span'][0]}, +{m['span'][1]}) bytes [{lo}, {hi})")  # fmt: skip
+    return lines

@@ -199,3 +199,32 @@ def test_a_dataset_trace_of_every_sequence_covers_each_item_once(urls: dict[str,
         for item in d["media"]
     ]
     assert len(seen) == len(set(seen)) == ds.manifest.totals["media_items"]
+
+
+def test_ferry_trace_media_reads_a_mixture_state(
+    urls: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from ferry.client.stream.trace import main
+
+    loader = MediaLoader(_mixture(urls, rank=0, world_size=2), 3)
+    it = iter(loader)
+    next(it)
+    next(it)
+    it.close()  # type: ignore[attr-defined]
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps(loader.state_dict()))
+    data = ["--data", urls["text"], "--data", urls["media"]]
+    assert main(["--media", "--state", str(state), *data, "--global-batch", "6", "--json"]) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert records == loader.trace(list(range(12, 18)))
+    rank1 = ["--global-batch", "6", "--rank", "1", "--batch-size", "3"]
+    assert main(["--media", "--state", str(state), *data, *rank1]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("global sequence 15: source ") and " item " in text
+    fresh = ["--media", *data, "--seq-len", str(SEQ), "--seed", "1", "--global-batch", "6", "--step", "2", "--json"]
+    assert main(fresh) == 0  # without a state: the flags (here both sources seeded 1, not the state's 1 and 2)
+    assert [r["position"] for r in json.loads(capsys.readouterr().out)] == list(range(12, 18))
+    assert main(["--media", "--state", str(state), "--data", urls["text"], "--global-batch", "6"]) != 0
+    assert "2 dataset(s)" in capsys.readouterr().err
