@@ -124,7 +124,9 @@ class MediaLoader:
             self._position = start + (k + 1) * self.global_batch_size
             yield batch
 
-    def trace(self, positions: Sequence[int] | None = None, *, step: int | None = None) -> list[dict[str, Any]]:
+    def trace(
+        self, positions: Sequence[int] | np.ndarray | None = None, *, step: int | None = None
+    ) -> list[dict[str, Any]]:
         """Where sequences came from (:mod:`ferry.client.media.trace`): stream ``positions``, or this rank's batch
         of global ``step`` (positions ``step·G + rank·batch_size …``), or by default the next batch."""
         from .trace import trace_media

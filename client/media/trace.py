@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ferry.shard_tools.errors import UsageError
 
 from .source import POSITION_LIMIT, MediaSource
@@ -24,12 +26,14 @@ if TYPE_CHECKING:
 __all__ = ["trace_media", "dataset_record"]
 
 
-def trace_media(source: MediaSource, positions: Sequence[int]) -> list[dict[str, Any]]:
+def trace_media(source: MediaSource, positions: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
     """One record per stream position of ``source`` (a MediaDataset or MediaMixture)."""
+    if isinstance(positions, np.ndarray) and positions.ndim == 1:
+        positions = positions.tolist()
     if isinstance(positions, (str, bytes)) or not isinstance(positions, Sequence):
         raise UsageError(f"positions must be a list of integers, got {positions!r}")
     for p in positions:
-        if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < POSITION_LIMIT:
+        if isinstance(p, (bool, np.bool_)) or not isinstance(p, (int, np.integer)) or not 0 <= p < POSITION_LIMIT:
             raise UsageError(f"stream positions are integers in [0, 2**62), got {p!r}")
     return [source.trace_at(int(p)) for p in positions]
 

@@ -185,7 +185,7 @@ def test_trace_names_the_media_items_of_a_step(urls: dict[str, str]) -> None:
                 spans.append((row, *item["span"], got.data))
     assert spans and spans == [(*s, m.data) for s, m in zip(batch["media_spans"].tolist(), batch["media"], strict=True)]
     assert loader.trace() == loader.trace(step=1)  # the next batch by default
-    assert loader.trace([5])[0]["position"] == 5
+    assert loader.trace([5])[0]["position"] == 5 and loader.trace(np.arange(5, 6)) == loader.trace([5])
     with pytest.raises(UsageError):
         loader.trace([-1])
 
