@@ -35,8 +35,11 @@ from ferry.shard_tools.format.manifest import Manifest
 from ferry.shard_tools.format.media import MediaItem
 from ferry.shard_tools.storage.store import resolve
 
+from .. import checks
 from ..agree import agreed_manifest
+from ..fetching.cache import ShardCache
 from ..fetching.frames import frame_reader_for
+from .cached import CachedShards
 from .epochs import EpochIndex
 from .planner import Pieces, Plan, cut_pieces, plan_epoch
 from .reader import LocalRanges, MediaReader, ShardMedia
@@ -67,6 +70,9 @@ class MediaDataset(MediaSource):
         epochs: epochs to read (None: without end); a reader's last global batch may reach into the next one.
         open_bins: sequences open at once while packing (more: fuller sequences, more planning time).
         storage_options: fsspec options of the URLs.
+        cache_dir: a node-local directory to keep shards read from remote replicas in, whole and checked, shared
+            by the node's processes (:mod:`ferry.client.media.cached`); None (default): no disk cache.
+        cache_limit: the cache directory's bound, bytes or a size string (default ``"50GiB"``).
         version: read this published version (default: the current one; under ``torch.distributed``, the one
             rank 0 read).
     """
@@ -88,6 +94,8 @@ class MediaDataset(MediaSource):
         open_bins: int = 64,
         storage_options: Mapping[str, Any] | None = None,
         version: str | None = None,
+        cache_dir: str | None = None,
+        cache_limit: int | str = "50GiB",
     ) -> None:
         from ..fetching.replicas import Replicas
 
@@ -101,6 +109,11 @@ class MediaDataset(MediaSource):
         # under torch.distributed every rank reads the version rank 0 read (client.agree), as TokenDataset does
         self.manifest: Manifest = agreed_manifest(self.replicas.load_manifest, self.replicas.names, version)
         self.policy = self.manifest.media  # None: a dataset without media
+        remote = not all(self.replicas.local(i) for i in range(len(self.replicas.urls)))
+        self.cache = None
+        if cache_dir is not None and remote:
+            directory, limit = checks.path("cache_dir", cache_dir), checks.size("cache_limit", cache_limit)
+            self.cache = ShardCache(directory, limit, self.replicas, dtype=self.manifest.token_dtype)
         self.seq_len, self.seed, self.shuffle = seq_len, seed, shuffle
         self.max_images, self.max_frames, self.open_bins = max_images, max_frames, open_bins
         eos = self.manifest.tokenizer.eos_id
@@ -110,6 +123,7 @@ class MediaDataset(MediaSource):
         self.start = 0
         self.epochs_index = EpochIndex(self.sequences)
         self._pid = -1
+        self._cached: CachedShards | None = None  # this process's view of the disk cache
         self._reader: MediaReader | None = None
         self._pieces: Pieces | None = None
         self._known: dict[int, ShardMedia] = {}  # every shard's metadata once pieces() has read it
@@ -119,7 +133,7 @@ class MediaDataset(MediaSource):
     def __getstate__(self) -> dict[str, Any]:
         """Without the reader (open handles, locks): each process makes its own (DataLoader workers, spawn)."""
         state = dict(self.__dict__)
-        state["_reader"], state["_pid"] = None, -1
+        state["_reader"], state["_pid"], state["_cached"] = None, -1, None
         return state
 
     # -- state -------------------------------------------------------------------------------------------------
@@ -148,13 +162,19 @@ class MediaDataset(MediaSource):
         frames = frame_reader_for(self.manifest, self.replicas, _FRAME_BUDGET)
         if frames is not None and len(self.replicas.urls) == 1 and self.replicas.local(0):
             frames.read_range = LocalRanges(resolve(self.replicas.urls[0], self.replicas.options[0]))
-        return MediaReader(self.manifest, self.replicas, frames, self._known)
+        return MediaReader(self.manifest, self.replicas, frames, self._known, self._cached)
 
     def reader(self) -> MediaReader:
         """This process's reader (made anew in each DataLoader worker, from the shards' metadata already read)."""
         if self._reader is None or self._pid != os.getpid():
+            self._cached = None if self.cache is None else CachedShards(self.cache)
             self._reader, self._pid = self._new_reader(), os.getpid()
         return self._reader
+
+    def settle(self) -> None:
+        """Wait for this process's background fills of the disk cache (a full disk raises ``CacheError``)."""
+        if self._reader is not None and self._pid == os.getpid() and self._cached is not None:
+            self._cached.settle()
 
     def pieces(self) -> Pieces:
         """Every document's pieces (from each shard's metadata: no media bytes)."""

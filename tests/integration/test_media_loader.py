@@ -234,3 +234,38 @@ def test_local_reads_of_a_truncated_or_missing_shard_fail_cleanly(
     with pytest.raises(ShardError):
         for index in range(ds.sequences(0)):
             ds.sample(0, index)
+
+
+def test_a_disk_cache_serves_a_remote_dataset_once_filled(samples: list[dict[str, Any]], tmp_path: Path) -> None:
+    """With ``cache_dir`` the shards read by frames are fetched whole into the node cache in the background; a
+    later reader (another epoch, job or worker) reads them from disk, no frames, the same samples; a cached file
+    spoilt on disk is fetched again."""
+    import uuid
+
+    tar = write_tar(tmp_path / "in.tar", samples)
+    url = f"memory://media-{uuid.uuid4().hex}"
+    pack([str(tar)], url, PackOptions(tokenizer="bytes", media_policy=POLICY, shard_size=16 << 10, frame_size=4096))
+    cache = str(tmp_path / "cache")
+    plain = [(s["input_ids"].tolist(), [m.data for m in s["media"]]) for s in MediaDataset(url, SEQ, seed=1, epochs=1)]
+    first = MediaDataset(url, SEQ, seed=1, epochs=1, cache_dir=cache)
+    assert [(s["input_ids"].tolist(), [m.data for m in s["media"]]) for s in first] == plain
+    first.settle()
+    assert first.cache is not None and first.cache.fetches == len(first.manifest.shards)
+
+    def again() -> tuple[MediaDataset, list[Any], int]:
+        ds = MediaDataset(url, SEQ, seed=1, epochs=1, cache_dir=cache)
+        ds.pieces()
+        frames = ds.reader().frames
+        assert frames is not None
+        before = frames.stats.bytes_read
+        got = [(s["input_ids"].tolist(), [m.data for m in s["media"]]) for s in ds]
+        return ds, got, frames.stats.bytes_read - before
+
+    ds, got, read = again()
+    assert got == plain and read == 0 and ds.cache is not None and ds.cache.fetches == 0
+    victim = Path(ds.cache.path(ds.manifest.shards[0]))
+    spoilt = bytearray(victim.read_bytes())
+    spoilt[len(spoilt) // 2] ^= 0xFF
+    victim.write_bytes(bytes(spoilt))
+    ds, got, _ = again()
+    assert got == plain and ds.cache is not None and ds.cache.fetches == 1
