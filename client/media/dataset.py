@@ -150,7 +150,11 @@ class MediaDataset(MediaSource):
             raise StateError(f"a media dataset's state has one anchor [epoch, first position], got {anchors!r}")
         self.epochs_index.adopt(anchors[0], position)
 
+    def ended(self, position: int) -> bool:
+        return self.epochs is not None and self.epochs_index.locate(position)[0] >= self.epochs
+
     def end(self) -> int | None:
+        """The position where the epochs to read end (None: no end); plans every epoch before it."""
         return None if self.epochs is None else self.epochs_index.first(self.epochs)
 
     def warm(self) -> None:

@@ -84,8 +84,8 @@ class MediaMixture(MediaSource):
             if mine:
                 source.prefetch_at(mine)
 
-    def end(self) -> int | None:
-        return self.sequences
+    def ended(self, position: int) -> bool:
+        return self.sequences is not None and position >= self.sequences
 
     def fingerprint(self) -> list[Any]:
         phases = [[s, list(q)] for s, q in self.schedule.phases]

@@ -21,7 +21,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ferry.shard_tools.errors import StateError, UsageError
 
-from ..sampling.partition import batches_until, rank_positions
+from ..sampling.partition import global_batch_size, rank_positions
 
 __all__ = ["MediaSource", "POSITION_LIMIT"]
 
@@ -45,8 +45,8 @@ class MediaSource(IterableDataset[dict[str, Any]]):
     def prefetch_at(self, positions: Iterable[int]) -> None:
         """Fetch together what the sequences at ``positions`` read (remote replicas: their round trips overlap)."""
 
-    def end(self) -> int | None:
-        """The position where this reading ends (None: it has no end)."""
+    def ended(self, position: int) -> bool:
+        """Whether ``position`` lies past the end of this reading (asked in order: it may plan as it goes)."""
         raise NotImplementedError
 
     def fingerprint(self) -> list[Any]:
@@ -92,12 +92,13 @@ class MediaSource(IterableDataset[dict[str, Any]]):
     # -- ranks and workers -------------------------------------------------------------------------------------
 
     def batches(self, batch_size: int) -> Iterator[int]:
-        """Numbers of this rank's batches of ``batch_size`` from :attr:`start`: to the global batch that reads the
-        last position before :meth:`end` (it may reach past it, so that every rank reads as many), or without end."""
-        end = self.end()
-        if end is None:
-            return itertools.count()
-        return iter(range(batches_until(self.start, end, batch_size, self.world_size)))
+        """Numbers of this rank's batches of ``batch_size`` from :attr:`start`, to the last global batch that
+        starts before the reading's end (it may reach past it, so that every rank reads as many), or without end."""
+        g = global_batch_size(batch_size, self.world_size)
+        for k in itertools.count():
+            if self.ended(self.start + k * g):
+                return
+            yield k
 
     def batch_positions(self, k: int, batch_size: int) -> np.ndarray:
         """The stream positions of this rank's batch ``k`` from :attr:`start`."""

@@ -113,6 +113,14 @@ def test_a_state_knows_its_epoch_so_a_resume_plans_no_earlier_epoch(urls: dict[s
             fresh.load_state_dict({**state, "position": position})
 
 
+def test_a_long_reading_plans_its_epochs_as_it_reaches_them(urls: dict[str, str]) -> None:
+    ds = MediaDataset(urls["media"], SEQ, seed=7, epochs=10**9)
+    it = iter(MediaLoader(ds, 2))
+    next(it)
+    it.close()  # type: ignore[attr-defined]
+    assert sorted(ds._plans) == [0]  # not every epoch to the end's, before the first batch
+
+
 def _mixture(urls: dict[str, str], **kw: Any) -> MediaMixture:
     text = MediaDataset(urls["text"], SEQ, seed=1)
     media = MediaDataset(urls["media"], SEQ, seed=2, max_images=2)
