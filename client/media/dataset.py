@@ -176,7 +176,6 @@ class MediaDataset(MediaSource):
         return self._reader
 
     def settle(self) -> None:
-        """Wait for this process's background fills of the disk cache (a full disk raises ``CacheError``)."""
         if self._reader is not None and self._pid == os.getpid() and self._cached is not None:
             self._cached.settle()
 

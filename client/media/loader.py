@@ -77,6 +77,8 @@ class _Batches(IterableDataset[dict[str, Any]]):
                 positions = self.source.batch_positions(k, self.batch_size).tolist()
                 self.source.prefetch_at(positions)  # the batch's frames in one go (remote replicas)
                 yield collate([self.source.sample_at(p) for p in positions])
+        # the disk cache's fills of the last shards end before the worker does (a full disk is raised here)
+        self.source.settle()
 
 
 def _whole(batch: Any) -> Any:

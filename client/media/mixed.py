@@ -106,6 +106,10 @@ class MediaMixture(MediaSource):
         for d, n in zip(self.sources, self.schedule.drawn(self.start).tolist(), strict=True):
             d.plan(d.epochs_index.locate(n)[0])
 
+    def settle(self) -> None:
+        for d in self.sources:
+            d.settle()
+
     def trace_at(self, position: int) -> dict[str, Any]:
         (j,), (i,) = self._locate([position])
         record = self.sources[j].trace_at(i)

@@ -64,6 +64,9 @@ class MediaSource(IterableDataset[dict[str, Any]]):
     def warm(self) -> None:
         """Read and plan what the first sequences need (done once before DataLoader workers start: they inherit it)."""
 
+    def settle(self) -> None:
+        """Let this process's background work end (the disk cache's fills); raise a failure of the cache itself."""
+
     def trace_at(self, position: int) -> dict[str, Any]:
         """Where the sequence at ``position`` came from (:mod:`ferry.client.media.trace`)."""
         raise NotImplementedError
