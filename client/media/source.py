@@ -81,6 +81,9 @@ class MediaSource(IterableDataset[dict[str, Any]]):
         """Start at the state's position (a state of :meth:`state_at`: the same stream, any ranks or workers)."""
         if not isinstance(state, Mapping):
             raise StateError(f"a media loader state is a dict, got {type(state).__name__}")
+        if "index" in state and "position" not in state:
+            raise StateError("the state is a per-rank media loader state of an earlier ferry (epoch and index of one "
+                             "rank's share); it cannot be continued: start the reading again")  # fmt: skip
         if list(state.get("fingerprint", [])) != self.fingerprint():
             raise StateError(
                 f"the state is of another reading (version, seq_len, seed, caps, mixture): "

@@ -91,6 +91,12 @@ def test_resume_from_2_to_3_ranks_with_other_workers_equals_the_uninterrupted_st
     assert head + tail == whole
     assert len(whole) > make().sequences(0) + 6  # the resumed run crossed into epoch 1
     assert sum(len(r[2]) for r in whole) > 0
+    # another global batch too (3 ranks of 3): the same stream on, to the batch that reaches past the end
+    wider, _ = _run(make, 3, 3, [1, 0, 0], state=state)
+    longer, _ = _run(lambda **kw: MediaDataset(urls["media"], SEQ, seed=7, epochs=3, max_images=2, **kw), 1, 1, [0])
+    assert head + wider == longer[: len(head) + len(wider)] and len(head) + len(wider) >= len(whole)
+    with pytest.raises(StateError, match="earlier ferry"):
+        make().load_state_dict({"epoch": 0, "index": 4, "fingerprint": []})
 
 
 def test_a_state_knows_its_epoch_so_a_resume_plans_no_earlier_epoch(urls: dict[str, str]) -> None:
