@@ -11,12 +11,21 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .media.dataset import MediaDataset
     from .media.loader import MediaLoader
+    from .media.mixed import MediaMixture
     from .service.service_client import ServiceClient
     from .stream.dataset import TokenDataset
     from .stream.loader import TokenLoader
     from .stream.mixed import MixedDataset
 
-__all__ = ["TokenDataset", "MixedDataset", "TokenLoader", "MediaDataset", "MediaLoader", "ServiceClient"]
+__all__ = [
+    "TokenDataset",
+    "MixedDataset",
+    "TokenLoader",
+    "MediaDataset",
+    "MediaMixture",
+    "MediaLoader",
+    "ServiceClient",
+]
 
 # Imported on first use (PEP 562): `ferry status` and ServiceClient need no torch, and every `ferry`
 # command loads client.service.cli, which would otherwise pay torch's multi-second import.
@@ -26,6 +35,7 @@ _LAZY = {
     "MixedDataset": ".stream.mixed",
     "MediaDataset": ".media.dataset",
     "MediaLoader": ".media.loader",
+    "MediaMixture": ".media.mixed",
     "ServiceClient": ".service.service_client",
 }
 

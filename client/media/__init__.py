@@ -4,5 +4,6 @@ from __future__ import annotations
 
 from .dataset import MediaDataset
 from .loader import MediaLoader, collate, decode_image
+from .mixed import MediaMixture
 
-__all__ = ["MediaDataset", "MediaLoader", "collate", "decode_image"]
+__all__ = ["MediaDataset", "MediaMixture", "MediaLoader", "collate", "decode_image"]

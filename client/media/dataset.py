@@ -11,7 +11,12 @@ back, each media item's placeholder span whole, then padding. A sample carries:
 - ``media_spans``: one row ``(start in the sequence, length)`` per media item, and ``media``: the items
   in the same order, as :class:`ferry.shard_tools.format.media.MediaItem` (the encoded bytes), or what the
   ``decode`` hook makes of each (run where the sample is made: in the DataLoader's workers);
-- ``epoch`` and ``index``: where the sequence is in this rank's stream (what resuming needs).
+- ``position``: where the sequence is in the dataset's stream (epochs back to back: the same for any number of
+  ranks or workers, see :mod:`ferry.client.media.source`), and ``epoch`` and ``index``, the same place as
+  sequence ``index`` of that epoch.
+
+A dataset packed without media reads the same way (sequences without media): a text source of a
+:class:`~ferry.client.media.mixed.MediaMixture`.
 
 Only the metadata of each shard (token offsets and media metadata, without media bytes) and the tokens and
 media bytes of the documents a sequence holds are read: a sample never fetches another sample's media.
@@ -20,21 +25,25 @@ media bytes of the documents a sequence holds are read: a sample never fetches a
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from torch.utils.data import IterableDataset, get_worker_info
 
 from ferry.shard_tools.errors import StateError, UsageError
 from ferry.shard_tools.format.manifest import Manifest
 from ferry.shard_tools.format.media import MediaItem
 from ferry.shard_tools.storage.store import resolve
 
+from .. import checks
 from ..agree import agreed_manifest
+from ..fetching.cache import ShardCache
 from ..fetching.frames import frame_reader_for
+from .cached import CachedShards
+from .epochs import EpochIndex
 from .planner import Pieces, Plan, cut_pieces, plan_epoch
 from .reader import LocalRanges, MediaReader, ShardMedia
+from .source import MediaSource, check_shape
 
 __all__ = ["MediaDataset", "Decode"]
 
@@ -44,8 +53,8 @@ _FRAME_BUDGET = 256 << 20
 _META_THREADS = 8  # shards whose metadata is read at once from remote replicas
 
 
-class MediaDataset(IterableDataset[dict[str, Any]]):
-    """Packed sequences with media from a ferry dataset packed with ``--media-policy``.
+class MediaDataset(MediaSource):
+    """Packed sequences with media from a ferry dataset packed with ``--media-policy`` (or without media).
 
     Args:
         url: dataset URL (or replicas of it, nearest first).
@@ -56,10 +65,14 @@ class MediaDataset(IterableDataset[dict[str, Any]]):
         max_frames: at most this many video frames per sequence (None: no cap).
         pad_id: padding id (default: the tokenizer's EOS id, else 0).
         decode: called on each media item where the sample is made; its result goes in ``media``.
-        rank, world_size: this rank reads sequences ``rank, rank + world_size, …`` of each epoch.
-        epochs: epochs to read (None: without end).
+        rank, world_size: the rank's share of the stream (:mod:`ferry.client.media.source`); the stream itself
+            does not depend on them.
+        epochs: epochs to read (None: without end); a reader's last global batch may reach into the next one.
         open_bins: sequences open at once while packing (more: fuller sequences, more planning time).
         storage_options: fsspec options of the URLs.
+        cache_dir: a node-local directory to keep shards read from remote replicas in, whole and checked, shared
+            by the node's processes (:mod:`ferry.client.media.cached`); None (default): no disk cache.
+        cache_limit: the cache directory's bound, bytes or a size string (default ``"50GiB"``).
         version: read this published version (default: the current one; under ``torch.distributed``, the one
             rank 0 read).
     """
@@ -81,28 +94,36 @@ class MediaDataset(IterableDataset[dict[str, Any]]):
         open_bins: int = 64,
         storage_options: Mapping[str, Any] | None = None,
         version: str | None = None,
+        cache_dir: str | None = None,
+        cache_limit: int | str = "50GiB",
     ) -> None:
         from ..fetching.replicas import Replicas
 
-        if seq_len < 2 or not 0 <= rank < world_size or open_bins < 1 or (epochs is not None and epochs < 0):
-            raise UsageError("MediaDataset: need seq_len >= 2, 0 <= rank < world_size, open_bins >= 1, epochs >= 0")
+        if seq_len < 2 or open_bins < 1 or (epochs is not None and epochs < 0):
+            raise UsageError("MediaDataset: need seq_len >= 2, open_bins >= 1, epochs >= 0")
+        check_shape(rank, world_size)
         for name, cap in (("max_images", max_images), ("max_frames", max_frames)):
             if cap is not None and cap < 0:
                 raise UsageError(f"MediaDataset: {name} must not be negative, got {cap}")
         self.replicas = Replicas(url, storage_options)
         # under torch.distributed every rank reads the version rank 0 read (client.agree), as TokenDataset does
         self.manifest: Manifest = agreed_manifest(self.replicas.load_manifest, self.replicas.names, version)
-        if self.manifest.media is None:
-            raise UsageError(f"{self.replicas.names[0]} was packed without media: read it with TokenDataset")
-        self.policy = self.manifest.media
+        self.policy = self.manifest.media  # None: a dataset without media
+        remote = not all(self.replicas.local(i) for i in range(len(self.replicas.urls)))
+        self.cache = None
+        if cache_dir is not None and remote:
+            directory, limit = checks.path("cache_dir", cache_dir), checks.size("cache_limit", cache_limit)
+            self.cache = ShardCache(directory, limit, self.replicas, dtype=self.manifest.token_dtype)
         self.seq_len, self.seed, self.shuffle = seq_len, seed, shuffle
         self.max_images, self.max_frames, self.open_bins = max_images, max_frames, open_bins
         eos = self.manifest.tokenizer.eos_id
         self.pad_id = pad_id if pad_id is not None else (eos if eos is not None else 0)
         self.decode = decode
         self.rank, self.world_size, self.epochs = rank, world_size, epochs
-        self.start_epoch, self.start_index = 0, 0
+        self.start = 0
+        self.epochs_index = EpochIndex(self.sequences)
         self._pid = -1
+        self._cached: CachedShards | None = None  # this process's view of the disk cache
         self._reader: MediaReader | None = None
         self._pieces: Pieces | None = None
         self._known: dict[int, ShardMedia] = {}  # every shard's metadata once pieces() has read it
@@ -112,27 +133,32 @@ class MediaDataset(IterableDataset[dict[str, Any]]):
     def __getstate__(self) -> dict[str, Any]:
         """Without the reader (open handles, locks): each process makes its own (DataLoader workers, spawn)."""
         state = dict(self.__dict__)
-        state["_reader"], state["_pid"] = None, -1
+        state["_reader"], state["_pid"], state["_cached"] = None, -1, None
         return state
 
     # -- state -------------------------------------------------------------------------------------------------
 
-    def _fingerprint(self) -> list[Any]:
+    def fingerprint(self) -> list[Any]:
         caps = [self.max_images, self.max_frames, self.open_bins, self.shuffle]
-        return [self.manifest.version_id, self.seq_len, self.seed, self.rank, self.world_size, *caps]
+        return [self.manifest.version_id, self.seq_len, self.seed, *caps]
 
-    def state_after(self, epoch: int, index: int) -> dict[str, Any]:
-        """The state that resumes right after sequence ``index`` of ``epoch`` of this rank's stream."""
-        return {"epoch": epoch, "index": index + 1, "fingerprint": self._fingerprint()}
+    def anchors(self, position: int) -> list[list[int]]:
+        return [list(self.epochs_index.anchor(position))]
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from a state of :meth:`state_after` (the same dataset, seq_len, seed, caps and rank)."""
-        if list(state.get("fingerprint", [])) != self._fingerprint():
-            raise StateError(
-                f"the state is of another reading (version, seq_len, seed, rank, world size, caps): "
-                f"{state.get('fingerprint')} against {self._fingerprint()}"
-            )
-        self.start_epoch, self.start_index = int(state["epoch"]), int(state["index"])
+    def adopt(self, anchors: Any, position: int) -> None:
+        if not isinstance(anchors, list) or len(anchors) != 1:
+            raise StateError(f"a media dataset's state has one anchor [epoch, first position], got {anchors!r}")
+        self.epochs_index.adopt(anchors[0], position)
+
+    def ended(self, position: int) -> bool:
+        return self.epochs is not None and self.epochs_index.locate(position)[0] >= self.epochs
+
+    def end(self) -> int | None:
+        """The position where the epochs to read end (None: no end); plans every epoch before it."""
+        return None if self.epochs is None else self.epochs_index.first(self.epochs)
+
+    def warm(self) -> None:
+        self.plan(self.epochs_index.locate(self.start)[0])
 
     # -- planning ----------------------------------------------------------------------------------------------
 
@@ -140,13 +166,18 @@ class MediaDataset(IterableDataset[dict[str, Any]]):
         frames = frame_reader_for(self.manifest, self.replicas, _FRAME_BUDGET)
         if frames is not None and len(self.replicas.urls) == 1 and self.replicas.local(0):
             frames.read_range = LocalRanges(resolve(self.replicas.urls[0], self.replicas.options[0]))
-        return MediaReader(self.manifest, self.replicas, frames, self._known)
+        return MediaReader(self.manifest, self.replicas, frames, self._known, self._cached)
 
     def reader(self) -> MediaReader:
         """This process's reader (made anew in each DataLoader worker, from the shards' metadata already read)."""
         if self._reader is None or self._pid != os.getpid():
+            self._cached = None if self.cache is None else CachedShards(self.cache)
             self._reader, self._pid = self._new_reader(), os.getpid()
         return self._reader
+
+    def settle(self) -> None:
+        if self._reader is not None and self._pid == os.getpid() and self._cached is not None:
+            self._cached.settle()
 
     def pieces(self) -> Pieces:
         """Every document's pieces (from each shard's metadata: no media bytes)."""
@@ -204,41 +235,36 @@ class MediaDataset(IterableDataset[dict[str, Any]]):
         return plan
 
     def sequences(self, epoch: int) -> int:
-        """How many sequences this rank reads in ``epoch``."""
-        n = len(self.plan(epoch))
-        return max(0, (n - self.rank + self.world_size - 1) // self.world_size)
+        """How many sequences ``epoch`` has (over all ranks)."""
+        return len(self.plan(epoch))
 
     # -- reading -----------------------------------------------------------------------------------------------
 
-    def positions(self) -> Iterator[tuple[int, int]]:
-        """``(epoch, index)`` of each sequence of this rank's stream, from the start state on."""
-        epoch = self.start_epoch
-        while self.epochs is None or epoch < self.epochs:
-            first = self.start_index if epoch == self.start_epoch else 0
-            for index in range(first, self.sequences(epoch)):
-                yield epoch, index
-            epoch += 1
+    def sample_at(self, position: int) -> dict[str, Any]:
+        return self.sample(*self.epochs_index.locate(position))
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        """The samples of this rank's stream; DataLoader worker ``w`` of ``n`` makes samples ``w, w + n, …``."""
-        info = get_worker_info()
-        workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
-        for q, (epoch, index) in enumerate(self.positions()):
-            if q % workers == worker:
-                yield self.sample(epoch, index)
+    def prefetch_at(self, positions: Iterable[int]) -> None:
+        self.prefetch([self.epochs_index.locate(int(p)) for p in positions])
 
-    def _located(self, epoch: int, index: int) -> list[tuple[int, int, int, int, int]]:
+    def trace_at(self, position: int) -> dict[str, Any]:
+        from .trace import dataset_record
+
+        return dataset_record(self, position)
+
+    def located(self, epoch: int, index: int) -> list[tuple[int, int, int, int, int]]:
         """``(document, shard, document in the shard, start, stop)`` of each piece of sequence ``index``."""
         plan, pieces = self.plan(epoch), self.pieces()
+        if not 0 <= index < len(plan):
+            raise UsageError(f"epoch {epoch} has {len(plan)} sequences, not one numbered {index}")
         out = []
-        for p in plan.pieces(self.rank + index * self.world_size).tolist():
+        for p in plan.pieces(index).tolist():
             d, a, b = int(pieces.doc[p]), int(pieces.start[p]), int(pieces.stop[p])
             s = int(np.searchsorted(self._doc_first, d, side="right")) - 1
             out.append((d, s, d - int(self._doc_first[s]), a, b))
         return out
 
     @staticmethod
-    def _items_in(sm: ShardMedia, local: int, a: int, b: int) -> tuple[int, int]:
+    def items_in(sm: ShardMedia, local: int, a: int, b: int) -> tuple[int, int]:
         """The items ``[j0, j1)`` of a shard whose spans start in tokens ``[a, b)`` of its document ``local``."""
         j0, j1 = int(sm.meta.doc_offsets[local]), int(sm.meta.doc_offsets[local + 1])
         pos = sm.meta.position[j0:j1]
@@ -253,14 +279,14 @@ class MediaDataset(IterableDataset[dict[str, Any]]):
             return
         spans = []
         for epoch, index in positions:
-            for _d, s, local, a, b in self._located(epoch, index):
+            for _d, s, local, a, b in self.located(epoch, index):
                 sm = reader.shard(s)
                 base = int(sm.offsets[local])
-                spans.append((s, base + a, base + b, *self._items_in(sm, local, a, b)))
+                spans.append((s, base + a, base + b, *self.items_in(sm, local, a, b)))
         reader.prefetch(spans)
 
     def sample(self, epoch: int, index: int) -> dict[str, Any]:
-        """Sequence ``index`` of this rank's ``epoch``."""
+        """Sequence ``index`` of ``epoch``."""
         reader = self.reader()
         self.prefetch([(epoch, index)])
         L = self.seq_len
@@ -269,7 +295,7 @@ class MediaDataset(IterableDataset[dict[str, Any]]):
         positions = np.zeros(L, dtype=np.int64)
         documents, spans, media = [], [], []
         t = 0
-        for d, s, local, a, b in self._located(epoch, index):
+        for d, s, local, a, b in self.located(epoch, index):
             sm = reader.shard(s)
             base = int(sm.offsets[local])
             n = b - a
@@ -277,12 +303,12 @@ class MediaDataset(IterableDataset[dict[str, Any]]):
             labels[t : t + n - 1] = ids[t + 1 : t + n]
             positions[t : t + n] = np.arange(a, b)
             documents.append((d, t, n, a))
-            for item in reader.items(s, *self._items_in(sm, local, a, b)):
+            for item in reader.items(s, *self.items_in(sm, local, a, b)):
                 spans.append((t + item.position - a, item.cost))
                 media.append(self.decode(item) if self.decode is not None else item)
             t += n
-        begin, patch, end = self.policy.ids
-        labels[(labels == begin) | (labels == patch) | (labels == end)] = IGNORE
+        if self.policy is not None:
+            labels[np.isin(labels, self.policy.ids)] = IGNORE
         return {
             "input_ids": ids,
             "labels": labels,
@@ -290,6 +316,7 @@ class MediaDataset(IterableDataset[dict[str, Any]]):
             "documents": np.asarray(documents, dtype=np.int64).reshape(-1, 4),
             "media_spans": np.asarray(spans, dtype=np.int64).reshape(-1, 2),
             "media": media,
+            "position": self.epochs_index.first(epoch) + index,
             "epoch": epoch,
             "index": index,
         }

@@ -29,6 +29,7 @@ from ferry.shard_tools.format.shard import ShardView, parse_shard
 from ferry.shard_tools.storage.store import Location
 
 from ..fetching.frames import FrameReader
+from .cached import CachedShards
 
 __all__ = ["ShardMedia", "MediaReader", "LocalRanges"]
 
@@ -86,11 +87,17 @@ class MediaReader:
     """Tokens and media of a media dataset's documents, by frames where the shard allows it."""
 
     def __init__(
-        self, manifest: Manifest, replicas: Any, frames: FrameReader | None, known: dict[int, ShardMedia] | None = None
+        self,
+        manifest: Manifest,
+        replicas: Any,
+        frames: FrameReader | None,
+        known: dict[int, ShardMedia] | None = None,
+        cached: CachedShards | None = None,
     ) -> None:
         self.manifest = manifest
         self.replicas = replicas
         self.frames = frames
+        self.cached = cached  # the node's disk cache (remote replicas, when asked for), else None
         self.dtype = np.dtype(manifest.token_dtype)
         # shards' metadata another reader of this dataset read and checked (a DataLoader worker's parent's)
         self._meta: dict[int, ShardMedia] = dict(known or {})
@@ -113,7 +120,20 @@ class MediaReader:
     def _by_frames(self, info: ShardInfo) -> bool:
         return self.frames is not None and info.stored_format == 3
 
+    def _in_cache(self, s: int) -> ShardView | None:
+        """Shard ``s`` mapped from the node's disk cache, if there is one and the shard is in it."""
+        return None if self.cached is None else self.cached.view(self.info(s))
+
+    def _frames_for(self, info: ShardInfo) -> FrameReader:
+        """The frame reader, for a shard read by frames (which the disk cache, if any, then fetches whole)."""
+        assert self.frames is not None
+        if self.cached is not None:
+            self.cached.fill(info)
+        return self.frames
+
     def _view(self, s: int) -> ShardView:
+        if self.cached is not None:
+            return self.cached.open(self.info(s))
         view = self._whole.get(s)
         if view is not None:
             self._whole.move_to_end(s)
@@ -132,7 +152,9 @@ class MediaReader:
         if got is not None:
             return got
         info = self.info(s)
-        if self._by_frames(info):
+        if self.manifest.media is None:  # a dataset without media: its documents' offsets alone
+            got = self._text_only(s, info)
+        elif self._by_frames(info):
             assert self.frames is not None
             index = self.frames.index(info)
             layout = media_layout(self.frames.raw(info, 0, index.offsets_pos), info)
@@ -154,6 +176,15 @@ class MediaReader:
             raise ShardFormatError(info.path, "its media column disagrees with the manifest's media counts")
         self._meta[s] = got
         return got
+
+    def _text_only(self, s: int, info: ShardInfo) -> ShardMedia:
+        if self._by_frames(info):
+            assert self.frames is not None
+            offsets = self.frames.offsets(info, 0, info.documents)
+            tokens = self.frames.tokens(info, self.dtype, 0, info.tokens) if self._keep_tokens else None
+        else:
+            offsets, tokens = np.asarray(self._view(s).offsets, dtype=np.int64), None
+        return ShardMedia(np.asarray(offsets, dtype=np.int64), _no_media(info.documents), None, tokens)
 
     def load(self, shards: range, make: Callable[[], MediaReader], threads: int) -> list[ShardMedia]:
         """Every shard's metadata, ``threads`` shards at a time (remote replicas: their round trips overlap), each
@@ -185,16 +216,15 @@ class MediaReader:
         ranges = []
         for s, a, b, j0, j1 in spans:
             info = self.info(s)
-            if not self._by_frames(info):
+            if not self._by_frames(info) or self._in_cache(s) is not None:
                 continue
             sm = self.shard(s)
-            assert sm.layout is not None
             # raw byte ranges given as uint8 "tokens" counted from the token buffer's start
             base = self.frames.index(info).tokens_pos
             if sm.tokens is None:
                 ranges.append((info, a * self.dtype.itemsize, b * self.dtype.itemsize))
             lo, hi = int(sm.meta.data_offsets[j0]), int(sm.meta.data_offsets[j1])
-            if hi > lo:
+            if hi > lo and sm.layout is not None:
                 ranges.append((info, sm.layout.data_pos + lo - base, sm.layout.data_pos + hi - base))
         if ranges:
             self.frames.prefetch_tokens(ranges, np.dtype("u1"))
@@ -205,9 +235,11 @@ class MediaReader:
         if kept is not None and kept.tokens is not None:
             return kept.tokens[a:b]
         info = self.info(s)
+        cached = self._in_cache(s)
+        if cached is not None:
+            return cached.tokens[a:b]
         if self._by_frames(info):
-            assert self.frames is not None
-            return self.frames.tokens(info, self.dtype, a, b)
+            return self._frames_for(info).tokens(info, self.dtype, a, b)
         return self._view(s).tokens[a:b]
 
     def items(self, s: int, j0: int, j1: int) -> list[MediaItem]:
@@ -217,19 +249,27 @@ class MediaReader:
         info = self.info(s)
         meta = self.shard(s).meta
         lo, hi = int(meta.data_offsets[j0]), int(meta.data_offsets[j1])
-        if self._by_frames(info):
-            assert self.frames is not None
+        cached = self._in_cache(s)
+        if cached is None and self._by_frames(info):
             layout = self._meta[s].layout
             assert layout is not None
-            data = bytes(self.frames.raw(info, layout.data_pos + lo, layout.data_pos + hi)) if hi > lo else b""
+            frames = self._frames_for(info)
+            data = bytes(frames.raw(info, layout.data_pos + lo, layout.data_pos + hi)) if hi > lo else b""
             base = lo
         else:
-            column = self._view(s).table.column(MEDIA_COLUMN).combine_chunks()
+            column = (cached or self._view(s)).table.column(MEDIA_COLUMN).combine_chunks()
             data, base = _data_bytes(column, lo, hi), lo
         return [
             meta.item(j, data[int(meta.data_offsets[j]) - base : int(meta.data_offsets[j + 1]) - base])
             for j in range(j0, j1)
         ]
+
+
+def _no_media(documents: int) -> MediaMeta:
+    """The media metadata of ``documents`` documents without media."""
+    none = np.zeros(0, dtype=np.int64)
+    return MediaMeta(np.zeros(documents + 1, dtype=np.int64), none, none, [], [], none, none,
+                     np.zeros(0, dtype=np.float64), none, np.zeros(1, dtype=np.int64))  # fmt: skip
 
 
 def _data_bytes(column: Any, lo: int, hi: int) -> bytes:

@@ -228,6 +228,8 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     from .loader import TokenLoader
 
     state = read_state(args.state, args.key, trust_pickle=args.trust_pickle) if args.state else None
+    if args.media:
+        return _cmd_trace_media(args, state)
     saved = parse_state(state) if state is not None else None
     ds = _dataset_from(args, state)
     loader = TokenLoader(ds, batch_size=1, rank=0, world_size=1)
@@ -253,6 +255,21 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_trace_media(args: argparse.Namespace, state: dict[str, Any] | None) -> int:
+    """``ferry trace --media``: the sequences of a media loader (``MediaLoader``) and the media items they carry."""
+    from ..media.trace import source_for, trace_lines, trace_media
+
+    settings = {"seq_len": args.seq_len, "seed": args.seed, "max_images": args.max_images,
+                "max_frames": args.max_frames, "weights": args.weights}  # fmt: skip
+    source = source_for(args.data, state, settings)
+    records = trace_media(source, _positions(args, source.start).tolist())
+    if args.json:
+        sys.stdout.write(json.dumps(records, indent=1).replace("\x7f", "\\u007f") + "\n")
+    else:
+        print_lines(trace_lines(records))
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``ferry trace``."""
     from ..resume.state_cli import TRUST_PICKLE_HELP
@@ -266,7 +283,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="examples:\n"
         "  ferry trace --state ckpt/step1000 --global-batch 512            # the step after the checkpoint\n"
         "  ferry trace --state state.json --data s3://b/ds --global-batch 512 --step 70 --rank 3 --batch-size 64\n"
-        "  ferry trace --data s3://b/ds --seed 0 --seq-len 2048 --global-batch 512 --step 70 --json",
+        "  ferry trace --data s3://b/ds --seed 0 --seq-len 2048 --global-batch 512 --step 70 --json\n"
+        "  ferry trace --media --state media.json --data ./ds/text --data ./ds/pairs --global-batch 64  # MediaLoader",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--state", help="loader state: JSON file or torch.distributed.checkpoint directory")
@@ -283,6 +301,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--step", type=int, help="step number (positions step*G ..); default: the state's next step")
     p.add_argument("--rank", type=int, help="only this rank's samples (with --batch-size)")
     p.add_argument("--batch-size", type=int, help="samples per rank")
+    p.add_argument("--media", action="store_true", help="a MediaLoader's sequences and the media items they carry")
+    p.add_argument("--max-images", type=int, help="--media without --state: the images cap per sequence")
+    p.add_argument("--max-frames", type=int, help="--media without --state: the video frames cap per sequence")
     p.add_argument("--cache-dir", help="shard cache (default: $FERRY_CACHE_DIR or ~/.cache/ferry/shards)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_trace)

@@ -58,6 +58,14 @@ def _same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
         assert x["positions"] == y["positions"]
 
 
+def _rows(batch: dict[str, Any]) -> list[tuple[list[int], list[bytes]]]:
+    spans = batch["media_spans"][:, 0].tolist()
+    return [
+        (ids.tolist(), [m.data for m, r in zip(batch["media"], spans, strict=True) if r == row])
+        for row, ids in enumerate(batch["input_ids"])
+    ]
+
+
 def _dataset(url: str, **kw: Any) -> MediaDataset:
     return MediaDataset(url, SEQ, seed=3, epochs=2, max_images=3, **kw)
 
@@ -67,6 +75,7 @@ def test_sequences_hold_their_media_and_documents(dataset_url: str, samples: lis
     begin, patch, end = ds.policy.ids
     sources = {v for s in samples for k, v in s.items() if k not in ("__key__", "txt")}
     seen = 0
+    stop = ds.end()  # the last batch reaches past the two epochs' end: its rows there are not counted
     for batch in _stream(MediaLoader(ds, 4)):
         ids = batch["input_ids"].numpy()
         assert ids.shape[1] == SEQ
@@ -74,7 +83,7 @@ def test_sequences_hold_their_media_and_documents(dataset_url: str, samples: lis
             span = ids[row, start : start + length]
             assert span[0] == begin and span[-1] == end and (span[1:-1] == patch).all()
             assert length == item.cost and item.data in sources
-            seen += 1
+            seen += batch["positions"][row] < stop
         for row in range(ids.shape[0]):
             docs = batch["documents"].numpy()
             mine = docs[docs[:, 0] == row]
@@ -148,10 +157,19 @@ def test_a_sample_reads_no_other_samples_media(tmp_path: Path) -> None:
     assert metadata < total / 10, (metadata, total)
 
 
-def test_text_dataset_is_refused(tmp_path: Path) -> None:
-    pack_documents([[1, 2, 3]], str(tmp_path / "t"), PackOptions(vocab_size=10, eos_id=0))
-    with pytest.raises(UsageError, match="without media"):
-        MediaDataset(str(tmp_path / "t"), 16)
+def test_a_text_dataset_reads_as_sequences_without_media(tmp_path: Path) -> None:
+    docs = [list(range(1, 2 + i % 9)) for i in range(300)]
+    pack_documents(docs, str(tmp_path / "t"), PackOptions(vocab_size=16, eos_id=0, shard_size=1024))
+    ds = MediaDataset(str(tmp_path / "t"), 16, seed=2, epochs=1)
+    assert ds.policy is None and len(ds.manifest.shards) > 1
+    pieces = []
+    for s in ds:
+        assert s["media"] == [] and s["media_spans"].shape == (0, 2)
+        for _d, start, length, _a in s["documents"].tolist():
+            pieces.append(s["input_ids"][start : start + length].tolist())
+    assert sorted(pieces) == sorted(d + [0] for d in docs)  # every document once, EOS appended
+    with pytest.raises(UsageError):
+        MediaDataset(str(tmp_path / "t"), 16, rank=2, world_size=2)
 
 
 def test_a_remote_replica_gives_the_same_stream(
@@ -168,12 +186,14 @@ def test_a_remote_replica_gives_the_same_stream(
     _same(_stream(MediaLoader(remote, 3)), _stream(MediaLoader(_dataset(dataset_url), 3)))
 
 
-def test_ranks_read_disjoint_sequences_covering_the_epoch(dataset_url: str) -> None:
-    whole = [s["input_ids"].tolist() for s in MediaDataset(dataset_url, SEQ, seed=3, epochs=1)]
+def test_ranks_read_the_one_stream_in_turn(dataset_url: str) -> None:
+    """Rank ``r`` of 3 reads positions ``r, r + 3, …``; all as many, the last round reaching into epoch 1."""
+    whole = [s["input_ids"].tolist() for s in MediaDataset(dataset_url, SEQ, seed=3, epochs=2)]
     parts = [[s["input_ids"].tolist() for s in MediaDataset(dataset_url, SEQ, seed=3, epochs=1, rank=r, world_size=3)]
              for r in range(3)]  # fmt: skip
-    assert sorted(x for p in parts for x in p) == sorted(whole)
-    assert [len(p) for p in parts] == [len(whole[r::3]) for r in range(3)]
+    n = MediaDataset(dataset_url, SEQ, seed=3).sequences(0)
+    assert [len(p) for p in parts] == [-(-n // 3)] * 3
+    assert [x for row in zip(*parts, strict=True) for x in row] == whole[: 3 * len(parts[0])]
 
 
 def test_prefetch_fetches_a_batch_at_once_and_workers_reuse_the_metadata(
@@ -222,3 +242,39 @@ def test_local_reads_of_a_truncated_or_missing_shard_fail_cleanly(
     with pytest.raises(ShardError):
         for index in range(ds.sequences(0)):
             ds.sample(0, index)
+
+
+def test_a_disk_cache_serves_a_remote_dataset_once_filled(samples: list[dict[str, Any]], tmp_path: Path) -> None:
+    """With ``cache_dir`` the shards read by frames are fetched whole into the node cache in the background; a
+    later reader (another epoch, job or worker) reads them from disk, no frames, the same samples; a cached file
+    spoilt on disk is fetched again."""
+    import uuid
+
+    tar = write_tar(tmp_path / "in.tar", samples)
+    url = f"memory://media-{uuid.uuid4().hex}"
+    pack([str(tar)], url, PackOptions(tokenizer="bytes", media_policy=POLICY, shard_size=16 << 10, frame_size=4096))
+    cache = str(tmp_path / "cache")
+    plain = [(s["input_ids"].tolist(), [m.data for m in s["media"]]) for s in MediaDataset(url, SEQ, seed=1, epochs=1)]
+    first = MediaDataset(url, SEQ, seed=1, epochs=1, cache_dir=cache)
+    rows = [row for batch in MediaLoader(first, 1, num_workers=1) for row in _rows(batch)]  # a worker fills it
+    assert rows[: len(plain)] == plain
+    # every shard the worker read is in the cache, whole
+    assert first.cache is not None and all(first.cache.present(info) for info in first.manifest.shards)
+
+    def again() -> tuple[MediaDataset, list[Any], int]:
+        ds = MediaDataset(url, SEQ, seed=1, epochs=1, cache_dir=cache)
+        ds.pieces()
+        frames = ds.reader().frames
+        assert frames is not None
+        before = frames.stats.bytes_read
+        got = [(s["input_ids"].tolist(), [m.data for m in s["media"]]) for s in ds]
+        return ds, got, frames.stats.bytes_read - before
+
+    ds, got, read = again()
+    assert got == plain and read == 0 and ds.cache is not None and ds.cache.fetches == 0
+    victim = Path(ds.cache.path(ds.manifest.shards[0]))
+    spoilt = bytearray(victim.read_bytes())
+    spoilt[len(spoilt) // 2] ^= 0xFF
+    victim.write_bytes(bytes(spoilt))
+    ds, got, _ = again()
+    assert got == plain and ds.cache is not None and ds.cache.fetches == 1

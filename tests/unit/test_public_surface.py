@@ -12,7 +12,9 @@ import pytest
 from ferry import client
 from ferry.shard_tools.cli import main
 
-CLIENT_EXPORTS = {"TokenDataset", "MixedDataset", "TokenLoader", "MediaDataset", "MediaLoader", "ServiceClient"}
+CLIENT_EXPORTS = {
+    "TokenDataset", "MixedDataset", "TokenLoader", "MediaDataset", "MediaMixture", "MediaLoader", "ServiceClient",
+}  # fmt: skip
 
 SERVE_FLAGS = {
     "-h", "--help", "-c", "--config", "--log-level", "--log-format", "--drain-timeout", "--host", "--port",
