@@ -79,9 +79,10 @@ def read_header(loc: Location, rel: str = MANIFEST_FILE) -> tuple[bytes, dict[st
     return data, parse_header(data)
 
 
-def load_version(loc: Location, header: bytes) -> tuple[StoredShards, bytes]:
+def load_version(loc: Location, header: bytes) -> StoredShards:
     """The version whose header is ``header`` with the stored-shard columns of its table read from ``loc``
-    (paths, stored sizes and digests: what a replica copies and checks; the other columns stay undecoded)."""
+    (paths, stored sizes and digests: what a replica copies and checks; the other columns stay undecoded).
+    The table's bytes are not kept: a pass that publishes reads them again."""
     from ferry.shard_tools.format.manifest import StoredShards  # numpy + pyarrow: only when there is work to plan
 
     doc = parse_header(header)
@@ -90,8 +91,9 @@ def load_version(loc: Location, header: bytes) -> tuple[StoredShards, bytes]:
     except FileNotFoundError as exc:
         raise ManifestError(f"shard table {doc['shard_table']['path']} is missing at {loc.url}") from exc
     version = StoredShards.from_json(header, table)
-    pa.default_memory_pool().release_unused()  # the IPC reader's copy of the table's body: freed, returned now
-    return version, table
+    del table
+    release_memory()  # the table's bytes and the IPC reader's copies of its body: freed, returned now
+    return version
 
 
 def listing(loc: Location) -> dict[str, int]:
@@ -256,7 +258,7 @@ class Engine:
         dataset, source, dest, version = result.dataset, result.source, result.destination, result.version_id
         now, created = time.time(), _created_ts(parse_header(src_bytes))
         self.state.seen_version(dataset, dest, version, min(now, created) if created else now)
-        manifest, _ = load_version(src_loc, src_bytes)  # its table's bytes are read again to publish it
+        manifest = load_version(src_loc, src_bytes)  # its table's bytes are read again to publish it
         cols = SourceColumns.of(manifest)
         verified = cols.has(self.state.verified_paths(dataset, dest))
         held = self._held(dst_loc, cols, verified, dest_version)
@@ -441,7 +443,7 @@ class Engine:
                 if got is None:
                     continue
                 try:
-                    m, _ = load_version(dst, got[0])
+                    m = load_version(dst, got[0])
                 except (ManifestError, StorageError):
                     continue  # an unreadable old version is left alone
             generation = int(m.lineage["gen"]) if m.lineage else 0
@@ -478,7 +480,7 @@ class Engine:
         got = read_header(loc)
         if got is None:
             return 0, [], []
-        manifest, _ = load_version(loc, got[0])
+        manifest = load_version(loc, got[0])
         others = order_sources([c for c in locations if c != cluster], self.priority)
         jobs = [
             Job(dataset, manifest.version_id, s, others, cluster, verify_first=True, replace=True)
@@ -591,7 +593,7 @@ def _unreplaceable(plan: ColumnPlan, cols: SourceColumns, dst: Location) -> np.n
         got = read_header(dst)
         if got is None:
             return out
-        named = SourceColumns.of(load_version(dst, got[0])[0])
+        named = SourceColumns.of(load_version(dst, got[0]))
     except (ManifestError, StorageError):
         return out  # an unreadable destination version names nothing: nothing there is replaced
     if not len(named):

@@ -6,13 +6,22 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
 from ferry.shard_tools import ManifestError
 from ferry.shard_tools.format.digest import digest_bytes
 from ferry.shard_tools.format.header import version_id_of
-from ferry.shard_tools.format.manifest import Manifest, ShardInfo, ShardTable, StoredShards, Tokenizer
+from ferry.shard_tools.format.manifest import (
+    Manifest,
+    ShardInfo,
+    ShardTable,
+    StoredShards,
+    Tokenizer,
+    digest_column,
+    digest_strings,
+)
 from ferry.shard_tools.format.policy import MediaPolicy
 
 STORED = "xxh128:" + "1" * 32
@@ -56,7 +65,8 @@ def test_columns_are_the_full_loads(rows: list[ShardInfo], media: bool) -> None:
     assert got.created_at == m.created_at and got.lineage == m.lineage and got.to_json() == m.to_json()
     assert got.paths.to_pylist() == full.shards.paths == [r.path for r in rows]
     assert got.stored_bytes.tolist() == full.shards.stored_bytes.tolist() == [r.stored_bytes for r in rows]
-    assert got.stored_digests.to_pylist() == [r.stored_digest for r in rows]
+    assert digest_strings(got.stored_digests) == [r.stored_digest for r in rows]
+    assert got.stored_digests.type == pa.binary(16)
     assert len(got) == len(rows)
 
 
@@ -99,12 +109,31 @@ def _set(name: str, values: list[Any]) -> Callable[[pa.Table], pa.Table]:
         (_set("path", ["shards/a.arrow.zst", None]), None, "not under shards/"),
         (_set("stored_digest", [STORED, "md5:00"]), None, "digest"),
         (_set("stored_digest", [STORED, None]), None, "null digest"),
+        (_set("stored_digest", [STORED, STORED.upper()]), None, "digest"),
+        (_set("stored_digest", [STORED, "xxh129:" + "1" * 32]), None, "digest"),
+        (_set("stored_digest", [STORED, STORED[:-1] + "g"]), None, "digest"),
+        (_set("stored_digest", [STORED, STORED[:-2] + "\u00e9"]), None, "digest"),
+        (_set("stored_digest", [STORED[:-1], STORED + "1"]), None, "digest"),
         (_set("stored_bytes", [5, -5]), {"stored_bytes": 0}, "negative"),
         (_set("stored_bytes", [5, 6]), None, "totals"),
         (lambda t: t.drop_columns(["raw_digest"]), None, "schema"),
         (lambda t: t.slice(0, 1), None, "totals"),
     ],
-    ids=["path", "null-path", "digest", "null-digest", "negative", "sizes-vs-totals", "schema", "rows-vs-totals"],
+    ids=[
+        "path",
+        "null-path",
+        "digest",
+        "null-digest",
+        "upper-hex",
+        "other-algorithm",
+        "not-hex",
+        "two-byte-char",
+        "lengths-sum-right",
+        "negative",
+        "sizes-vs-totals",
+        "schema",
+        "rows-vs-totals",
+    ],
 )
 def test_loaded_columns_are_checked(edit: Callable[[pa.Table], pa.Table], totals: Any, needle: str) -> None:
     header, table = forged([flat(0), flat(1)], edit, totals)
@@ -146,3 +175,17 @@ def test_paths_both_loads_accept_and_refuse(path: str, ok: bool, loader: Callabl
     else:
         with pytest.raises(ManifestError, match="not under shards/"):
             loader(header, table)
+
+
+def test_digest_column_round_trips_and_names_the_bad_row() -> None:
+    """Digests become their 16 bytes a piece at a time; a bad one past the first piece is found and named."""
+    rng = np.random.default_rng(7)
+    raw = rng.integers(0, 256, size=(70_000, 16), dtype=np.uint8)
+    texts = [f"xxh128:{row.tobytes().hex()}" for row in raw]
+    got = digest_column(pa.array(texts, type=pa.string()))
+    assert got.type == pa.binary(16) and np.frombuffer(got.buffers()[1], np.uint8).tobytes() == raw.tobytes()
+    assert digest_strings(got.slice(69_990)) == texts[69_990:]
+    assert digest_strings(digest_column(pa.array(texts, type=pa.string()).slice(3, 2))) == texts[3:5]
+    texts[66_000] = texts[66_000][:-1] + "G"
+    with pytest.raises(ManifestError, match=texts[66_000][-8:]):
+        digest_column(pa.array(texts, type=pa.string()))
