@@ -22,7 +22,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from ferry.shard_tools.errors import DatasetNotFoundError, LeaseHeldError, ManifestError, RollbackError, StorageError
@@ -261,6 +260,7 @@ class Engine:
         manifest = load_version(src_loc, src_bytes)  # its table's bytes are read again to publish it
         cols = SourceColumns.of(manifest)
         verified = cols.has(self.state.verified_paths(dataset, dest))
+        release_memory()  # the verified set's paths, decoded to compare: back to the system before planning
         held = self._held(dst_loc, cols, verified, dest_version)
         plan = plan_columns(
             cols,

@@ -31,7 +31,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import pyarrow as pa
@@ -509,10 +509,11 @@ def digest_column(column: pa.StringArray) -> pa.FixedSizeBinaryArray:
     out = np.empty((n, 16), dtype=np.uint8)
     if n:
         offsets = np.frombuffer(column.buffers()[1], dtype=np.int32, count=n + 1, offset=column.offset * 4)
-        lengths_ok = bool(np.all(np.diff(offsets) == _DIGEST_CHARS))
-        data = column.buffers()[2] if lengths_ok else None
-        if data is None:
-            _bad_digest(column, np.flatnonzero(np.diff(offsets) != _DIGEST_CHARS))
+        lengths = np.diff(offsets)
+        if not bool(np.all(lengths == _DIGEST_CHARS)):
+            _bad_digest(column, np.flatnonzero(lengths != _DIGEST_CHARS))
+        data = column.buffers()[2]
+        assert data is not None  # n values of _DIGEST_CHARS bytes each
         chars = np.frombuffer(data, dtype=np.uint8, count=n * _DIGEST_CHARS, offset=int(offsets[0]))
         chars = chars.reshape(n, _DIGEST_CHARS)
         for start in range(0, n, _DIGEST_PIECE):
@@ -529,7 +530,7 @@ def digest_column(column: pa.StringArray) -> pa.FixedSizeBinaryArray:
     return binary
 
 
-def _bad_digest(column: pa.StringArray, rows: np.ndarray) -> None:
+def _bad_digest(column: pa.StringArray, rows: np.ndarray) -> NoReturn:
     """Raise the ManifestError ``check_digest_string`` gives for the first of ``rows``."""
     value = column[int(rows[0])].as_py()
     check_digest_string(value)  # raises: the row is not of that form
@@ -553,12 +554,19 @@ def _table_schema(table_data: bytes) -> pa.Schema:
 
 
 def _read_column(table_data: bytes, schema: pa.Schema, name: str) -> pa.ChunkedArray:
-    """The column ``name`` of a shard table's IPC bytes, decoding no other column."""
+    """The column ``name`` of a shard table's IPC bytes, decoding no other column. Arrow's pool hands back
+    what is free before and after the read (the reader copies the column's compressed ranges into a buffer
+    the size of the whole body; a column converted since leaves its strings): otherwise those pages would
+    stay beside the next column's."""
+    pool = pa.default_memory_pool()
+    pool.release_unused()
     try:
         options = pa.ipc.IpcReadOptions(included_fields=[schema.get_field_index(name)])
-        return pa.ipc.open_file(pa.py_buffer(table_data), options=options).read_all().column(name)
+        column = pa.ipc.open_file(pa.py_buffer(table_data), options=options).read_all().column(name)
     except pa.ArrowException as exc:
         raise ManifestError(f"shard table is not a readable Arrow IPC file ({exc})") from exc
+    pool.release_unused()
+    return column
 
 
 def _string_array(column: pa.ChunkedArray) -> pa.StringArray:
