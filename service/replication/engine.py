@@ -259,24 +259,8 @@ class Engine:
         self.state.seen_version(dataset, dest, version, min(now, created) if created else now)
         manifest = load_version(src_loc, src_bytes)  # its table's bytes are read again to publish it
         cols = SourceColumns.of(manifest)
-        verified = cols.has(self.state.verified_paths(dataset, dest))
-        release_memory()  # the verified set's paths, decoded to compare: back to the system before planning
-        held = self._held(dst_loc, cols, verified, dest_version)
-        plan = plan_columns(
-            cols,
-            dest_version=dest_version,
-            held_sizes=held.sizes,
-            verified=verified,
-            bad=cols.has(self.state.bad(dataset, dest)),
-            temps=held.ages or (),
-        )
-        self._delete_temps(plan, held, dst_loc, result)
-        result.already_verified = len(plan.verified_rows)
-        result.verified_bytes = int(cols.sizes[plan.verified_rows].sum())
-        work = _Work.of(plan, cols, self.state.fatal(dataset, dest), _unreplaceable(plan, cols, dst_loc))
-        result.skipped_failed = len(plan.copy_rows) + len(plan.verify_rows) - len(work.rows)
-        self.stats.set_pending(dataset, dest, int(cols.sizes[work.rows].sum()), len(work.rows))
-        release_memory()  # planning's hash tables and sets, the load's transient copies: back to the system now
+        work, ages = self._plan(result, cols, dst_loc, dest_version)
+        release_memory()  # planning's hash tables, masks and sets: back to the system now
         if on_plan is not None:
             on_plan(result)
         if len(work.rows):
@@ -292,7 +276,33 @@ class Engine:
         if result.ok:
             self._publish(src_loc, dst_loc, manifest, src_bytes, result)
             if self.keep_versions and result.published:
-                self._retain(dst_loc, manifest, dataset, dest, held.ages, result)
+                self._retain(dst_loc, manifest, dataset, dest, ages, result)
+
+    def _plan(
+        self, result: PassResult, cols: SourceColumns, dst: Location, dest_version: str | None
+    ) -> tuple[_Work, dict[str, tuple[int, float | None]] | None]:
+        """Plan the pass (and delete the stale temp files the plan names): its work, and the destination's
+        listing where it was listed. The plan's own arrays (masks, the sizes held there, the verified rows)
+        are gone once it returns."""
+        dataset, dest = result.dataset, result.destination
+        verified = cols.has(self.state.verified_paths(dataset, dest))
+        release_memory()  # the verified set's paths, decoded to compare: back to the system before planning
+        held = self._held(dst, cols, verified, dest_version)
+        plan = plan_columns(
+            cols,
+            dest_version=dest_version,
+            held_sizes=held.sizes,
+            verified=verified,
+            bad=cols.has(self.state.bad(dataset, dest)),
+            temps=held.ages or (),
+        )
+        self._delete_temps(plan, held, dst, result)
+        result.already_verified = len(plan.verified_rows)
+        result.verified_bytes = int(cols.sizes[plan.verified_rows].sum())
+        work = _Work.of(plan, cols, self.state.fatal(dataset, dest), _unreplaceable(plan, cols, dst))
+        result.skipped_failed = len(plan.copy_rows) + len(plan.verify_rows) - len(work.rows)
+        self.stats.set_pending(dataset, dest, int(cols.sizes[work.rows].sum()), len(work.rows))
+        return work, held.ages
 
     def _held(self, dst: Location, cols: SourceColumns, verified: np.ndarray, dest_version: str | None) -> _Held:
         """What the destination holds of the version. A version that adds a few shards to a large dataset the
