@@ -189,3 +189,19 @@ def test_digest_column_round_trips_and_names_the_bad_row() -> None:
     texts[66_000] = texts[66_000][:-1] + "G"
     with pytest.raises(ManifestError, match=texts[66_000][-8:]):
         digest_column(pa.array(texts, type=pa.string()))
+
+
+def test_a_table_of_several_record_batches_loads_the_same() -> None:
+    """Each column is read on its own: one written as several batches is joined, its digests converted whole."""
+    rows = [flat(i) for i in range(5)]
+    m, data = build(rows)
+    sink = pa.BufferOutputStream()
+    table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=2)
+    out = sink.getvalue().to_pybytes()
+    header = naming(m.to_json(), out)
+    got = StoredShards.from_json(header, out)
+    assert got.paths.to_pylist() == Manifest.from_json(header, out).shards.paths == [r.path for r in rows]
+    assert digest_strings(got.stored_digests) == [r.stored_digest for r in rows]
+    assert got.stored_bytes.tolist() == [r.stored_bytes for r in rows]
