@@ -292,6 +292,7 @@ class ShardTable:
     def from_ipc(cls, data: bytes) -> ShardTable:
         try:
             table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+            table.validate(full=True)  # offsets inside their buffers, in order, UTF-8: the IPC reader trusts them
         except pa.ArrowException as exc:
             raise ManifestError(f"shard table is not a readable Arrow IPC file ({exc})") from exc
         return cls(table)
@@ -563,6 +564,7 @@ def _read_column(table_data: bytes, schema: pa.Schema, name: str) -> pa.ChunkedA
     try:
         options = pa.ipc.IpcReadOptions(included_fields=[schema.get_field_index(name)])
         column = pa.ipc.open_file(pa.py_buffer(table_data), options=options).read_all().column(name)
+        column.validate(full=True)  # offsets inside their buffers, in order, UTF-8: the IPC reader trusts them
     except pa.ArrowException as exc:
         raise ManifestError(f"shard table is not a readable Arrow IPC file ({exc})") from exc
     pool.release_unused()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -205,3 +206,27 @@ def test_a_table_of_several_record_batches_loads_the_same() -> None:
     assert got.paths.to_pylist() == Manifest.from_json(header, out).shards.paths == [r.path for r in rows]
     assert digest_strings(got.stored_digests) == [r.stored_digest for r in rows]
     assert got.stored_bytes.tolist() == [r.stored_bytes for r in rows]
+
+
+@pytest.mark.parametrize(
+    "offsets",
+    [(0, 39, 117), (-39, 0, 39), (0, 78, 39), (0, 39, 2**31 - 1)],
+    ids=["past-end", "negative", "back", "huge"],
+)
+@pytest.mark.parametrize("loader", [StoredShards.from_json, Manifest.from_json], ids=["stored", "full"])
+def test_string_offsets_outside_their_data_are_refused(
+    offsets: tuple[int, int, int], loader: Callable[[bytes, bytes], object]
+) -> None:
+    """A table whose digest columns' offsets point outside (or back into) its characters, published with a
+    header naming it: refused as unreadable (the IPC reader trusts offsets; reading them would read
+    memory that is not the column's)."""
+    m, data = build([flat(0), flat(1)])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, pa.ipc.open_file(pa.py_buffer(data)).schema) as writer:  # uncompressed
+        writer.write_table(pa.ipc.open_file(pa.py_buffer(data)).read_all())
+    plain = sink.getvalue().to_pybytes()
+    lengths = struct.pack("<3i", 0, len(STORED), 2 * len(STORED))  # the offsets of both digest columns
+    assert plain.count(lengths) == 2
+    table = plain.replace(lengths, struct.pack("<3i", *offsets))
+    with pytest.raises(ManifestError, match="not a readable Arrow IPC"):
+        loader(naming(m.to_json(), table), table)
