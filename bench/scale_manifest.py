@@ -15,6 +15,7 @@ Usage::
     .venv/bin/python bench/scale_manifest.py --daemon --sizes 10000 100000   # a real ferry serve's RSS
     .venv/bin/python bench/scale_manifest.py --engine-steps --sizes 100000   # planning a new version, step by step
     .venv/bin/python bench/scale_manifest.py --new-version --sizes 1000000   # a real ferry serve planning it
+    .venv/bin/python bench/scale_manifest.py --new-version --sizes 1000000 --keep /tmp/v1m   # fixture kept, reused
 
 Prints one JSON document on stdout: ``{"results": [ {per size}, ... ]}``.
 """
@@ -22,6 +23,7 @@ Prints one JSON document on stdout: ``{"results": [ {per size}, ... ]}``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -284,38 +286,37 @@ def _record_verified(state_dir: str, dataset: str, cluster: str, paths: list[str
     return time.perf_counter() - t0
 
 
-def measure_engine_steps(n: int, new_share: float) -> dict[str, Any]:
+def measure_engine_steps(n: int, new_share: float, keep: str | None = None) -> dict[str, Any]:
     """The planning steps of one ``Engine.sync_pass`` for a new version, timed one by one, in-process: west
     publishes and has verified a version of ``n`` shards; the source's new version adds ``new_share`` of
     that in new shards (missing at west; the others are sparse files there). Also the cost of recording
-    ``n`` verified shards at once."""
+    ``n`` verified shards at once (when the fixture is built). ``keep``: as for ``measure_new_version``."""
+    import shutil
+
     import numpy as np
 
     from ferry.service.replication import engine as eng
     from ferry.service.replication.planner import SourceColumns, plan_columns
     from ferry.service.replication.state import State
-    from ferry.shard_tools.dataset import load_manifest
     from ferry.shard_tools.storage.store import resolve
 
-    out: dict[str, Any] = {"shards": n, "new_shards": int(n * new_share)}
-    with tempfile.TemporaryDirectory(prefix="ferry-scale-engine-") as root:
+    with contextlib.ExitStack() as stack:
+        root = keep or stack.enter_context(tempfile.TemporaryDirectory(prefix="ferry-scale-engine-"))
+        out: dict[str, Any] = dict(_new_version_fixture(root, n, new_share))
         east, west = os.path.join(root, "east", "corpus"), os.path.join(root, "west", "corpus")
-        publish_synthetic(east, n)
-        _copy_manifests(east, west)
-        v1 = load_manifest(resolve(east))
-        t0 = time.perf_counter()
-        _sparse(west, v1.shards.paths, v1.shards.stored_bytes.tolist())  # west holds them (its lookups see them)
-        out["sparse_files_s"] = time.perf_counter() - t0
-        out["record_verified_s"] = _record_verified(os.path.join(root, "state"), "corpus", "west", v1.shards.paths)
-        del v1
-        publish_next(east, out["new_shards"])
+        shutil.rmtree(os.path.join(root, "state-steps"), ignore_errors=True)
+        shutil.copytree(os.path.join(root, "state-pristine"), os.path.join(root, "state-steps"))
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         src, dst = resolve(east), resolve(west)
-        state = State(os.path.join(root, "state"))
+        state = State(os.path.join(root, "state-steps"))
+        out["load_average"] = os.getloadavg()[0]
         t_all = time.perf_counter()
         header = eng.read_header(src)
         assert header is not None
-        out["load_version_s"], (manifest, _) = _median_time(lambda: eng.load_version(src, header[0]), 1)
+        out["load_version_s"], manifest = _median_time(lambda: eng.load_version(src, header[0]), 1)
+        manifest = (
+            manifest[0] if isinstance(manifest, tuple) else manifest
+        )  # a checkout whose load_version gives (version, table)
         out["columns_s"], cols = _median_time(lambda: SourceColumns.of(manifest), 1)
         out["verified_set_s"], known = _median_time(lambda: state.verified_paths("corpus", "west"), 1)
         out["verified_mask_s"], verified = _median_time(lambda known=known: cols.has(known), 1)
@@ -441,28 +442,71 @@ def measure_daemon(n: int, timeout: float = 300.0) -> dict[str, Any]:
     return out
 
 
-def measure_new_version(n: int, new_share: float, timeout: float = 600.0) -> dict[str, Any]:
-    """A real ``ferry serve`` planning a new version: west publishes, holds (sparse files) and has verified
-    (in the daemon's state) a version of ``n`` shards; east's new version adds ``new_share`` of that in new
-    shards. Reports the time until the API shows west syncing and the daemon's RSS then."""
+#: what issue 26 asks of a daemon planning a new 1M-shard version (start → planned; RSS held, and its peak)
+TARGET_SECONDS = 2.0
+TARGET_RSS_MIB = 300.0
+
+
+def _new_version_fixture(root: str, n: int, new_share: float) -> dict[str, Any]:
+    """At ``root``: east publishes a version of ``n`` shards and then a child adding ``new_share`` of that; west
+    publishes and holds (sparse files) the first, and a daemon's state (``state-pristine``) has it verified.
+    Built once: a ``ready.json`` there says it is complete, with what building it took."""
+    ready = os.path.join(root, "ready.json")
+    if os.path.exists(ready):
+        with open(ready) as f:
+            made: dict[str, Any] = json.load(f)
+        if (made["shards"], made["new_shards"]) == (n, int(n * new_share)):
+            return made
+        raise SystemExit(f"{root} holds a fixture of {made['shards']} shards: use another --keep folder")
     from ferry.shard_tools.dataset import load_manifest
     from ferry.shard_tools.storage.store import resolve
 
-    out: dict[str, Any] = {"shards": n, "new_shards": int(n * new_share)}
-    with tempfile.TemporaryDirectory(prefix="ferry-scale-version-") as root:
-        east, west = os.path.join(root, "east", "corpus"), os.path.join(root, "west", "corpus")
-        publish_synthetic(east, n)
-        _copy_manifests(east, west)
-        t0 = time.perf_counter()
-        v1 = load_manifest(resolve(east))
-        _sparse(west, v1.shards.paths, v1.shards.stored_bytes.tolist())
-        out["sparse_files_s"] = time.perf_counter() - t0
-        state_dir = os.path.join(root, "state-version")
-        out["record_verified_s"] = _record_verified(state_dir, "corpus", "west", v1.shards.paths)
-        del v1
-        publish_next(east, out["new_shards"])
+    made = {"shards": n, "new_shards": int(n * new_share)}
+    east, west = os.path.join(root, "east", "corpus"), os.path.join(root, "west", "corpus")
+    publish_synthetic(east, n)
+    _copy_manifests(east, west)
+    t0 = time.perf_counter()
+    v1 = load_manifest(resolve(east))
+    _sparse(west, v1.shards.paths, v1.shards.stored_bytes.tolist())
+    made["sparse_files_s"] = time.perf_counter() - t0
+    made["record_verified_s"] = _record_verified(
+        os.path.join(root, "state-pristine"), "corpus", "west", v1.shards.paths
+    )
+    del v1
+    publish_next(east, made["new_shards"])
+    with open(ready, "w") as f:
+        json.dump(made, f)
+    return made
+
+
+def measure_new_version(n: int, new_share: float, keep: str | None = None, timeout: float = 600.0) -> dict[str, Any]:
+    """A real ``ferry serve`` planning a new version: west publishes, holds (sparse files) and has verified
+    (in the daemon's state) a version of ``n`` shards; east's new version adds ``new_share`` of that in new
+    shards. Reports the time until the API shows west syncing and the daemon's RSS then (``VmRSS``) and its
+    peak so far (``VmHWM``). ``keep``: build that fixture in this folder once and reuse it (each run starts
+    from a copy of the state it was built with), instead of a temp folder per run."""
+    import shutil
+
+    with contextlib.ExitStack() as stack:
+        root = keep or stack.enter_context(tempfile.TemporaryDirectory(prefix="ferry-scale-version-"))
+        out: dict[str, Any] = dict(_new_version_fixture(root, n, new_share))
+        state = os.path.join(root, "state-version")
+        shutil.rmtree(state, ignore_errors=True)
+        shutil.copytree(os.path.join(root, "state-pristine"), state)
+        shards = os.path.join(root, "west", "corpus", "shards")
+        for name in os.listdir(shards):  # the temp files an earlier run's transfers left
+            if name.startswith("."):
+                os.remove(os.path.join(shards, name))
+        out["load_average"] = os.getloadavg()[0]
         planned = _until("version", root, "syncing", timeout)
         out["start_to_planned_s"], out["planned_pass_rss"] = planned["seconds"], planned["rss"]
+        out["load_average_after"] = os.getloadavg()[0]
+        rss = planned["rss"]
+        out["within_targets"] = {
+            "seconds": planned["seconds"] <= TARGET_SECONDS,
+            "rss": rss["VmRSS"] <= TARGET_RSS_MIB,
+            "peak_rss": rss["VmHWM"] <= TARGET_RSS_MIB,
+        }
     return out
 
 
@@ -476,14 +520,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine-steps", action="store_true", help="time the planning of a new version, step by step")
     ap.add_argument("--new-version", action="store_true", help="a real ferry serve planning a new version")
     ap.add_argument("--new-share", type=float, default=0.01, help="new shards per shard of the version before")
+    ap.add_argument(
+        "--keep", metavar="DIR", help="--new-version, --engine-steps: build the fixture in DIR once, reuse it after"
+    )
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # child mode: one size, this process
     ap.add_argument("--publish-only", metavar="ROOT", help=argparse.SUPPRESS)  # child mode: synthesise + publish
     args = ap.parse_args(argv)
     if args.engine_steps:
-        print(json.dumps({"engine_steps": [measure_engine_steps(n, args.new_share) for n in args.sizes]}, indent=1))
+        if args.keep and len(args.sizes) > 1:
+            ap.error("--keep holds the fixture of one size")
+        steps = [measure_engine_steps(n, args.new_share, args.keep) for n in args.sizes]
+        print(json.dumps({"engine_steps": steps}, indent=1))
         return 0
     if args.new_version:
-        print(json.dumps({"new_version": [measure_new_version(n, args.new_share) for n in args.sizes]}, indent=1))
+        if args.keep and len(args.sizes) > 1:
+            ap.error("--keep holds the fixture of one size")
+        runs = [measure_new_version(n, args.new_share, args.keep) for n in args.sizes]
+        print(json.dumps({"new_version": runs}, indent=1))
         return 0
     if args.daemon:
         print(json.dumps({"daemon": [measure_daemon(n) for n in args.sizes]}, indent=1))

@@ -445,7 +445,7 @@ def _verify_only(executor: Executor, names: dict[str, Any], args: argparse.Names
     header = read_header(names["src"])
     if header is None:
         raise DatasetNotFoundError(f"no manifest.json at {redact(args.src)}")
-    manifest, _ = load_version(names["src"], header[0])
+    manifest = load_version(names["src"], header[0])
     dst_header = read_header(names["dst"])
     jobs = [
         Job("dataset", manifest.version_id, s, (), "dst", verify_first=True) for s in SourceVersion.of(manifest).shards

@@ -22,7 +22,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from ferry.shard_tools.errors import DatasetNotFoundError, LeaseHeldError, ManifestError, RollbackError, StorageError
@@ -79,9 +78,10 @@ def read_header(loc: Location, rel: str = MANIFEST_FILE) -> tuple[bytes, dict[st
     return data, parse_header(data)
 
 
-def load_version(loc: Location, header: bytes) -> tuple[StoredShards, bytes]:
+def load_version(loc: Location, header: bytes) -> StoredShards:
     """The version whose header is ``header`` with the stored-shard columns of its table read from ``loc``
-    (paths, stored sizes and digests: what a replica copies and checks; the other columns stay undecoded)."""
+    (paths, stored sizes and digests: what a replica copies and checks; the other columns stay undecoded).
+    The table's bytes are not kept: a pass that publishes reads them again."""
     from ferry.shard_tools.format.manifest import StoredShards  # numpy + pyarrow: only when there is work to plan
 
     doc = parse_header(header)
@@ -90,8 +90,9 @@ def load_version(loc: Location, header: bytes) -> tuple[StoredShards, bytes]:
     except FileNotFoundError as exc:
         raise ManifestError(f"shard table {doc['shard_table']['path']} is missing at {loc.url}") from exc
     version = StoredShards.from_json(header, table)
-    pa.default_memory_pool().release_unused()  # the IPC reader's copy of the table's body: freed, returned now
-    return version, table
+    del table
+    release_memory()  # the table's bytes and the IPC reader's copies of its body: freed, returned now
+    return version
 
 
 def listing(loc: Location) -> dict[str, int]:
@@ -256,25 +257,10 @@ class Engine:
         dataset, source, dest, version = result.dataset, result.source, result.destination, result.version_id
         now, created = time.time(), _created_ts(parse_header(src_bytes))
         self.state.seen_version(dataset, dest, version, min(now, created) if created else now)
-        manifest, _ = load_version(src_loc, src_bytes)  # its table's bytes are read again to publish it
+        manifest = load_version(src_loc, src_bytes)  # its table's bytes are read again to publish it
         cols = SourceColumns.of(manifest)
-        verified = cols.has(self.state.verified_paths(dataset, dest))
-        held = self._held(dst_loc, cols, verified, dest_version)
-        plan = plan_columns(
-            cols,
-            dest_version=dest_version,
-            held_sizes=held.sizes,
-            verified=verified,
-            bad=cols.has(self.state.bad(dataset, dest)),
-            temps=held.ages or (),
-        )
-        self._delete_temps(plan, held, dst_loc, result)
-        result.already_verified = len(plan.verified_rows)
-        result.verified_bytes = int(cols.sizes[plan.verified_rows].sum())
-        work = _Work.of(plan, cols, self.state.fatal(dataset, dest), _unreplaceable(plan, cols, dst_loc))
-        result.skipped_failed = len(plan.copy_rows) + len(plan.verify_rows) - len(work.rows)
-        self.stats.set_pending(dataset, dest, int(cols.sizes[work.rows].sum()), len(work.rows))
-        release_memory()  # planning's hash tables and sets, the load's transient copies: back to the system now
+        work, ages = self._plan(result, cols, dst_loc, dest_version)
+        release_memory()  # planning's hash tables, masks and sets: back to the system now
         if on_plan is not None:
             on_plan(result)
         if len(work.rows):
@@ -290,7 +276,33 @@ class Engine:
         if result.ok:
             self._publish(src_loc, dst_loc, manifest, src_bytes, result)
             if self.keep_versions and result.published:
-                self._retain(dst_loc, manifest, dataset, dest, held.ages, result)
+                self._retain(dst_loc, manifest, dataset, dest, ages, result)
+
+    def _plan(
+        self, result: PassResult, cols: SourceColumns, dst: Location, dest_version: str | None
+    ) -> tuple[_Work, dict[str, tuple[int, float | None]] | None]:
+        """Plan the pass (and delete the stale temp files the plan names): its work, and the destination's
+        listing where it was listed. The plan's own arrays (masks, the sizes held there, the verified rows)
+        are gone once it returns."""
+        dataset, dest = result.dataset, result.destination
+        verified = cols.has(self.state.verified_paths(dataset, dest))
+        release_memory()  # the verified set's paths, decoded to compare: back to the system before planning
+        held = self._held(dst, cols, verified, dest_version)
+        plan = plan_columns(
+            cols,
+            dest_version=dest_version,
+            held_sizes=held.sizes,
+            verified=verified,
+            bad=cols.has(self.state.bad(dataset, dest)),
+            temps=held.ages or (),
+        )
+        self._delete_temps(plan, held, dst, result)
+        result.already_verified = len(plan.verified_rows)
+        result.verified_bytes = int(cols.sizes[plan.verified_rows].sum())
+        work = _Work.of(plan, cols, self.state.fatal(dataset, dest), _unreplaceable(plan, cols, dst))
+        result.skipped_failed = len(plan.copy_rows) + len(plan.verify_rows) - len(work.rows)
+        self.stats.set_pending(dataset, dest, int(cols.sizes[work.rows].sum()), len(work.rows))
+        return work, held.ages
 
     def _held(self, dst: Location, cols: SourceColumns, verified: np.ndarray, dest_version: str | None) -> _Held:
         """What the destination holds of the version. A version that adds a few shards to a large dataset the
@@ -441,7 +453,7 @@ class Engine:
                 if got is None:
                     continue
                 try:
-                    m, _ = load_version(dst, got[0])
+                    m = load_version(dst, got[0])
                 except (ManifestError, StorageError):
                     continue  # an unreadable old version is left alone
             generation = int(m.lineage["gen"]) if m.lineage else 0
@@ -478,7 +490,7 @@ class Engine:
         got = read_header(loc)
         if got is None:
             return 0, [], []
-        manifest, _ = load_version(loc, got[0])
+        manifest = load_version(loc, got[0])
         others = order_sources([c for c in locations if c != cluster], self.priority)
         jobs = [
             Job(dataset, manifest.version_id, s, others, cluster, verify_first=True, replace=True)
@@ -591,7 +603,7 @@ def _unreplaceable(plan: ColumnPlan, cols: SourceColumns, dst: Location) -> np.n
         got = read_header(dst)
         if got is None:
             return out
-        named = SourceColumns.of(load_version(dst, got[0])[0])
+        named = SourceColumns.of(load_version(dst, got[0]))
     except (ManifestError, StorageError):
         return out  # an unreadable destination version names nothing: nothing there is replaced
     if not len(named):

@@ -57,31 +57,34 @@ MISSING = -1
 
 @dataclass(frozen=True)
 class SourceColumns:
-    """The version to replicate, column by column in manifest order: paths, stored sizes, stored digests."""
+    """The version to replicate, column by column in manifest order: paths, stored sizes, stored digests (the
+    16 bytes of each, as ``StoredShards`` holds them)."""
 
     version_id: str
     paths: pa.StringArray
     sizes: np.ndarray  # int64
-    digests: pa.StringArray
+    digests: pa.FixedSizeBinaryArray
 
     @classmethod
     def of(cls, manifest: Manifest | StoredShards) -> SourceColumns:
         """The columns of a loaded version (no copy)."""
-        from ferry.shard_tools.format.manifest import StoredShards  # loaded already: the version is
+        from ferry.shard_tools.format.manifest import StoredShards, digest_column  # loaded already: the version is
 
         if isinstance(manifest, StoredShards):
             return cls(manifest.version_id, manifest.paths, manifest.stored_bytes, manifest.stored_digests)
         table = manifest.shards._table  # noqa: SLF001 - ShardTable has no public string columns
         return cls(manifest.version_id, _one_chunk(table.column("path")), manifest.shards.stored_bytes,
-                   _one_chunk(table.column("stored_digest")))  # fmt: skip
+                   digest_column(_one_chunk(table.column("stored_digest"))))  # fmt: skip
 
     @classmethod
     def of_refs(cls, version_id: str, shards: Sequence[ShardRef]) -> SourceColumns:
+        from ferry.shard_tools.format.manifest import digest_column
+
         return cls(
             version_id,
             strings(s.path for s in shards),
             np.array([s.size for s in shards], dtype=np.int64),
-            strings(s.digest for s in shards),
+            digest_column(strings(s.digest for s in shards)),
         )
 
     def __len__(self) -> int:
@@ -89,8 +92,10 @@ class SourceColumns:
 
     def refs(self, rows: np.ndarray) -> list[ShardRef]:
         """The shards of ``rows`` as objects (for the few being copied now)."""
+        from ferry.shard_tools.format.manifest import digest_strings
+
         index = int64s(rows)
-        paths, digests = self.paths.take(index).to_pylist(), self.digests.take(index).to_pylist()
+        paths, digests = self.paths.take(index).to_pylist(), digest_strings(self.digests.take(index))
         return [ShardRef(p, int(n), d) for p, n, d in zip(paths, self.sizes[rows].tolist(), digests, strict=True)]
 
     def has(self, paths: pa.Array | Iterable[str]) -> np.ndarray:

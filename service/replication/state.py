@@ -141,9 +141,13 @@ def pack_paths(paths: Sequence[str] | pa.Array) -> bytes:
 
 
 def unpack_paths(blob: bytes) -> pa.StringArray:
-    """The paths ``pack_paths`` wrote."""
+    """The paths ``pack_paths`` wrote (its one batch's column itself: no copy of the decoded paths)."""
     with pa.ipc.open_stream(blob) as reader:
         column = reader.read_all().column(0)
+    if column.num_chunks == 1:
+        chunk = column.chunk(0)
+        assert isinstance(chunk, pa.StringArray), column.type
+        return chunk
     return column.combine_chunks() if column.num_chunks else EMPTY_STRINGS
 
 
@@ -157,6 +161,8 @@ def fold_sets(log: Sequence[tuple[bool, pa.StringArray]]) -> pa.StringArray:
             held = [current.filter(pc.invert(pc.is_in(current, value_set=paths)))]
         else:
             held.append(paths)
+    if len(held) == 1:
+        return held[0]  # one set (the usual log, folded): itself, not a copy
     return pa.concat_arrays(held) if held else EMPTY_STRINGS
 
 

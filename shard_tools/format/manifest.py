@@ -31,14 +31,14 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import ManifestError
-from .digest import check_digest_string, digest_bytes
+from .digest import ALGORITHM, check_digest_string, digest_bytes
 from .header import (
     MANIFEST_FORMAT,
     SHARDS_DIR,
@@ -56,6 +56,8 @@ __all__ = [
     "Manifest",
     "StoredShards",
     "STORED_COLUMNS",
+    "digest_column",
+    "digest_strings",
     "next_lineage",
     "lineage_of",
 ]
@@ -66,6 +68,12 @@ _STR_COLUMNS = ("path", "stored_digest", "raw_digest")
 STORED_COLUMNS = ("path", "stored_bytes", "stored_digest")
 _SEARCH_PIECE = 1 << 22
 _DIGEST_RE = r"^xxh128:[0-9a-f]{32}$"  # the form check_digest_string accepts
+_DIGEST_PREFIX = np.frombuffer(f"{ALGORITHM}:".encode(), dtype=np.uint8)
+_DIGEST_CHARS = len(_DIGEST_PREFIX) + 32  # a digest string's length: the prefix and 32 hex digits
+_NOT_HEX = 0xFF
+_NIBBLES = np.full(256, _NOT_HEX, dtype=np.uint8)  # an ASCII byte → its value as a lowercase hex digit
+_NIBBLES[np.frombuffer(b"0123456789abcdef", dtype=np.uint8)] = np.arange(16, dtype=np.uint8)
+_DIGEST_PIECE = 1 << 16  # rows converted at a time (bounds the temporary arrays)
 _TABLE_SCHEMA = pa.schema(
     [("path", pa.string())]
     + [(c, pa.int64()) for c in _INT_COLUMNS]
@@ -284,6 +292,7 @@ class ShardTable:
     def from_ipc(cls, data: bytes) -> ShardTable:
         try:
             table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+            table.validate(full=True)  # offsets inside their buffers, in order, UTF-8: the IPC reader trusts them
         except pa.ArrowException as exc:
             raise ManifestError(f"shard table is not a readable Arrow IPC file ({exc})") from exc
         return cls(table)
@@ -431,10 +440,11 @@ class StoredShards:
     shard's path, stored size and stored digest, in manifest order, as Arrow and numpy arrays.
 
     What a replication daemon plans, copies and publishes with, at a fraction of a :class:`Manifest`'s memory
-    and load time: the other columns are never decompressed. The table's bytes are checked against the
-    header's digest as a full load does, then the loaded columns (nulls, paths, digests, negative sizes)
-    and the totals they carry (shard count, stored bytes); the columns not loaded are covered by the
-    table's digest only, and a reader's full load checks them.
+    and load time: the other columns are never decompressed, and the digests are held as their 16 bytes
+    (``digest_strings`` gives the strings back). The table's bytes are checked against the header's digest as
+    a full load does, then the loaded columns (nulls, paths, digests, negative sizes) and the totals they
+    carry (shard count, stored bytes); the columns not loaded are covered by the table's digest only, and a
+    reader's full load checks them.
     """
 
     version_id: str
@@ -445,7 +455,7 @@ class StoredShards:
     lineage: dict[str, Any] | None = field(repr=False)
     paths: pa.StringArray = field(repr=False)
     stored_bytes: np.ndarray = field(repr=False)  # int64
-    stored_digests: pa.StringArray = field(repr=False)
+    stored_digests: pa.FixedSizeBinaryArray = field(repr=False)  # the 16 bytes of each xxh128 digest
 
     def __len__(self) -> int:
         return len(self.stored_bytes)
@@ -456,14 +466,17 @@ class StoredShards:
 
     @classmethod
     def from_json(cls, data: bytes, table_data: bytes) -> StoredShards:
-        """The header ``data`` and the stored-shard columns of the shard table ``table_data``, checked."""
+        """The header ``data`` and the stored-shard columns of the shard table ``table_data``, checked.
+
+        The columns are decoded one at a time, the digests first (their strings dropped once converted), so
+        that at most one column's strings exist beside the table's bytes at once."""
         doc = parse_header(data)
         st = doc["shard_table"]
         if digest_bytes(table_data) != st["digest"] or len(table_data) != st["bytes"]:
             raise ManifestError(f"shard table {st['path']} does not match its digest in the manifest")
-        paths, sizes, digests = _read_columns(table_data, STORED_COLUMNS)
-        _check_strings(paths, digests)
-        stored = _ints(sizes)
+        schema = _table_schema(table_data)
+        digests = digest_column(_string_array(_read_column(table_data, schema, "stored_digest")))
+        stored = _ints(_read_column(table_data, schema, "stored_bytes"))
         if len(stored) and int(stored.min()) < 0:
             raise ManifestError("shard table column 'stored_bytes' has negative values; the manifest is corrupt")
         totals = doc["totals"]
@@ -472,6 +485,8 @@ class StoredShards:
                 f"manifest totals {totals} do not match its shard table ({len(stored)} shards, "
                 f"{int(stored.sum())} stored bytes)"
             )
+        paths = _read_column(table_data, schema, "path")
+        _check_strings(paths)
         return cls(
             version_id=doc["version_id"],
             header=data,
@@ -481,23 +496,79 @@ class StoredShards:
             lineage=lineage_of(doc),
             paths=_string_array(paths),
             stored_bytes=stored,
-            stored_digests=_string_array(digests),
+            stored_digests=digests,
         )
 
 
-def _read_columns(table_data: bytes, names: tuple[str, ...]) -> list[pa.ChunkedArray]:
-    """The columns ``names`` of a shard table's IPC bytes, decoding no other column (its schema checked)."""
-    try:
-        schema = pa.ipc.open_file(pa.py_buffer(table_data)).schema  # the footer only
-        if not any(schema.equals(s) for s in _SCHEMAS):
-            raise ManifestError(
-                f"shard table schema is {schema}, expected {_TABLE_SCHEMA} (+ index columns, + frame_size)"
+def digest_column(column: pa.StringArray) -> pa.FixedSizeBinaryArray:
+    """Digest strings (``xxh128:<32 hex>``, as a manifest holds them) as their 16 bytes each, in order;
+    ManifestError naming the first row that is null or not of that form. Vectorised, a piece at a time."""
+    n = len(column)
+    if column.null_count:
+        row = column.to_pylist().index(None)
+        raise ManifestError(f"shard table row {row} has a null digest (None); the manifest is corrupt")
+    out = np.empty((n, 16), dtype=np.uint8)
+    if n:
+        offsets = np.frombuffer(column.buffers()[1], dtype=np.int32, count=n + 1, offset=column.offset * 4)
+        lengths = np.diff(offsets)
+        if not bool(np.all(lengths == _DIGEST_CHARS)):
+            _bad_digest(column, np.flatnonzero(lengths != _DIGEST_CHARS))
+        data = column.buffers()[2]
+        assert data is not None  # n values of _DIGEST_CHARS bytes each
+        chars = np.frombuffer(data, dtype=np.uint8, count=n * _DIGEST_CHARS, offset=int(offsets[0]))
+        chars = chars.reshape(n, _DIGEST_CHARS)
+        for start in range(0, n, _DIGEST_PIECE):
+            piece = chars[start : start + _DIGEST_PIECE]
+            nibbles = _NIBBLES[piece[:, len(_DIGEST_PREFIX) :]]
+            bad = np.any(piece[:, : len(_DIGEST_PREFIX)] != _DIGEST_PREFIX, axis=1) | np.any(
+                nibbles == _NOT_HEX, axis=1
             )
-        options = pa.ipc.IpcReadOptions(included_fields=[schema.get_field_index(n) for n in names])
-        table = pa.ipc.open_file(pa.py_buffer(table_data), options=options).read_all()
+            if bad.any():
+                _bad_digest(column, start + np.flatnonzero(bad))
+            out[start : start + len(piece)] = (nibbles[:, 0::2] << 4) | nibbles[:, 1::2]
+    binary = pa.Array.from_buffers(pa.binary(16), n, [None, pa.py_buffer(out)])
+    assert isinstance(binary, pa.FixedSizeBinaryArray)
+    return binary
+
+
+def _bad_digest(column: pa.StringArray, rows: np.ndarray) -> NoReturn:
+    """Raise the ManifestError ``check_digest_string`` gives for the first of ``rows``."""
+    value = column[int(rows[0])].as_py()
+    check_digest_string(value)  # raises: the row is not of that form
+    raise AssertionError(f"digest {value!r} flagged but of the right form")
+
+
+def digest_strings(column: pa.FixedSizeBinaryArray) -> list[str]:
+    """The digest strings (``xxh128:<32 hex>``) of a column ``digest_column`` made (for a few rows)."""
+    return [f"{ALGORITHM}:{raw.hex()}" for raw in column.to_pylist()]
+
+
+def _table_schema(table_data: bytes) -> pa.Schema:
+    """A shard table's schema (its footer alone), checked to be one ferry writes."""
+    try:
+        schema = pa.ipc.open_file(pa.py_buffer(table_data)).schema
     except pa.ArrowException as exc:
         raise ManifestError(f"shard table is not a readable Arrow IPC file ({exc})") from exc
-    return [table.column(n) for n in names]
+    if not any(schema.equals(s) for s in _SCHEMAS):
+        raise ManifestError(f"shard table schema is {schema}, expected {_TABLE_SCHEMA} (+ index columns, + frame_size)")
+    return schema
+
+
+def _read_column(table_data: bytes, schema: pa.Schema, name: str) -> pa.ChunkedArray:
+    """The column ``name`` of a shard table's IPC bytes, decoding no other column. Arrow's pool hands back
+    what is free before and after the read (the reader copies the column's compressed ranges into a buffer
+    the size of the whole body; a column converted since leaves its strings): otherwise those pages would
+    stay beside the next column's."""
+    pool = pa.default_memory_pool()
+    pool.release_unused()
+    try:
+        options = pa.ipc.IpcReadOptions(included_fields=[schema.get_field_index(name)])
+        column = pa.ipc.open_file(pa.py_buffer(table_data), options=options).read_all().column(name)
+        column.validate(full=True)  # offsets inside their buffers, in order, UTF-8: the IPC reader trusts them
+    except pa.ArrowException as exc:
+        raise ManifestError(f"shard table is not a readable Arrow IPC file ({exc})") from exc
+    pool.release_unused()
+    return column
 
 
 def _string_array(column: pa.ChunkedArray) -> pa.StringArray:

@@ -81,6 +81,34 @@ def test_a_pass_hands_the_executor_its_copies_a_batch_at_a_time(
     assert documents(dst_url) == [d.tolist() for d in docs]
 
 
+def _same_bytes(value: Any, data: bytes) -> bool:
+    return isinstance(value, (bytes, bytearray, memoryview)) and value is not data and bytes(value) == data
+
+
+def test_a_pass_holds_no_table_bytes_while_it_copies(file_backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shard table's bytes are read again to publish: no frame of the pass keeps them while it copies (at
+    a million shards they are tens of MiB beside the columns, for as long as the copies take)."""
+    src_url, dst_url = file_backend.url("held-src"), file_backend.url("held-dst")
+    made = pack(src_url, make_docs(300, 17))
+    src = resolve(src_url)
+    table = src.read_bytes(open_dataset(src_url).manifest.table_path)
+    eng = engine(State(None))
+    held: list[str] = []
+    run = eng.executor.run
+
+    def watching(jobs: Any, *args: Any, **kwargs: Any) -> Any:
+        frame = sys._getframe()
+        while frame is not None:
+            held.extend(f"{frame.f_code.co_name}:{k}" for k, v in frame.f_locals.items() if _same_bytes(v, table))
+            frame = frame.f_back
+        return run(jobs, *args, **kwargs)
+
+    monkeypatch.setattr(eng.executor, "run", watching)
+    res = eng.sync_pass("ds", "a", "b", {"a": src, "b": resolve(dst_url)})
+    assert res.published and res.copied == made.shards
+    assert held == []
+
+
 def test_a_pass_imports_no_pandas(file_backend: Any) -> None:
     """pyarrow imports pandas on some conversions: over a second and tens of MiB in a daemon that needs none."""
     src_url, dst_url = file_backend.url("np-src"), file_backend.url("np-dst")

@@ -8,6 +8,7 @@ import pyarrow.compute as pc
 
 from ferry.service.replication.columns import EMPTY_STRINGS, bools, int64s, positions, strings
 from ferry.service.replication.planner import MISSING, REASONS, SourceColumns, SourcePicker, plan_columns
+from ferry.shard_tools.format.manifest import digest_column
 
 
 def test_columns_convert_both_ways_with_nulls_and_slices() -> None:
@@ -26,7 +27,7 @@ def test_a_plan_of_many_rows_is_row_numbers() -> None:
     rng = np.random.default_rng(3)
     paths = strings(f"shards/{i:032x}.arrow.zst" for i in range(n))
     sizes = rng.integers(1, 1000, n, dtype=np.int64)
-    cols = SourceColumns("v2", paths, sizes, strings(f"xxh128:{i:032x}" for i in range(n)))
+    cols = SourceColumns("v2", paths, sizes, digest_column(strings(f"xxh128:{i:032x}" for i in range(n))))
     held = np.where(rng.random(n) < 0.7, sizes, MISSING)
     wrong = rng.random(n) < 0.05
     held[wrong & (held != MISSING)] += 1

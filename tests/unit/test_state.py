@@ -22,6 +22,7 @@ from ferry.service.replication.state import (
     fold_sets,
     unpack_paths,
 )
+from ferry.shard_tools.format.manifest import digest_column
 
 
 def _committed_replicas(state_dir: Path) -> set[str]:
@@ -159,7 +160,7 @@ def test_a_published_version_is_recorded_first_in_manifest_order(tmp_path: Path)
     assert column.to_pylist() == ["shards/a", "shards/b", "shards/c", "shards/kept"]
     # the next version (rows appended) finds its verified rows by one comparison of the prefix
     cols = SourceColumns("v2", strings(["shards/a", "shards/b", "shards/c", "shards/d", "shards/a"]),
-                         np.ones(5, dtype=np.int64), strings(["x"] * 5))  # fmt: skip
+                         np.ones(5, dtype=np.int64), digest_column(strings(["xxh128:" + "0" * 32] * 5)))  # fmt: skip
     assert cols.has(column).tolist() == [True, True, True, False, False]  # a repeat further down: looked up again
     assert cols.has(["shards/kept", "shards/d"]).tolist() == [False, False, False, True, False]
     state.close()
