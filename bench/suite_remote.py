@@ -415,6 +415,7 @@ def run(ctx: Context) -> dict[str, Any]:
                 log(f"remote rtt={rtt * 1e3:.0f}ms limit: {lim.get('error') or _short(lim)}")
                 cases.append({"rtt_s": rtt, "limit": lim})
         global_cases = _global_cases(ctx, upstream, tools)
+        streaming = link_cases(ctx, upstream)
     return {
         "batch_size": BATCH,
         "seq_len": SEQ_LEN,
@@ -423,4 +424,5 @@ def run(ctx: Context) -> dict[str, Any]:
         "link": {"conn_rate": CONN_RATE, "total_rate": TOTAL_RATE},
         "cases": cases,
         "global": global_cases,
+        "streaming": streaming,
     }
