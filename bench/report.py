@@ -470,7 +470,9 @@ def _remote_link(rm: dict[str, Any]) -> list[str]:
     ]
     for what, runs in link.get("runs", {}).items():
         share = (link.get("shares", {}).get(what) or {}).get("of_limit")
-        cell = "1" if what == "limit" else (f"{share:.0%}" if share is not None else "—")
+        limit = link.get("limit_tokens_per_s")
+        cell = f"= {_m(limit)}M (its best layout)" if what == "limit" and limit else "—"
+        cell = f"{share:.0%}" if share is not None else cell
         first = "—" if what == "limit" else _cell(runs, "first_batch_s", 1, 2)
         busy = _cell(runs, "cores_busy", 1, 2)
         lines.append(f"| {what} | {_cell(runs, 'tokens_per_s')}M | {cell} | {first} | {busy} |")

@@ -13,7 +13,7 @@ import asyncio
 from typing import Any
 
 import s3fs
-from _common import args, emit, now
+from _common import args, cpu_seconds, emit, now
 
 
 async def _all(fs: s3fs.S3FileSystem, jobs: list[tuple[str, int, int]], connections: int) -> int:
@@ -28,10 +28,10 @@ async def _all(fs: s3fs.S3FileSystem, jobs: list[tuple[str, int, int]], connecti
 
 def _layout(fs: s3fs.S3FileSystem, objects: list[tuple[str, int]], part: int, connections: int) -> dict[str, Any]:
     jobs = [(path, off, min(off + part, size)) for path, size in objects for off in range(0, size, part)]
-    t0 = now()
+    t0, cpu0 = now(), cpu_seconds()
     got = asyncio.run_coroutine_threadsafe(_all(fs, jobs, connections), fs.loop).result()
-    seconds = now() - t0
-    return {"part_size": part, "connections": connections, "seconds": seconds, "bytes": got}
+    seconds, cpu = now() - t0, cpu_seconds() - cpu0
+    return {"part_size": part, "connections": connections, "seconds": seconds, "bytes": got, "cpu_s": cpu}
 
 
 def main() -> None:
@@ -48,6 +48,7 @@ def main() -> None:
         {
             **best,
             "mb_per_s": best["bytes"] / best["seconds"] / 1e6,
+            "tokens": a["tokens"],
             "tokens_per_s": a["tokens"] / best["seconds"],
             "layouts": [{**r, "mb_per_s": r["bytes"] / r["seconds"] / 1e6} for r in runs],
         }
