@@ -13,6 +13,10 @@ per batch with one DataLoader worker (and, for the throughput, no step and no wo
 suite's (torch's intra-op threads only fight the loader for the cores). Bytes downloaded are what the proxy
 sent during the run; delivered are the token
 bytes of the batches (uint16). The limit: bare parallel ranged GETs of ferry's stored shards.
+
+Streaming at the link's speed (:func:`link_cases`): three ~64 MiB shards at 30 ms, no step, cold cache, ferry
+with 0 and 2 workers alternated with the limit (the same stored bytes GET in several layouts, its best one
+taken) in one proxy; ferry's tokens/s after its first batch as a share of the limit's.
 """
 
 from __future__ import annotations
