@@ -465,8 +465,9 @@ def _remote_link(rm: dict[str, Any]) -> list[str]:
         "alternated with the limit (bare parallel ranged GETs of the same stored bytes, the fastest of several "
         "part sizes and connection counts) in one proxy:",
         "",
-        "| what | tokens/s after the first batch | share of the limit (medians) | first batch s | cores busy |",
-        "|---|---|---|---|---|",
+        "| what | tokens/s after the first batch | share of the limit (medians) | first batch s | CPU s after it | "
+        "cores busy |",
+        "|---|---|---|---|---|---|",
     ]
     for what, runs in link.get("runs", {}).items():
         share = (link.get("shares", {}).get(what) or {}).get("of_limit")
@@ -474,8 +475,8 @@ def _remote_link(rm: dict[str, Any]) -> list[str]:
         cell = f"= {_m(limit)}M (its best layout)" if what == "limit" and limit else "—"
         cell = f"{share:.0%}" if share is not None else cell
         first = "—" if what == "limit" else _cell(runs, "first_batch_s", 1, 2)
-        busy = _cell(runs, "cores_busy", 1, 2)
-        lines.append(f"| {what} | {_cell(runs, 'tokens_per_s')}M | {cell} | {first} | {busy} |")
+        busy, cpu = _cell(runs, "cores_busy", 1, 2), _cell(runs, "cpu_s", 1, 2)
+        lines.append(f"| {what} | {_cell(runs, 'tokens_per_s')}M | {cell} | {first} | {cpu} | {busy} |")
     return [*lines, ""]
 
 
