@@ -451,7 +451,33 @@ def _remote(res: dict[str, Any]) -> list[str]:
         step = f"{case.get('step_s', 0) * 1e3:.0f} ms"
         lines += [_remote_row(rtt, step, tool, runs, overall=True) for tool, runs in case.get("runs", {}).items()]
     lines.append("")
-    return [*lines, *_remote_global(rm)]
+    return [*lines, *_remote_global(rm), *_remote_link(rm)]
+
+
+def _remote_link(rm: dict[str, Any]) -> list[str]:
+    """Streaming at the link's speed: ferry's rate after its first batch as a share of the bare-GET limit."""
+    link = rm.get("streaming")
+    if not link:
+        return []
+    lines = [
+        f"Streaming at the link's speed: {link.get('shards')} shards, {link.get('stored_bytes', 0) / 1e6:.0f} MB "
+        f"stored, {link.get('rtt_s', 0) * 1e3:.0f} ms RTT, cold cache, no step, window shuffle; each ferry run "
+        "alternated with the limit (bare parallel ranged GETs of the same stored bytes, the fastest of several "
+        "part sizes and connection counts) in one proxy:",
+        "",
+        "| what | tokens/s after the first batch | share of the limit (medians) | first batch s | CPU s after it | "
+        "cores busy |",
+        "|---|---|---|---|---|---|",
+    ]
+    for what, runs in link.get("runs", {}).items():
+        share = (link.get("shares", {}).get(what) or {}).get("of_limit")
+        limit = link.get("limit_tokens_per_s")
+        cell = f"= {_m(limit)}M (its best layout)" if what == "limit" and limit else "—"
+        cell = f"{share:.0%}" if share is not None else cell
+        first = "—" if what == "limit" else _cell(runs, "first_batch_s", 1, 2)
+        busy, cpu = _cell(runs, "cores_busy", 1, 2), _cell(runs, "cpu_s", 1, 2)
+        lines.append(f"| {what} | {_cell(runs, 'tokens_per_s')}M | {cell} | {first} | {cpu} | {busy} |")
+    return [*lines, ""]
 
 
 def _staging(res: dict[str, Any]) -> list[str]:

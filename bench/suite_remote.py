@@ -13,6 +13,10 @@ per batch with one DataLoader worker (and, for the throughput, no step and no wo
 suite's (torch's intra-op threads only fight the loader for the cores). Bytes downloaded are what the proxy
 sent during the run; delivered are the token
 bytes of the batches (uint16). The limit: bare parallel ranged GETs of ferry's stored shards.
+
+Streaming at the link's speed (:func:`link_cases`): three ~64 MiB shards at 30 ms, no step, cold cache, ferry
+with 0 and 2 workers alternated with the limit (the same stored bytes GET in several layouts, its best one
+taken) in one proxy; ferry's tokens/s after its first batch as a share of the limit's.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +124,9 @@ def _ferry_objects(local: str) -> tuple[list[tuple[str, int]], int]:
 def _call(ctx: Context, runner: Runner, args: dict[str, Any]) -> dict[str, Any]:
     """Run a runner with this checkout's ferry first on the path (not whichever ferry the venv installed)."""
     env = {**ctx.env(), **dict(suite_load.LOADER_ENV)}
-    env["PYTHONPATH"] = os.pathsep.join([str(RUNNERS), str(ctx.repo)])
+    # then the caller's own path: a checkout whose ferry is not the venv's installed one (its .mypy-tree links)
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([str(RUNNERS), str(ctx.repo), *inherited])
     return run_json([runner.python, str(RUNNERS / runner.script), json.dumps(args)], env, 300)
 
 
@@ -298,6 +305,101 @@ def _ensure_packed(ctx: Context, tools: dict[str, tuple[Runner, str]]) -> None:
             log(f"remote: packing for mosaic failed: {res['error']}")
 
 
+LINK_SHARDS, LINK_FILE_TOKENS = 3, 33_400_000  # ~64 MiB raw shards, one per corpus file
+LINK_RTT = 0.030
+LINK_WORKERS = (0, 2)
+LINK_BUCKET = "bench-ferry-link"
+# the limit: the fastest of these (part size, connections) layouts of bare ranged GETs
+LINK_LAYOUTS = [[4 << 20, 8], [8 << 20, 8], [4 << 20, 16], [16 << 20, 12]]
+
+
+def _link_dataset(ctx: Context) -> str:
+    """LINK_SHARDS shards of ~64 MiB (stored format 3, the default), from a corpus of their own."""
+    from corpus import CorpusSpec, ensure_corpus
+
+    from ferry.shard_tools.packer.packing import PackOptions, pack
+
+    out = ctx.data / "remote-link"
+    if not (out / "manifest.json").exists():
+        spec = CorpusSpec(LINK_SHARDS * LINK_FILE_TOKENS, tokens_per_file=LINK_FILE_TOKENS)
+        c = ensure_corpus(ctx.data, spec, log=False)
+        opts = PackOptions(
+            vocab_size=c.spec.vocab_size, eos_id=c.spec.eos_id, shard_size=suite_pack.SHARD_SIZE, progress=False
+        )
+        pack(c.files, str(out), opts)
+    return str(out)
+
+
+def link_cases(ctx: Context, upstream: str, repeats: int | None = None) -> dict[str, Any]:
+    """Streaming at the link's speed: ferry (no step, cold cache, window shuffle) with 0 and 2 workers against
+    the bare parallel ranged GETs of the same stored bytes, alternated in one proxy, each as a share of the
+    limit's median. ``repeats``: rounds (default ``ctx.repeats``)."""
+    local = _link_dataset(ctx)
+    _upload(upstream, local, LINK_BUCKET)
+    from ferry.shard_tools.dataset import open_dataset
+
+    shards = open_dataset(local).manifest.shards
+    objects = [(f"{LINK_BUCKET}/ds/{shards[i].path}", int(shards[i].stored_bytes)) for i in range(len(shards))]
+    tokens = int(shards.tokens.sum())
+    ferry = Runner("ferry", "remote_ferry.py", ctx.ferry_python)
+    limit = Runner("limit", "remote_limit.py", ctx.ferry_python)
+    runs: dict[str, list[dict[str, Any]]] = {}
+    with Netem(upstream, rtt=LINK_RTT, conn_rate=CONN_RATE, total_rate=TOTAL_RATE, lifetime=3600) as net:
+        for r in range(repeats or ctx.repeats):
+            kinds = ["limit", *(f"ferry, {w} workers" for w in LINK_WORKERS)]
+            for what in kinds[r % len(kinds) :] + kinds[: r % len(kinds)]:
+                before, ticks = net.body_bytes(), _cpu_ticks()
+                if what == "limit":
+                    args = {"endpoint": net.url, "objects": objects, "tokens": tokens, "layouts": LINK_LAYOUTS}
+                    res = _call(ctx, limit, args)
+                else:
+                    cache = ctx.data / "cache" / "remote-link"
+                    shutil.rmtree(cache, ignore_errors=True)
+                    res = _call(ctx, ferry, _link_args(net, cache, int(what.split()[1])))
+                res["cores_busy"] = _cores_busy(ticks, _cpu_ticks())
+                res["downloaded_bytes"] = net.body_bytes() - before
+                log(f"remote link {what}: {res.get('error') or _short(res)}")
+                runs.setdefault(what, []).append(res)
+    lim = _limit_median(runs["limit"])
+    shares = {
+        what: {"of_limit": (summary(rs, "tokens_per_s") or {}).get("median", 0.0) / lim if lim else None}
+        for what, rs in runs.items()
+        if what != "limit"
+    }
+    return {"rtt_s": LINK_RTT, "shards": len(shards), "stored_bytes": int(shards.stored_bytes.sum()),
+            "tokens": tokens, "runs": runs, "summary": _summaries(runs), "shares": shares,
+            "limit_tokens_per_s": lim}  # fmt: skip
+
+
+def _limit_median(runs: list[dict[str, Any]]) -> float | None:
+    """The limit's tokens/s: the median over the runs of the layout with the best median (not the best layout of
+    each run, which would pick the luckiest of several samples on a busy machine)."""
+    seconds: dict[tuple[int, int], list[float]] = {}
+    for r in runs:
+        for lay in r.get("layouts", []):
+            seconds.setdefault((lay["part_size"], lay["connections"]), []).append(lay["seconds"])
+    tokens = next((r["tokens"] for r in runs if "tokens" in r), None)
+    if not seconds or tokens is None:
+        return (summary(runs, "tokens_per_s") or {}).get("median")
+    return float(tokens) / min(statistics.median(v) for v in seconds.values())
+
+
+def _link_args(net: Netem, cache: Path, workers: int) -> dict[str, Any]:
+    return {
+        "url": f"s3://{LINK_BUCKET}/ds",
+        "endpoint": net.url,
+        "cache_dir": str(cache),
+        "cache_limit": 4 * LINK_SHARDS * suite_pack.SHARD_SIZE,
+        "seq_len": SEQ_LEN,
+        "batch_size": BATCH,
+        "seed": SEED,
+        "workers": workers,
+        "step_s": 0.0,
+        "window": WINDOW,
+        "max_seconds": 60.0,  # one epoch: the run ends with the data
+    }
+
+
 def run(ctx: Context) -> dict[str, Any]:
     tools = _tools(ctx)
     _ensure_packed(ctx, tools)
@@ -332,6 +434,7 @@ def run(ctx: Context) -> dict[str, Any]:
                 log(f"remote rtt={rtt * 1e3:.0f}ms limit: {lim.get('error') or _short(lim)}")
                 cases.append({"rtt_s": rtt, "limit": lim})
         global_cases = _global_cases(ctx, upstream, tools)
+        streaming = link_cases(ctx, upstream)
     return {
         "batch_size": BATCH,
         "seq_len": SEQ_LEN,
@@ -340,4 +443,5 @@ def run(ctx: Context) -> dict[str, Any]:
         "link": {"conn_rate": CONN_RATE, "total_rate": TOTAL_RATE},
         "cases": cases,
         "global": global_cases,
+        "streaming": streaming,
     }

@@ -3,7 +3,8 @@
 ``build(a)`` makes the loader (its construction counts in the time to the first batch); ``ids(batch)``
 touches the batch. After each batch the loop sleeps ``step_s`` (the simulated training step); the time
 spent in ``next()`` after the first batch is the stall, also reported for the second half of the run alone
-(``late_stall_share``: past the cold start). Runs until ``max_batches`` or ``max_seconds``.
+(``late_stall_share``: past the cold start); ``cpu_s`` is the CPU time of the loader's processes (DataLoader
+workers included) after the first batch. Runs until ``max_batches`` or ``max_seconds``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from _common import args, emit, now, peak_rss_mb
+from _common import args, cpu_seconds, emit, now, peak_rss_mb
 
 __all__ = ["main"]
 
@@ -28,7 +29,7 @@ def main(
     first = now() - t0
     stall = late_stall = 0.0
     n = 0
-    t1 = now()
+    t1, cpu1 = now(), cpu_seconds()
     step = float(a.get("step_s", 0.02))
     seconds = float(a.get("max_seconds", 10.0))
     late = None  # when the second half of the run began (the cold start's window is in by then)
@@ -49,7 +50,7 @@ def main(
             late_stall += now() - w
         ids(batch)
         n += 1
-    wall = now() - t1
+    wall, cpu = now() - t1, cpu_seconds() - cpu1
     late_wall = now() - late if late is not None else 0.0
     tokens = n * a["batch_size"] * a["seq_len"]
     out = {
@@ -57,6 +58,8 @@ def main(
         "batches": n,
         "seconds": wall,
         "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+        # the loader's processes (workers included) after the first batch: what the rate cost the machine
+        "cpu_s": cpu,
         # from construction on, first batch included: what a job starting cold sees over the run
         "overall_tokens_per_s": (tokens + a["batch_size"] * a["seq_len"]) / (first + wall),
         "stall_s": stall,

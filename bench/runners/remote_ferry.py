@@ -30,7 +30,9 @@ def _build(a: dict[str, Any]) -> TokenLoader:
 
 def _stats(loader: TokenLoader) -> dict[str, Any]:
     s = loader.stats()
-    return {"ferry_stats": {k: v for k, v in s.items() if k not in ("raw", "replicas")}}
+    import ferry.client
+
+    return {"ferry_stats": {k: v for k, v in s.items() if k not in ("raw", "replicas")}, "ferry": ferry.client.__file__}
 
 
 if __name__ == "__main__":

@@ -3,9 +3,15 @@ shards asked for, and of their end.
 
 Two kinds of request reach it. The loader's prefetch asks for the shards of the coming batches (``urgent``
 false: two ``ferry-prefetch`` threads). The reader asks for a format-3 shard it is reading by frames because
-the shard is not in the node cache yet (``urgent``: one ``ferry-whole`` thread of its own, so that it never
-queues behind shards wanted later). A request may wait until the samples at hand are read (``after_gather``):
-a cold batch reads its frames first, and a whole fetch started meanwhile would compete with them for the link.
+the shard is not in the node cache yet (``urgent``: ``ferry-whole`` threads of their own, so that it never
+queues behind shards wanted later). A window shuffle reads every shard of its window from its first batch on,
+so the shards read now are fetched side by side, each on its own thread: the next one's parts fill the
+connections the first one's leaves free (each ranks its parts by when its fetch started, see
+:meth:`ferry.client.fetching.replicas.Replicas.for_later`), instead of starting only once the first one's
+last parts are in, while a shard wanted later takes those connections.
+
+A request may wait until the samples at hand are read (``after_gather``): a cold batch reads its frames first,
+and a whole fetch started meanwhile would compete with them for the link.
 The reader calls :meth:`Prefetcher.release` once the samples of a gather are read; deferred requests then start,
 in the order they were made.
 
@@ -30,6 +36,7 @@ __all__ = ["Prefetcher"]
 
 RECENT = 1024  # shards remembered as asked for (and as started)
 _AHEAD_THREADS = 2
+_WHOLE_THREADS = 2  # shards read now fetched side by side (the shards of a window of two)
 
 
 class Prefetcher:
@@ -97,7 +104,7 @@ class Prefetcher:
     def _start(self, s: int, info: ShardInfo, urgent: bool) -> None:
         if urgent:
             if self._whole is None:
-                self._whole = DaemonPool(1, "ferry-whole")
+                self._whole = DaemonPool(_WHOLE_THREADS, "ferry-whole")
             pool = self._whole
         else:
             if self._ahead is None:

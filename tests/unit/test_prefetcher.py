@@ -102,3 +102,25 @@ def test_requests_wait_for_the_samples_at_hand_and_an_urgent_one_is_not_queued_t
     assert not p.asked(2) and not p.started(2)
     p.release()
     assert "shards/2" not in [path for path, _ in started]
+
+
+def test_the_shards_read_now_are_fetched_side_by_side() -> None:
+    """Two urgent requests (the two shards of a window, read by frames) run at once: the second one's parts fill
+    the connections the first one leaves free (before, it started only after the first one's last part)."""
+    gate = threading.Event()
+    running: list[str] = []
+
+    def fetch(info: ShardInfo) -> None:
+        running.append(info.path)
+        gate.wait(10)
+
+    p = prefetcher.Prefetcher(SimpleNamespace(ensure_in_background=fetch))  # type: ignore[arg-type]
+    for s in range(2):
+        p.request(s, ShardInfo(f"shards/{s}", 1, 0, 1, 1, "xxh128:0", "xxh128:0"), urgent=True)
+    deadline = time.monotonic() + 3  # well before the first one's gate gives up waiting
+    while len(running) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    both = sorted(running)
+    gate.set()
+    p.settle()
+    assert both == ["shards/0", "shards/1"]
