@@ -70,6 +70,7 @@ class Stager:
         self.held_by_other: str | None = None  # why staging is off: another daemon stages into the location
         self._stop = threading.Event()
         self._wake = threading.Event()  # set by a registration or a new plan (and by stop)
+        self._plan_s = 0.0  # how long the last plan took
         self._thread: threading.Thread | None = None
         self.rounds = 0  # plans carried out (tests wait on it)
         registry.staging = self
@@ -131,6 +132,7 @@ class Stager:
                 self.step()
             except Exception:  # noqa: BLE001 — staging is an optimisation: it never takes the daemon down
                 log.exception("staging round failed")
+            self._stop.wait(self._gap())  # registrations in a stream: the stager plans at most half the time
             self._wake.wait(self.config.interval)
 
     def wake(self) -> None:
@@ -166,7 +168,7 @@ class Stager:
                     flying.pop(copy)
                     if not copy.cancelled() and copy.exception() is not None:
                         log.error("staging: a copy failed", exc_info=copy.exception())
-                if self._wake.is_set() and time.monotonic() - planned >= _REPLAN_S:
+                if self._wake.is_set() and time.monotonic() - planned >= self._gap():
                     self._wake.clear()
                     plan, origins = self._plan()
                     planned = time.monotonic()
@@ -177,12 +179,18 @@ class Stager:
         self.rounds += 1
         return plan
 
+    def _gap(self) -> float:
+        """The least time between two plans: ``_REPLAN_S``, or as long as the last plan took."""
+        return max(_REPLAN_S, self._plan_s)
+
     def _plan(self) -> tuple[StagingPlan, dict[str, _Origin]]:
         """Plan over the live jobs and evict what the plan leaves out; the plan and where each dataset comes from."""
+        t0 = time.monotonic()
         reads, origins = self._reads(self.registry.live())
         with self._lock:
             staged = dict(self._staged)
         plan = plan_staging(reads, staged, horizon=self.config.horizon, budget=self.config.budget)
+        self._plan_s = time.monotonic() - t0
         for key in plan.evict:
             self._evict(key)
         with self._lock:
