@@ -153,6 +153,8 @@ class Stager:
         # do not bound staging to one shard at a time
         queue = deque(plan.stage)
         flying: dict[Future[None], Key] = {}
+        sizes = dict(plan.hold)  # bytes of each shard planned (a plan made meanwhile counts those in flight)
+        unheld: set[Key] = set()  # copies in flight that the latest plan leaves out: evicted once they land
         planned = time.monotonic()
         with ThreadPoolExecutor(COPIES, thread_name_prefix="ferry-staging-copy") as pool:
             while not self._stop.is_set():  # bounded: each pass starts or ends a copy, or plans again
@@ -170,9 +172,13 @@ class Stager:
                         log.error("staging: a copy failed", exc_info=copy.exception())
                 if self._wake.is_set() and time.monotonic() - planned >= self._gap():
                     self._wake.clear()
-                    plan, origins = self._plan()
+                    plan, origins = self._plan({k: sizes[k] for k in flying.values()})
+                    sizes.update(plan.hold)
+                    unheld = {k for k in flying.values() if k not in plan.hold}
                     planned = time.monotonic()
-                    queue = deque(k for k in plan.stage if k not in flying.values())
+                    queue = deque(plan.stage)
+        for key in sorted(unheld & self.staged().keys()):  # staging holds no more than the budget once done
+            self._evict(key)
         with self._lock:
             staged = dict(self._staged)
         self._report = (plan.staged_ahead(staged), plan.missing(staged))
@@ -183,16 +189,19 @@ class Stager:
         """The least time between two plans: ``_REPLAN_S``, or as long as the last plan took."""
         return max(_REPLAN_S, self._plan_s)
 
-    def _plan(self) -> tuple[StagingPlan, dict[str, _Origin]]:
-        """Plan over the live jobs and evict what the plan leaves out; the plan and where each dataset comes from."""
+    def _plan(self, flying: Mapping[Key, int] | None = None) -> tuple[StagingPlan, dict[str, _Origin]]:
+        """Plan over the live jobs and evict what the plan leaves out; the plan and where each dataset comes from.
+        ``flying``: the copies in flight (key: bytes), planned for as staged (and evicted, if left out, once done)."""
         t0 = time.monotonic()
         reads, origins = self._reads(self.registry.live())
         with self._lock:
             staged = dict(self._staged)
+        staged.update(flying or {})
         plan = plan_staging(reads, staged, horizon=self.config.horizon, budget=self.config.budget)
         self._plan_s = time.monotonic() - t0
         for key in plan.evict:
-            self._evict(key)
+            if not flying or key not in flying:
+                self._evict(key)
         with self._lock:
             staged = dict(self._staged)
         self._report = (plan.staged_ahead(staged), plan.missing(staged))

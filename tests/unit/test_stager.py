@@ -269,3 +269,32 @@ def test_a_job_registering_within_a_round_has_its_first_shards_staged_before_the
     stager.step()
     assert set(staged_files(staging)) == {p for p, _, _ in shards}
     assert started.index(last) <= stager_module.COPIES < len(shards) - 1  # next after the first copies
+
+
+def test_a_plan_made_while_copies_are_in_flight_keeps_staging_within_its_budget(
+    world: tuple[Path, Path, list[tuple[str, int, str]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second job registering within a round, the budget full of the copies in flight: once they land, staging
+    holds no more than its budget (the plan made meanwhile counts them)."""
+    from ferry.service.jobs import stager as stager_module
+
+    west, staging, shards = world
+    version = (west.parent / "version").read_text()
+    sizes = [s for _, s, _ in shards]
+    budget = sum(sizes[: stager_module.COPIES])
+    registry, stager = start(world, budget, sum(sizes))
+    copy = stager_module.copy_shard
+    started: list[str] = []
+
+    def slow_copy(src: Any, dst: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        started.append(path)
+        if len(started) == 1:
+            register_at(registry, west, version, position_of_shard(west, len(shards) - 1))
+        time.sleep(0.1)
+        return copy(src, dst, path, *args, **kwargs)
+
+    monkeypatch.setattr(stager_module, "copy_shard", slow_copy)
+    register(registry, west, version)
+    stager.step()
+    assert sum(len(b) for b in staged_files(staging).values()) <= budget
+    assert sum(stager.staged().values()) <= budget
