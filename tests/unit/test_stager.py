@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -255,13 +256,16 @@ def test_a_job_registering_within_a_round_has_its_first_shards_staged_before_the
     registry, stager = start(world, sum(s for _, s, _ in shards), sum(s for _, s, _ in shards))
     last = shards[-1][0]  # the second job stands at the last shard: the first job reads it last
     started: list[str] = []
+    lock = threading.Lock()
     copy = stager_module.copy_shard
 
     def slow_copy(src: Any, dst: Any, path: str, *args: Any, **kwargs: Any) -> Any:
-        started.append(path)
-        if len(started) == 1:  # the round is under way: the second job registers
+        with lock:
+            first = not started
+            started.append(path)
+        if first:  # the round is under way: the second job registers
             register_at(registry, west, version, position_of_shard(west, len(shards) - 1))
-        time.sleep(0.1)  # a remote cluster: a copy takes a while
+        time.sleep(0.2)  # a remote cluster: a copy takes a while
         return copy(src, dst, path, *args, **kwargs)
 
     monkeypatch.setattr(stager_module, "copy_shard", slow_copy)
@@ -285,12 +289,15 @@ def test_a_plan_made_while_copies_are_in_flight_keeps_staging_within_its_budget(
     registry, stager = start(world, budget, sum(sizes))
     copy = stager_module.copy_shard
     started: list[str] = []
+    lock = threading.Lock()
 
     def slow_copy(src: Any, dst: Any, path: str, *args: Any, **kwargs: Any) -> Any:
-        started.append(path)
-        if len(started) == 1:
+        with lock:
+            first = not started
+            started.append(path)
+        if first:
             register_at(registry, west, version, position_of_shard(west, len(shards) - 1))
-        time.sleep(0.1)
+        time.sleep(0.2)
         return copy(src, dst, path, *args, **kwargs)
 
     monkeypatch.setattr(stager_module, "copy_shard", slow_copy)
