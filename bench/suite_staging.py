@@ -42,6 +42,7 @@ BUCKET = "bench-staging"
 NAME = "corpus"
 TOKEN = "bench-staging-token"
 JOB_TIMEOUT_S = 600.0
+INTERVAL = 2.0  # [staging] interval: the daemon's default (a registration starts a plan at once)
 
 
 def _env(ctx: Context) -> dict[str, str]:
@@ -102,7 +103,7 @@ port = {port}
 url = "{staging}"
 budget = {budget}
 horizon = {budget}
-interval = 0.2
+interval = {INTERVAL}
 """
     path = root / "ferry.toml"
     path.write_text(text)

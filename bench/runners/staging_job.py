@@ -49,8 +49,12 @@ def main() -> None:
         time.sleep(a["step_s"])  # the training step
     epoch_s = time.perf_counter() - t0
     replicas = {u: int(r["bytes"]) for u, r in loader.stats()["replicas"].items()}
+    ordered = sorted(waits)
+    longest = sorted(range(len(waits)), key=lambda i: -waits[i])[:5]
     emit({"batches": len(waits) - 1, "wait_s": sum(waits), "first_wait_s": waits[0], "epoch_s": epoch_s,
-          "wait_share": sum(waits) / epoch_s, "replica_bytes": replicas, "open_retries": retries})  # fmt: skip
+          "wait_share": sum(waits) / epoch_s, "median_wait_s": ordered[len(ordered) // 2],
+          "longest_waits": [[i, round(waits[i], 4)] for i in longest], "replica_bytes": replicas,
+          "open_retries": retries})  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -81,6 +81,8 @@ class JobRegistry:
         self._lock = threading.Lock()
         self._jobs: dict[str, RegisteredJob] = {}
         self.staging: StagingReport | None = None  # set by the daemon's stager, when staging is configured
+        # called (outside the lock) when a job registers or sends a new plan: the stager plans again at once
+        self.on_plan: Callable[[], None] | None = None
 
     def register(self, plan: Registration) -> RegisteredJob:
         """Add a job; RegistryFull when the registry holds ``max_jobs`` live jobs already. A plan no loader
@@ -93,7 +95,9 @@ class JobRegistry:
             job_id = secrets.token_hex(8)
             job = RegisteredJob(job_id, plan, now, now, Heartbeat(position=0, epoch=0, samples_per_second=0.0))
             self._jobs[job_id] = job
-            return dataclasses.replace(job)
+            out = dataclasses.replace(job)
+        self._planned()
+        return out
 
     def heartbeat(self, job_id: str, beat: Heartbeat) -> RegisteredJob:
         """Record where job ``job_id`` stands (and its new plan, if it sends one); NotFoundError once it expired."""
@@ -107,7 +111,10 @@ class JobRegistry:
             job.beat = dataclasses.replace(beat, registration=None)
             if beat.registration is not None:
                 job.plan = beat.registration
-            return dataclasses.replace(job)
+            out = dataclasses.replace(job)
+        if beat.registration is not None:
+            self._planned()
+        return out
 
     def remove(self, job_id: str) -> None:
         """Forget a job (its loader closed); NotFoundError when it is not registered."""
@@ -138,6 +145,10 @@ class JobRegistry:
 
     def missing(self, job_id: str) -> int | None:
         return None if self.staging is None else self.staging.missing(job_id)
+
+    def _planned(self) -> None:
+        if self.on_plan is not None:
+            self.on_plan()
 
     def _expire(self, now: float) -> None:
         for job_id in [k for k, j in self._jobs.items() if j.expires_at() < now]:

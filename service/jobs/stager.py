@@ -1,5 +1,7 @@
-"""Staging I/O: every ``interval`` the stager plans (``staging_plan``) over the live jobs and carries the plan
-out: evicts what no job needs soon, then copies the shards read soonest into ``[staging] url``.
+"""Staging I/O: every ``interval``, and at once when a job registers or sends a new plan, the stager plans
+(``staging_plan``) over the live jobs and carries the plan out: evicts what no job needs soon, then copies the
+shards read soonest into ``[staging] url``. A job that registers while a round copies has the round plan again,
+so its first shards are copied next, before the shards the other jobs read later.
 
 A job is staged for when its plan's datasets lie in configured clusters (its loader reads
 ``[<staging url>/NAME, <cluster url>/NAME]``: staged shards from staging, the rest from the cluster; staging
@@ -15,8 +17,9 @@ import logging
 import posixpath
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +43,7 @@ log = logging.getLogger("ferry.staging")
 _MANIFESTS = 64  # (cluster, dataset, version) manifests kept
 _RETRY_S = 60.0  # a manifest that could not be read is tried again after this long
 COPIES = 4  # shards copied into staging at a time
+_REPLAN_S = 0.05  # within a round: plans again (a job registered) at most this often; polls its copies as often
 
 
 @dataclass(frozen=True)
@@ -65,9 +69,12 @@ class Stager:
         self._lease: Lease | None = None  # this daemon's hold on the staging location
         self.held_by_other: str | None = None  # why staging is off: another daemon stages into the location
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by a registration or a new plan (and by stop)
+        self._plan_s = 0.0  # how long the last plan took
         self._thread: threading.Thread | None = None
         self.rounds = 0  # plans carried out (tests wait on it)
         registry.staging = self
+        registry.on_plan = self.wake
 
     # the registry's StagingReport
     def staged_ahead(self, job_id: str) -> int | None:
@@ -85,6 +92,7 @@ class Stager:
 
     def stop(self, timeout: float = 30.0) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
         if self._lease is not None:
@@ -124,36 +132,80 @@ class Stager:
                 self.step()
             except Exception:  # noqa: BLE001 — staging is an optimisation: it never takes the daemon down
                 log.exception("staging round failed")
-            self._stop.wait(self.config.interval)
+            self._stop.wait(self._gap())  # registrations in a stream: the stager plans at most half the time
+            self._wake.wait(self.config.interval)
+
+    def wake(self) -> None:
+        """A job registered or re-planned: plan again now (between two rounds, or within one) rather than after
+        ``interval``, so that its first shards are staged before it reads them."""
+        self._wake.set()
 
     def step(self) -> StagingPlan:
-        """One round: plan over the live jobs, evict, stage (soonest read first, until stopped)."""
+        """One round: plan over the live jobs, evict, stage (soonest read first, until stopped). A job that
+        registers meanwhile has the round plan again: its first shards go before the others' later ones."""
+        self._wake.clear()
         if not self._hold():
             self._report = ({}, {})
             self.rounds += 1
             return StagingPlan()
-        reads, origins = self._reads(self.registry.live())
-        with self._lock:
-            staged = dict(self._staged)
-        plan = plan_staging(reads, staged, horizon=self.config.horizon, budget=self.config.budget)
-        for key in plan.evict:
-            self._evict(key)
+        plan, origins = self._plan()
         # COPIES at a time, started soonest read first: a remote cluster's round trip and per-connection rate
         # do not bound staging to one shard at a time
-        copies: list[Future[None]] = []
+        queue = deque(plan.stage)
+        flying: dict[Future[None], Key] = {}
+        sizes = dict(plan.hold)  # bytes of each shard planned (a plan made meanwhile counts those in flight)
+        unheld: set[Key] = set()  # copies in flight that the latest plan leaves out: evicted once they land
+        planned = time.monotonic()
         with ThreadPoolExecutor(COPIES, thread_name_prefix="ferry-staging-copy") as pool:
-            for key in plan.stage:
-                origin = origins.get(key[0])
-                if origin is not None:
-                    copies.append(pool.submit(self._copy, key, origin))
-        for copy in copies:
-            if not copy.cancelled() and copy.exception() is not None:
-                log.error("staging: a copy failed", exc_info=copy.exception())
+            while not self._stop.is_set():  # bounded: each pass starts or ends a copy, or plans again
+                while queue and len(flying) < COPIES:
+                    key = queue.popleft()
+                    origin = origins.get(key[0])
+                    if origin is not None and key not in flying.values():
+                        flying[pool.submit(self._copy, key, origin)] = key
+                if not flying:
+                    break
+                done, _ = wait(flying, timeout=_REPLAN_S, return_when=FIRST_COMPLETED)
+                for copy in done:
+                    flying.pop(copy)
+                    if not copy.cancelled() and copy.exception() is not None:
+                        log.error("staging: a copy failed", exc_info=copy.exception())
+                if self._wake.is_set() and time.monotonic() - planned >= self._gap():
+                    self._wake.clear()
+                    plan, origins = self._plan({k: sizes[k] for k in flying.values()})
+                    sizes.update(plan.hold)
+                    unheld = {k for k in flying.values() if k not in plan.hold}
+                    planned = time.monotonic()
+                    queue = deque(plan.stage)
+        for key in sorted(unheld & self.staged().keys()):  # staging holds no more than the budget once done
+            self._evict(key)
         with self._lock:
             staged = dict(self._staged)
         self._report = (plan.staged_ahead(staged), plan.missing(staged))
         self.rounds += 1
         return plan
+
+    def _gap(self) -> float:
+        """The least time between two plans: ``_REPLAN_S``, or as long as the last plan took."""
+        return max(_REPLAN_S, self._plan_s)
+
+    def _plan(self, flying: Mapping[Key, int] | None = None) -> tuple[StagingPlan, dict[str, _Origin]]:
+        """Plan over the live jobs and evict what the plan leaves out; the plan and where each dataset comes from.
+        ``flying``: the copies in flight (key: bytes), planned for as staged (and evicted, if left out, once done)."""
+        t0 = time.monotonic()
+        reads, origins = self._reads(self.registry.live())
+        with self._lock:
+            staged = dict(self._staged)
+        staged.update(flying or {})
+        plan = plan_staging(reads, staged, horizon=self.config.horizon, budget=self.config.budget)
+        self._plan_s = time.monotonic() - t0
+        for key in plan.evict:
+            if not flying or key not in flying:
+                self._evict(key)
+        with self._lock:
+            staged = dict(self._staged)
+        self._report = (plan.staged_ahead(staged), plan.missing(staged))
+        return plan, origins
 
     def _reads(self, jobs: list[RegisteredJob]) -> tuple[list[JobReads], dict[str, _Origin]]:
         """Each job's plan resolved against the clusters and their manifests (sources elsewhere: None), and

@@ -70,6 +70,19 @@ def test_a_heartbeat_carries_a_new_plan_and_the_registry_is_bounded() -> None:
     reg.register(plan())  # room again
 
 
+def test_a_registration_or_a_new_plan_tells_the_stager_and_a_plain_heartbeat_does_not() -> None:
+    reg = JobRegistry()
+    told: list[int] = []
+    reg.on_plan = lambda: told.append(len(reg.live()))
+    job = reg.register(plan())
+    assert told == [1]  # after the job is listed: the plan made then sees it
+    reg.heartbeat(job.id, Heartbeat(position=5, epoch=0, samples_per_second=0.0))
+    assert told == [1]
+    changed = dataclasses.replace(plan(), phases=[JobPhase(0, [1]), JobPhase(100, [1])])
+    reg.heartbeat(job.id, Heartbeat(position=6, epoch=0, samples_per_second=0.0, registration=changed))
+    assert told == [1, 1]
+
+
 @pytest.mark.parametrize(
     ("url", "expected"),
     [

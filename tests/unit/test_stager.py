@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import pack
@@ -44,11 +47,12 @@ def _stop_stagers() -> Iterator[None]:
 
 
 def start(
-    world: tuple[Path, Path, list[tuple[str, int, str]]], budget: int, horizon: int
+    world: tuple[Path, Path, list[tuple[str, int, str]]], budget: int, horizon: int, interval: float = 2.0
 ) -> tuple[JobRegistry, Stager]:
     west, staging, _ = world
     registry = JobRegistry(lambda: [("west", str(west))])
-    stager = Stager(registry, StagingConfig(str(staging), budget, horizon), {"west": Cluster("west", str(west))})
+    config = StagingConfig(str(staging), budget, horizon, interval)
+    stager = Stager(registry, config, {"west": Cluster("west", str(west))})
     _STAGERS.append(stager)
     return registry, stager
 
@@ -56,6 +60,13 @@ def start(
 def register(registry: JobRegistry, west: Path, version: str) -> str:
     source = SourcePlan([str(west / "corpus")], version, "0", "none", 1, "tokens", 1)
     return registry.register(Registration("train", 0, 1, 1, [source], [JobPhase(0, [1])], heartbeat_s=60)).id
+
+
+def register_at(registry: JobRegistry, west: Path, version: str, position: int) -> str:
+    """A job registered, then at ``position`` (its heartbeat)."""
+    job = register(registry, west, version)
+    registry.heartbeat(job, Heartbeat(position=position, epoch=0, samples_per_second=1.0))
+    return job
 
 
 def staged_files(staging: Path) -> dict[str, bytes]:
@@ -213,3 +224,84 @@ def test_a_lease_file_that_is_not_one_never_blocks_staging(
     register(registry, west, version)
     stager.step()
     assert set(staged_files(staging)) == {shards[0][0]} and stager.held_by_other is None
+
+
+def test_a_registration_is_staged_for_at_once_not_after_the_interval(
+    world: tuple[Path, Path, list[tuple[str, int, str]]],
+) -> None:
+    """A job's first reads come soon after its loader registers: the stager plans then, not ``interval`` later."""
+    west, staging, shards = world
+    version = (west.parent / "version").read_text()
+    registry, stager = start(world, sum(s for _, s, _ in shards), shards[0][1], interval=600.0)
+    stager.start()
+    deadline = time.monotonic() + 10
+    while stager.rounds < 1 and time.monotonic() < deadline:  # the first round (no job yet) is over
+        time.sleep(0.01)
+    assert stager.rounds >= 1
+    register(registry, west, version)
+    while stager.rounds < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert set(staged_files(staging)) == {shards[0][0]}
+
+
+def test_a_job_registering_within_a_round_has_its_first_shards_staged_before_the_others_later_ones(
+    world: tuple[Path, Path, list[tuple[str, int, str]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The round staging one job's shards plans again when a second job registers: the second job's first
+    shard is among the next copies started, not after every shard the first job reads later."""
+    from ferry.service.jobs import stager as stager_module
+
+    west, staging, shards = world
+    version = (west.parent / "version").read_text()
+    registry, stager = start(world, sum(s for _, s, _ in shards), sum(s for _, s, _ in shards))
+    last = shards[-1][0]  # the second job stands at the last shard: the first job reads it last
+    started: list[str] = []
+    lock = threading.Lock()
+    copy = stager_module.copy_shard
+
+    def slow_copy(src: Any, dst: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        with lock:
+            first = not started
+            started.append(path)
+        if first:  # the round is under way: the second job registers
+            register_at(registry, west, version, position_of_shard(west, len(shards) - 1))
+        time.sleep(0.2)  # a remote cluster: a copy takes a while
+        return copy(src, dst, path, *args, **kwargs)
+
+    monkeypatch.setattr(stager_module, "copy_shard", slow_copy)
+    register(registry, west, version)
+    stager.step()
+    assert set(staged_files(staging)) == {p for p, _, _ in shards}
+    assert started.index(last) <= stager_module.COPIES < len(shards) - 1  # next after the first copies
+
+
+def test_a_plan_made_while_copies_are_in_flight_keeps_staging_within_its_budget(
+    world: tuple[Path, Path, list[tuple[str, int, str]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second job registering within a round, the budget full of the copies in flight: once they land, staging
+    holds no more than its budget (the plan made meanwhile counts them)."""
+    from ferry.service.jobs import stager as stager_module
+
+    west, staging, shards = world
+    version = (west.parent / "version").read_text()
+    sizes = [s for _, s, _ in shards]
+    budget = sum(sizes[: stager_module.COPIES])
+    registry, stager = start(world, budget, sum(sizes))
+    copy = stager_module.copy_shard
+    started: list[str] = []
+    lock = threading.Lock()
+
+    def slow_copy(src: Any, dst: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        with lock:
+            first = not started
+            started.append(path)
+        if first:
+            register_at(registry, west, version, position_of_shard(west, len(shards) - 1))
+        time.sleep(0.2)
+        return copy(src, dst, path, *args, **kwargs)
+
+    monkeypatch.setattr(stager_module, "copy_shard", slow_copy)
+    register(registry, west, version)
+    stager.step()
+    assert sum(len(b) for b in staged_files(staging).values()) <= budget
+    assert sum(stager.staged().values()) <= budget
