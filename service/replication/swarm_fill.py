@@ -94,6 +94,9 @@ class SwarmFill:
         def capacity(src: str) -> float | None:
             return self.executor.bandwidth.limit_of(link_name(src, self.dest))
 
+        slots = max(1, self.executor.transfers)
+        share = -(-slots // (1 + len(self.peers)))  # each source's share of the transfers, rounded up
+
         def feed() -> None:
             while True:
                 with cond:
@@ -101,7 +104,7 @@ class SwarmFill:
                     while got is None:
                         if stop() or over.is_set() or not plan.remaining:
                             return
-                        got = plan.next(capacity)
+                        got = plan.next(capacity, share)
                         if got is None:
                             cond.wait(self.config.interval)
                 row, sources = got
@@ -115,7 +118,7 @@ class SwarmFill:
                     plan.finished(row, sources[0])
                     cond.notify_all()
 
-        feeders = [start_named_thread(feed, f"ferry-swarm-feed-{i}") for i in range(max(1, self.executor.transfers))]
+        feeders = [start_named_thread(feed, f"ferry-swarm-feed-{i}") for i in range(slots)]
         while any(t.is_alive() for t in feeders) and not over.wait(self.config.interval):
             views = self._views(locations)
             with cond:

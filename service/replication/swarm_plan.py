@@ -6,7 +6,8 @@ to the fillers in turn (row ``r`` is filler ``r % n``'s); a filler pulls its own
 in order, then, once it has nothing else to do, the rows of the others that no cluster holds or is copying,
 from the end of each (their owner works from the start), so the origin sends each shard about once. Rows
 some peer holds are pulled from that peer. Each free transfer goes to the least loaded source that has
-work for it: the fewest copies in flight per byte/s of its link's limit, peers before the origin on a tie.
+work for it: the fewest copies in flight per byte/s of its link's limit, peers before the origin on a tie;
+no source takes more than its share of the transfers, so peers find free ones as they fill.
 """
 
 from __future__ import annotations
@@ -102,11 +103,16 @@ class SwarmPlan:
             cursor[0] += 1
         return None
 
-    def next(self, capacity: Callable[[str], float | None]) -> tuple[int, tuple[str, ...]] | None:
+    def next(
+        self, capacity: Callable[[str], float | None], per_source: int | None = None
+    ) -> tuple[int, tuple[str, ...]] | None:
         """The row to start now and its sources (the chosen one first, then the other holders, the origin
-        last), or None: nothing can start until a peer's set or a copy here changes."""
+        last), or None: nothing can start until a peer's set or a copy here changes. A source with
+        ``per_source`` copies in flight here gets no more (slots stay free for peers as they fill)."""
         best: tuple[float, int, str, int] | None = None
         for source in self._queues:
+            if per_source is not None and self.in_flight.get(source, 0) >= per_source:
+                continue
             row = self._head(source)
             if row is None:
                 continue

@@ -1,0 +1,168 @@
+"""The shard-level swarm (``[swarm] enabled``) on a real mesh in one process: one daemon per destination
+(``cluster = NAME``, each its own state, executor and per-link limits), origin ``a``, peers ``b`` and ``c``
+filling from it. ``c``'s own link from the origin is slow and its link from ``b`` fast, so ``c`` pulls shards
+from ``b`` while ``b`` is still filling; readers at ``b`` and ``c`` only ever see a whole published version.
+A peer whose verified set names a shard whose bytes rotted since is refused by the digest check and the shard
+comes from the origin."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from configs import Cluster, FerryToml, Limits, Rule
+from helpers import pack
+
+from ferry.service import Daemon
+from ferry.service.config import parse_config
+from ferry.service.config_types import SwarmConfig
+from ferry.service.replication.engine import Engine
+from ferry.service.replication.state import State
+from ferry.service.replication.swarm_set import SwarmSet, swarm_path
+from ferry.service.transfer.bandwidth import Bandwidth
+from ferry.service.transfer.executor import Executor
+from ferry.shard_tools.dataset import load_manifest
+from ferry.shard_tools.format.digest import digest_bytes
+from ferry.shard_tools.storage.store import resolve
+
+DATASET = "corpus"
+MIB = 2**20
+
+
+def _docs(n: int, tokens: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(3)
+    return [rng.integers(1, 999, tokens, dtype=np.uint16) for _ in range(n)]
+
+
+def _daemon(root: Path, me: str, per_link: dict[str, float]) -> Daemon:
+    doc = FerryToml(
+        clusters={c: Cluster(root / c, priority=1 if c == "a" else 5) for c in "abc"},
+        rules=[Rule("a", ["b", "c"])],
+        limits=Limits(transfers=3, retries=3, per_link=per_link),
+        state_dir=root / f"state-{me}",
+        poll_interval=0.1,
+        cluster=me,
+    ).doc()
+    doc["swarm"] = {"enabled": True, "interval": 0.1}
+    return Daemon(parse_config(doc, base_dir=root))
+
+
+@pytest.fixture
+def mesh(tmp_path: Path) -> Iterator[tuple[Path, dict[str, Daemon]]]:
+    for c in "abc":
+        (tmp_path / c).mkdir()
+    rates = {"b": {"a->b": 2 * MIB, "c->b": 8 * MIB}, "c": {"a->c": 0.5 * MIB, "b->c": 8 * MIB}}
+    daemons = {me: _daemon(tmp_path, me, rates[me]) for me in "bc"}
+    yield tmp_path, daemons
+    for d in daemons.values():
+        d.stop(timeout=5)
+
+
+class _Readers(threading.Thread):
+    """Reads ``manifest.json`` at ``b`` and ``c`` as a reader would, over and over: whatever it names must be
+    there whole and verified."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(daemon=True)
+        self.root, self.stop, self.violations, self.seen = root, threading.Event(), [], set()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for c in "bc":
+                base = self.root / c / DATASET
+                if not (base / "manifest.json").exists():
+                    continue
+                manifest = load_manifest(resolve(str(base)))
+                self.seen.add((c, manifest.version_id))
+                for info in manifest.shards:
+                    data = (base / info.path).read_bytes()
+                    if digest_bytes(data) != info.stored_digest:
+                        self.violations.append(f"{c} publishes {info.path} with other bytes")
+            time.sleep(0.02)
+
+
+def _events(q: queue.Queue[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    while True:
+        try:
+            out.append(q.get_nowait())
+        except queue.Empty:
+            return out
+
+
+def test_peer_pulls_from_a_filling_peer_before_it_publishes(mesh: tuple[Path, dict[str, Daemon]]) -> None:
+    root, daemons = mesh
+    pack(str(root / "staged"), _docs(40, 40_000), shard_size=96 * 1024)  # 33 shards, ~2.4 MiB
+    version = json.loads((root / "staged" / "manifest.json").read_bytes())["version_id"]
+    subs = {me: d.events.subscribe(maxsize=100_000) for me, d in daemons.items()}
+    readers = _Readers(root)
+    readers.start()
+    swarm_seen_at_b = []
+    for d in daemons.values():
+        d.start()
+    os.rename(root / "staged", root / "a" / DATASET)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        swarm_seen_at_b.append((root / "b" / DATASET / swarm_path(version)).exists())
+        if all((root / c / DATASET / "manifest.json").exists() for c in "bc"):
+            break
+        time.sleep(0.02)
+    readers.stop.set()
+    readers.join()
+    events = {me: _events(q) for me, q in subs.items()}
+    b_published = min(e["ts"] for e in events["b"] if e["type"] == "version_published")
+    from_b = [e for e in events["c"] if e["type"] == "shard_verified" and e["source"] == "b"]
+    assert from_b, "c pulled nothing from b"
+    assert min(e["ts"] for e in from_b) < b_published, "c pulled from b only after b published"
+    assert any(swarm_seen_at_b), "b's verified set was never visible while it filled"
+    assert not readers.violations, readers.violations[:5]
+    assert readers.seen <= {("b", version), ("c", version)}
+    origin = load_manifest(resolve(str(root / "a" / DATASET)))
+    for c in "bc":
+        for info in origin.shards:
+            assert digest_bytes((root / c / DATASET / info.path).read_bytes()) == info.stored_digest
+        assert not list((root / c / DATASET / "swarm").glob("*")), "a published cluster keeps its verified set"
+
+
+def test_rotten_shard_at_a_filling_peer_is_refused_and_fetched_elsewhere(tmp_path: Path) -> None:
+    """``b`` is filling (no manifest.json there) and says every shard is verified there, but one shard's bytes
+    flipped on disk since: ``c`` pulls everything from ``b`` (the origin link is slow), refuses that one by its
+    digest and takes it from the origin."""
+    pack(str(tmp_path / "a" / DATASET), _docs(8, 20_000), shard_size=32 * 1024)
+    src, peer, dst = (resolve(str(tmp_path / c / DATASET)) for c in "abc")
+    origin = load_manifest(src)
+    for info in origin.shards:
+        peer.write_bytes(info.path, src.read_bytes(info.path))
+    rotten = origin.shards[len(origin.shards) // 2].path
+    with open(peer.full(rotten), "r+b") as f:
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    n = len(origin.shards)
+    peer.write_bytes(swarm_path(origin.version_id), SwarmSet(
+        origin.version_id, origin.table_digest, np.ones(n, bool), np.zeros(n, bool), time.time()).to_bytes())  # fmt: skip
+    bandwidth = Bandwidth(per_link={"a->c": 256 * 1024, "b->c": None})
+    state = State(tmp_path / "state")
+    try:
+        engine = Engine(Executor(transfers=2, bandwidth=bandwidth, retries=2, backoff=(0.01, 0.05)), state,
+                        swarm=SwarmConfig(enabled=True, interval=0.1))  # fmt: skip
+        res = engine.sync_pass(DATASET, "a", "c", {"a": src, "b": peer, "c": dst})
+        history = state.history(limit=1000, dataset=DATASET)
+    finally:
+        state.close()
+    assert res.published and res.corrupt_detected == 1, res
+    assert not peer.exists("manifest.json"), "the peer still publishes nothing"
+    tries = [(h.shard, h.source, h.ok) for h in history]
+    assert (rotten, "b", False) in tries and (rotten, "a", True) in tries, tries
+    assert {s for p, s, ok in tries if ok and p != rotten} == {"b"}
+    for info in origin.shards:
+        assert digest_bytes(dst.read_bytes(info.path)) == info.stored_digest
