@@ -148,8 +148,8 @@ def test_rotten_shard_at_a_filling_peer_is_refused_and_fetched_elsewhere(tmp_pat
         f.seek(100)
         f.write(bytes([byte[0] ^ 0xFF]))
     n = len(origin.shards)
-    peer.write_bytes(swarm_path(origin.version_id), SwarmSet(
-        origin.version_id, origin.table_digest, np.ones(n, bool), np.zeros(n, bool), time.time()).to_bytes())  # fmt: skip
+    claim = SwarmSet(origin.version_id, origin.table_digest, np.ones(n, bool), np.zeros(n, bool), time.time())
+    peer.write_bytes(swarm_path(origin.version_id), claim.to_bytes())
     bandwidth = Bandwidth(per_link={"a->c": 256 * 1024, "b->c": None})
     state = State(tmp_path / "state")
     try:
