@@ -129,7 +129,7 @@ class SwarmConfig:
 
     enabled: bool = False
     interval: float = 1.0  # seconds between two writes of this cluster's verified set, and two reads of peers'
-    stale_after: float = 30.0  # a peer's set older than this: its in-flight shards are no longer waited for
+    stale_after: float = 5.0  # a peer's set older than this: its in-flight shards are no longer waited for
 
 
 @dataclass(frozen=True)
