@@ -415,7 +415,8 @@ class Engine:
             who = fillers(dest, source, locations, version)
             peers = [c for c in locations if c not in (source, dest)]
             fill = SwarmFill(self.swarm, self.executor, version, table_digest, len(cols), source, dest, peers,
-                             order=origin_order(rows, who, dest), static=pick.holders)  # fmt: skip
+                             order=origin_order(rows, who, dest), static=pick.holders,
+                             priority=self.priority)  # fmt: skip
 
             def make_job(row: int, sources: tuple[str, ...]) -> Job:
                 return Job(result.dataset, version, cols.refs(np.array([row]))[0], sources, dest)

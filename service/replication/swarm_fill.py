@@ -60,6 +60,7 @@ class SwarmFill:
     peers: Sequence[str]
     order: np.ndarray
     static: Mapping[str, np.ndarray]
+    priority: Mapping[str, int]
 
     def _views(self, locations: Mapping[str, Location]) -> dict[str, PeerView]:
         now = time.time()
@@ -86,7 +87,7 @@ class SwarmFill:
         stop: Callable[[], bool],
     ) -> None:
         """Copy ``rows`` (blocking): one feeder per transfer slot, the peers' sets read every interval."""
-        plan = SwarmPlan(rows, self.shards, self.source, self.order)
+        plan = SwarmPlan(rows, self.shards, self.source, self.order, self.priority)
         plan.update(self._views(locations))
         cond = threading.Condition()
         over = threading.Event()

@@ -6,7 +6,8 @@ to the fillers in turn (row ``r`` is filler ``r % n``'s); a filler pulls its own
 in order, then, once it has nothing else to do, the rows of the others that no cluster holds or is copying,
 from the end of each (their owner works from the start), so the origin sends each shard about once. Rows
 some peer holds are pulled from that peer. Each free transfer goes to the least loaded source that has
-work for it: the fewest copies in flight per byte/s of its link's limit, peers before the origin on a tie;
+work for it: the fewest copies in flight per byte/s of its link's limit, peers before the origin on a tie, then by
+``priority``;
 no source takes more than its share of the transfers, so peers find free ones as they fill.
 """
 
@@ -53,10 +54,14 @@ def origin_order(rows: np.ndarray, fillers: Sequence[str], me: str) -> np.ndarra
 class SwarmPlan:
     """One filler's plan over the rows it still has to copy (not thread-safe: its caller locks)."""
 
-    def __init__(self, rows: np.ndarray, shards: int, origin: str, order: np.ndarray) -> None:
+    def __init__(
+        self, rows: np.ndarray, shards: int, origin: str, order: np.ndarray, priority: Mapping[str, int] | None = None
+    ) -> None:
         """``rows``: the rows to copy; ``shards``: rows in the version; ``order``: ``rows`` in origin
-        preference order (:func:`origin_order`)."""
+        preference order (:func:`origin_order`); ``priority``: the clusters' ``priority`` (lower first),
+        which breaks ties between sources equally loaded."""
         self.origin = origin
+        self.priority = dict(priority or {})
         self.need = np.zeros(shards, dtype=bool)
         self.need[np.asarray(rows, dtype=np.int64)] = True
         self.busy = np.zeros(shards, dtype=bool)  # in flight here
@@ -109,19 +114,20 @@ class SwarmPlan:
         """The row to start now and its sources (the chosen one first, then the other holders, the origin
         last), or None: nothing can start until a peer's set or a copy here changes. A source with
         ``per_source`` copies in flight here gets no more (slots stay free for peers as they fill)."""
-        best: tuple[float, int, str, int] | None = None
+        best: tuple[tuple[float, bool, int], str, int] | None = None
         for source in self._queues:
             if per_source is not None and self.in_flight.get(source, 0) >= per_source:
                 continue
             row = self._head(source)
             if row is None:
                 continue
-            key = ((self.in_flight.get(source, 0) + 1) / (capacity(source) or UNLIMITED), source == self.origin)
-            if best is None or key < best[:2]:
-                best = (key[0], key[1], source, row)
+            load = (self.in_flight.get(source, 0) + 1) / (capacity(source) or UNLIMITED)
+            key = (load, source == self.origin, self.priority.get(source, 100))
+            if best is None or key < best[0]:
+                best = (key, source, row)
         if best is None:
             return None
-        source, row = best[2], best[3]
+        _, source, row = best
         others = sorted(
             (p for p, v in self._peers.items() if p != source and v.verified[row]),
             key=lambda p: (self.in_flight.get(p, 0) + 1) / (capacity(p) or UNLIMITED),

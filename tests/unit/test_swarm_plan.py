@@ -129,3 +129,11 @@ def test_swarm_section_is_off_by_default_and_checked(tmp_path: Path) -> None:
                       ({"every": 2}, "unknown key")):  # fmt: skip
         with pytest.raises(ConfigError, match=says):
             parse_config({**doc, "swarm": bad}, base_dir=tmp_path)
+
+
+def test_equally_loaded_sources_go_by_priority() -> None:
+    rows = np.arange(4)
+    plan = SwarmPlan(rows, 4, "a", rows, priority={"far": 50, "near": 1})
+    plan.update({"far": PeerView(np.ones(4, bool)), "near": PeerView(np.ones(4, bool))})
+    first = plan.next(lambda _: None)
+    assert first is not None and first[1] == ("near", "far", "a")
