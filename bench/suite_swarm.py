@@ -1,6 +1,7 @@
 """The shard-level swarm against today's tree of whole versions, on a real local mesh: an origin ``o`` and three
 clusters ``c1..c3``, one ``ferry serve`` per destination (``cluster = NAME``), every link (``o->ci`` and
-``ci->cj``) capped at ``--rate`` by ferry's own ``[limits.per_link]``.
+``ci->cj``) capped at ``--rate`` (``o->ci`` at a fraction of it with ``--origin-shares``) by ferry's own
+``[limits.per_link]``.
 
 Both fills run in the same invocation, one after the other, on fresh directories: ``tree`` (``[swarm]`` off:
 each destination copies from the origin, or from a cluster that has published the version) and ``swarm``
@@ -10,7 +11,8 @@ transfer history, failed attempts included) per byte of the dataset, and the max
 computed from the caps (``routes.max_flow_rate``: the slowest destination's bytes over its max flow from the
 origin).
 
-    python bench/suite_swarm.py [--mib 48] [--shard-kib 512] [--rate 8MiB/s] [--transfers 4] [--json]
+    python bench/suite_swarm.py [--mib 48] [--shard-kib 512] [--rate 8MiB/s] [--transfers 4]
+        [--origin-shares 1,1,1] [--json]
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ CLUSTERS = (ORIGIN, *DESTS)
 DATASET = "corpus"
 
 
-def _links(rate: float) -> list[tuple[str, str]]:
-    return [(a, b) for a in CLUSTERS for b in DESTS if a != b]
+def _links(rate: float, shares: tuple[float, ...]) -> dict[tuple[str, str], float]:
+    """Every link's cap: ``o->ci`` at ``rate`` times ``shares[i-1]``, ``ci->cj`` at ``rate``."""
+    return {(a, b): rate * (shares[DESTS.index(b)] if a == ORIGIN else 1.0) for a in CLUSTERS for b in DESTS if a != b}
 
 
 def _dataset(where: Path, mib: int, shard_kib: int) -> int:
@@ -59,11 +62,11 @@ def _dataset(where: Path, mib: int, shard_kib: int) -> int:
     return sum(p.stat().st_size for p in (where / "shards").rglob("*") if p.is_file())
 
 
-def _config(root: Path, me: str, rate: float, transfers: int, swarm: bool) -> Path:
+def _config(root: Path, me: str, links: dict[tuple[str, str], float], transfers: int, swarm: bool) -> Path:
     doc = FerryToml(
         clusters={c: Cluster(root / c, priority=1 if c == ORIGIN else 5) for c in CLUSTERS},
         rules=[Rule(ORIGIN, list(DESTS))],
-        limits=Limits(transfers=transfers, per_link={f"{a}->{b}": rate for a, b in _links(rate) if b == me}),
+        limits=Limits(transfers=transfers, per_link={f"{a}->{b}": r for (a, b), r in links.items() if b == me}),
         api=Api(host="127.0.0.1", port=0),
         cluster=me,
         state_dir=root / f"state-{me}",
@@ -106,7 +109,7 @@ def fill(mode: str, args: argparse.Namespace, timeout: float = 600) -> dict[str,
         shards = len(list((root / "staged" / "shards").iterdir()))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         for d in DESTS:
-            cfg = _config(root, d, args.rate, args.transfers, mode == "swarm")
+            cfg = _config(root, d, _links(args.rate, args.origin_shares), args.transfers, mode == "swarm")
             argv = [sys.executable, "-m", "ferry.service.cli", "serve", "--config", str(cfg)]
             log = (root / f"{d}.log").open("wb")
             procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
@@ -142,10 +145,17 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
             p.wait()
 
 
-def lower_bound(moved: int, rate: float) -> float:
+def lower_bound(moved: int, links_caps: dict[tuple[str, str], float]) -> float:
     """The max-flow bound: no plan fills the slowest destination faster than its bytes over its max flow."""
-    links = [LinkSpec(a, b, rate) for a, b in _links(rate)]
+    links = [LinkSpec(a, b, r) for (a, b), r in links_caps.items()]
     return max(moved / max_flow_rate(frozenset({ORIGIN}), d, links) for d in DESTS)
+
+
+def _shares(text: str) -> tuple[float, ...]:
+    shares = tuple(float(x) for x in text.split(","))
+    if len(shares) != len(DESTS) or min(shares) <= 0:
+        raise argparse.ArgumentTypeError(f"expected {len(DESTS)} positive fractions, got {text!r}")
+    return shares
 
 
 def main() -> int:
@@ -154,21 +164,24 @@ def main() -> int:
     p.add_argument("--shard-kib", type=int, default=512)
     p.add_argument("--rate", type=parse_rate, default=parse_rate("8MiB/s"))
     p.add_argument("--transfers", type=int, default=4)
+    p.add_argument("--origin-shares", type=_shares, default=(1.0, 1.0, 1.0),
+                   help="each link o->c1,c2,c3 as a fraction of --rate (default 1,1,1)")  # fmt: skip
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
     load_before = os.getloadavg()
     runs = [fill("tree", a), fill("swarm", a)]
-    bound = lower_bound(runs[0]["bytes"], a.rate)
+    bound = lower_bound(runs[0]["bytes"], _links(a.rate, a.origin_shares))
     for r in runs:
         r["lower_bound_s"] = bound
         r["bound_ratio"] = r["fill_s"] / bound if r["fill_s"] else None
-    out = {"mib": a.mib, "shard_kib": a.shard_kib, "rate": a.rate, "transfers": a.transfers, "runs": runs,
-           "loadavg_before": load_before, "loadavg_after": os.getloadavg()}  # fmt: skip
+    out = {"mib": a.mib, "shard_kib": a.shard_kib, "rate": a.rate, "origin_shares": a.origin_shares,
+           "transfers": a.transfers, "runs": runs, "loadavg_before": load_before,
+           "loadavg_after": os.getloadavg()}  # fmt: skip
     if a.json:
         print(json.dumps(out, indent=1))
     else:
-        print(f"{runs[0]['shards']} shards, {runs[0]['bytes'] / 2**20:.1f} MiB; every link {a.rate / 2**20:g} MiB/s; "
-              f"max-flow bound {bound:.2f} s; load {load_before[0]:.1f} -> {out['loadavg_after'][0]:.1f}")  # fmt: skip
+        print(f"{runs[0]['shards']} shards, {runs[0]['bytes'] / 2**20:.1f} MiB; links {a.rate / 2**20:g} MiB/s, "
+              f"o->c1..3 x {a.origin_shares}; max-flow bound {bound:.2f} s; load {load_before[0]:.1f} -> {out['loadavg_after'][0]:.1f}")  # fmt: skip
         for r in runs:
             print(f"{r['mode']:>5}: fill {r['fill_s']:.2f} s ({r['bound_ratio']:.2f}x the bound), origin sent each "
                   f"shard {r['origin_sends_per_shard']:.2f}x; per destination "
