@@ -181,7 +181,8 @@ def main() -> int:
         print(json.dumps(out, indent=1))
     else:
         print(f"{runs[0]['shards']} shards, {runs[0]['bytes'] / 2**20:.1f} MiB; links {a.rate / 2**20:g} MiB/s, "
-              f"o->c1..3 x {a.origin_shares}; max-flow bound {bound:.2f} s; load {load_before[0]:.1f} -> {out['loadavg_after'][0]:.1f}")  # fmt: skip
+              f"o->c1..3 x {a.origin_shares}; max-flow bound {bound:.2f} s; "
+              f"load {load_before[0]:.1f} -> {out['loadavg_after'][0]:.1f}")  # fmt: skip
         for r in runs:
             print(f"{r['mode']:>5}: fill {r['fill_s']:.2f} s ({r['bound_ratio']:.2f}x the bound), origin sent each "
                   f"shard {r['origin_sends_per_shard']:.2f}x; per destination "
