@@ -7,9 +7,13 @@ comes from the origin."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import queue
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,8 +22,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from configs import Cluster, FerryToml, Limits, Rule
-from helpers import pack
+from configs import Api, Cluster, FerryToml, Limits, Rule, toml_text
+from helpers import pack, wait_until
 
 from ferry.service import Daemon
 from ferry.service.config import parse_config
@@ -166,3 +170,69 @@ def test_rotten_shard_at_a_filling_peer_is_refused_and_fetched_elsewhere(tmp_pat
     assert {s for p, s, ok in tries if ok and p != rotten} == {"b"}
     for info in origin.shards:
         assert digest_bytes(dst.read_bytes(info.path)) == info.stored_digest
+
+
+def _serve(root: Path, me: str, rate: float) -> subprocess.Popen[bytes]:
+    doc = FerryToml(
+        clusters={c: Cluster(root / c, priority=1 if c == "a" else 5) for c in "abcd"},
+        rules=[Rule("a", ["b", "c", "d"])],
+        limits=Limits(transfers=4, per_link={f"{s}->{me}": rate for s in "abcd" if s != me}),
+        api=Api(host="127.0.0.1", port=0),
+        state_dir=root / f"state-{me}",
+        poll_interval=0.2,
+        cluster=me,
+    ).doc()
+    doc["swarm"] = {"enabled": True, "interval": 0.1, "stale_after": 2.0}
+    (root / f"ferry-{me}.toml").write_text(toml_text(doc))
+    argv = [sys.executable, "-m", "ferry.service.cli", "serve", "--config", str(root / f"ferry-{me}.toml")]
+    with open(root / f"{me}.log", "ab") as log:
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@pytest.mark.soak
+def test_a_filler_killed_mid_fill_delays_its_peers_by_its_stale_time_only(tmp_path: Path) -> None:
+    """Three ``ferry serve`` peers fill from ``a``; ``b`` is SIGKILLed mid-fill, its set left behind naming
+    shards it was copying. ``c`` and ``d`` finish (what ``b`` held verified from ``b``, what it was copying
+    elsewhere once its set is ``stale_after`` old); ``b`` restarted finishes too; every copy is whole."""
+    for c in "abcd":
+        (tmp_path / c).mkdir()
+    pack(str(tmp_path / "staged"), _docs(48, 40_000), shard_size=64 * 1024)
+    version = json.loads((tmp_path / "staged" / "manifest.json").read_bytes())["version_id"]
+    procs = {me: _serve(tmp_path, me, 2 * MIB) for me in "bcd"}
+    try:
+        time.sleep(3.0)  # started, nothing to do
+        os.rename(tmp_path / "staged", tmp_path / "a" / DATASET)
+        b_set = tmp_path / "b" / DATASET / swarm_path(version)
+        wait_until(lambda: _holds_some(b_set), 60, "b's set names a verified shard")
+        procs["b"].send_signal(signal.SIGKILL)
+        procs["b"].wait(30)
+        killed = time.monotonic()
+
+        def published(c: str) -> bool:
+            return _published(tmp_path, c) == version
+
+        wait_until(lambda: published("c") and published("d"), 60, "c and d publish")
+        assert time.monotonic() - killed < 30
+        procs["b"] = _serve(tmp_path, "b", 2 * MIB)
+        wait_until(lambda: published("b"), 60, "b publishes after its restart")
+    finally:
+        for p in procs.values():
+            p.terminate()
+        for p in procs.values():
+            p.wait(30)
+    origin = load_manifest(resolve(str(tmp_path / "a" / DATASET)))
+    for c in "bcd":
+        for info in origin.shards:
+            assert digest_bytes((tmp_path / c / DATASET / info.path).read_bytes()) == info.stored_digest
+        assert not list((tmp_path / c / DATASET / "swarm").glob("*"))
+
+
+def _holds_some(path: Path) -> bool:
+    if not path.exists():
+        return False
+    return any(base64.b64decode(json.loads(path.read_bytes())["verified"]))
+
+
+def _published(root: Path, c: str) -> str | None:
+    path = root / c / DATASET / "manifest.json"
+    return str(json.loads(path.read_bytes())["version_id"]) if path.exists() else None
