@@ -62,7 +62,8 @@ class SwarmFill:
     static: Mapping[str, np.ndarray]
     priority: Mapping[str, int]
 
-    def _views(self, locations: Mapping[str, Location]) -> dict[str, PeerView]:
+    def _views(self, locations: Mapping[str, Location], patient: bool = True) -> dict[str, PeerView]:
+        """Every peer's view; ``patient`` False: what the peers are copying is not waited for."""
         now = time.time()
         views = {name: PeerView(held) for name, held in self.static.items()}
         for name in self.peers:
@@ -71,7 +72,7 @@ class SwarmFill:
                 if name not in views and _publishes(locations[name], self.version):
                     views[name] = PeerView(np.ones(self.shards, dtype=bool))
                 continue
-            fresh = now - got.updated_at <= self.config.stale_after
+            fresh = patient and now - got.updated_at <= self.config.stale_after
             held = got.verified | views[name].verified if name in views else got.verified
             views[name] = PeerView(held, got.in_flight if fresh else None)
         return views
@@ -91,6 +92,7 @@ class SwarmFill:
         plan.update(self._views(locations))
         cond = threading.Condition()
         over = threading.Event()
+        progress = [time.monotonic()]  # when a copy here last ended
 
         def capacity(src: str) -> float | None:
             return self.executor.bandwidth.limit_of(link_name(src, self.dest))
@@ -117,11 +119,14 @@ class SwarmFill:
                 advert.finished(row, ok)
                 with cond:
                     plan.finished(row, sources[0])
+                    progress[0] = time.monotonic()
                     cond.notify_all()
 
         feeders = [start_named_thread(feed, f"ferry-swarm-feed-{i}") for i in range(slots)]
         while any(t.is_alive() for t in feeders) and not over.wait(self.config.interval):
-            views = self._views(locations)
+            with cond:  # idle here for stale_after, waiting on peers' copies: a peer stuck but alive
+                patient = any(plan.in_flight.values()) or time.monotonic() - progress[0] < self.config.stale_after
+            views = self._views(locations, patient)
             with cond:
                 plan.update(views)
                 cond.notify_all()

@@ -236,3 +236,39 @@ def _holds_some(path: Path) -> bool:
 def _published(root: Path, c: str) -> str | None:
     path = root / c / DATASET / "manifest.json"
     return str(json.loads(path.read_bytes())["version_id"]) if path.exists() else None
+
+
+def test_a_peer_stuck_copying_is_waited_for_no_longer_than_its_stale_time(tmp_path: Path) -> None:
+    """A live peer whose set is rewritten all the time but names every shard in flight forever (stuck, or
+    lying): the filler waits ``stale_after`` of idleness, then pulls every shard from the origin."""
+    pack(str(tmp_path / "a" / DATASET), _docs(4, 20_000), shard_size=32 * 1024)
+    src, peer, dst = (resolve(str(tmp_path / c / DATASET)) for c in "abc")
+    origin = load_manifest(src)
+    n = len(origin.shards)
+    stop = threading.Event()
+
+    def stuck() -> None:
+        while not stop.is_set():
+            claim = SwarmSet(origin.version_id, origin.table_digest, np.zeros(n, bool), np.ones(n, bool), time.time())
+            peer.write_bytes(swarm_path(origin.version_id), claim.to_bytes())
+            stop.wait(0.05)
+
+    writer = threading.Thread(target=stuck, daemon=True)
+    writer.start()
+    state = State(tmp_path / "state")
+    got: list[Any] = []
+    try:
+        engine = Engine(Executor(transfers=2), state, swarm=SwarmConfig(enabled=True, interval=0.05, stale_after=1.0))
+        t = threading.Thread(
+            target=lambda: got.append(engine.sync_pass(DATASET, "a", "c", {"a": src, "b": peer, "c": dst}))
+        )
+        t0 = time.monotonic()
+        t.start()
+        t.join(20)
+        assert not t.is_alive(), "the filler waits for the stuck peer for ever"
+    finally:
+        stop.set()
+        writer.join()
+        state.close()
+    assert got and got[0].published and got[0].copied == n
+    assert 1.0 <= time.monotonic() - t0 < 10
