@@ -402,7 +402,8 @@ class Engine:
         plain = ~work.verify_first & ~work.guarded & ~work.replace
         interval = self.swarm.interval
         with Advertiser(dst, version, table_digest, verified, interval=interval,
-                        heartbeat=max(interval, self.swarm.stale_after / 3)) as advert:  # fmt: skip
+                        heartbeat=max(interval, self.swarm.stale_after / 3),
+                        writable=lambda: lease.lost is None) as advert:  # fmt: skip
             rest = work.subset(~plain)
             if len(rest.rows):
                 row_of = dict(zip(cols.paths.take(int64s(rest.rows)).to_pylist(), rest.rows.tolist(), strict=True))

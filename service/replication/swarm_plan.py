@@ -64,6 +64,7 @@ class SwarmPlan:
         self.priority = dict(priority or {})
         self.need = np.zeros(shards, dtype=bool)
         self.need[np.asarray(rows, dtype=np.int64)] = True
+        self._remaining = int(self.need.sum())
         self.busy = np.zeros(shards, dtype=bool)  # in flight here
         self._order = np.asarray(order, dtype=np.int64)
         self._peers: dict[str, PeerView] = {}
@@ -75,7 +76,7 @@ class SwarmPlan:
     @property
     def remaining(self) -> int:
         """Rows not yet copied here (those in flight included)."""
-        return int(self.need.sum())
+        return self._remaining
 
     def update(self, peers: Mapping[str, PeerView]) -> None:
         """Take the peers' latest sets: rebuild each source's queue of rows."""
@@ -140,5 +141,7 @@ class SwarmPlan:
     def finished(self, row: int, source: str) -> None:
         """The copy of ``row`` started from ``source`` ended (verified or failed for good: done either way)."""
         self.busy[row] = False
-        self.need[row] = False
+        if self.need[row]:
+            self.need[row] = False
+            self._remaining -= 1
         self.in_flight[source] = max(0, self.in_flight.get(source, 0) - 1)

@@ -16,6 +16,7 @@ import contextlib
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,10 +128,11 @@ class Advertiser:
 
     def __init__(
         self, loc: Location, version_id: str, table_digest: str, verified: np.ndarray, *, interval: float,
-        heartbeat: float,
+        heartbeat: float, writable: Callable[[], bool] = lambda: True,
     ) -> None:  # fmt: skip
+        """``writable()`` False: write nothing more (this writer lost the destination's lease)."""
         self.loc, self.version_id, self.table_digest = loc, version_id, table_digest
-        self.interval, self.heartbeat = interval, heartbeat
+        self.interval, self.heartbeat, self.writable = interval, heartbeat, writable
         self._verified = verified.astype(bool, copy=True)
         self._in_flight = np.zeros(len(verified), dtype=bool)
         self._lock = threading.Lock()
@@ -171,6 +173,8 @@ class Advertiser:
             body = SwarmSet(self.version_id, self.table_digest, self._verified.copy(), self._in_flight.copy(),
                             time.time())  # fmt: skip
             self._dirty = False
+        if not self.writable():
+            return
         with contextlib.suppress(StorageError):
             self.loc.write_bytes(swarm_path(self.version_id), body.to_bytes())
             self.writes += 1
