@@ -63,7 +63,7 @@ def _daemon(root: Path, me: str, per_link: dict[str, float]) -> Daemon:
 def mesh(tmp_path: Path) -> Iterator[tuple[Path, dict[str, Daemon]]]:
     for c in "abc":
         (tmp_path / c).mkdir()
-    rates = {"b": {"a->b": 2 * MIB, "c->b": 8 * MIB}, "c": {"a->c": 0.5 * MIB, "b->c": 8 * MIB}}
+    rates = {"b": {"a->b": 1 * MIB, "c->b": 8 * MIB}, "c": {"a->c": 0.5 * MIB, "b->c": 8 * MIB}}
     daemons = {me: _daemon(tmp_path, me, rates[me]) for me in "bc"}
     yield tmp_path, daemons
     for d in daemons.values():
@@ -121,7 +121,14 @@ def test_peer_pulls_from_a_filling_peer_before_it_publishes(mesh: tuple[Path, di
         time.sleep(0.02)
     readers.stop.set()
     readers.join()
-    events = {me: _events(q) for me, q in subs.items()}
+    events: dict[str, list[dict[str, Any]]] = {me: [] for me in subs}
+
+    def both_published() -> bool:  # the event follows the manifest's swap by a moment
+        for me, q in subs.items():
+            events[me] += _events(q)
+        return all(any(e["type"] == "version_published" for e in got) for got in events.values())
+
+    wait_until(both_published, 30, "both publish events")
     b_published = min(e["ts"] for e in events["b"] if e["type"] == "version_published")
     from_b = [e for e in events["c"] if e["type"] == "shard_verified" and e["source"] == "b"]
     assert from_b, "c pulled nothing from b"
