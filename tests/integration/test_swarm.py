@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -279,3 +280,23 @@ def test_a_peer_stuck_copying_is_waited_for_no_longer_than_its_stale_time(tmp_pa
         state.close()
     assert got and got[0].published and got[0].copied == n
     assert 1.0 <= time.monotonic() - t0 < 10
+
+
+def test_publish_clears_the_verified_sets_and_retention_and_scrub_leave_them_alone(tmp_path: Path) -> None:
+    pack(str(tmp_path / "a" / DATASET), _docs(2, 20_000), shard_size=32 * 1024)
+    src, dst = (resolve(str(tmp_path / c / DATASET)) for c in "ac")
+    dst.write_bytes(swarm_path("0" * 32), b"{}")  # a set left by a pass of another version
+    for swarm in (False, True):
+        state = State(tmp_path / f"state-{swarm}")
+        try:
+            engine = Engine(Executor(transfers=2), state, keep_versions=1, swarm=SwarmConfig(enabled=swarm))
+            res = engine.sync_pass(DATASET, "a", "c", {"a": src, "c": dst})
+            checked, bad, _ = engine.scrub(DATASET, "c", {"a": src, "c": dst})
+        finally:
+            state.close()
+        assert checked == res.total_shards and not bad
+        left = sorted(p.name for p in (tmp_path / "c" / DATASET / "swarm").glob("*"))
+        assert left == ([] if swarm else [f"{'0' * 32}.json"])  # off: nothing of it is touched
+        if not swarm:
+            shutil.rmtree(tmp_path / "c" / DATASET / "shards")  # the swarm pass copies the version again
+            (tmp_path / "c" / DATASET / "manifest.json").unlink()
