@@ -565,6 +565,12 @@ def _fleet_sim(res: dict[str, Any]) -> list[str]:
     return suite_fleet_sim.section(res.get("fleet_sim"))
 
 
+def _swarm(res: dict[str, Any]) -> list[str]:
+    import suite_swarm
+
+    return suite_swarm.section(res.get("swarm"))
+
+
 def _schedule(res: dict[str, Any]) -> list[str]:
     """Loader throughput with a mixture schedule against a single-phase mixture; resume cost by phases."""
     sc = res.get("schedule")
@@ -735,6 +741,7 @@ def write(res: dict[str, Any], page: Path, peers_python: str | None, results_rel
         *_media(res),
         *_ray_sync(res),
         *_fleet_sim(res),
+        *_swarm(res),
         *_profiles(res),
     ]
     page.parent.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,7 @@ SUITES = [
     "staging",
     "media",
     "fleet_sim",
+    "swarm",
 ]
 
 

@@ -29,6 +29,7 @@ from .config_types import (
     LinkSpec,
     Rule,
     StagingConfig,
+    SwarmConfig,
     TransferConfig,
     _is_secret_key,
     link_name,
@@ -48,6 +49,7 @@ __all__ = [
     "TransferConfig",
     "ApiConfig",
     "StagingConfig",
+    "SwarmConfig",
     "parse_api",
     "Config",
     "load_config",
@@ -125,6 +127,7 @@ def parse_config(
         cluster=checked.cluster,
         staging=_staging(checked.staging, clusters, base, env),
         link_specs=_link_specs(checked.links, clusters),
+        swarm=SwarmConfig(**checked.swarm.model_dump()),
     )
 
 

@@ -19,7 +19,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from ferry.shard_tools.errors import ConfigError, UsageError
 from ferry.shard_tools.units import parse_rate, parse_size
 
-from .config_types import ApiConfig, Cluster, Config, Limits, TransferConfig, url_problem
+from .config_types import ApiConfig, Cluster, Config, Limits, SwarmConfig, TransferConfig, url_problem
 
 __all__ = [
     "FileSection",
@@ -30,6 +30,7 @@ __all__ = [
     "ApiSection",
     "StagingSection",
     "LinkSection",
+    "SwarmSection",
     "check_file",
     "check_api",
 ]
@@ -181,6 +182,14 @@ class LinkSection(_Section):
     rtt: float = Field(default=0.0, ge=0)
 
 
+class SwarmSection(_Section):
+    """``[swarm]``; defaults are :class:`SwarmConfig`'s."""
+
+    enabled: bool = SwarmConfig.enabled
+    interval: float = Field(default=SwarmConfig.interval, ge=0.05, le=3600)
+    stale_after: float = Field(default=SwarmConfig.stale_after, ge=1)
+
+
 class FileSection(_Section):
     """A whole ``ferry.toml``; defaults are :class:`Config`'s."""
 
@@ -196,6 +205,7 @@ class FileSection(_Section):
     cluster: str | None = None
     staging: StagingSection | None = None
     links: list[LinkSection] = Field(default_factory=list)
+    swarm: SwarmSection = SwarmSection()
 
     @field_validator("clusters")
     @classmethod

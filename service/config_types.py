@@ -21,6 +21,7 @@ __all__ = [
     "LinkSpec",
     "Limits",
     "TransferConfig",
+    "SwarmConfig",
     "ApiConfig",
     "Config",
     "url_problem",
@@ -120,6 +121,18 @@ class TransferConfig:
 
 
 @dataclass(frozen=True)
+class SwarmConfig:
+    """``[swarm]``: a destination filling a version offers its verified shards to the other clusters filling
+    it (``swarm/<version>.json`` beside the dataset) and pulls each missing shard from any cluster holding it
+    verified, the rule's source being only one of them. Off by default: a cluster serves a version only once
+    it published it."""
+
+    enabled: bool = False
+    interval: float = 1.0  # seconds between two writes of this cluster's verified set, and two reads of peers'
+    stale_after: float = 5.0  # a peer's set older than this: its in-flight shards are no longer waited for
+
+
+@dataclass(frozen=True)
 class StagingConfig:
     """``[staging]``: copy the shards registered jobs will read, in their read order, to a fast location."""
 
@@ -177,6 +190,7 @@ class Config:
     cluster: str | None = None  # one daemon per cluster: act only where this cluster is the destination
     staging: StagingConfig | None = None  # None: jobs are listed, nothing is staged
     link_specs: Mapping[tuple[str, str], LinkSpec] = field(default_factory=dict)  # [[links]], by (src, dst)
+    swarm: SwarmConfig = field(default_factory=SwarmConfig)
 
     def links(self) -> list[tuple[str, str]]:
         """Every (source, destination) pair some rule names."""

@@ -113,7 +113,12 @@ class Daemon:
         self.state = State(config.state_dir)  # after the copier: a Ray engine that cannot start leaves nothing open
         priority = {c.name: c.priority for c in config.clusters.values()}
         self.engine = Engine(
-            self.executor, self.state, events=self.events, keep_versions=config.keep_versions, priority=priority
+            self.executor,
+            self.state,
+            events=self.events,
+            keep_versions=config.keep_versions,
+            priority=priority,
+            swarm=config.swarm,
         )
         self._lock = threading.Lock()
         self._known: dict[str, _Known] = {}

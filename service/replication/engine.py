@@ -30,6 +30,7 @@ from ferry.shard_tools.format.header import MANIFEST_FILE, SHARDS_DIR, VERSIONS_
 from ferry.shard_tools.storage.publish import carry_lineage, descends_from, store_version, swap_manifest
 from ferry.shard_tools.storage.store import STALE_TEMP_SECONDS, TEMP_MARKER, Location, temp_is_stale
 
+from ..config_types import SwarmConfig
 from ..events import EventBus
 from ..transfer.executor import Executor, Job, JobResult
 from ..transfer.object_store import abort_stale_uploads
@@ -50,6 +51,9 @@ from .planner import (
     plan_retention,
 )
 from .state import State
+from .swarm_fill import SwarmFill, fillers
+from .swarm_plan import origin_order
+from .swarm_set import Advertiser, clear_swarm
 
 if TYPE_CHECKING:
     from ferry.shard_tools.format.manifest import StoredShards
@@ -159,10 +163,12 @@ class Engine:
         writer: str = "daemon",
         lease_ttl: float = DEFAULT_TTL,
         allow_rollback: bool = False,
+        swarm: SwarmConfig | None = None,
     ) -> None:
         """``writer`` names this kind of writer in the destination's lease (daemon, sync);
         ``allow_rollback`` lets a pass publish a version that does not descend from the
-        destination's current one (the user forces it)."""
+        destination's current one (the user forces it); ``swarm`` (enabled) makes a pass offer its
+        verified shards to the other clusters filling the version and pull from them (see ``swarm_fill``)."""
         self.executor = executor
         self.writer = writer
         self.lease_ttl = lease_ttl
@@ -172,6 +178,7 @@ class Engine:
         self.events = events or EventBus()
         self.keep_versions = keep_versions
         self.priority = dict(priority or {})
+        self.swarm = swarm if swarm is not None and swarm.enabled else None
 
     def _history(self, job: Job, src: str, nbytes: int, started: float, duration: float, error: str | None) -> None:
         self.state.record_transfer(
@@ -264,8 +271,12 @@ class Engine:
         if on_plan is not None:
             on_plan(result)
         if len(work.rows):
-            pick = SourcePicker(source, self.priority, self._holders(cols, dataset, source, dest, locations))
-            self._copy(work, cols, pick, result, dst_loc, locations, lease)
+            holders = self._holders(cols, dataset, source, dest, locations)
+            pick = SourcePicker(source, self.priority, holders)
+            if self.swarm is not None:
+                self._copy_swarm(work, cols, pick, result, dst_loc, locations, lease, manifest.table_digest)
+            else:
+                self._copy(work, cols, pick, result, dst_loc, locations, lease)
         if lease.lost is not None:
             raise LeaseHeldError(
                 f"{dst_loc.url}: lost the writer lease while copying ({lease.lost}); stopped copying into it, "
@@ -358,6 +369,7 @@ class Engine:
         dst: Location,
         locations: Mapping[str, Location],
         lease: Lease,
+        on_ok: Callable[[JobResult], None] | None = None,
     ) -> None:
         """Run the work ``JOB_BATCH`` shards at a time (the jobs of one batch at a time in memory)."""
         stop = lambda: lease.lost is not None  # noqa: E731
@@ -365,12 +377,67 @@ class Engine:
             if stop() or result.cancelled:
                 break
             jobs, guarded = work.jobs(cols, pick, result, start, start + JOB_BATCH)
-            done = functools.partial(self._on_kept, guarded=guarded, dst=dst, result=result)
+            done = functools.partial(self._on_kept, guarded=guarded, dst=dst, result=result, on_ok=on_ok)
             self.executor.run(jobs, locations, done, self._history, stop=stop)
         self.state.flush()  # the pass's verified marks are committed before its manifest is published
 
-    def _on_kept(self, r: JobResult, *, guarded: set[str], dst: Location, result: PassResult) -> None:
+    def _copy_swarm(
+        self,
+        work: _Work,
+        cols: SourceColumns,
+        pick: SourcePicker,
+        result: PassResult,
+        dst: Location,
+        locations: Mapping[str, Location],
+        lease: Lease,
+        table_digest: str,
+    ) -> None:
+        """The pass's copies as a swarm (``[swarm] enabled``): shards checked in place or guarded first, as
+        usual; then every missing one from whichever cluster holds it verified (``swarm_fill``), while this
+        cluster's verified set of the version stays readable by its peers at ``swarm/<version>.json``."""
+        assert self.swarm is not None
+        version, source, dest = result.version_id, result.source, result.destination
+        verified = np.ones(len(cols), dtype=bool)
+        verified[work.open_rows] = False
+        plain = ~work.verify_first & ~work.guarded & ~work.replace
+        interval = self.swarm.interval
+        with Advertiser(dst, version, table_digest, verified, interval=interval,
+                        heartbeat=max(interval, self.swarm.stale_after / 3),
+                        writable=lambda: lease.lost is None) as advert:  # fmt: skip
+            rest = work.subset(~plain)
+            if len(rest.rows):
+                row_of = dict(zip(cols.paths.take(int64s(rest.rows)).to_pylist(), rest.rows.tolist(), strict=True))
+                self._copy(rest, cols, pick, result, dst, locations, lease,
+                           on_ok=lambda r: advert.finished(row_of[r.job.shard.path], True))  # fmt: skip
+            rows = work.rows[plain]
+            if not len(rows) or lease.lost is not None or result.cancelled:
+                self.state.flush()
+                return
+            who = fillers(dest, source, locations, version)
+            peers = [c for c in locations if c not in (source, dest)]
+            fill = SwarmFill(self.swarm, self.executor, version, table_digest, len(cols), source, dest, peers,
+                             order=origin_order(rows, who, dest), static=pick.holders,
+                             priority=self.priority)  # fmt: skip
+
+            def make_job(row: int, sources: tuple[str, ...]) -> Job:
+                return Job(result.dataset, version, cols.refs(np.array([row]))[0], sources, dest)
+
+            fill.run(rows, advert, locations, make_job, functools.partial(self._on_result, result=result),
+                     self._history, stop=lambda: lease.lost is not None)  # fmt: skip
+            self.state.flush()
+
+    def _on_kept(
+        self,
+        r: JobResult,
+        *,
+        guarded: set[str],
+        dst: Location,
+        result: PassResult,
+        on_ok: Callable[[JobResult], None] | None,
+    ) -> None:
         self._on_result(_kept(r, guarded, dst), result)
+        if on_ok is not None and r.ok:
+            on_ok(r)
 
     def _on_result(self, r: JobResult, result: PassResult) -> None:
         job = r.job
@@ -425,6 +492,8 @@ class Engine:
 
         swap_manifest(dst, choose)
         res.published = True
+        if self.swarm is not None:
+            clear_swarm(dst)  # peers now see the version published; the verified set has served
         self.state.verified_version(res.dataset, res.destination, SourceColumns.of(manifest).paths)
         self.state.completed_version(res.dataset, res.destination, version)
         self._event("version_published", dataset=res.dataset, version=version, cluster=res.destination)
@@ -539,6 +608,7 @@ class _Work:
     verify_first: np.ndarray  # bool per entry of rows: the destination holds it, hash before copying
     replace: np.ndarray  # bool: a copy may replace the object at the shard's path
     guarded: np.ndarray  # bool: the object there may not be replaced, only verified (no sources)
+    open_rows: np.ndarray  # every row the plan copies or verifies (those failed for good included)
 
     @classmethod
     def of(cls, plan: ColumnPlan, cols: SourceColumns, fatal: set[str], guarded: np.ndarray) -> _Work:
@@ -549,7 +619,11 @@ class _Work:
         replace = np.concatenate([plan.copy_reasons != REASONS.index("missing"), np.ones(len(plan.verify_rows), bool)])
         keep = ~cols.has(fatal)[rows] if fatal else np.ones(len(rows), dtype=bool)
         at_risk = guarded[rows]
-        return cls(rows[keep], (~copying | at_risk)[keep], (replace & ~at_risk)[keep], at_risk[keep])
+        return cls(rows[keep], (~copying | at_risk)[keep], (replace & ~at_risk)[keep], at_risk[keep], rows)
+
+    def subset(self, mask: np.ndarray) -> _Work:
+        """The entries ``mask`` marks (a bool per entry of ``rows``)."""
+        return _Work(self.rows[mask], self.verify_first[mask], self.replace[mask], self.guarded[mask], self.open_rows)
 
     def jobs(
         self, cols: SourceColumns, pick: SourcePicker, result: PassResult, start: int, stop: int
