@@ -255,9 +255,9 @@ MEASURES = {
     "S3 at 30 ms: first batch s": ("remote", "first_batch_s", False, 2),
     "S3 at 30 ms: samples/s": ("remote", "samples_per_s", True, 0),
     "S3 at 30 ms: downloaded ÷ delivered bytes": ("remote", "downloaded_per_delivered", False, 2),
-    "S3 at 30 ms, second pass, warm cache: first batch s": ("remote_warm", "first_batch_s", False, 2),
-    "S3 at 30 ms, second pass, warm cache: samples/s": ("remote_warm", "samples_per_s", True, 0),
-    "S3 at 30 ms, second pass, warm cache: downloaded ÷ delivered": ("remote_warm", "downloaded_per_delivered", False, 2),
+    "S3 at 30 ms, 2nd pass, warm cache: first batch s": ("remote_warm", "first_batch_s", False, 2),
+    "S3 at 30 ms, 2nd pass, warm cache: samples/s": ("remote_warm", "samples_per_s", True, 0),
+    "S3 at 30 ms, 2nd pass, warm cache: downloaded ÷ delivered": ("remote_warm", "downloaded_per_delivered", False, 2),
 }
 
 

@@ -3,10 +3,10 @@
 A runner gives ``build(a)`` (its loader, construction counted in the time to the first batch) and ``count(batch)``
 (decoded image–text samples in a batch). Every tool decodes its JPEGs with :func:`rgb` (Pillow, RGB, as a numpy
 array) in its DataLoader workers. The loop times the first batch, then reads for ``max_seconds`` (at least
-``min_batches``), or until it has delivered ``max_samples`` (where given: a pass over the same first samples of the
-same shuffle, for every tool), starting a new epoch when one ends. Peak RSS is reported for the runner alone and summed with
-its DataLoader workers' peaks (each process's ``VmHWM``, read every 20 batches and at the end, before the
-workers stop).
+``min_batches``), or until it has delivered ``max_samples`` (where given: a pass over the same first samples of
+the same shuffle, for every tool), starting a new epoch when one ends. Peak RSS is reported for the runner alone
+and summed with its DataLoader workers' peaks (each process's ``VmHWM``, read every 20 batches and at the end,
+before the workers stop).
 """
 
 from __future__ import annotations
