@@ -6,7 +6,8 @@ against the manifest's raw digest): once per shard per process the head (Arrow m
 media column's buffers lie: :func:`ferry.shard_tools.format.media.media_layout`), the ``tokens`` offsets and
 the media metadata region (item offsets and fields, no media bytes); then for each piece of a document its
 tokens and its items' bytes, one contiguous range. Shards of stored formats 1 and 2 are fetched whole
-(verified against their raw digest) and kept in memory while in use.
+(verified against their raw digest) and kept in memory while in use. With the node's disk cache
+(:mod:`ferry.client.media.cached`), a shard already in it gives all of that, its metadata too, from the local file.
 """
 
 from __future__ import annotations
