@@ -3,10 +3,12 @@ column) vs litdata on the same generated set.
 
 The set: ``SAMPLES`` JPEGs (smooth random pictures with a little noise, sides 192–320 px, quality 90) with
 captions of 60–240 characters, written once as WebDataset tars (ferry's input), as MDS shards and as litdata
-chunks (each peer's own writer, shards of ``suite_pack.SHARD_SIZE``). ferry packs with ``--tokenizer bytes``
-and the ``patch`` policy in frames of ``FRAME_SIZE`` (``MediaLoader``: ``FERRY_BATCH`` sequences of ``SEQ_LEN``
-tokens, about the peers' batch of ``BATCH`` pairs); the peers deliver batches of ``BATCH`` pairs. Every tool
-decodes with the same Pillow call in its DataLoader workers (2), with ``OMP_NUM_THREADS=1``. Measures:
+chunks (each peer's own writer), shards of ``suite_pack.SHARD_SIZE`` for every tool (ferry's packer cuts shards
+within an input file, so the tars hold ``PER_TAR`` pairs, more than a shard). ferry packs with
+``--tokenizer bytes`` and the ``patch`` policy in frames of ``FRAME_SIZE`` (``MediaLoader``: ``FERRY_BATCH``
+sequences of ``SEQ_LEN`` tokens, about the peers' batch of ``BATCH`` pairs); the peers deliver batches of
+``BATCH`` pairs. Every tool decodes with the same Pillow call in its DataLoader workers (2), with
+``OMP_NUM_THREADS=1``. Measures:
 
 - samples/s: decoded image–text pairs per second, warm (after a first run), 2 workers, local data;
 - first batch, cold: a fresh cache (litdata copies its chunks into its cache; MosaicML and ferry read a local
@@ -35,7 +37,7 @@ from suite_remote import CONN_RATE, TOTAL_RATE, _upload
 __all__ = ["run"]
 
 SAMPLES, QUICK_SAMPLES = 6000, 600
-PER_TAR = 1000
+PER_TAR = 10_000  # pairs per tar: the whole set in one, so ferry's shards are cut at SHARD_SIZE as the peers'
 BATCH, WORKERS, SEED = 32, 2, 1234
 SEQ_LEN, FERRY_BATCH = 4096, 4
 POLICY = "patch:max_side=448,patch=14"
@@ -67,7 +69,7 @@ def _picture(rng: Any, i: int) -> tuple[bytes, str]:
 def _corpus(ctx: Context) -> dict[str, Any]:
     """The JPEGs and captions (files, for the peers' writers) and the same as WebDataset tars (ferry's input)."""
     n = QUICK_SAMPLES if ctx.quick else SAMPLES
-    root = ctx.data / f"media-{n}"
+    root = ctx.data / f"media-{n}-tars-of-{PER_TAR}"
     done = root / "corpus.json"
     if done.exists():
         return dict(json.loads(done.read_text()))
