@@ -18,14 +18,17 @@ from typing import Any
 
 import numpy as np
 from _common import args, cpu_seconds, emit, now
+from PIL import Image
+
+# Pillow and its image plugins load before the clock, for every tool (the peers' libraries import Pillow themselves;
+# ferry's runner would otherwise load it in each worker, within its time to the first batch)
+Image.preinit()
 
 __all__ = ["main", "rgb", "caption_ids"]
 
 
 def rgb(image: Any) -> np.ndarray:
     """Encoded bytes or a Pillow image, decoded to an ``H x W x 3`` uint8 array."""
-    from PIL import Image
-
     if isinstance(image, (bytes, bytearray, memoryview)):
         image = Image.open(io.BytesIO(bytes(image)))
     with image:
