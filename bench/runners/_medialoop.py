@@ -3,9 +3,10 @@
 A runner gives ``build(a)`` (its loader, construction counted in the time to the first batch) and ``count(batch)``
 (decoded image–text samples in a batch). Every tool decodes its JPEGs with :func:`rgb` (Pillow, RGB, as a numpy
 array) in its DataLoader workers. The loop times the first batch, then reads for ``max_seconds`` (at least
-``min_batches``), starting a new epoch when one ends. Peak RSS is reported for the runner alone and summed with
-its DataLoader workers' peaks (each process's ``VmHWM``, read every 20 batches and at the end, before the
-workers stop).
+``min_batches``), or until it has delivered ``max_samples`` (where given: a pass over the same first samples of
+the same shuffle, for every tool), starting a new epoch when one ends. Peak RSS is reported for the runner alone
+and summed with its DataLoader workers' peaks (each process's ``VmHWM``, read every 20 batches and at the end,
+before the workers stop).
 """
 
 from __future__ import annotations
@@ -17,14 +18,17 @@ from typing import Any
 
 import numpy as np
 from _common import args, cpu_seconds, emit, now
+from PIL import Image
+
+# Pillow and its image plugins load before the clock, for every tool (the peers' libraries import Pillow themselves;
+# ferry's runner would otherwise load it in each worker, within its time to the first batch)
+Image.preinit()
 
 __all__ = ["main", "rgb", "caption_ids"]
 
 
 def rgb(image: Any) -> np.ndarray:
     """Encoded bytes or a Pillow image, decoded to an ``H x W x 3`` uint8 array."""
-    from PIL import Image
-
     if isinstance(image, (bytes, bytearray, memoryview)):
         image = Image.open(io.BytesIO(bytes(image)))
     with image:
@@ -77,7 +81,10 @@ def main(build: Callable[[dict[str, Any]], Any], count: Callable[[Any], int]) ->
     workers_kib = _workers_hwm_kib()
     t1, c1 = now(), cpu_seconds()
     seconds = float(a.get("max_seconds", 10.0))
+    wanted = a.get("max_samples")
     while batches < a.get("min_batches", 5) or now() - t1 < seconds:
+        if wanted is not None and samples + first_samples >= wanted:
+            break
         try:
             batch = next(it)
         except StopIteration:

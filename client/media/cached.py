@@ -3,9 +3,9 @@
 The shard files are :class:`ferry.client.fetching.cache.ShardCache`'s (decompressed, checked against the
 manifest, shared by every process of the node, evicted least recently used within the limit). A shard read by
 frames is brought into the cache whole by a background thread of the reading process; once it is there, its
-tokens and media are read from the mapped file, so a later epoch, a restarted job, or another DataLoader worker
-reads it from disk, not from the replicas. A shard of stored format 1 or 2 (read whole anyway) is opened through
-the cache at once.
+metadata, tokens and media are read from the mapped file, so a later epoch, a restarted job, or another
+DataLoader worker reads it from disk, not from the replicas. A shard of stored format 1 or 2 (read whole anyway)
+is opened through the cache at once.
 """
 
 from __future__ import annotations

@@ -6,12 +6,14 @@ against the manifest's raw digest): once per shard per process the head (Arrow m
 media column's buffers lie: :func:`ferry.shard_tools.format.media.media_layout`), the ``tokens`` offsets and
 the media metadata region (item offsets and fields, no media bytes); then for each piece of a document its
 tokens and its items' bytes, one contiguous range. Shards of stored formats 1 and 2 are fetched whole
-(verified against their raw digest) and kept in memory while in use.
+(verified against their raw digest) and kept in memory while in use. With the node's disk cache
+(:mod:`ferry.client.media.cached`), a shard already in it gives all of that, its metadata too, from the local file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 from collections import OrderedDict
@@ -24,7 +26,15 @@ import numpy as np
 
 from ferry.shard_tools.errors import ShardFormatError
 from ferry.shard_tools.format.manifest import Manifest, ShardInfo
-from ferry.shard_tools.format.media import MEDIA_COLUMN, MediaItem, MediaLayout, MediaMeta, media_layout
+from ferry.shard_tools.format.media import (
+    MEDIA_COLUMN,
+    MediaItem,
+    MediaLayout,
+    MediaMeta,
+    binary_offsets,
+    item_arrays,
+    media_layout,
+)
 from ferry.shard_tools.format.shard import ShardView, parse_shard
 from ferry.shard_tools.storage.store import Location
 
@@ -34,6 +44,7 @@ from .cached import CachedShards
 __all__ = ["ShardMedia", "MediaReader", "LocalRanges"]
 
 _WHOLE_KEPT = 4  # whole shards (formats 1, 2) kept in memory per process
+_DATA_KEPT = 8  # shards whose media bytes buffer (from a whole or cached shard) is kept at hand per process
 # a dataset whose token streams hold at most this many bytes in all has each shard's read with its metadata (one
 # ranged read a shard: placeholder spans compress to little), not a ranged read per document piece
 TOKENS_KEPT = 64 << 20
@@ -79,7 +90,7 @@ class ShardMedia:
 
     offsets: np.ndarray
     meta: MediaMeta
-    layout: MediaLayout | None  # None when the shard is read whole
+    layout: MediaLayout | None  # None when the shard was read whole (or from the disk cache)
     tokens: np.ndarray | None = None  # the whole token stream, read by frames with the metadata when kept
 
 
@@ -102,6 +113,8 @@ class MediaReader:
         # shards' metadata another reader of this dataset read and checked (a DataLoader worker's parent's)
         self._meta: dict[int, ShardMedia] = dict(known or {})
         self._whole: OrderedDict[int, ShardView] = OrderedDict()
+        # per shard: the view its media bytes were found in, those bytes (the data buffer), the first item's offset
+        self._data: OrderedDict[int, tuple[ShardView, memoryview, int]] = OrderedDict()
         self._infos: dict[int, ShardInfo] = {}
         self._keep_tokens = int(manifest.shards.tokens.sum()) * self.dtype.itemsize <= TOKENS_KEPT
 
@@ -152,21 +165,20 @@ class MediaReader:
         if got is not None:
             return got
         info = self.info(s)
+        # a shard already in the node's disk cache: its metadata from the local file, no ranged reads
+        cached = self._in_cache(s) if self.manifest.media is not None and self._by_frames(info) else None
         if self.manifest.media is None:  # a dataset without media: its documents' offsets alone
             got = self._text_only(s, info)
-        elif self._by_frames(info):
+        elif self._by_frames(info) and cached is None:
             assert self.frames is not None
-            index = self.frames.index(info)
-            layout = media_layout(self.frames.raw(info, 0, index.offsets_pos), info)
-            if layout is None:
-                raise ShardFormatError(info.path, "the dataset has a media policy, the shard no media column")
+            layout = self._frames_layout(info)
             offsets = self.frames.offsets(info, 0, info.documents)
             a, b = layout.meta_range
             meta = layout.decode(self.frames.raw(info, a, b), info.path)
             tokens = self.frames.tokens(info, self.dtype, 0, info.tokens) if self._keep_tokens else None
             got = ShardMedia(offsets, meta, layout, tokens)
         else:
-            view = self._view(s)
+            view = cached if cached is not None else self._view(s)
             if MEDIA_COLUMN not in view.table.schema.names:
                 raise ShardFormatError(info.path, "the dataset has a media policy, the shard no media column")
             meta = MediaMeta.from_column(view.table.column(MEDIA_COLUMN), info.path)
@@ -176,6 +188,24 @@ class MediaReader:
             raise ShardFormatError(info.path, "its media column disagrees with the manifest's media counts")
         self._meta[s] = got
         return got
+
+    def _frames_layout(self, info: ShardInfo) -> MediaLayout:
+        """Where the media column's buffers lie in a shard read by frames (from its head)."""
+        assert self.frames is not None
+        index = self.frames.index(info)
+        layout = media_layout(self.frames.raw(info, 0, index.offsets_pos), info)
+        if layout is None:
+            raise ShardFormatError(info.path, "the dataset has a media policy, the shard no media column")
+        return layout
+
+    def _layout(self, s: int, info: ShardInfo) -> MediaLayout:
+        """Shard ``s``'s media layout for reading it by frames; read from its head when its metadata came from a
+        cached file that has since left the cache."""
+        sm = self.shard(s)
+        if sm.layout is None:
+            sm = self._meta[s] = dataclasses.replace(sm, layout=self._frames_layout(info))
+        assert sm.layout is not None
+        return sm.layout
 
     def _text_only(self, s: int, info: ShardInfo) -> ShardMedia:
         if self._by_frames(info):
@@ -219,13 +249,15 @@ class MediaReader:
             if not self._by_frames(info) or self._in_cache(s) is not None:
                 continue
             sm = self.shard(s)
+            frames = self._frames_for(info)  # the disk cache, if any, starts fetching the shard whole now
             # raw byte ranges given as uint8 "tokens" counted from the token buffer's start
-            base = self.frames.index(info).tokens_pos
+            base = frames.index(info).tokens_pos
             if sm.tokens is None:
                 ranges.append((info, a * self.dtype.itemsize, b * self.dtype.itemsize))
             lo, hi = int(sm.meta.data_offsets[j0]), int(sm.meta.data_offsets[j1])
-            if hi > lo and sm.layout is not None:
-                ranges.append((info, sm.layout.data_pos + lo - base, sm.layout.data_pos + hi - base))
+            if hi > lo:
+                data_pos = self._layout(s, info).data_pos
+                ranges.append((info, data_pos + lo - base, data_pos + hi - base))
         if ranges:
             self.frames.prefetch_tokens(ranges, np.dtype("u1"))
 
@@ -251,18 +283,32 @@ class MediaReader:
         lo, hi = int(meta.data_offsets[j0]), int(meta.data_offsets[j1])
         cached = self._in_cache(s)
         if cached is None and self._by_frames(info):
-            layout = self._meta[s].layout
-            assert layout is not None
+            data_pos = self._layout(s, info).data_pos
             frames = self._frames_for(info)
-            data = bytes(frames.raw(info, layout.data_pos + lo, layout.data_pos + hi)) if hi > lo else b""
-            base = lo
+            data = bytes(frames.raw(info, data_pos + lo, data_pos + hi)) if hi > lo else b""
         else:
-            column = (cached or self._view(s)).table.column(MEDIA_COLUMN).combine_chunks()
-            data, base = _data_bytes(column, lo, hi), lo
+            buffer, first = self._media_bytes(s, cached or self._view(s))
+            data = bytes(buffer[first + lo : first + hi])
+        base = lo
         return [
             meta.item(j, data[int(meta.data_offsets[j]) - base : int(meta.data_offsets[j + 1]) - base])
             for j in range(j0, j1)
         ]
+
+    def _media_bytes(self, s: int, view: ShardView) -> tuple[memoryview, int]:
+        """The media column's data buffer of shard ``s`` in ``view`` and where its first item starts in it, found
+        once per view (not per read: combining the column's chunks copies it)."""
+        kept = self._data.get(s)
+        if kept is not None and kept[0] is view:
+            self._data.move_to_end(s)
+            return kept[1], kept[2]
+        column = view.table.column(MEDIA_COLUMN)
+        data = item_arrays(column.chunk(0) if column.num_chunks == 1 else column.combine_chunks())[-1]
+        found = (memoryview(data.buffers()[2]), int(binary_offsets(data)[0]))
+        self._data[s] = (view, *found)
+        while len(self._data) > _DATA_KEPT:
+            self._data.popitem(last=False)
+        return found
 
 
 def _no_media(documents: int) -> MediaMeta:
@@ -270,11 +316,3 @@ def _no_media(documents: int) -> MediaMeta:
     none = np.zeros(0, dtype=np.int64)
     return MediaMeta(np.zeros(documents + 1, dtype=np.int64), none, none, [], [], none, none,
                      np.zeros(0, dtype=np.float64), none, np.zeros(1, dtype=np.int64))  # fmt: skip
-
-
-def _data_bytes(column: Any, lo: int, hi: int) -> bytes:
-    from ferry.shard_tools.format.media import binary_offsets, item_arrays
-
-    data = item_arrays(column)[-1]
-    first = int(binary_offsets(data)[0])
-    return bytes(memoryview(data.buffers()[2])[first + lo : first + hi])

@@ -278,3 +278,40 @@ def test_a_disk_cache_serves_a_remote_dataset_once_filled(samples: list[dict[str
     victim.write_bytes(bytes(spoilt))
     ds, got, _ = again()
     assert got == plain and ds.cache is not None and ds.cache.fetches == 1
+
+
+def test_metadata_of_cached_shards_comes_from_the_cache(samples: list[dict[str, Any]], tmp_path: Path) -> None:
+    """Shards already in the node cache give their metadata from the local file (no ranged read at all); a cached
+    shard that leaves the cache afterwards is read by frames again, its media layout then read from its head."""
+    import uuid
+
+    tar = write_tar(tmp_path / "in.tar", samples)
+    url = f"memory://media-{uuid.uuid4().hex}"
+    pack([str(tar)], url, PackOptions(tokenizer="bytes", media_policy=POLICY, shard_size=16 << 10, frame_size=4096))
+    cache = str(tmp_path / "cache")
+    plain = [(s["input_ids"].tolist(), [m.data for m in s["media"]]) for s in MediaDataset(url, SEQ, seed=1, epochs=1)]
+    filled = MediaDataset(url, SEQ, seed=1, epochs=1, cache_dir=cache)
+    for info in filled.manifest.shards:
+        assert filled.cache is not None
+        filled.cache.open(info).release()
+    ds = MediaDataset(url, SEQ, seed=1, epochs=1, cache_dir=cache)
+    ranged: list[int] = []
+    read_range = ds.replicas.read_range
+
+    def counted(info: Any, offset: int, length: int, **kw: Any) -> bytes:
+        ranged.append(length)
+        return read_range(info, offset, length, **kw)
+
+    ds.replicas.read_range = counted  # type: ignore[method-assign]  # every frame reader made from here on
+    ds.pieces()
+    assert ranged == []  # every shard's metadata came from its cached file
+    reader = ds.reader()
+    items = [reader.shard(s).meta.items for s in range(len(ds.manifest.shards))]
+    from_cache = [[m.data for m in reader.items(s, 0, n)] for s, n in enumerate(items)]
+    assert ranged == [] and [(s["input_ids"].tolist(), [m.data for m in s["media"]]) for s in ds] == plain
+    assert ds._cached is not None and ds.cache is not None
+    ds._cached.close()  # the leases go; the files then leave the cache
+    for info in ds.manifest.shards:
+        Path(ds.cache.path(info)).unlink()
+    assert [[m.data for m in reader.items(s, 0, n)] for s, n in enumerate(items)] == from_cache
+    assert ranged and all(reader.shard(s).layout is not None for s in range(len(items)))
