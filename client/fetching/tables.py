@@ -67,6 +67,7 @@ def cached_table(directory: str, table: Mapping[str, Any], fetch: Callable[[], b
     with contextlib.ExitStack() as held:
         try:
             os.makedirs(folder, exist_ok=True)
+            os.makedirs(os.path.join(directory, ".locks"), exist_ok=True)
             held.enter_context(flock_file(os.path.join(directory, ".locks", f"{_hex(table)}.table"), fcntl.LOCK_EX))
         except (OSError, CacheError):
             return fetch()  # no usable node cache here: read from storage as without one
