@@ -4,9 +4,10 @@ Replicas are given nearest first. Every request has a deadline; past it the same
 too, the first good answer wins and the others are cancelled (:func:`ferry.client.fetching.fetch.race`). Which
 replica is asked first, the deadlines, and what slow, failing, hung or partial replicas cost them is the
 :class:`ferry.client.fetching.health.ReplicaHealth` this object holds. Every stored shard is checked against the
-manifest (size, stored digest, decompressed size and raw digest) as it streams into the cache. Filesystems, thread
-pools and connections are per process, so the object can be pickled into DataLoader workers. A URL is printed (in
-errors, stats and states) as :func:`shown` makes it: without the user info and query string a URL may
+manifest (size, stored digest, decompressed size and raw digest) as it streams into the cache; with a ``cache_dir``
+the manifest's shard table is read through the node cache, once per node (:mod:`ferry.client.fetching.tables`).
+Filesystems, thread pools and connections are per process, so the object can be pickled into DataLoader workers. A URL
+is printed (in errors, stats and states) as :func:`shown` makes it: without the user info and query string a URL may
 carry credentials in.
 """
 
