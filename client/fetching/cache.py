@@ -2,7 +2,8 @@
 
 Layout: ``<cache_dir>/<raw digest hex>.arrow`` (content-addressed, so versions and
 replicas of a dataset share files), ``<cache_dir>/heads/<hex>.head`` (the first tokens of shards
-seen) and ``<cache_dir>/.locks/<hex>.{fetch,use}``.
+seen), ``<cache_dir>/tables/<hex>.arrow`` (the shard tables of manifests, read once per node: see
+:mod:`ferry.client.fetching.tables`) and ``<cache_dir>/.locks/<hex>.{fetch,use,table}``.
 
 - A shard is fetched whole from the first healthy replica, checked against the
   manifest, written to a temp name and renamed into place: a reader never sees a
@@ -11,7 +12,7 @@ seen) and ``<cache_dir>/.locks/<hex>.{fetch,use}``.
   find the file; ``flock(LOCK_SH)`` on ``.use`` is held for as long as a process has
   the shard mapped, and eviction takes ``LOCK_EX | LOCK_NB`` so it never removes a shard
   in use. Locks die with their process, so nothing leaks.
-- ``limit`` bounds every byte of the directory: shards, heads and downloads in progress. Beyond
+- ``limit`` bounds every byte of the directory: shards, heads, tables and downloads in progress. Beyond
   it heads over their share of the limit go first, then the least recently used shards (by
   mtime, touched on every open); see :meth:`ShardCache.evict`.
 - A temp file of a download whose process is gone (killed, preempted) is removed by the next
@@ -39,6 +40,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -49,11 +51,14 @@ from ferry.shard_tools.format.shard import ShardView, parse_shard
 from ferry.shard_tools.storage.store import TEMP_MARKER, temp_is_stale, temp_name
 
 from ..stats import COUNTERS
-from .replicas import Replicas
 
-__all__ = ["ShardCache", "Lease", "default_cache_dir"]
+if TYPE_CHECKING:  # replicas.py reads shard tables through this cache (tables.py)
+    from .replicas import Replicas
+
+__all__ = ["ShardCache", "Lease", "default_cache_dir", "flock_file", "TABLES"]
 
 _SUFFIX = ".arrow"
+TABLES = "tables"  # shard tables of manifests (see ferry.client.fetching.tables)
 _HEADS = "heads"  # the first tokens of shards seen, for the sample of the shard before that runs on into one
 _HEAD_SUFFIX = ".head"
 _HEAD_CHECK = 16  # bytes of the blake2b digest after a head's tokens
@@ -98,7 +103,7 @@ def _open_lock(path: str) -> int:
 
 
 @contextlib.contextmanager
-def _flock(path: str, mode: int) -> Iterator[int]:
+def flock_file(path: str, mode: int) -> Iterator[int]:
     fd = _open_lock(path)
     try:
         fcntl.flock(fd, mode)
@@ -286,7 +291,7 @@ class ShardCache:
         """
         if not bad and self._good(info):
             return
-        with _flock(self._lock(info, "fetch"), fcntl.LOCK_EX):
+        with flock_file(self._lock(info, "fetch"), fcntl.LOCK_EX):
             path = self.path(info)
             if not bad and self._good(info):
                 return  # another process fetched it while we waited
@@ -434,13 +439,21 @@ class ShardCache:
         return self._scan(self.directory, _SUFFIX)[0]
 
     def disk_bytes(self) -> int:
-        """Bytes of the cache's files: shards, kept heads and downloads in progress (what ``limit`` bounds)."""
+        """Bytes of the cache's files: shards, kept heads, shard tables and downloads in progress (what ``limit``
+        bounds)."""
         shards, pending = self._scan(self.directory, _SUFFIX)
         heads, head_pending = self._scan(self._heads_dir(), _HEAD_SUFFIX)
-        return pending + head_pending + sum(size for _, size, _ in shards + heads)
+        return pending + head_pending + self._table_bytes() + sum(size for _, size, _ in shards + heads)
+
+    def _table_bytes(self) -> int:
+        """Bytes of the shard tables kept beside the shards (and their downloads in progress): counted in the
+        limit, never evicted here (see :mod:`ferry.client.fetching.tables`, which keeps the last few)."""
+        tables, pending = self._scan(os.path.join(self.directory, TABLES), _SUFFIX)
+        return pending + sum(size for _, size, _ in tables)
 
     def evict(self, keep: str | None = None) -> None:
-        """Remove files until the cache fits ``limit``: shards, heads and downloads in progress together.
+        """Remove files until the cache fits ``limit``: shards, heads, shard tables and downloads in progress
+        together (tables count but are not removed here: the few kept are those of the versions read last).
 
         Heads first beyond their share of the limit (``1/_HEAD_SHARE``), oldest first; then shards, least
         recently used first (never one in use, nor ``keep``). Heads within their share stay when shards in
@@ -450,7 +463,7 @@ class ShardCache:
         heads, head_pending = self._scan(self._heads_dir(), _HEAD_SUFFIX)
         heads.sort()
         head_bytes = sum(size for _, size, _ in heads)
-        total = pending + head_pending + head_bytes + sum(size for _, size, _ in shards)
+        total = pending + head_pending + head_bytes + self._table_bytes() + sum(size for _, size, _ in shards)
         while heads and head_bytes > self.limit // _HEAD_SHARE:
             _, size, path = heads.pop(0)
             self._remove(path)

@@ -4,9 +4,10 @@ Replicas are given nearest first. Every request has a deadline; past it the same
 too, the first good answer wins and the others are cancelled (:func:`ferry.client.fetching.fetch.race`). Which
 replica is asked first, the deadlines, and what slow, failing, hung or partial replicas cost them is the
 :class:`ferry.client.fetching.health.ReplicaHealth` this object holds. Every stored shard is checked against the
-manifest (size, stored digest, decompressed size and raw digest) as it streams into the cache. Filesystems, thread
-pools and connections are per process, so the object can be pickled into DataLoader workers. A URL is printed (in
-errors, stats and states) as :func:`shown` makes it: without the user info and query string a URL may
+manifest (size, stored digest, decompressed size and raw digest) as it streams into the cache; with a ``cache_dir``
+the manifest's shard table is read through the node cache, once per node (:mod:`ferry.client.fetching.tables`).
+Filesystems, thread pools and connections are per process, so the object can be pickled into DataLoader workers. A URL
+is printed (in errors, stats and states) as :func:`shown` makes it: without the user info and query string a URL may
 carry credentials in.
 """
 
@@ -42,6 +43,7 @@ from ..stats import COUNTERS
 from .fetch import FetchOptions, RaceLost, ShardSink, race, start_read
 from .health import MANIFESTS, SHARDS, ReplicaHealth
 from .pools import DaemonPool, PriorityPool
+from .tables import cached_table
 
 __all__ = ["Replicas", "shown"]
 
@@ -105,8 +107,12 @@ class Replicas:
         storage_options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
         *,
         fetch: FetchOptions | Mapping[str, Any] | None = None,
+        cache_dir: str | None = None,
     ) -> None:
+        """``cache_dir``: the node cache (the loader's shard cache directory) that manifests' shard tables are
+        read through, once per node (see :mod:`ferry.client.fetching.tables`); None: each read from storage."""
         self.urls = _urls(urls)
+        self.cache_dir = None if cache_dir is None else os.path.abspath(cache_dir)
         self.names = [shown(u) for u in self.urls]  # what errors, stats and states show of each URL
         if storage_options is None or isinstance(storage_options, Mapping):
             self.options = [dict(storage_options or {}) for _ in self.urls]
@@ -294,20 +300,28 @@ class Replicas:
             except RaceLost as lost:
                 raise DatasetError(f"cannot read the dataset manifest from any replica: {self._lost(lost)}") from None
         table = Manifest.parse_header(header)["shard_table"]
+        if self.cache_dir is None or not table["bytes"]:
+            return Manifest.from_json(header, self._shard_table(table, i))
+        return Manifest.from_json(header, cached_table(self.cache_dir, table, lambda: self._shard_table(table, i)))
+
+    def _shard_table(self, table: Mapping[str, Any], first: int) -> bytes:
+        """The bytes of the manifest's shard table, checked against its size and digest, from replica ``first``
+        (the one that served the manifest) or the next that has it."""
 
         def matches(_i: int, data: bytes) -> None:
             if len(data) != table["bytes"] or digest_bytes(data) != table["digest"]:
                 raise ManifestError(f"shard table {table['path']} does not match its digest in the manifest")
 
-        order = [i, *[j for j in self.health.order(MANIFESTS) if j != i]]
+        order = [first, *[j for j in self.health.order(MANIFESTS) if j != first]]
         span, size = (0, table["bytes"]), table["bytes"]
+        if not size:
+            return b""
         try:
-            _, data = self._read(table["path"], span, size, order, kind=MANIFESTS, check=matches) if size else (i, b"")
+            return self._read(table["path"], span, size, order, kind=MANIFESTS, check=matches)[1]
         except RaceLost as lost:
             raise ManifestError(
                 f"cannot read the shard table {table['path']} named by the manifest: {self._lost(lost)}"
             ) from None
-        return Manifest.from_json(header, data)
 
     @staticmethod
     def _header_whole(_i: int, data: bytes) -> None:

@@ -112,7 +112,7 @@ class TokenDataset(SampleSource):
         limit = _cache_limit(cache_limit)
         if version is not None:
             checks.text("version", version)
-        self.replicas = Replicas(url, storage_options, fetch=fetch)
+        self.replicas = Replicas(url, storage_options, fetch=fetch, cache_dir=directory)  # tables once per node
         load = self.replicas.load_manifest
         self.manifest: Manifest = agreed_manifest(load, self.replicas.names, version) if agree else load(version)
         if self.prefetch_bytes is None and self.replicas.local(0):
