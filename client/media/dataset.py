@@ -105,14 +105,15 @@ class MediaDataset(MediaSource):
         for name, cap in (("max_images", max_images), ("max_frames", max_frames)):
             if cap is not None and cap < 0:
                 raise UsageError(f"MediaDataset: {name} must not be negative, got {cap}")
-        self.replicas = Replicas(url, storage_options)
+        directory = None if cache_dir is None else checks.path("cache_dir", cache_dir)
+        self.replicas = Replicas(url, storage_options, cache_dir=directory)  # the shard table once per node
         # under torch.distributed every rank reads the version rank 0 read (client.agree), as TokenDataset does
         self.manifest: Manifest = agreed_manifest(self.replicas.load_manifest, self.replicas.names, version)
         self.policy = self.manifest.media  # None: a dataset without media
         remote = not all(self.replicas.local(i) for i in range(len(self.replicas.urls)))
         self.cache = None
-        if cache_dir is not None and remote:
-            directory, limit = checks.path("cache_dir", cache_dir), checks.size("cache_limit", cache_limit)
+        if directory is not None and remote:
+            limit = checks.size("cache_limit", cache_limit)
             self.cache = ShardCache(directory, limit, self.replicas, dtype=self.manifest.token_dtype)
         self.seq_len, self.seed, self.shuffle = seq_len, seed, shuffle
         self.max_images, self.max_frames, self.open_bins = max_images, max_frames, open_bins

@@ -260,6 +260,8 @@ def test_a_disk_cache_serves_a_remote_dataset_once_filled(samples: list[dict[str
     assert rows[: len(plain)] == plain
     # every shard the worker read is in the cache, whole
     assert first.cache is not None and all(first.cache.present(info) for info in first.manifest.shards)
+    # and the shard table, which every later process of the node reads from there
+    assert [p.suffix for p in (Path(cache) / "tables").iterdir()] == [".arrow"]
 
     def again() -> tuple[MediaDataset, list[Any], int]:
         ds = MediaDataset(url, SEQ, seed=1, epochs=1, cache_dir=cache)
