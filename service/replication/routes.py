@@ -345,9 +345,13 @@ def plan_routes(
     spare = None if budget is None else budget - cheapest
     if spare is not None and spare < -1e-9 * max(1.0, cheapest):
         raise RouteError(f"no route fits the budget of {budget}: the cheapest plan costs {cheapest}")
-    excess = sum(w[3] - w[2] for w in work)
-    for members, packings, least, free in work:
-        allowed = None if spare is None else least + max(0.0, spare) * ((free - least) / excess if excess > 0 else 0.0)
+    # what each group set's free plan costs above its cheapest, never below 0: rounding makes some tiny and
+    # negative, and a share of the spare computed from those was negative too (a budget under the cheapest)
+    extras = [max(0.0, w[3] - w[2]) for w in work]
+    excess = sum(extras)
+    for (members, packings, least, _free), extra in zip(work, extras, strict=True):
+        share = extra / excess if excess > 0 else 1.0 / len(work)
+        allowed = None if spare is None else least + max(0.0, spare) * share
         options = _options(packings, members, allowed, deadline, rtt)
         if not options:
             raise RouteError(f"no route fits the budget of {budget} for groups held by {sorted(members[0].holders)}")

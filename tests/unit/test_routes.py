@@ -87,6 +87,25 @@ def test_a_budget_is_never_exceeded(topo: dict, fraction: float) -> None:
     check_exactly_once(plan, topo)
 
 
+def test_a_budget_above_the_free_plan_is_met_when_rounding_leaves_no_excess() -> None:
+    """Group sets whose free plan is also their cheapest: rounding left their excesses tiny and of both signs,
+    and one set was given a budget below its cheapest plan (an example hypothesis found)."""
+    only_a, both = frozenset({"c0"}), frozenset({"c0", "c1"})
+    sizes = [(1, only_a)] * 7 + [(1, both), (6, only_a), (2894484, both), (1, only_a)]
+    groups = [ShardGroup(f"g{i}", n, h) for i, (n, h) in enumerate(sizes)]
+    links = [
+        LinkSpec("c0", "c1", 1e8, 0.0, 0.0),
+        LinkSpec("c0", "c2", 1e8, 0.09, 0.0),
+        LinkSpec("c1", "c0", 1e8, 0.0, 0.0),
+    ]
+    caps = {c: NodeCaps(None, None) for c in ("c0", "c1", "c2")}
+    dests = ["c0", "c1", "c2"]
+    free = plan_routes(groups, dests, links, caps=caps)
+    plan = plan_routes(groups, dests, links, caps=caps, budget=free.cost * 1.5)
+    assert plan.cost <= free.cost * 1.5
+    check_exactly_once(plan, {"groups": groups, "destinations": dests, "links": links, "caps": caps})
+
+
 @given(topologies(), st.floats(1.0, 4.0))
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_a_deadline_buys_the_cheapest_plan_that_meets_it(topo: dict, slack: float) -> None:
