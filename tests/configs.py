@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Api", "Cluster", "FerryToml", "Limits", "Rule", "Staging", "Transfer", "toml_text"]
+__all__ = ["Api", "Cluster", "FerryToml", "Limits", "Rule", "Staging", "Swarm", "Transfer", "toml_text"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,15 @@ class Staging:
 
 
 @dataclass(frozen=True)
+class Swarm:
+    """``[swarm]``."""
+
+    enabled: bool | None = None
+    interval: float | None = None
+    stale_after: float | None = None
+
+
+@dataclass(frozen=True)
 class FerryToml:
     """A whole ``ferry.toml``."""
 
@@ -106,6 +115,7 @@ class FerryToml:
     scrub_interval: float | None = None
     cluster: str | None = None
     staging: Staging | None = None
+    swarm: Swarm | None = None
 
     def doc(self) -> dict[str, Any]:
         """The parsed form: what ``tomllib.loads(self.text())`` gives and ``parse_config`` takes."""

@@ -2,7 +2,9 @@
 ``tests/integration/test_fleet_chaos.py``.
 
 The fleet: three clusters in a chain, origin (a local directory) → hub (S3 on the moto server)
-→ far (a local directory), one ``ferry serve`` per cluster (``cluster = NAME``; retention
+→ far (a local directory), or with ``Topology.swarm`` origin → hub and far filling as a swarm
+(``[swarm] enabled``: far pulls shards from the hub while both fill a version, and the other way
+round), one ``ferry serve`` per cluster (``cluster = NAME``; retention
 ``keep_versions`` at the hub), a ``ferry sync HUB /nvme`` follower started again whenever none
 runs (the README's ``s3://… → /nvme`` pattern), ``ferry pack --append`` packers at the origin
 (some with other compression or frame size, some re-packing an input already packed, some in
@@ -48,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from configs import Api, Cluster, FerryToml, Limits, Rule
+from configs import Api, Cluster, FerryToml, Limits, Rule, Swarm
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASET = "corpus"
@@ -305,11 +307,13 @@ def write_inputs(directory: Path, n: int, seed: int, docs: int) -> list[Path]:
 
 @dataclass(frozen=True)
 class Topology:
-    """Where the clusters are: origin and far are directories under ``root``, hub is ``hub_base`` on S3."""
+    """Where the clusters are: origin and far are directories under ``root``, hub is ``hub_base`` on S3;
+    ``swarm``: origin → hub and far as one rule, filled as a swarm, instead of the chain."""
 
     root: Path
     hub_base: str
     storage_options: Mapping[str, Any]  # for the hub, in this process
+    swarm: bool = False
 
     def cluster_url(self, name: str) -> str:
         return self.hub_base if name == "hub" else str(self.root / name)
@@ -326,10 +330,13 @@ PRIORITIES = {"origin": {"origin": 1, "hub": 10, "far": 50}, "hub": {"hub": 1, "
 
 
 def daemon_config(topo: Topology, me: str, port: int, keep_versions: int) -> Path:
-    """ferry.toml of cluster ``me``'s daemon: rules origin → hub → far, fast polls, its own state."""
+    """ferry.toml of cluster ``me``'s daemon: rules origin → hub → far (or origin → hub and far as a
+    swarm), fast polls, its own state."""
+    chain = [Rule("origin", ["hub"], datasets="*"), Rule("hub", ["far"], datasets="*")]
     return FerryToml(
         clusters={c: Cluster(topo.cluster_url(c), priority=PRIORITIES[me][c]) for c in CLUSTERS},
-        rules=[Rule("origin", ["hub"], datasets="*"), Rule("hub", ["far"], datasets="*")],
+        rules=[Rule("origin", ["hub", "far"], datasets="*")] if topo.swarm else chain,
+        swarm=Swarm(enabled=True, interval=0.2, stale_after=2.0) if topo.swarm else None,
         limits=Limits(transfers=2, retries=3),
         api=Api(host="127.0.0.1", port=port),
         cluster=me,
@@ -670,6 +677,15 @@ def inv_no_process_left(procs: Procs) -> list[str]:
     return procs.lingering()
 
 
+def inv_swarm_exercised(peer_pulls: Mapping[str, int]) -> list[str]:
+    """With the swarm, the fillers copied from each other at least once (else the run tested the tree)."""
+    if not peer_pulls or any(n < 0 for n in peer_pulls.values()):
+        return [f"the fillers' transfer history could not be read: {dict(peer_pulls)}"]
+    if sum(peer_pulls.values()) == 0:
+        return ["no shard went from one filler to the other: the swarm was never exercised"]
+    return []
+
+
 def inv_verify(env: Mapping[str, str], topo: Topology) -> list[str]:
     """``ferry verify`` passes at every destination."""
     procs = {
@@ -727,6 +743,7 @@ class Fleet:
         self.loader_seed = seed % 1000
         self.reference: list[str] | None = None
         self.last_sync = -1.0
+        self.peer_pulls: dict[str, int] = {}  # with the swarm: copies each filler verified from the other
         self.notes: list[str] = []
         self.findings: dict[str, list[str]] = {}
         self.t0 = time.monotonic()
@@ -1026,12 +1043,29 @@ class Fleet:
             self.find("converge", [f"the last follower sync {last} left nvme at {read_version(self.locs['nvme'])}, "
                                    f"not {final}: {last.reason()}"])  # fmt: skip
         self.wait_role("loader", 120.0)
+        if self.topo.swarm:
+            self.peer_pulls = self.count_peer_pulls()
+            self.note(f"verified copies between the fillers (destination: count): {self.peer_pulls}")
         for job in self.daemons.values():
             self.send(job, signal.SIGTERM)
             self.terms.append((self.now() + TERM_GRACE_S, job))
         self.wait(lambda: not any(j.alive() for j in self.daemons.values()), TERM_GRACE_S)
         self.due_terms(float("inf"))
         self.wait(lambda: all("exit_checked" in j.meta for j in self.procs.jobs), EXIT_GRACE_S + 2.0)
+
+    def count_peer_pulls(self) -> dict[str, int]:
+        """Verified copies hub and far made from each other, from their daemons' transfer history (kept
+        in their state across restarts), or -1 where the history could not be read."""
+        out: dict[str, int] = {}
+        for me, peer in (("hub", "far"), ("far", "hub")):
+            try:
+                entries = http_get(self.ports[me], "/api/v1/history?limit=1000", 10.0)
+            except Exception as exc:  # noqa: BLE001 - reported by check()
+                self.note(f"cannot read the {me} daemon's history: {exc!r}"[:200])
+                out[me] = -1
+                continue
+            out[me] = sum(1 for e in entries if e.get("ok") and e.get("source") == peer)
+        return out
 
     def daemon_errors(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -1059,6 +1093,8 @@ class Fleet:
         self.find("flood_survived", inv_flood_survived(self.flood))
         self.find("verify", inv_verify(self.env, self.topo))
         self.find("no_process_left", inv_no_process_left(self.procs))
+        if self.topo.swarm:
+            self.find("swarm_exercised", inv_swarm_exercised(self.peer_pulls))
 
     def report(self) -> str:
         off = f", left out: {','.join(sorted(self.off))}" if self.off else ""

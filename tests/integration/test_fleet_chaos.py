@@ -1,7 +1,8 @@
 """Fleet chaos (issue 24): ferry's own fleet under a seeded schedule of faults.
 
 origin (a directory) → hub (S3, moto server over HTTP; ``keep_versions`` retention) → far (a
-directory), one ``ferry serve`` per cluster, a ``ferry sync`` follower of the hub into /nvme,
+directory), or origin → hub and far filled as a swarm, one ``ferry serve`` per cluster, a ``ferry
+sync`` follower of the hub into /nvme,
 ``ferry pack --append`` packers at the origin (other compression and frame sizes, re-packs,
 separate PID namespaces when run as root), loaders reading a pinned version through the
 replicas; SIGKILL, SIGTERM, SIGSTOP past the lease ttl, a slow-client flood on the hub's API.
@@ -12,7 +13,7 @@ verify`` passing everywhere, the daemons answering through the flood.
 
 ``FERRY_CHAOS_SEED=N`` replays a run's schedule (the seed is printed in every report);
 ``FERRY_CHAOS_OFF=repack,flood`` leaves kinds of actions out (see ``fleet.make_schedule``), to
-tell which one a finding needs.
+tell which one a finding needs. ``FERRY_CHAOS_REPORT=1`` prints the report of a run that passed too.
 """
 
 from __future__ import annotations
@@ -39,19 +40,28 @@ def _namespaces() -> tuple[bool, str]:
     return True, "some packers and syncs run in PID namespaces of their own"
 
 
-def _fleet(tmp_path: Path, s3_backend: Backend, sizes: Sizes, default_seed: int) -> None:
+def _fleet(tmp_path: Path, s3_backend: Backend, sizes: Sizes, default_seed: int, *, swarm: bool = False) -> None:
     seed = int(os.environ.get("FERRY_CHAOS_SEED", default_seed))
     namespaces, why = _namespaces()
-    print(f"fleet chaos: seed {seed}; {why}")
-    topo = Topology(tmp_path, s3_backend.base, s3_backend.storage_options)
+    print(f"fleet chaos{' (swarm)' if swarm else ''}: seed {seed}; {why}")
+    topo = Topology(tmp_path, s3_backend.base, s3_backend.storage_options, swarm=swarm)
     off = frozenset(filter(None, os.environ.get("FERRY_CHAOS_OFF", "").split(",")))
     fleet = run_fleet(topo, sizes, seed, dict(os.environ), namespaces, off)
+    if os.environ.get("FERRY_CHAOS_REPORT"):
+        print(fleet.report())
     assert not fleet.findings, f"{why}\n{fleet.report()}"
 
 
 @pytest.mark.timeout(300)
 def test_fleet_chaos(tmp_path: Path, s3_backend: Backend) -> None:
     _fleet(tmp_path, s3_backend, BOUNDED, 20261202)
+
+
+@pytest.mark.timeout(300)
+def test_fleet_chaos_swarm(tmp_path: Path, s3_backend: Backend) -> None:
+    """The same faults with hub and far filling each version as a swarm: far pulls from the hub's
+    unpublished shards while the hub's retention runs and its daemon is killed, stopped and flooded."""
+    _fleet(tmp_path, s3_backend, BOUNDED, 20261205, swarm=True)
 
 
 @pytest.mark.soak
