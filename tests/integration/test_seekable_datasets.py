@@ -19,6 +19,7 @@ import torch
 from ferry.client.fetching.pools import DaemonPool
 from ferry.client.stream.dataset import TokenDataset
 from ferry.client.stream.loader import TokenLoader
+from ferry.client.stream.reader import FRAMES_FIRST_MIN
 from ferry.service.replication.engine import Engine
 from ferry.service.replication.state import State
 from ferry.service.transfer.executor import Executor
@@ -227,6 +228,24 @@ def test_flipped_byte_named_by_verify_and_caught_by_the_loader(tmp_path: Path, c
     both.close()
 
 
+@pytest.mark.parametrize("shuffle", ["window", "global"])
+def test_a_cold_epoch_over_shards_of_few_frames_reads_each_shard_once(tmp_path: Path, shuffle: str) -> None:
+    """Shards of at most FRAMES_FIRST_MIN frames are fetched whole at once: read by frames first (as a bigger
+    shard is) they cost up to twice their stored bytes, since their whole fetch follows anyway."""
+    out = str(tmp_path / "ds")
+    inputs, opts = write_input("parquet", tmp_path, make_docs(2000, 6))
+    pack(inputs, out, PackOptions(shard_size=2 * FRAME, stored_format=3, frame_size=FRAME, **opts))
+    m = open_dataset(out).manifest
+    assert len(m.shards) >= 4 and int(m.shards.raw_bytes.max()) <= FRAMES_FIRST_MIN * FRAME
+    ds = TokenDataset(out, seq_len=64, seed=3, shuffle=shuffle, window=2, cache_dir=str(tmp_path / "c"))
+    loader = TokenLoader(ds, batch_size=8)
+    batches = sum(1 for _ in loader)
+    stats = loader.stats()
+    assert batches > 0 and ds.reader.frames is not None and ds.reader.frames.stats.frames == 0
+    assert stats["downloaded_bytes"] == int(m.shards.stored_bytes.sum())
+    ds.close()
+
+
 def test_cold_first_batch_reads_only_the_frames_it_touches(tmp_path: Path) -> None:
     out = str(tmp_path / "ds")
     inputs, opts = write_input("parquet", tmp_path, make_docs(2000, 6))
@@ -242,9 +261,13 @@ def test_cold_first_batch_reads_only_the_frames_it_touches(tmp_path: Path) -> No
     # which frames those samples touch, computed here from the manifest and the frame indexes
     m = ds.manifest
     touched: set[tuple[int, int]] = set()
+    whole: set[int] = set()  # shards of at most FRAMES_FIRST_MIN frames (the last one here): fetched whole at once
     for start in (ds.sample_ids(positions) * seq).tolist():
         for tok in (start, start + seq):
             s = int(np.searchsorted(m.shards.token_offsets, tok, side="right")) - 1
+            if m.shards[s].raw_bytes <= FRAMES_FIRST_MIN * FRAME:
+                whole.add(s)
+                continue
             index = ds.reader.frames.index(m.shards[s])  # type: ignore[union-attr]
             local = tok - int(m.shards.token_offsets[s])
             touched.add((s, (index.tokens_pos + 2 * local) // index.frame_size))
@@ -253,7 +276,7 @@ def test_cold_first_batch_reads_only_the_frames_it_touches(tmp_path: Path) -> No
     # and each shard's frame 0 for its Arrow head, which the frame index is checked against
     assert stats.frames == len(touched) + len({s for s, _ in touched}) < total_frames // 4
     assert stats.index_reads == len({s for s, _ in touched}) == len(scheduled)
-    assert sorted(scheduled) == sorted({s for s, _ in touched}) and ds.cache.fetches == 0
+    assert sorted(scheduled) == sorted({s for s, _ in touched}) and ds.cache.fetches == len(whole)
     ref = TokenDataset(out, seq_len=seq, seed=3, shuffle="global", cache_dir=str(tmp_path / "c-ref"))
     ref.reader.frames = None  # whole shards through the cache, as format 1 reads them
     assert np.array_equal(batch, np.asarray(ref.payload(positions)["windows"]))
