@@ -37,6 +37,7 @@ from .names import name_problem
 from .records import (
     ClusterInfo,
     DatasetInfo,
+    Egress,
     ErrorInfo,
     HistoryEntry,
     LimitsInfo,
@@ -554,6 +555,10 @@ class Daemon:
     def copied_bytes(self) -> dict[tuple[str, str, str], int]:
         """Verified bytes copied since start, keyed (dataset, source, destination)."""
         return self._stats.copied_bytes()
+
+    def egress(self) -> list[Egress]:
+        """Bytes the last versions sent over each link into this daemon's destinations (every copy attempt's)."""
+        return self.state.egress()
 
     def version_timings(self) -> list[VersionTiming]:
         """When each version was wanted at each destination and when it was published there."""

@@ -28,6 +28,7 @@ __all__ = [
     "HistoryEntry",
     "ErrorInfo",
     "VersionTiming",
+    "Egress",
     "ErrorCount",
     "StatsSnapshot",
     "LimitsInfo",
@@ -77,6 +78,19 @@ class DatasetInfo:
     bytes: int
     tokens: int
     replicas: list[ReplicaStatus] = field(default_factory=list)  # one per cluster incl. the source
+
+
+@dataclass(frozen=True)
+class Egress:
+    """Bytes a version of a dataset sent from ``source`` to ``destination`` (every copy attempt's), by the
+    last time one was added."""
+
+    dataset: str
+    version: str
+    source: str
+    destination: str
+    bytes: int
+    last: float
 
 
 @dataclass(frozen=True)

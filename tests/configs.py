@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Api", "Cluster", "FerryToml", "Limits", "Rule", "Staging", "Swarm", "Transfer", "toml_text"]
+__all__ = ["Api", "Cluster", "FerryToml", "Limits", "Link", "Rule", "Staging", "Swarm", "Transfer", "toml_text"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,17 @@ class Rule:
     source: str
     to: Sequence[str] | str
     datasets: str | None = None
+
+
+@dataclass(frozen=True)
+class Link:
+    """One ``[[links]]`` entry: ``source`` is written as ``from``; ``capacity`` as ferry.toml writes rates."""
+
+    source: str | Sequence[str]
+    to: str | Sequence[str]
+    capacity: str | float | None = None
+    price_per_gb: float | None = None
+    rtt: float | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +117,7 @@ class FerryToml:
 
     clusters: Mapping[str, Cluster]
     rules: Sequence[Rule]
+    links: Sequence[Link] | None = None
     limits: Limits | None = None
     transfer: Transfer | None = None
     api: Api | None = None

@@ -25,6 +25,7 @@ __all__ = [
     "HistoryEntry",
     "Limits",
     "Link",
+    "LinkEgress",
     "OtherWriter",
     "ReplicaCell",
     "ReplicaMatrix",
@@ -160,6 +161,17 @@ class ErrorEntry:
 
 
 @dataclass(frozen=True)
+class LinkEgress:
+    """Bytes one version of a dataset sent over a link (every copy attempt's, as this daemon counted them), and
+    their price at the link's ``price_per_gb``."""
+
+    dataset: str
+    version: str
+    bytes: int
+    cost: float
+
+
+@dataclass(frozen=True)
 class Link:
     source: str
     destination: str
@@ -170,6 +182,9 @@ class Link:
     share_within_sla: float | None
     limit_bps: float | None
     rate_bps: float
+    capacity_bps: float | None = None
+    price_per_gb: float = 0.0
+    egress: list[LinkEgress] = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True)

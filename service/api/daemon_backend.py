@@ -20,6 +20,8 @@ from ferry.shard_tools.errors import ConfigError, NotFoundError, UsageError
 from ferry.shard_tools.threadname import start_named_thread
 
 from ..config import ApiConfig
+from ..records import Egress
+from ..replication.routes import GB
 from .backend import Invalid
 from .models import (
     ActionResult,
@@ -31,6 +33,7 @@ from .models import (
     HistoryEntry,
     LimitsIn,
     LimitsOut,
+    LinkEgressOut,
     LinkOut,
     OtherWriterOut,
     ReplicaCell,
@@ -239,9 +242,17 @@ class DaemonBackend:
             if link is not None and cell.role == "destination":
                 lag[link] = max(lag.get(link, 0.0), float(cell.lag_seconds or 0.0))
         totals = sla_counts(self._d.version_timings(), of, sla_s, now)
+        specs = self._d.config.link_specs
+        egress: dict[tuple[str, str], list[Egress]] = {}
+        for e in self._d.egress():
+            egress.setdefault((e.source, e.destination), []).append(e)
+        # the rules' links, then any other link copies went over (a swarm peer, a nearer replica)
+        links = list(dict.fromkeys([*self._d.config.links(), *rates, *egress]))
         out = []
-        for src, dst in self._d.config.links():
+        for src, dst in links:
             total, within = totals.get((src, dst), (0, 0))
+            spec = specs.get((src, dst))
+            price = spec.price_per_gb if spec is not None else 0.0
             out.append(
                 LinkOut(
                     source=src,
@@ -253,6 +264,12 @@ class DaemonBackend:
                     share_within_sla=(within / total) if total else None,
                     limit_bps=lim.links.get(f"{src}->{dst}"),
                     rate_bps=rates.get((src, dst), 0.0),
+                    capacity_bps=spec.capacity if spec is not None else None,
+                    price_per_gb=price,
+                    egress=[
+                        LinkEgressOut(dataset=e.dataset, version=e.version, bytes=e.bytes, cost=e.bytes / GB * price)
+                        for e in egress.get((src, dst), [])
+                    ],
                 )
             )
         return out

@@ -16,6 +16,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
 
 from ferry.client.service import service_types as wire
 
+from ..replication.state import EGRESS_VERSIONS
 from .auth import NAME_MAX_LENGTH, NAME_PATTERN
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "HistoryEntry",
     "LimitsIn",
     "LimitsOut",
+    "LinkEgressOut",
     "LinkOut",
     "ReplicaCell",
     "ReplicaMatrix",
@@ -99,6 +101,7 @@ if TYPE_CHECKING:  # to a type checker each model is its record (the same fields
     from ferry.client.service.service_types import Cluster as ClusterOut
     from ferry.client.service.service_types import Limits as LimitsOut
     from ferry.client.service.service_types import Link as LinkOut
+    from ferry.client.service.service_types import LinkEgress as LinkEgressOut
     from ferry.client.service.service_types import OtherWriter as OtherWriterOut
     from ferry.client.service.service_types import Status as StatusOut
     from ferry.client.service.service_types import Throughput as ThroughputOut
@@ -149,13 +152,24 @@ else:
     ErrorEntry = response_model(
         wire.ErrorEntry, "ErrorEntry", "An open replication error.", cluster={"description": "destination cluster"}
     )
+    LinkEgressOut = response_model(
+        wire.LinkEgress,
+        "LinkEgressOut",
+        "Bytes one version sent over a link, every copy attempt's (as this daemon counted them), and their price.",
+        bytes={"ge": 0},
+        cost={"description": "bytes / 10^9 × the link's price_per_gb", "ge": 0},
+    )
     LinkOut = response_model(
         wire.Link,
         "LinkOut",
-        "One source → destination link: lag, SLA attainment and bandwidth limit.",
+        "One source → destination link: lag, SLA attainment, bandwidth limit, rate and egress. A rule's link, or any "
+        "other link copies into this daemon's destinations went over (a swarm peer, a nearer replica).",
         share_within_sla={"description": "fraction of versions replicated within the SLA; null if none yet"},
         limit_bps={"description": "bandwidth limit of the link in bytes/s; null = unlimited"},
         rate_bps={"description": "current copy rate in bytes/s"},
+        capacity_bps={"description": "capacity [[links]] declares, in bytes/s (what the route planner plans with)"},
+        price_per_gb={"description": "egress price [[links]] declares, per 10^9 bytes (0 when none)"},
+        egress={"description": f"the last versions (up to {EGRESS_VERSIONS}) that sent bytes over it, newest first"},
     )
     ThroughputPoint = response_model(
         wire.ThroughputPoint, "ThroughputPoint", "Bytes per second averaged over one bucket ending at ``t``."

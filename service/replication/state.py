@@ -47,13 +47,14 @@ import pyarrow.compute as pc
 from ferry.shard_tools.errors import ConfigError
 from ferry.shard_tools.threadname import start_named_thread
 
-from ..records import ErrorInfo, HistoryEntry, ScrubReport, VersionTiming
+from ..records import Egress, ErrorInfo, HistoryEntry, ScrubReport, VersionTiming
 from .columns import EMPTY_STRINGS, common_prefix, strings
 
 __all__ = [
     "State",
     "DB_NAME",
     "SCHEMA_VERSION",
+    "EGRESS_VERSIONS",
     "BATCH_STATEMENTS",
     "BATCH_SECONDS",
     "pack_paths",
@@ -82,6 +83,9 @@ CREATE TABLE IF NOT EXISTS bad (
 CREATE TABLE IF NOT EXISTS transfers (
     id INTEGER PRIMARY KEY AUTOINCREMENT, dataset TEXT, version TEXT, path TEXT, src TEXT, dst TEXT,
     bytes INTEGER, started REAL, duration REAL, ok INTEGER, error TEXT);
+CREATE TABLE IF NOT EXISTS egress (
+    dataset TEXT NOT NULL, version TEXT NOT NULL, src TEXT NOT NULL, dst TEXT NOT NULL, bytes INTEGER NOT NULL,
+    last REAL NOT NULL, PRIMARY KEY (dataset, version, src, dst)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS versions (
     dataset TEXT NOT NULL, cluster TEXT NOT NULL, version TEXT NOT NULL, first_seen REAL NOT NULL, completed REAL,
     PRIMARY KEY (dataset, cluster, version));
@@ -105,6 +109,12 @@ _MIGRATIONS: dict[int, str] = {
 }
 _FOLD_AT = 64  # rows of one (dataset, cluster) in verified_sets that verified_paths folds into one
 _KEEP_TRANSFERS = 100_000
+EGRESS_VERSIONS = 5  # versions per link that State.egress returns (the table keeps every version's row)
+_EGRESS_SQL = (
+    "INSERT INTO egress (dataset, version, src, dst, bytes, last) VALUES (?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (dataset, version, src, dst) DO UPDATE SET bytes = egress.bytes + excluded.bytes, "
+    "last = MAX(egress.last, excluded.last)"
+)
 BATCH_STATEMENTS = 256  # buffered statements (4 per copied shard) that trigger a commit
 BATCH_SECONDS = 0.1  # the ferry-state thread commits a buffer this long after its first statement
 
@@ -521,14 +531,27 @@ class State:
         self, dataset: str, version: str, path: str, src: str, dst: str, nbytes: int, started: float,
         duration: float, ok: bool, error: str | None,
     ) -> None:  # fmt: skip
-        self._defer(
+        statements: list[tuple[str, Sequence[Any]]] = [
             (
                 "INSERT INTO transfers (dataset, version, path, src, dst, bytes, started, duration, ok, error) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (dataset, version, path, src, dst, int(nbytes), float(started), float(duration), int(ok), error),
             )
-        )
+        ]
+        if nbytes > 0 and src != dst:  # what the link carried, kept per version (the history is trimmed)
+            statements.append((_EGRESS_SQL, (dataset, version, src, dst, int(nbytes), float(started + duration))))
+        self._defer(*statements)
         self._trim()
+
+    def egress(self, per_link: int = EGRESS_VERSIONS) -> list[Egress]:
+        """Bytes each version sent over each link, the ``per_link`` versions last added to per link, newest
+        first."""
+        rows = self._x(
+            "SELECT dataset, version, src, dst, bytes, last FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY src, dst "
+            "ORDER BY last DESC) AS n FROM egress) WHERE n <= ? ORDER BY src, dst, last DESC",
+            (per_link,),
+        )
+        return [Egress(r[0], r[1], r[2], r[3], int(r[4]), float(r[5])) for r in rows]
 
     def history(self, limit: int = 100, dataset: str | None = None) -> list[HistoryEntry]:
         where, args = ("WHERE dataset=?", [dataset]) if dataset else ("", [])

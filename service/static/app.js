@@ -201,6 +201,16 @@ function drawTransfers() {
   $("transfers-count").textContent = rows.length ? `(${rows.length})` : "";
 }
 
+// The newest version's egress over a link (bytes, and their price where [[links]] sets one); the rest in the title.
+function egressCell(l) {
+  const [last, ...older] = l.egress || [];
+  if (!last) return el("td", { class: "num", text: "—" });
+  const one = (e) => fmtBytes(e.bytes) + (l.price_per_gb ? ` · $${e.cost.toFixed(2)}` : "");
+  const title = [last, ...older].map((e) => `${e.dataset} ${short(e.version)}: ${one(e)}`).join("\n");
+  return el("td", { class: "num", title, "data-egress": String(last.bytes) }, `${one(last)} `,
+    el("span", { class: "hint", text: short(last.version) }));
+}
+
 function renderLinks(links) {
   state.links = links;
   const slaS = (state.status?.sla_minutes ?? 60) * 60;
@@ -214,7 +224,8 @@ function renderLinks(links) {
         el("div", { class: "track", "aria-hidden": "true" }, el("div", { class: "fill", style: `width:${(share ?? 0) * 100}%` })),
         el("span", { text: shareTxt + ` in ${l.sla_minutes} min` }))),
       el("td", { class: "num", text: fmtRate(l.rate_bps) }),
-      el("td", { class: "num", text: l.limit_bps ? fmtRate(l.limit_bps) : "—" }));
+      el("td", { class: "num", text: l.limit_bps ? fmtRate(l.limit_bps) : "—" }),
+      egressCell(l));
   });
   $("links").tBodies[0].replaceChildren(...rows);
 }

@@ -7,7 +7,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from configs import Link
 from helpers import TOKEN, Service, pack, running_service, wait_until
+
+from ferry.shard_tools.dataset import load_manifest
+from ferry.shard_tools.storage.store import resolve
 
 
 @pytest.fixture
@@ -20,6 +24,29 @@ def _synced(svc: Service, name: str = "corpus") -> str:
     res = pack(svc.east(name))
     wait_until(lambda: svc.west_version(name) == res.version_id, what="west to publish the version")
     return res.version_id
+
+
+def test_links_show_capacity_price_and_each_versions_egress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``[[links]]`` capacity and price reach /links, and each version's egress is the bytes of the shards it
+    added, priced at the link's price: the append sends only its new shards."""
+    links = [Link("east", "west", capacity="10MiB/s", price_per_gb=0.09)]
+    with running_service(tmp_path, monkeypatch, links=links) as svc:
+        first = _synced(svc)
+        added = pack(svc.east("corpus"), seed=1, append=True)
+        wait_until(lambda: svc.west_version("corpus") == added.version_id, what="west to publish the append")
+        shards = load_manifest(resolve(svc.east("corpus"))).shards
+        old = {s.path for s in load_manifest(resolve(svc.east("corpus")), first).shards}
+        new_bytes = sum(s.stored_bytes for s in shards if s.path not in old)
+        http = httpx.Client(base_url=svc.url)
+        [link] = wait_until(lambda: (ln := http.get("/api/v1/links").json()) and len(ln[0]["egress"]) == 2 and ln,
+                            timeout=5, what="two egress rows")  # fmt: skip
+        assert (link["capacity_bps"], link["price_per_gb"]) == (10 * 2**20, 0.09)
+        assert [(e["version"], e["bytes"]) for e in link["egress"]] == [
+            (added.version_id, new_bytes), (first, sum(s.stored_bytes for s in shards if s.path in old))
+        ]  # fmt: skip
+        for e in link["egress"]:
+            assert e["cost"] == pytest.approx(e["bytes"] / 1e9 * 0.09)
+        assert svc.client.links()[0].egress[0].bytes == new_bytes  # the typed client reads them too
 
 
 def test_read_endpoints_describe_a_finished_sync(svc: Service) -> None:
@@ -54,6 +81,10 @@ def test_read_endpoints_describe_a_finished_sync(svc: Service) -> None:
 
     links = http.get("/api/v1/links").json()
     assert [(ln["source"], ln["destination"], ln["lag_seconds"]) for ln in links] == [("east", "west", 0.0)]
+    # what the version sent over the link: every shard's stored bytes, once (no [[links]]: no price, no capacity)
+    egress = wait_until(lambda: http.get("/api/v1/links").json()[0]["egress"], timeout=5, what="the egress row")
+    assert egress == [{"dataset": "corpus", "version": version, "bytes": detail["bytes"], "cost": 0.0}]
+    assert (links[0]["price_per_gb"], links[0]["capacity_bps"]) == (0.0, None)
     # the version reached west well within the 1-minute SLA of the test config (the event may still be in flight)
     sla = wait_until(lambda: (ln := http.get("/api/v1/links").json()[0])["versions_total"] and ln, timeout=5)
     assert (sla["versions_total"], sla["versions_within_sla"], sla["share_within_sla"]) == (1, 1, 1.0)

@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 from helpers import TOKEN, pack, running_service, wait_until
 
+from ferry.shard_tools.dataset import load_manifest
+from ferry.shard_tools.storage.store import resolve
+
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 ARGS = [
@@ -129,6 +132,11 @@ def test_matrix_and_transfers_update_live_without_reload(page, tmp_path: Path, m
             "!document.querySelector('#chart-desc').textContent.startsWith('now 0 B/s · peak 0 B/s')", timeout=15_000
         )
         assert page.locator("#links tbody tr").first.inner_text().startswith("east → west")
+        # the link's egress for the version: every shard's stored bytes, the version named beside them
+        stored = sum(s.stored_bytes for s in load_manifest(resolve(svc.east("corpus"))).shards)
+        page.wait_for_function(f"document.querySelector('#links td[data-egress]')?.dataset.egress === '{stored}'",
+                               timeout=15_000)  # fmt: skip
+        assert res.version_id[:10] in page.locator("#links td[data-egress]").first.inner_text()
         _shot(page, "complete")
 
 

@@ -127,7 +127,7 @@ def test_fill_within_a_stated_factor_of_the_max_flow_bound(topo: dict) -> None:
     plan = plan_routes(topo["groups"], topo["destinations"], topo["links"])
     total = sum(g.size for g in topo["groups"])
     rate = sum(t.rate for t in plan.trees)
-    assert rate >= total / plan.lower_bound_s / BOUND_FACTOR
+    assert rate * (1 + 1e-9) >= total / plan.lower_bound_s / BOUND_FACTOR  # at exactly the factor, float rounding
     depth = max(t.depth(d) for t in plan.trees for d in t.parent)
     largest = max(g.size for g in topo["groups"])
     slowest = min(t.rate for t in plan.trees if t.rate > 0)

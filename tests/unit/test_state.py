@@ -17,6 +17,7 @@ from ferry.service.replication.state import (
     BATCH_SECONDS,
     BATCH_STATEMENTS,
     DB_NAME,
+    EGRESS_VERSIONS,
     SCHEMA_VERSION,
     State,
     fold_sets,
@@ -178,4 +179,22 @@ def test_an_unreadable_verified_set_is_forgotten_not_trusted(tmp_path: Path, cap
     assert state.verified("ds", "east") == {"shards/a"}
     state.shard_verified("ds", "v1", "west", "shards/b", attempts=1, size=1)
     assert state.verified("ds", "west") == {"shards/b"}
+    state.close()
+
+
+def test_egress_adds_every_attempts_bytes_per_version_and_link_and_keeps_the_newest(tmp_path: Path) -> None:
+    state = State(tmp_path / "state")
+    t = 1000.0
+    for i in range(EGRESS_VERSIONS + 2):  # v0 .. v6 over east->west, one after the other
+        state.record_transfer("ds", f"v{i}", "shards/a", "east", "west", 100, t + i, 1.0, True, None)
+        state.record_transfer("ds", f"v{i}", "shards/b", "east", "west", 40, t + i, 0.5, False, "reset")  # failed
+    state.record_transfer("ds", "v6", "shards/b", "hub", "west", 60, t + 9, 0.5, True, None)  # a peer, once
+    state.record_transfer("ds", "v6", "shards/c", "west", "west", 70, t + 9, 0.5, True, None)  # in place: no link
+    state.record_transfer("ds", "v6", "shards/d", "east", "west", 0, t + 9, 0.1, False, "refused")  # no bytes
+    state.close()
+    state = State(tmp_path / "state")  # kept across a restart
+    got = [(e.source, e.destination, e.version, e.bytes) for e in state.egress()]
+    newest = [("east", "west", f"v{i}", 140) for i in range(EGRESS_VERSIONS + 1, 1, -1)]
+    assert got == [*newest, ("hub", "west", "v6", 60)]
+    assert [e.version for e in state.egress(per_link=2)] == ["v6", "v5", "v6"]
     state.close()
