@@ -29,6 +29,7 @@ __all__ = [
     "ErrorInfo",
     "VersionTiming",
     "Egress",
+    "EGRESS_VERSIONS",
     "ErrorCount",
     "StatsSnapshot",
     "LimitsInfo",
@@ -78,6 +79,9 @@ class DatasetInfo:
     bytes: int
     tokens: int
     replicas: list[ReplicaStatus] = field(default_factory=list)  # one per cluster incl. the source
+
+
+EGRESS_VERSIONS = 5  # versions per link the daemon reports egress for (its State keeps every version's row)
 
 
 @dataclass(frozen=True)

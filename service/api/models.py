@@ -16,7 +16,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
 
 from ferry.client.service import service_types as wire
 
-from ..replication.state import EGRESS_VERSIONS
+from ..records import EGRESS_VERSIONS
 from .auth import NAME_MAX_LENGTH, NAME_PATTERN
 
 __all__ = [

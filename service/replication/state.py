@@ -47,7 +47,7 @@ import pyarrow.compute as pc
 from ferry.shard_tools.errors import ConfigError
 from ferry.shard_tools.threadname import start_named_thread
 
-from ..records import Egress, ErrorInfo, HistoryEntry, ScrubReport, VersionTiming
+from ..records import EGRESS_VERSIONS, Egress, ErrorInfo, HistoryEntry, ScrubReport, VersionTiming
 from .columns import EMPTY_STRINGS, common_prefix, strings
 
 __all__ = [
@@ -109,7 +109,6 @@ _MIGRATIONS: dict[int, str] = {
 }
 _FOLD_AT = 64  # rows of one (dataset, cluster) in verified_sets that verified_paths folds into one
 _KEEP_TRANSFERS = 100_000
-EGRESS_VERSIONS = 5  # versions per link that State.egress returns (the table keeps every version's row)
 _EGRESS_SQL = (
     "INSERT INTO egress (dataset, version, src, dst, bytes, last) VALUES (?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (dataset, version, src, dst) DO UPDATE SET bytes = egress.bytes + excluded.bytes, "
