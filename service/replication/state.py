@@ -54,7 +54,6 @@ __all__ = [
     "State",
     "DB_NAME",
     "SCHEMA_VERSION",
-    "EGRESS_VERSIONS",
     "BATCH_STATEMENTS",
     "BATCH_SECONDS",
     "pack_paths",

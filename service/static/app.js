@@ -203,10 +203,11 @@ function drawTransfers() {
 
 // The newest version's egress over a link (bytes, and their price where [[links]] sets one); the rest in the title.
 function egressCell(l) {
-  const [last, ...older] = l.egress || [];
+  const all = l.egress || [];
+  const last = all[0];
   if (!last) return el("td", { class: "num", text: "—" });
   const one = (e) => fmtBytes(e.bytes) + (l.price_per_gb ? ` · $${e.cost.toFixed(2)}` : "");
-  const title = [last, ...older].map((e) => `${e.dataset} ${short(e.version)}: ${one(e)}`).join("\n");
+  const title = all.map((e) => `${e.dataset} ${short(e.version)}: ${one(e)}`).join("\n");
   return el("td", { class: "num", title, "data-egress": String(last.bytes) }, `${one(last)} `,
     el("span", { class: "hint", text: short(last.version) }));
 }

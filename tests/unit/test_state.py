@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ferry.service.records import EGRESS_VERSIONS
 from ferry.service.replication.columns import strings
 from ferry.service.replication.planner import SourceColumns
 from ferry.service.replication.state import (
@@ -17,7 +18,6 @@ from ferry.service.replication.state import (
     BATCH_SECONDS,
     BATCH_STATEMENTS,
     DB_NAME,
-    EGRESS_VERSIONS,
     SCHEMA_VERSION,
     State,
     fold_sets,
