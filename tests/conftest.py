@@ -19,15 +19,20 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from hypothesis import settings as hypothesis_settings
 
 from ferry.shard_tools.cli import main
 
 # Property tests draw the same examples every run, so that a failure in CI is one a developer gets again;
-# FERRY_HYPOTHESIS=explore draws new ones each run, to look for more.
-hypothesis_settings.register_profile("repeatable", derandomize=True)
-hypothesis_settings.register_profile("explore", derandomize=False)
-hypothesis_settings.load_profile("explore" if os.environ.get("FERRY_HYPOTHESIS") == "explore" else "repeatable")
+# FERRY_HYPOTHESIS=explore draws new ones each run, to look for more. The torchtitan venv runs one file
+# with no property tests and has no hypothesis.
+try:
+    from hypothesis import settings as hypothesis_settings
+except ModuleNotFoundError:
+    pass
+else:
+    hypothesis_settings.register_profile("repeatable", derandomize=True)
+    hypothesis_settings.register_profile("explore", derandomize=False)
+    hypothesis_settings.load_profile("explore" if os.environ.get("FERRY_HYPOTHESIS") == "explore" else "repeatable")
 
 # gcsfs's experimental filesystem (on by default) asks the endpoint for the bucket's type over gRPC
 # with TLS before many operations; fake-gcs-server speaks neither, and every such call waits out a
