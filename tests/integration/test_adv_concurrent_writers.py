@@ -44,6 +44,7 @@ from ferry.shard_tools.storage.store import Location, resolve
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = int(os.environ.get("FERRY_WRITER_ROUNDS", "50"))  # a developer may run fewer
 CLOUD_ROUNDS = min(ROUNDS, 8)  # on the GCS and Azure emulators: a round there is many times slower
+S3_ROUNDS = min(ROUNDS, 16)  # on moto a round takes ~3x a file round: `make soak` runs all ROUNDS there
 PROCESSES = 4
 KILL_SHARE = 0.3  # of the processes, SIGKILLed at a random moment of their run
 ROUND_TIMEOUT = 90.0
@@ -244,6 +245,12 @@ class TestConcurrentWritersOnFile(ConcurrentWriters):
 
 
 class TestConcurrentWritersOnS3(ConcurrentWriters):
+    backend_name = "s3"
+    rounds = S3_ROUNDS
+
+
+@pytest.mark.soak
+class TestConcurrentWritersOnS3Long(ConcurrentWriters):
     backend_name = "s3"
 
 
