@@ -188,6 +188,8 @@ class SwarmSection(_Section):
     enabled: bool = SwarmConfig.enabled
     interval: float = Field(default=SwarmConfig.interval, ge=0.05, le=3600)
     stale_after: float = Field(default=SwarmConfig.stale_after, ge=1)
+    routed: bool = SwarmConfig.routed
+    budget: float | None = Field(default=SwarmConfig.budget, ge=0)
 
 
 class FileSection(_Section):

@@ -130,6 +130,8 @@ class SwarmConfig:
     enabled: bool = False
     interval: float = 1.0  # seconds between two writes of this cluster's verified set, and two reads of peers'
     stale_after: float = 5.0  # a peer's set older than this: its in-flight shards are no longer waited for
+    routed: bool = False  # each shard from the source the route planner picks over [[links]] (capacity, price)
+    budget: float | None = None  # routed: $ of link egress the fleet may spend on one version's copies
 
 
 @dataclass(frozen=True)

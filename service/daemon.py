@@ -120,6 +120,7 @@ class Daemon:
             keep_versions=config.keep_versions,
             priority=priority,
             swarm=config.swarm,
+            links=tuple(config.link_specs.values()),
         )
         self._lock = threading.Lock()
         self._known: dict[str, _Known] = {}
@@ -559,6 +560,10 @@ class Daemon:
     def egress(self) -> list[Egress]:
         """Bytes the last versions sent over each link into this daemon's destinations (every copy attempt's)."""
         return self.state.egress()
+
+    def planned_rates(self) -> dict[tuple[str, str], float]:
+        """(source, destination) → bytes/s of the last routed swarm plan into each destination here."""
+        return dict(self.engine.planned)
 
     def version_timings(self) -> list[VersionTiming]:
         """When each version was wanted at each destination and when it was published there."""

@@ -109,6 +109,8 @@ class Swarm:
     enabled: bool | None = None
     interval: float | None = None
     stale_after: float | None = None
+    routed: bool | None = None
+    budget: float | None = None
 
 
 @dataclass(frozen=True)

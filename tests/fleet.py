@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from configs import Api, Cluster, FerryToml, Limits, Rule, Swarm
+from configs import Api, Cluster, FerryToml, Limits, Link, Rule, Swarm
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASET = "corpus"
@@ -308,12 +308,14 @@ def write_inputs(directory: Path, n: int, seed: int, docs: int) -> list[Path]:
 @dataclass(frozen=True)
 class Topology:
     """Where the clusters are: origin and far are directories under ``root``, hub is ``hub_base`` on S3;
-    ``swarm``: origin → hub and far as one rule, filled as a swarm, instead of the chain."""
+    ``swarm``: origin → hub and far as one rule, filled as a swarm, instead of the chain; ``routed``: that
+    swarm follows the route planner over :data:`ROUTED_LINKS` (most of far's shards relayed by the hub)."""
 
     root: Path
     hub_base: str
     storage_options: Mapping[str, Any]  # for the hub, in this process
     swarm: bool = False
+    routed: bool = False
 
     def cluster_url(self, name: str) -> str:
         return self.hub_base if name == "hub" else str(self.root / name)
@@ -329,6 +331,15 @@ PRIORITIES = {"origin": {"origin": 1, "hub": 10, "far": 50}, "hub": {"hub": 1, "
               "far": {"far": 1, "hub": 10, "origin": 50}}  # fmt: skip
 
 
+#: a routed swarm's [[links]]: origin → far narrow and dear, through the hub wide and cheap (planning figures
+#: only: no copy is limited), so the plan relays most of far's shards through the hub
+ROUTED_LINKS = [
+    Link("origin", "hub", capacity=50e6, price_per_gb=0.02),
+    Link("origin", "far", capacity=1e6, price_per_gb=0.09),
+    Link(["hub", "far"], ["hub", "far"], capacity=50e6, price_per_gb=0.0),
+]
+
+
 def daemon_config(topo: Topology, me: str, port: int, keep_versions: int) -> Path:
     """ferry.toml of cluster ``me``'s daemon: rules origin → hub → far (or origin → hub and far as a
     swarm), fast polls, its own state."""
@@ -336,7 +347,8 @@ def daemon_config(topo: Topology, me: str, port: int, keep_versions: int) -> Pat
     return FerryToml(
         clusters={c: Cluster(topo.cluster_url(c), priority=PRIORITIES[me][c]) for c in CLUSTERS},
         rules=[Rule("origin", ["hub", "far"], datasets="*")] if topo.swarm else chain,
-        swarm=Swarm(enabled=True, interval=0.2, stale_after=2.0) if topo.swarm else None,
+        swarm=Swarm(enabled=True, interval=0.2, stale_after=2.0, routed=topo.routed or None) if topo.swarm else None,
+        links=ROUTED_LINKS if topo.routed else None,
         limits=Limits(transfers=2, retries=3),
         api=Api(host="127.0.0.1", port=port),
         cluster=me,

@@ -185,6 +185,7 @@ class Link:
     capacity_bps: float | None = None
     price_per_gb: float = 0.0
     egress: list[LinkEgress] = dataclasses.field(default_factory=list)
+    planned_bps: float | None = None
 
 
 @dataclass(frozen=True)

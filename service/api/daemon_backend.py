@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import queue
 import threading
 import time
@@ -247,7 +248,8 @@ class DaemonBackend:
         for e in self._d.egress():
             egress.setdefault((e.source, e.destination), []).append(e)
         # the rules' links, then any other link copies went over (a swarm peer, a nearer replica)
-        links = list(dict.fromkeys([*self._d.config.links(), *rates, *egress]))
+        planned = {k: v for k, v in self._d.planned_rates().items() if math.isfinite(v)}
+        links = list(dict.fromkeys([*self._d.config.links(), *rates, *egress, *planned]))
         out = []
         for src, dst in links:
             total, within = totals.get((src, dst), (0, 0))
@@ -270,6 +272,7 @@ class DaemonBackend:
                         LinkEgressOut(dataset=e.dataset, version=e.version, bytes=e.bytes, cost=e.bytes / GB * price)
                         for e in egress.get((src, dst), [])
                     ],
+                    planned_bps=planned.get((src, dst)),
                 )
             )
         return out

@@ -170,6 +170,10 @@ else:
         capacity_bps={"description": "capacity [[links]] declares, in bytes/s (what the route planner plans with)"},
         price_per_gb={"description": "egress price [[links]] declares, per 10^9 bytes (0 when none)"},
         egress={"description": f"the last versions (up to {EGRESS_VERSIONS}) that sent bytes over it, newest first"},
+        planned_bps={
+            "description": "the rate the last routed swarm plan into its destination gives the link, bytes/s "
+            "([swarm] routed); null = no routed plan uses it, or its links have no capacity"
+        },
     )
     ThroughputPoint = response_model(
         wire.ThroughputPoint, "ThroughputPoint", "Bytes per second averaged over one bucket ending at ``t``."

@@ -11,11 +11,13 @@ a publish.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,7 +32,8 @@ from ferry.shard_tools.format.header import MANIFEST_FILE, SHARDS_DIR, VERSIONS_
 from ferry.shard_tools.storage.publish import carry_lineage, descends_from, store_version, swap_manifest
 from ferry.shard_tools.storage.store import STALE_TEMP_SECONDS, TEMP_MARKER, Location, temp_is_stale
 
-from ..config_types import SwarmConfig
+from ..config import link_name
+from ..config_types import LinkSpec, SwarmConfig
 from ..events import EventBus
 from ..transfer.executor import Executor, Job, JobResult
 from ..transfer.object_store import abort_stale_uploads
@@ -50,9 +53,11 @@ from .planner import (
     plan_columns,
     plan_retention,
 )
+from .routes import RouteError
 from .state import State
 from .swarm_fill import SwarmFill, fillers
 from .swarm_plan import origin_order
+from .swarm_routes import planned_rates, route_rows
 from .swarm_set import Advertiser, clear_swarm
 
 if TYPE_CHECKING:
@@ -60,6 +65,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Engine", "PassResult", "read_header", "load_version", "listing", "HEAD_MIN_SHARDS", "HEAD_SHARE",
            "JOB_BATCH"]  # fmt: skip
+
+log = logging.getLogger("ferry.daemon")
+#: the subject of the open error a routed swarm reports when it has no plan
+ROUTES_PROBLEM = "(swarm routes)"
 
 #: A version of at least HEAD_MIN_SHARDS shards of which at most one in HEAD_SHARE is not known verified at
 #: a destination that publishes a version has only those looked up there (HEAD_THREADS at a time), not the
@@ -164,11 +173,13 @@ class Engine:
         lease_ttl: float = DEFAULT_TTL,
         allow_rollback: bool = False,
         swarm: SwarmConfig | None = None,
+        links: Sequence[LinkSpec] = (),
     ) -> None:
         """``writer`` names this kind of writer in the destination's lease (daemon, sync);
         ``allow_rollback`` lets a pass publish a version that does not descend from the
         destination's current one (the user forces it); ``swarm`` (enabled) makes a pass offer its
-        verified shards to the other clusters filling the version and pull from them (see ``swarm_fill``)."""
+        verified shards to the other clusters filling the version and pull from them (see ``swarm_fill``);
+        ``links``: the fleet's ``[[links]]``, which a routed swarm plans over."""
         self.executor = executor
         self.writer = writer
         self.lease_ttl = lease_ttl
@@ -179,6 +190,8 @@ class Engine:
         self.keep_versions = keep_versions
         self.priority = dict(priority or {})
         self.swarm = swarm if swarm is not None and swarm.enabled else None
+        self.links = tuple(links)
+        self.planned: dict[tuple[str, str], float] = {}  # (src, dst) → bytes/s, of the last routed plan here
 
     def _history(self, job: Job, src: str, nbytes: int, started: float, duration: float, error: str | None) -> None:
         self.state.record_transfer(
@@ -416,8 +429,8 @@ class Engine:
             who = fillers(dest, source, locations, version)
             peers = [c for c in locations if c not in (source, dest)]
             fill = SwarmFill(self.swarm, self.executor, version, table_digest, len(cols), source, dest, peers,
-                             order=origin_order(rows, who, dest), static=pick.holders,
-                             priority=self.priority)  # fmt: skip
+                             order=origin_order(rows, who, dest), static=pick.holders, priority=self.priority,
+                             routes=self._routes(cols, rows, source, who, locations, result))  # fmt: skip
 
             def make_job(row: int, sources: tuple[str, ...]) -> Job:
                 return Job(result.dataset, version, cols.refs(np.array([row]))[0], sources, dest)
@@ -425,6 +438,44 @@ class Engine:
             fill.run(rows, advert, locations, make_job, functools.partial(self._on_result, result=result),
                      self._history, stop=lambda: lease.lost is not None)  # fmt: skip
             self.state.flush()
+
+    def _routes(
+        self,
+        cols: SourceColumns,
+        rows: np.ndarray,
+        source: str,
+        who: Sequence[str],
+        locations: Mapping[str, Location],
+        result: PassResult,
+    ) -> dict[str, np.ndarray] | None:
+        """``[swarm] routed``: the source of each row, from the route planner over the ``[[links]]`` (a link
+        without a capacity takes its ``[limits.per_link]`` rate); None without routes, or when no route
+        plan exists (an event says why, and the fill balances load instead)."""
+        assert self.swarm is not None
+        if not self.swarm.routed:
+            return None
+        holders = [source, *(c for c in locations if c != source and c not in who)]
+        bw = self.executor.bandwidth
+        specs = [
+            ln if ln.capacity is not None else dataclasses.replace(ln, capacity=bw.limit_of(link_name(ln.src, ln.dst)))
+            for ln in self.links
+        ]
+        dest = result.destination
+        try:
+            routed = route_rows(cols.sizes, rows, holders, who, dest, specs, self.swarm.budget)
+        except RouteError as exc:
+            reason = f"swarm routes for {result.dataset} {result.version_id}: {exc}; balancing load instead"
+            log.warning("%s", reason)
+            error_id = self.state.open_problem(result.dataset, dest, ROUTES_PROBLEM, reason, retryable=False)
+            self._event("error", id=error_id, dataset=result.dataset, version=result.version_id, cluster=dest,
+                        shard=ROUTES_PROBLEM, reason=reason, retryable=False, attempts=1)  # fmt: skip
+            return None
+        self.state.clear_problem(result.dataset, dest, ROUTES_PROBLEM)
+        self.planned = {**{k: v for k, v in self.planned.items() if k[1] != dest}, **planned_rates(routed.plan)}
+        log.info("swarm routes for %s %s into %s: rows by source %s, predicted fill %.3g s, $%.3g",
+                 result.dataset, result.version_id, dest, {s: int(m.sum()) for s, m in routed.sources.items()},
+                 routed.plan.fill_s, routed.plan.cost)  # fmt: skip
+        return routed.sources
 
     def _on_kept(
         self,

@@ -61,9 +61,12 @@ class SwarmFill:
     order: np.ndarray
     static: Mapping[str, np.ndarray]
     priority: Mapping[str, int]
+    routes: Mapping[str, np.ndarray] | None = None  # [swarm] routed: source → the rows planned from it
 
     def _views(self, locations: Mapping[str, Location], patient: bool = True) -> dict[str, PeerView]:
-        """Every peer's view; ``patient`` False: what the peers are copying is not waited for."""
+        """Every peer's view; ``patient`` False: what the peers are copying is not waited for. With routes,
+        a planned peer that has no set yet counts as live and empty while this filler is patient: it may
+        not have started its pass yet."""
         now = time.time()
         views = {name: PeerView(held) for name, held in self.static.items()}
         for name in self.peers:
@@ -71,6 +74,8 @@ class SwarmFill:
             if got is None:
                 if name not in views and _publishes(locations[name], self.version):
                     views[name] = PeerView(np.ones(self.shards, dtype=bool))
+                elif patient and self.routes is not None and name in self.routes and name not in views:
+                    views[name] = PeerView(np.zeros(self.shards, dtype=bool), np.zeros(self.shards, dtype=bool))
                 continue
             fresh = patient and now - got.updated_at <= self.config.stale_after
             held = got.verified | views[name].verified if name in views else got.verified
@@ -88,17 +93,20 @@ class SwarmFill:
         stop: Callable[[], bool],
     ) -> None:
         """Copy ``rows`` (blocking): one feeder per transfer slot, the peers' sets read every interval."""
-        plan = SwarmPlan(rows, self.shards, self.source, self.order, self.priority)
-        plan.update(self._views(locations))
+        plan = SwarmPlan(rows, self.shards, self.source, self.order, self.priority, self.routes)
+        views = self._views(locations)
+        plan.update(views)
         cond = threading.Condition()
         over = threading.Event()
-        progress = [time.monotonic()]  # when a copy here last ended
+        progress = [time.monotonic()]  # when a copy here (routed: or at a planned peer) last ended
+        counts = self._counts(views)
 
         def capacity(src: str) -> float | None:
             return self.executor.bandwidth.limit_of(link_name(src, self.dest))
 
         slots = max(1, self.executor.transfers)
-        share = -(-slots // (1 + len(self.peers)))  # each source's share of the transfers, rounded up
+        # each source's share of the transfers, rounded up; routed, the plan picked the sources
+        share = None if self.routes is not None else -(-slots // (1 + len(self.peers)))
 
         def feed() -> None:
             while True:
@@ -127,8 +135,17 @@ class SwarmFill:
             with cond:  # idle here for stale_after, waiting on peers' copies: a peer stuck but alive
                 patient = any(plan.in_flight.values()) or time.monotonic() - progress[0] < self.config.stale_after
             views = self._views(locations, patient)
+            seen = self._counts(views)
             with cond:
+                if seen != counts:  # a planned peer verified more: it is alive and relaying
+                    counts, progress[0] = seen, time.monotonic()
                 plan.update(views)
                 cond.notify_all()
         for t in feeders:
             t.join()
+
+    def _counts(self, views: Mapping[str, PeerView]) -> dict[str, int]:
+        """Rows each planned peer holds verified (nothing without routes)."""
+        if self.routes is None:
+            return {}
+        return {name: int(views[name].verified.sum()) for name in self.routes if name in views}

@@ -55,13 +55,22 @@ class SwarmPlan:
     """One filler's plan over the rows it still has to copy (not thread-safe: its caller locks)."""
 
     def __init__(
-        self, rows: np.ndarray, shards: int, origin: str, order: np.ndarray, priority: Mapping[str, int] | None = None
+        self,
+        rows: np.ndarray,
+        shards: int,
+        origin: str,
+        order: np.ndarray,
+        priority: Mapping[str, int] | None = None,
+        routes: Mapping[str, np.ndarray] | None = None,
     ) -> None:
         """``rows``: the rows to copy; ``shards``: rows in the version; ``order``: ``rows`` in origin
         preference order (:func:`origin_order`); ``priority``: the clusters' ``priority`` (lower first),
-        which breaks ties between sources equally loaded."""
+        which breaks ties between sources equally loaded; ``routes``: source → the rows planned from it
+        (``[swarm] routed``): a row is pulled from its planned source only, unless that source is a peer
+        whose set is stale or unknown (then from any holder, or the origin)."""
         self.origin = origin
         self.priority = dict(priority or {})
+        self.routes = dict(routes) if routes is not None else None
         self.need = np.zeros(shards, dtype=bool)
         self.need[np.asarray(rows, dtype=np.int64)] = True
         self._remaining = int(self.need.sum())
@@ -91,10 +100,27 @@ class SwarmPlan:
         self._held = held
         free = self.need & ~self.busy
         fresh = free & ~held & ~copying
-        queues = {self.origin: (self._order[fresh[self._order]], [0])}
+        allowed = self._allowed(shards)
+        queues = {self.origin: (self._order[(fresh & allowed(self.origin))[self._order]], [0])}
         for name, view in self._peers.items():
-            queues[name] = (np.flatnonzero(free & view.verified), [0])
+            queues[name] = (np.flatnonzero(free & view.verified & allowed(name)), [0])
         self._queues = queues
+
+    def _allowed(self, shards: int) -> Callable[[str], np.ndarray]:
+        """source → the rows it may give: every row without routes; with them, its planned rows and those
+        planned from a peer that is not live (no set, or a stale one)."""
+        if self.routes is None:
+            everything = np.ones(shards, dtype=bool)
+            return lambda _source: everything
+        orphans = np.zeros(shards, dtype=bool)
+        for source, planned in self.routes.items():
+            view = self._peers.get(source)
+            live = view is not None and (view.in_flight is not None or bool(view.verified.all()))
+            if source != self.origin and not live:
+                orphans |= planned
+        none = np.zeros(shards, dtype=bool)
+        routes = self.routes
+        return lambda source: routes.get(source, none) | orphans
 
     def _head(self, source: str) -> int | None:
         """The next row ``source`` can give (skipping rows done or started since the queue was built)."""

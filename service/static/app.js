@@ -212,6 +212,13 @@ function egressCell(l) {
     el("span", { class: "hint", text: short(last.version) }));
 }
 
+// The link's rate now, and the rate the last routed swarm plan gives it ([swarm] routed) where one does.
+function rateCell(l) {
+  if (l.planned_bps == null) return el("td", { class: "num", text: fmtRate(l.rate_bps) });
+  return el("td", { class: "num", "data-planned": String(l.planned_bps), title: "now / planned by the route planner" },
+    `${fmtRate(l.rate_bps)} / ${fmtRate(l.planned_bps)} planned`);
+}
+
 function renderLinks(links) {
   state.links = links;
   const slaS = (state.status?.sla_minutes ?? 60) * 60;
@@ -224,7 +231,7 @@ function renderLinks(links) {
       el("td", {}, el("div", { class: "sla" + (share != null && share < 1 ? " miss" : "") },
         el("div", { class: "track", "aria-hidden": "true" }, el("div", { class: "fill", style: `width:${(share ?? 0) * 100}%` })),
         el("span", { text: shareTxt + ` in ${l.sla_minutes} min` }))),
-      el("td", { class: "num", text: fmtRate(l.rate_bps) }),
+      rateCell(l),
       el("td", { class: "num", text: l.limit_bps ? fmtRate(l.limit_bps) : "—" }),
       egressCell(l));
   });

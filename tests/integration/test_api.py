@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from configs import Link
+from configs import Link, Swarm
 from helpers import TOKEN, Service, pack, running_service, wait_until
 
 from ferry.shard_tools.dataset import load_manifest
@@ -47,6 +47,22 @@ def test_links_show_capacity_price_and_each_versions_egress(tmp_path: Path, monk
         for e in link["egress"]:
             assert e["cost"] == pytest.approx(e["bytes"] / 1e9 * 0.09)
         assert svc.client.links()[0].egress[0].bytes == new_bytes  # the typed client reads them too
+
+
+def test_links_show_the_rate_a_routed_swarm_plans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``[swarm] routed`` the plan's rate per link reaches /links (the typed client's too); unrouted,
+    and on a link the plan does not use, it is null."""
+    links = [Link("east", "west", capacity="10MiB/s", price_per_gb=0.09)]
+    with running_service(tmp_path, monkeypatch, links=links, swarm=Swarm(enabled=True, routed=True)) as svc:
+        _synced(svc)
+        http = httpx.Client(base_url=svc.url)
+        [link] = http.get("/api/v1/links").json()
+        assert link["planned_bps"] == 10 * 2**20
+        assert svc.client.links()[0].planned_bps == 10 * 2**20
+    with running_service(tmp_path / "unrouted", monkeypatch, links=links, swarm=Swarm(enabled=True)) as svc:
+        _synced(svc)
+        [link] = httpx.Client(base_url=svc.url).get("/api/v1/links").json()
+        assert link["planned_bps"] is None
 
 
 def test_read_endpoints_describe_a_finished_sync(svc: Service) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from configs import Link, Swarm
 from helpers import TOKEN, pack, running_service, wait_until
 
 from ferry.shard_tools.dataset import load_manifest
@@ -138,6 +139,19 @@ def test_matrix_and_transfers_update_live_without_reload(page, tmp_path: Path, m
                                timeout=15_000)  # fmt: skip
         assert res.version_id[:10] in page.locator("#links td[data-egress]").first.inner_text()
         _shot(page, "complete")
+
+
+def test_links_show_the_routed_plans_rate(page, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    links = [Link("east", "west", capacity="10MiB/s")]
+    with running_service(tmp_path, monkeypatch, links=links, swarm=Swarm(enabled=True, routed=True)) as svc:
+        page.goto(svc.url + "/")
+        page.wait_for_selector("#conn.pill-ok", timeout=15_000)
+        res = pack(svc.east("corpus"), 40)
+        wait_until(lambda: svc.west_version("corpus") == res.version_id, what="publication")
+        page.wait_for_function(
+            f"document.querySelector('#links td[data-planned]')?.dataset.planned === '{10 * 2**20}'", timeout=15_000
+        )
+        assert "10.0 MiB/s planned" in page.locator("#links td[data-planned]").inner_text()
 
 
 def test_failure_shows_and_retry_with_token_clears_it(page, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]

@@ -40,11 +40,13 @@ def _namespaces() -> tuple[bool, str]:
     return True, "some packers and syncs run in PID namespaces of their own"
 
 
-def _fleet(tmp_path: Path, s3_backend: Backend, sizes: Sizes, default_seed: int, *, swarm: bool = False) -> None:
+def _fleet(
+    tmp_path: Path, s3_backend: Backend, sizes: Sizes, default_seed: int, *, swarm: bool = False, routed: bool = False
+) -> None:
     seed = int(os.environ.get("FERRY_CHAOS_SEED", default_seed))
     namespaces, why = _namespaces()
-    print(f"fleet chaos{' (swarm)' if swarm else ''}: seed {seed}; {why}")
-    topo = Topology(tmp_path, s3_backend.base, s3_backend.storage_options, swarm=swarm)
+    print(f"fleet chaos{' (routed swarm)' if routed else ' (swarm)' if swarm else ''}: seed {seed}; {why}")
+    topo = Topology(tmp_path, s3_backend.base, s3_backend.storage_options, swarm=swarm or routed, routed=routed)
     off = frozenset(filter(None, os.environ.get("FERRY_CHAOS_OFF", "").split(",")))
     fleet = run_fleet(topo, sizes, seed, dict(os.environ), namespaces, off)
     if os.environ.get("FERRY_CHAOS_REPORT"):
@@ -62,6 +64,14 @@ def test_fleet_chaos_swarm(tmp_path: Path, s3_backend: Backend) -> None:
     """The same faults with hub and far filling each version as a swarm: far pulls from the hub's
     unpublished shards while the hub's retention runs and its daemon is killed, stopped and flooded."""
     _fleet(tmp_path, s3_backend, BOUNDED, 20261205, swarm=True)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(300)
+def test_fleet_chaos_routed_swarm(tmp_path: Path, s3_backend: Backend) -> None:
+    """The same faults with the swarm routed (``tests/fleet.py``'s ROUTED_LINKS): far waits on the hub for
+    most shards, and must stop waiting when the hub is killed or stopped."""
+    _fleet(tmp_path, s3_backend, BOUNDED, 20261206, routed=True)
 
 
 @pytest.mark.soak
