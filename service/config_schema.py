@@ -14,7 +14,16 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from ferry.shard_tools.errors import ConfigError, UsageError
 from ferry.shard_tools.units import parse_rate, parse_size
@@ -190,6 +199,14 @@ class SwarmSection(_Section):
     stale_after: float = Field(default=SwarmConfig.stale_after, ge=1)
     routed: bool = SwarmConfig.routed
     budget: float | None = Field(default=SwarmConfig.budget, ge=0)
+
+    @model_validator(mode="after")
+    def _routed_needs_the_swarm(self) -> SwarmSection:
+        if self.routed and not self.enabled:
+            raise ValueError("routed = true needs enabled = true (a routed fill is a swarm fill)")
+        if self.budget is not None and not self.routed:
+            raise ValueError("budget is the routed plan's: it needs routed = true")
+        return self
 
 
 class FileSection(_Section):

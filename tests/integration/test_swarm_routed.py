@@ -147,7 +147,16 @@ def test_a_budget_no_plan_fits_is_reported_and_the_swarm_balances_load_instead(t
         _stop(daemons)
 
 
-@pytest.mark.parametrize("bad", [{"budget": -1.0}, {"budget": "ten"}, {"routed": "yes"}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"routed": True, "budget": -1.0},
+        {"routed": True, "budget": "ten"},
+        {"routed": "yes"},
+        {"routed": True, "enabled": False},
+        {"budget": 5.0},
+    ],
+)
 def test_a_bad_swarm_section_is_refused(tmp_path: Path, bad: dict[str, Any]) -> None:
     from ferry.shard_tools.errors import ConfigError
 
