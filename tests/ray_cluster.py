@@ -54,6 +54,7 @@ class RayCluster:
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
         self.temp_dir = tempfile.mkdtemp(prefix="fr-", dir="/tmp")  # short: Ray's socket paths must fit
         self.address = ""
+        self.client_address = ""  # the head's Ray Client server, ray://HOST:PORT
         # no token auth: `ray start` turns it on when ~/.ray/auth_token exists, which another Ray user of
         # this machine may create at any moment (the drivers here would then be refused)
         self.env = {**os.environ, **(env or {}), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
@@ -70,8 +71,10 @@ class RayCluster:
         if not self._nodes:
             port = _free_port()
             self.address = f"127.0.0.1:{port}"
+            client_port = _free_port()
+            self.client_address = f"ray://127.0.0.1:{client_port}"
             cmd += ["--head", f"--port={port}", f"--temp-dir={self.temp_dir}", "--include-dashboard=false",
-                    f"--ray-client-server-port={_free_port()}"]  # fmt: skip
+                    f"--ray-client-server-port={client_port}"]  # fmt: skip
         else:
             cmd += [f"--address={self.address}"]
         log = Path(self.temp_dir) / f"node{len(self._nodes)}.log"

@@ -84,6 +84,32 @@ def test_ray_engine_makes_the_replica_threads_make(cluster: RayCluster, tmp_path
     assert len(by_node) == 2 and sum(by_node.values()) == made.shards, by_node
 
 
+def test_a_ray_client_address_copies_over_the_cluster(cluster: RayCluster, tmp_path: Path) -> None:
+    """``address = "ray://HOST:PORT"`` (Ray Client, a driver outside the cluster): the same replica, every
+    copy a task on the cluster's nodes."""
+    made = pack(str(tmp_path / "src" / "ds"), 300, seed=5, shard_size=16 * 1024)
+    d = _daemon(tmp_path, "client", Transfer(engine="ray", address=cluster.client_address))
+    copier = d.executor.copier
+    assert isinstance(copier, RayCopier)
+    by_node: dict[str, int] = {}
+    through_client: list[bool] = []
+    real_close = copier.close
+
+    def close() -> None:
+        from ray.util.client import ray as client
+
+        by_node.update(copier.transfers_by_node())
+        through_client.append(client.is_connected())  # a Ray Client session, not a driver on a node
+        real_close()
+
+    copier.close = close  # type: ignore[method-assign]
+    _sync(d, "ds", made.version_id)
+    assert through_client == [True]
+    assert verify(str(tmp_path / "client" / "ds")).ok
+    assert open_dataset(str(tmp_path / "client" / "ds")).version_id == made.version_id
+    assert sum(by_node.values()) == made.shards, by_node
+
+
 def test_worker_killed_mid_copy_costs_a_retry_not_a_partial_shard(cluster: RayCluster, tmp_path: Path) -> None:
     made = pack(str(tmp_path / "src" / "ds"), 900, seed=4, shard_size=32 * 1024)
     # ~128 KiB/s over every node: each copy takes a while, so one is caught in the middle
