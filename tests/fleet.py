@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from configs import Api, Cluster, FerryToml, Limits, Link, Rule, Swarm
+from configs import Api, Cluster, FerryToml, Limits, Link, Rule, Swarm, Transfer
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASET = "corpus"
@@ -309,13 +309,15 @@ def write_inputs(directory: Path, n: int, seed: int, docs: int) -> list[Path]:
 class Topology:
     """Where the clusters are: origin and far are directories under ``root``, hub is ``hub_base`` on S3;
     ``swarm``: origin → hub and far as one rule, filled as a swarm, instead of the chain; ``routed``: that
-    swarm follows the route planner over :data:`ROUTED_LINKS` (most of far's shards relayed by the hub)."""
+    swarm follows the route planner over :data:`ROUTED_LINKS` (most of far's shards relayed by the hub);
+    ``ray_address``: the daemons copy with the Ray engine on the cluster there."""
 
     root: Path
     hub_base: str
     storage_options: Mapping[str, Any]  # for the hub, in this process
     swarm: bool = False
     routed: bool = False
+    ray_address: str | None = None  # every daemon copies as Ray tasks on the cluster there
 
     def cluster_url(self, name: str) -> str:
         return self.hub_base if name == "hub" else str(self.root / name)
@@ -349,6 +351,7 @@ def daemon_config(topo: Topology, me: str, port: int, keep_versions: int) -> Pat
         rules=[Rule("origin", ["hub", "far"], datasets="*")] if topo.swarm else chain,
         swarm=Swarm(enabled=True, interval=0.2, stale_after=2.0, routed=topo.routed or None) if topo.swarm else None,
         links=ROUTED_LINKS if topo.routed else None,
+        transfer=Transfer(engine="ray", address=topo.ray_address) if topo.ray_address else None,
         limits=Limits(transfers=2, retries=3),
         api=Api(host="127.0.0.1", port=port),
         cluster=me,

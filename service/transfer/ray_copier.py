@@ -10,6 +10,7 @@ extra, imported only when this engine is chosen.
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 import time
@@ -42,6 +43,22 @@ def import_ray() -> Any:
             "[transfer] engine = \"ray\" needs Ray, an optional extra: pip install 'ferry-data[ray]'"
         ) from exc
     return ray
+
+
+def _stop_handlers() -> dict[int, Any]:
+    """This process' SIGTERM and SIGINT handlers (main thread only: no other can change them)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _restore(kept: dict[int, Any]) -> None:
+    """Put back what :func:`_stop_handlers` saw: ``ray.init`` in a driver's main thread replaces SIGTERM's
+    handler by one that exits at once (and its core worker's crash handler dumps a stack first), which
+    took the daemon's graceful stop away (exit 15 or an abort instead of a drain)."""
+    for s, handler in kept.items():
+        if handler is not None:
+            signal.signal(s, handler)
 
 
 def _check_reachable(address: str) -> None:
@@ -79,12 +96,15 @@ class RayCopier:
         self._started_here = not ray.is_initialized()
         if self._started_here:
             _check_reachable(address)
+            kept = _stop_handlers()
             try:
                 ray.init(address=address, logging_level="WARNING", log_to_driver=False)
             except Exception as exc:  # noqa: BLE001 - Ray raises assorted types for unreachable clusters
                 raise UsageError(
                     f'[transfer] engine = "ray": cannot reach the Ray cluster at {address}: {exc}'
                 ) from exc
+            finally:
+                _restore(kept)
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self._affinity = NodeAffinitySchedulingStrategy

@@ -81,14 +81,33 @@ def store_version(
     loc: Location, manifest: Manifest | StoredShards, table_data: bytes, body: bytes | None = None
 ) -> bytes:
     """Store a version's shard table, ``lineage/<id>.json`` and ``versions/<id>.json`` (immutable,
-    named by content); returns the manifest body. Safe to repeat and to race: both writers write a
-    header of the same version (only ``created_at``/``tool_version`` may differ)."""
+    named by content); returns the manifest body: the header ``versions/<id>.json`` holds. Safe to repeat
+    and to race: two writers of one version write headers that differ at most in ``created_at`` and
+    ``tool_version``, and the first one stored stays (a published object is never rewritten)."""
     if not loc.exists(manifest.table_path):
         loc.write_bytes(manifest.table_path, table_data)
     body = manifest.to_json() if body is None else body
-    loc.write_bytes(lineage_path(manifest.version_id), body)
-    loc.write_bytes(version_path(manifest.version_id), body)
-    return body
+    _keep_first(loc, lineage_path(manifest.version_id), body, manifest.version_id)
+    return _keep_first(loc, version_path(manifest.version_id), body, manifest.version_id)
+
+
+def _keep_first(loc: Location, rel: str, body: bytes, version: str) -> bytes:
+    """``body`` written at ``rel`` unless a header of ``version`` is there already (an earlier or racing
+    writer's): then those bytes, untouched. Anything else there (damaged, another version's) is replaced."""
+    for _ in range(SWAP_ATTEMPTS):
+        current = read_versioned(loc, rel)
+        if current.data is not None:
+            try:
+                if str(parse_header(current.data)["version_id"]) == version:
+                    return current.data
+            except (ManifestError, KeyError):
+                pass
+        try:
+            write_if(loc, rel, body, current.token)
+            return body
+        except WriteConflictError:
+            continue  # another writer stored it meanwhile: look at what it stored
+    raise PublishError(f"{loc.url}/{rel} kept changing under {SWAP_ATTEMPTS} attempts")
 
 
 def swap_manifest(loc: Location, choose: Callable[[dict[str, Any] | None], bytes | None]) -> bytes | None:

@@ -7,12 +7,14 @@ test_adv_concurrent_writers.py runs the same guarantees as a property over rando
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,9 @@ from ferry.service.replication.state import State
 from ferry.service.transfer.executor import Executor
 from ferry.shard_tools.dataset import load_manifest
 from ferry.shard_tools.errors import LeaseHeldError, RollbackError
-from ferry.shard_tools.storage.publish import descends_from, store_version, swap_manifest
+from ferry.shard_tools.format.header import version_path
+from ferry.shard_tools.storage import publish
+from ferry.shard_tools.storage.publish import descends_from, lineage_path, store_version, swap_manifest
 from ferry.shard_tools.storage.store import Location, resolve, temp_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,15 +66,16 @@ def test_append_that_loses_the_race_is_rebased(local_backend: Any, monkeypatch: 
             pack(url, b_docs, opts, append=True)  # B: a whole append between A's read and A's write
         return data
 
-    real_write = Location.write_bytes
+    real_write_if = publish.write_if
 
-    def note_a_stored(self: Location, rel: str, data: bytes | memoryview) -> None:
-        real_write(self, rel, data)
+    def note_a_stored(loc: Location, rel: str, data: bytes, token: str | None) -> str:
+        got = real_write_if(loc, rel, data, token)
         if rel.startswith("versions/") and state["armed"]:
             state["a_stored"] = True  # A's version is stored: its next manifest read is the check
+        return got
 
     monkeypatch.setattr(Location, "read_bytes", read_then_let_b_in)
-    monkeypatch.setattr(Location, "write_bytes", note_a_stored)
+    monkeypatch.setattr(publish, "write_if", note_a_stored)
     result_a = pack(url, a_docs, opts, append=True)
     monkeypatch.undo()
     assert not state["armed"], "the interleaving did not happen"
@@ -136,6 +141,33 @@ def test_slow_sync_does_not_overwrite_a_newer_version(cas_backend: Any) -> None:
     assert load_manifest(locs["dst"]).version_id == newer.version_id
     ok, _ = descends_from([locs["src"]], newer.version_id, load_manifest(locs["old"]).version_id)
     assert ok
+
+
+def test_two_writers_of_one_version_leave_its_header_as_the_first_stored_it(cas_backend: Any) -> None:
+    """Two packs of the same documents on the same parent make the same version with another ``created_at``:
+    ``versions/<id>.json`` (and ``lineage/<id>.json``) keep the first header stored, which every writer then
+    publishes (the second used to rewrite it: a published object changed under its readers), also when
+    the two race."""
+    url, opts = cas_backend.url("same"), cas_backend.storage_options
+    pack(url, make_docs(40, 1), opts)
+    loc = resolve(url, opts)
+    manifest = load_manifest(loc)
+    table = loc.read_bytes(manifest.table_path)
+    first = loc.read_bytes(version_path(manifest.version_id))
+    later = dataclasses.replace(manifest, created_at="2099-01-01T00:00:00Z")
+    assert later.to_json() != first
+    assert store_version(loc, later, table) == first
+    assert loc.read_bytes(version_path(manifest.version_id)) == first
+    assert loc.read_bytes(lineage_path(manifest.version_id)) == first
+    # the race: a version not stored at loc yet, four writers at once
+    pack(cas_backend.url("other"), make_docs(30, 7), opts)
+    fresh = load_manifest(resolve(cas_backend.url("other"), opts))
+    fresh_table = resolve(cas_backend.url("other"), opts).read_bytes(fresh.table_path)
+    bodies = [dataclasses.replace(fresh, created_at=f"2099-01-0{i + 1}T00:00:00Z").to_json() for i in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda b: store_version(loc, fresh, fresh_table, b), bodies))
+    stored = loc.read_bytes(version_path(fresh.version_id))
+    assert stored in bodies and got == [stored] * 4
 
 
 @pytest.fixture

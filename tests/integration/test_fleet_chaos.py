@@ -41,12 +41,21 @@ def _namespaces() -> tuple[bool, str]:
 
 
 def _fleet(
-    tmp_path: Path, s3_backend: Backend, sizes: Sizes, default_seed: int, *, swarm: bool = False, routed: bool = False
+    tmp_path: Path,
+    s3_backend: Backend,
+    sizes: Sizes,
+    default_seed: int,
+    *,
+    swarm: bool = False,
+    routed: bool = False,
+    ray_address: str | None = None,
 ) -> None:
     seed = int(os.environ.get("FERRY_CHAOS_SEED", default_seed))
     namespaces, why = _namespaces()
-    print(f"fleet chaos{' (routed swarm)' if routed else ' (swarm)' if swarm else ''}: seed {seed}; {why}")
-    topo = Topology(tmp_path, s3_backend.base, s3_backend.storage_options, swarm=swarm or routed, routed=routed)
+    kind = " (routed swarm)" if routed else " (swarm)" if swarm else ""
+    print(f"fleet chaos{kind}{' on Ray' if ray_address else ''}: seed {seed}; {why}")
+    topo = Topology(tmp_path, s3_backend.base, s3_backend.storage_options, swarm=swarm or routed, routed=routed,
+                    ray_address=ray_address)  # fmt: skip
     off = frozenset(filter(None, os.environ.get("FERRY_CHAOS_OFF", "").split(",")))
     fleet = run_fleet(topo, sizes, seed, dict(os.environ), namespaces, off)
     if os.environ.get("FERRY_CHAOS_REPORT"):
@@ -72,6 +81,19 @@ def test_fleet_chaos_routed_swarm(tmp_path: Path, s3_backend: Backend) -> None:
     """The same faults with the swarm routed (``tests/fleet.py``'s ROUTED_LINKS): far waits on the hub for
     most shards, and must stop waiting when the hub is killed or stopped."""
     _fleet(tmp_path, s3_backend, BOUNDED, 20261206, routed=True)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(600)
+def test_fleet_chaos_on_ray(tmp_path: Path, s3_backend: Backend) -> None:
+    """The same faults with every daemon copying as Ray tasks on a local two-node Ray cluster (one cluster
+    for the three daemons: each a driver of its own): SIGKILLed and SIGSTOPped drivers leave their tasks
+    and governor to Ray, and a restarted daemon starts new ones."""
+    pytest.importorskip("ray", reason="Ray is not installed (optional extra: pip install 'ferry-data[ray]')")
+    from ray_cluster import ray_cluster
+
+    with ray_cluster(2, cpus=2, env=s3_backend.env) as cluster:
+        _fleet(tmp_path, s3_backend, BOUNDED, 20261207, swarm=True, ray_address=cluster.address)
 
 
 @pytest.mark.soak

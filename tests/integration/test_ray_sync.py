@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from configs import Cluster, FerryToml, Limits, Rule, Transfer
+from configs import Api, Cluster, FerryToml, Limits, Rule, Transfer
 from helpers import pack, wait_until
 from ray_cluster import RayCluster, ray_cluster
 
@@ -108,6 +110,37 @@ def test_a_ray_client_address_copies_over_the_cluster(cluster: RayCluster, tmp_p
     assert verify(str(tmp_path / "client" / "ds")).ok
     assert open_dataset(str(tmp_path / "client" / "ds")).version_id == made.version_id
     assert sum(by_node.values()) == made.shards, by_node
+
+
+def test_a_sigtermed_ray_daemon_drains_and_exits_0(cluster: RayCluster, tmp_path: Path) -> None:
+    """``ferry serve`` with the Ray engine, SIGTERMed (a preemption, a rolling restart): its own handler
+    stops it gracefully and it exits 0. ``ray.init`` used to replace that handler by one exiting 15 at
+    once, after Ray's crash handler dumped a stack."""
+    made = pack(str(tmp_path / "src" / "ds"), 200, seed=6, shard_size=16 * 1024)
+    doc = FerryToml(
+        clusters={"src": Cluster(tmp_path / "src"), "dst": Cluster(tmp_path / "dst")},
+        rules=[Rule("src", ["dst"])],
+        transfer=Transfer(engine="ray", address=cluster.address),
+        api=Api(host="127.0.0.1", port=0),
+        state_dir=tmp_path / "state",
+        poll_interval=0.2,
+    )
+    log = tmp_path / "serve.log"
+    argv = [sys.executable, "-m", "ferry.service.cli", "serve", "--config", str(doc.write(tmp_path / "ferry.toml"))]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(lambda: (tmp_path / "dst" / "ds" / "manifest.json").exists(), 120, "the replica published")
+        assert open_dataset(str(tmp_path / "dst" / "ds")).version_id == made.version_id
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    text = log.read_text()
+    assert "signal 15: stopping" in text and "daemon stopped" in text
+    assert "SIGTERM received" not in text, text[-3000:]
 
 
 def test_worker_killed_mid_copy_costs_a_retry_not_a_partial_shard(cluster: RayCluster, tmp_path: Path) -> None:
