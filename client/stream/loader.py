@@ -294,14 +294,16 @@ class TokenLoader:
             mark = time.perf_counter()
             for k in range(plan.count + 1):
                 batch = next(source, None)
+                if batch is not None:
+                    # count the batch as consumed the moment it is handed over, not when it was built
+                    self._position = plan.start + (k + 1) * g
+                    watch.delivered(len(next(iter(batch.values()))) * width)
+                # the wait ends as late as it can: what runs between here and the caller is not counted
                 now = time.perf_counter()
                 watch.step(now - mark, waited=now - watch.resumed if k else now - mark)
                 mark = now
                 if batch is None:
                     break
-                # count the batch as consumed the moment it is handed over, not when it was built
-                self._position = plan.start + (k + 1) * g
-                watch.delivered(len(next(iter(batch.values()))) * width)
                 yield batch
                 watch.resumed = time.perf_counter()
         finally:

@@ -133,3 +133,6 @@ def test_the_swarm_section_takes_routed_and_a_budget(tmp_path: object) -> None:
     assert parse_config(doc()).swarm.routed is False
     with pytest.raises(ConfigError, match="budget"):
         parse_config(doc(routed=True, budget=-1.0))
+    zero = doc(routed=True)
+    zero["links"] = [{"from": "a", "to": ["b"], "capacity": 0}]
+    assert parse_config(zero).link_specs[("a", "b")].capacity is None  # 0 is "not known", as for every rate
