@@ -135,19 +135,27 @@ def test_every_job_reads_the_same_stream_with_staging_and_across_a_daemon_killed
     reference = {tag: run_job(tmp_path, f"ref-{tag}", **spec) for tag, spec in (("mix", mix), ("one", one))}
     total = sum(int(open_dataset(u).manifest.shards.stored_bytes.sum()) for u in (a, b))
     config = Staging(str(staging), total // 2, total // 8, interval=0.05)
+
+    def registered() -> list[str]:
+        return sorted(j["name"] for j in jobs(url) if j["position"] > 0)
+
     with daemon(tmp_path, config) as (procs, url):
-        specs = {"mix": mix, "one": one}
+        specs = {tag: {**spec, "hold": str(tmp_path / f"hold-{tag}")} for tag, spec in (("mix", mix), ("one", one))}
         running = {tag: start_job(tmp_path, tag, url, step_s=0.02, **spec) for tag, spec in specs.items()}
         for proc, _ in running.values():  # both registered and something staged for them
             wait_until(lambda: len([j for j in jobs(url) if j["staged_ahead_bytes"]]) == 2, what="staging", proc=proc)
+        for tag in specs:  # the jobs wait mid-run until both registered with the new daemon, however slow it starts
+            (tmp_path / f"hold-{tag}").touch()
         progress = {tag: batches_read(p) for tag, (_, p) in running.items()}
         assert all(n < 300 for n in progress.values()), progress  # the jobs are mid-run
         procs[0].send_signal(signal.SIGKILL)
         procs[0].wait(timeout=30)
         procs.append(start_daemon(tmp_path, int(url.rsplit(":", 1)[1]), config))
-        names = wait_until(lambda: sorted(j["name"] for j in jobs(url) if j["position"] > 0) or None,
-                           what="the jobs to register again", timeout=30)  # fmt: skip
-        assert names == ["train-mix", "train-one"]
+        # each job registers on its own next heartbeat: wait for both, not the first
+        wait_until(lambda: len(registered()) == 2, what="both jobs to register again", timeout=30)
+        assert registered() == ["train-mix", "train-one"]
+        for tag in specs:
+            (tmp_path / f"hold-{tag}").unlink()
         results = {tag: finish(proc) for tag, (proc, _) in running.items()}
     for tag, result in results.items():
         assert result["digests"] == reference[tag]["digests"], tag

@@ -6,7 +6,8 @@
 SPEC: ``sources`` (per source, its replica URLs), ``weights``, ``seed``, ``cache``, ``progress``, ``batches``,
 ``step_s``; optional ``save`` (write the loader state there after the last batch) and ``resume`` (a state file:
 the loader continues it with ``replan=True``). With ``resume`` and ``ready``/``go``: once the daemon knows the
-job, the state is loaded, ``ready`` gets ``{"job", "position"}`` and the loop waits for ``go`` to exist.
+job, the state is loaded, ``ready`` gets ``{"job", "position"}`` and the loop waits for ``go`` to exist. With
+``hold``: before each batch, the loop waits while that file exists (heartbeats go on meanwhile).
 
 Writes the batches read so far to ``progress`` after each batch and, at the end, one JSON line to stdout: a digest
 of every batch, the heartbeats the daemon accepted and the bytes read from each replica.
@@ -60,7 +61,10 @@ def main() -> None:
     progress = Path(spec["progress"])
     digests: list[str] = []
     it = iter(loader)
+    hold = Path(spec["hold"]) if spec.get("hold") else None
     for n in range(spec["batches"]):
+        if hold is not None:
+            wait_for(lambda: not hold.exists(), "the hold file to go")
         batch = next(it, None)
         if batch is None:  # the epoch ended: the next one
             it = iter(loader)
