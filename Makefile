@@ -92,8 +92,13 @@ azurite:
 demo: $(STAMP)
 	$(PY) tools/demo.py
 
+# The suite runs on TEST_WORKERS pytest-xdist workers, a test module (or class) to a worker, so that a
+# module's fixtures (a Ray cluster, a browser, a built wheel) start once; TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadscope)
+
 test: $(STAMP) $(TITAN_STAMP) browser promtool azurite
-	$(PY) -m pytest -q -ra -m "not soak" --durations=25
+	$(PY) -m pytest -q -ra -m "not soak" --durations=25 $(XDIST)
 	$(TITAN_PY) -m pytest -q -ra tests/integration/test_integration_torchtitan.py
 
 # The long chaos variants (tens of minutes on 2 cores): faults on a bigger fleet for longer.
@@ -101,7 +106,7 @@ soak: $(STAMP) azurite
 	$(PY) -m pytest -q -ra -m soak
 
 test-fast: $(STAMP) azurite
-	$(PY) -m pytest -q -m "not slow and not soak"
+	$(PY) -m pytest -q -m "not slow and not soak" $(XDIST)
 
 # The in-process tests only (tests/unit/: no processes, servers, sockets or moto), in well under a minute.
 test-unit: $(STAMP)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,21 +60,34 @@ def test_ray_task_error_surfaces_as_ferry_error(local_ray: None, tmp_path: Path)
 
 
 def _ray_task_pids(name: str) -> list[int]:
-    """Worker processes currently running a task called ``name`` (Ray retitles them ``ray::name``)."""
-    pids = []
+    """This process' Ray workers (its descendants: ``ray.init`` started the instance) currently running a task
+    called ``name`` (Ray retitles them ``ray::name``); never another test session's."""
+    parents: dict[int, int] = {}
+    titled = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
+                stat = (proc / "stat").read_text()
+                parents[int(proc.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
                 if (proc / "cmdline").read_bytes().startswith(f"ray::{name}".encode()):
-                    pids.append(int(proc.name))
-            except OSError:
+                    titled.append(int(proc.name))
+            except (OSError, ValueError, IndexError):
                 continue
-    return pids
+    return [pid for pid in titled if _descends_from(pid, os.getpid(), parents)]
+
+
+def _descends_from(pid: int, root: int, parents: dict[int, int]) -> bool:
+    for _ in range(64):  # a chain of parents is short; a bound all the same
+        pid = parents.get(pid, 0)
+        if pid == root:
+            return True
+        if pid <= 1:
+            return False
+    return False
 
 
 @pytest.mark.slow
 def test_killed_ray_worker_is_retried(local_ray: None, tmp_path: Path) -> None:
-    import os
     import signal
     import threading
     import time
