@@ -3,7 +3,7 @@
 1. ``service/transfer/http_pool.py`` (kept-alive ``http.client`` connections and a reused upload buffer
    per thread, for presigned PUTs of shards) against an ``httpx.Client`` pool doing the same PUTs:
    wall MiB/s and client CPU per request and per GiB, to a local server process that drains each body.
-2. ``service/transfer/s3_get.py`` (its own SigV4 signer, for the no-op check's manifest GET) against
+2. ``shard_tools/storage/s3_get.py`` (its own SigV4 signer, for the no-op check's manifest GET) against
    botocore's ``S3SigV4Auth``: the cost of one signature, and of importing what each one needs in a
    fresh interpreter (the no-op check runs once per ``ferry sync``).
 
@@ -147,7 +147,7 @@ def _signing(n: int, rounds: int) -> dict[str, Any]:
     from botocore.awsrequest import AWSRequest
     from botocore.credentials import Credentials
 
-    from ferry.service.transfer.s3_get import S3Get, sign_v4
+    from ferry.shard_tools.storage.s3_get import S3Get, sign_v4
 
     get = S3Get(
         "https", "bucket.s3.us-east-1.amazonaws.com", "/ds/manifest.json", "us-east-1", ("AKID", "SECRET", None)
@@ -174,7 +174,7 @@ def _signing(n: int, rounds: int) -> dict[str, Any]:
             "botocore": statistics.median(per_call(botocore) for _ in range(rounds)),
         },  # fmt: skip
         "import_ms": {
-            "s3_get": _import_ms("import ferry.service.transfer.s3_get", rounds),
+            "s3_get": _import_ms("import ferry.shard_tools.storage.s3_get", rounds),
             "botocore_signer": _import_ms(
                 "import botocore.auth, botocore.awsrequest, botocore.credentials", rounds
             ),  # fmt: skip

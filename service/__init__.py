@@ -5,7 +5,7 @@ Where things are: ``config`` (ferry.toml, typed), ``records`` (what the daemon h
 ``names`` (the dataset name rule), ``daemon``, ``cli`` (``ferry sync`` / ``ferry serve``) and ``lease_cli``
 at the top; ``replication`` (planner, engine, passes, state, lease, noop_check); ``transfer`` (executor,
 slots, copier, ray_copier, ray_tasks, governor, transfer, hashed_io, local_copy, object_store, s3_presigned,
-s3_get, http_pool, bandwidth, stats).
+http_pool, bandwidth, stats).
 ``transfer`` never imports ``replication``, and neither imports ``api``.
 
 The names below load on first use, so ``ferry sync`` imports only what a pass needs.

@@ -40,7 +40,7 @@ from ferry.shard_tools.storage.store import Location, resolve
 
 from ..checks import show
 from ..stats import COUNTERS
-from .fetch import FetchOptions, RaceLost, ShardSink, race, start_read
+from .fetch import FetchOptions, RaceLost, ShardSink, race, start_read, start_small_read
 from .health import MANIFESTS, SHARDS, ReplicaHealth
 from .pools import DaemonPool, PriorityPool
 from .tables import cached_table
@@ -203,10 +203,11 @@ class Replicas:
         kind: str,
         check: Callable[[int, bytes], None] | None = None,
         exclude: frozenset[int] = frozenset(),
+        small: bool = False,
     ) -> tuple[int, bytes]:
         """Bytes ``span = (start, end)`` of ``rel`` (all of it when None) from the first replica (of ``order``)
         that answers well in time; a replica that fails moves down for reads of ``kind``. :class:`RaceLost` when
-        none does."""
+        none does. ``small``: a read before any other of this process (:func:`start_small_read`)."""
         self._fresh()
         tries = self.health.tries(order, exclude)
         pools = self._pool()
@@ -214,7 +215,8 @@ class Replicas:
 
         def begin(i: int) -> Future[bytes]:
             try:
-                return start_read(self._location(i), rel, start, end, pools.io)
+                read = start_small_read if small else start_read
+                return read(self._location(i), rel, start, end, pools.io)
             except Exception as exc:  # noqa: BLE001 — an unusable URL fails its attempt, not the race
                 fut: Future[bytes] = Future()
                 fut.set_exception(exc)
@@ -282,7 +284,9 @@ class Replicas:
         rel = MANIFEST_FILE if version is None else version_path(version)
         first = self.health.order(MANIFESTS)
         try:
-            i, header = self._read(rel, (0, _MANIFEST_HINT), _MANIFEST_HINT, first, kind=MANIFESTS, check=self._header)
+            i, header = self._read(
+                rel, (0, _MANIFEST_HINT), _MANIFEST_HINT, first, kind=MANIFESTS, check=self._header, small=True
+            )
         except RaceLost as lost:
             if lost.missing == len(lost.errors):
                 what = (

@@ -21,8 +21,7 @@ from typing import Any
 
 from ferry.shard_tools.errors import FerryError
 from ferry.shard_tools.format.header import MANIFEST_FILE, parse_header
-
-from ..transfer.s3_get import fetch, plan_s3_get
+from ferry.shard_tools.storage.s3_get import fetch, plan_s3_get
 
 __all__ = ["up_to_date_header", "read_manifest"]
 

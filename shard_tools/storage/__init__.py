@@ -1,1 +1,2 @@
-"""Where datasets live: fsspec stores, conditional (compare-and-swap) writes, and publishing a manifest."""
+"""Where datasets live: fsspec stores, conditional (compare-and-swap) writes, publishing a manifest, and
+``s3_get``: one small S3 read without botocore (a manifest, before any storage client exists)."""

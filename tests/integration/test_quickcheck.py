@@ -14,7 +14,7 @@ from helpers import make_docs, pack
 
 import ferry.service.replication.noop_check as noop_check
 from ferry.service.cli import main
-from ferry.service.transfer.s3_get import S3Get, plan_s3_get, sign_v4
+from ferry.shard_tools.storage.s3_get import S3Get, plan_s3_get, sign_v4
 
 KEYS = {"key": "AKIDEXAMPLE", "secret": "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"}
 

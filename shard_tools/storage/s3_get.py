@@ -174,9 +174,17 @@ def _hmac(key: bytes, msg: str) -> bytes:
     return hmac.new(key, msg.encode(), hashlib.sha256).digest()
 
 
-def fetch(get: S3Get, max_bytes: int) -> bytes | None:
-    """The body of a signed GET of ``get`` when it is 200 and at most ``max_bytes``, else None."""
+def fetch(get: S3Get, max_bytes: int, span: tuple[int, int] | None = None) -> bytes | None:
+    """The body of a signed GET of ``get`` when it is 200 and at most ``max_bytes``, else None. With ``span =
+    (start, end)``: bytes ``[start, end)`` (fewer where the object ends first), or None; ``max_bytes`` is then
+    ``end - start``."""
     headers = sign_v4(get, datetime.datetime.now(datetime.timezone.utc))
+    if span is not None:
+        start, end = span
+        if not 0 <= start < end:
+            raise ValueError(f"bad span {span}")
+        headers["range"] = f"bytes={start}-{end - 1}"  # unsigned: SigV4 signs only the headers it names
+        max_bytes = end - start
     conn: http.client.HTTPConnection
     if get.scheme == "https":
         import ssl
@@ -191,4 +199,10 @@ def fetch(get: S3Get, max_bytes: int) -> bytes | None:
         body = resp.read(max_bytes + 1)
     finally:
         conn.close()
-    return body if resp.status == 200 and len(body) <= max_bytes else None
+    if len(body) > max_bytes:
+        return None
+    if span is None:
+        return body if resp.status == 200 else None
+    if resp.status == 206:
+        return body
+    return body if resp.status == 200 and span[0] == 0 else None  # Range ignored: the whole object, if it fits
