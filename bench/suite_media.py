@@ -50,7 +50,9 @@ BUCKETS = {"ferry": "media-ferry", "litdata": "media-litdata", "mosaic": "media-
 # a seeded order, through a seeded shuffle buffer of this many samples
 ENERGON_SHUFFLE_BUFFER, ENERGON_SAMPLES_PER_SEQUENCE = 100, 100
 ENERGON = (  # stated on the page
-    "WebDataset tars of the same pairs (`KEY.jpg` + `KEY.txt`) cut at the same shard size, prepared by "
+    "WebDataset tars of the same pairs (`KEY.jpg` + `KEY.txt`) cut at the same shard size (each member takes a "
+    "512-byte header and is padded to 512 bytes: about 1.6 kB a pair more than the other tools' shards, which "
+    "remote reads download too), prepared by "
     "`energon prepare --non-interactive --split-ratio 1,0,0 --sample-type CaptioningSample --field-map "
     '\'{"image": "jpg", "caption": "txt"}\'`; read by `get_train_dataset` + `get_loader` (`WorkerConfig` of '
     f"{WORKERS} workers, `seed_offset` the seed; batches of {BATCH}; shuffle buffer {ENERGON_SHUFFLE_BUFFER}, "
