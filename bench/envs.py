@@ -26,6 +26,7 @@ PEER_PACKAGES = [
     "torchvision",
     "litdata",
     "mosaicml-streaming",
+    "megatron-energon[s3]",  # the s3 extra: multi-storage-client with boto3, for S3-compatible remotes
     "matplotlib",
     "psutil",
     "zstandard",
@@ -49,7 +50,10 @@ class PeersVenv:
         self.log = tempfile.TemporaryFile("w+")  # noqa: SIM115 — lives as long as the install
         if self.ready():
             return
-        log("creating .venv-bench for the peers (litdata, mosaicml-streaming; torch 2.14.1 + torchvision 0.29.1)")
+        log(
+            "creating .venv-bench for the peers (litdata, mosaicml-streaming, megatron-energon; "
+            "torch 2.14.1 + torchvision 0.29.1)"
+        )
         try:
             if not self.py.exists():
                 subprocess.run([sys.executable, "-m", "venv", str(self.venv)], check=True)
@@ -155,9 +159,8 @@ def versions(ferry_python: str, peers_python: str | None, rclone: str | None) ->
     common = ["numpy", "pyarrow", "zstandard", "torch"]
     out: dict[str, Any] = {"ferry_venv": _pkg_versions(ferry_python, ["ferry", "fsspec", "s3fs", "moto", *common])}
     if peers_python:
-        out["peers_venv"] = _pkg_versions(
-            peers_python, ["litdata", "mosaicml-streaming", "torchvision", "matplotlib", *common]
-        )
+        peers = ["litdata", "mosaicml-streaming", "megatron-energon", "multi-storage-client", "torchvision"]
+        out["peers_venv"] = _pkg_versions(peers_python, [*peers, "matplotlib", *common])
     if rclone:
         try:
             first = subprocess.run([rclone, "version"], capture_output=True, text=True).stdout.splitlines()[0]

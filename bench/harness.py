@@ -86,7 +86,9 @@ class Runner:
 
     def __call__(self, ctx: Context, args: dict[str, Any], timeout: float = 900) -> dict[str, Any]:
         cmd = [self.python, str(RUNNERS / self.script), json.dumps(args)]
-        return run_json(cmd, self.environ(ctx), timeout)
+        res = run_json(cmd, self.environ(ctx), timeout)
+        res.setdefault("load_1m", round(os.getloadavg()[0], 2))  # what else ran beside it: a page states it
+        return res
 
     def profile(self, ctx: Context, args: dict[str, Any]) -> str:
         """Top functions of one run: py-spy over all threads where the peers' venv has it, else cProfile."""

@@ -1,18 +1,19 @@
 """Multimodal: image–text pairs decoded and delivered to a training loop — ferry vs MosaicML (MDS, ``jpeg``
-column) vs litdata on the same generated set.
+column) vs litdata vs Megatron-Energon on the same generated set.
 
 The set: ``SAMPLES`` JPEGs (smooth random pictures with a little noise, sides 192–320 px, quality 90) with
 captions of 60–240 characters, written once as WebDataset tars (ferry's input), as MDS shards and as litdata
-chunks (each peer's own writer), shards of ``suite_pack.SHARD_SIZE`` for every tool (ferry's packer cuts shards
-within an input file, so the tars hold ``PER_TAR`` pairs, more than a shard). ferry packs with
+chunks (each peer's own writer), and as WebDataset tars cut at the shard size with Energon's ``.nv-meta`` made by
+``energon prepare``; shards of ``suite_pack.SHARD_SIZE`` for every tool (ferry's packer cuts shards within an
+input file, so its input tars hold ``PER_TAR`` pairs, more than a shard). ferry packs with
 ``--tokenizer bytes`` and the ``patch`` policy in frames of ``FRAME_SIZE`` (``MediaLoader``: ``FERRY_BATCH``
 sequences of ``SEQ_LEN`` tokens, about the peers' batch of ``BATCH`` pairs); the peers deliver batches of
 ``BATCH`` pairs. Every tool decodes with the same Pillow call in its DataLoader workers (2), with
 ``OMP_NUM_THREADS=1``. Measures:
 
 - samples/s: decoded image–text pairs per second, warm (after a first run), 2 workers, local data;
-- first batch, cold: a fresh cache (litdata copies its chunks into its cache; MosaicML and ferry read a local
-  dataset in place), from the loader's construction;
+- first batch, cold: a fresh cache (litdata copies its chunks into its cache; MosaicML, Energon and ferry read a
+  local dataset in place), from the loader's construction;
 - peak RSS: the runner plus its workers, the sum of each process's peak;
 - remote: each tool's output in its own bucket on one moto server, read through the :mod:`netem` proxy at
   ``RTT`` with cold caches: the first batch, samples/s, and bytes downloaded per byte delivered (delivered: the
@@ -44,10 +45,25 @@ POLICY = "patch:max_side=448,patch=14"
 FRAME_SIZE = 16 << 10  # ferry's frames about one image's size: a sample read from S3 fetches little beyond its own
 RTT = 0.030
 REMOTE_SAMPLES, QUICK_REMOTE_SAMPLES = 1500, 300  # each remote pass: the first samples of the same shuffle
-BUCKETS = {"ferry": "media-ferry", "litdata": "media-litdata", "mosaic": "media-mosaic"}
+BUCKETS = {"ferry": "media-ferry", "litdata": "media-litdata", "mosaic": "media-mosaic", "energon": "media-energon"}
+# Energon's shuffle (the values of its quickstart): the shards cut into slices of at most this many samples, read in
+# a seeded order, through a seeded shuffle buffer of this many samples
+ENERGON_SHUFFLE_BUFFER, ENERGON_SAMPLES_PER_SEQUENCE = 100, 100
 ENERGON = (  # stated on the page
-    "megatron-energon 7.4.1 installs here (pip resolves it and its dependencies from the index); not yet measured "
-    "in this suite (its WebDataset input needs `energon prepare` metadata)."
+    "WebDataset tars of the same pairs (`KEY.jpg` + `KEY.txt`) cut at the same shard size (each member takes a "
+    "512-byte header and is padded to 512 bytes: about 1.6 kB a pair more than the other tools' shards, which "
+    "remote reads download too), prepared by "
+    "`energon prepare --non-interactive --split-ratio 1,0,0 --sample-type CaptioningSample --field-map "
+    '\'{"image": "jpg", "caption": "txt"}\'`; read by `get_train_dataset` + `get_loader` (`WorkerConfig` of '
+    f"{WORKERS} workers, `seed_offset` the seed; batches of {BATCH}; shuffle buffer {ENERGON_SHUFFLE_BUFFER}, "
+    f"`max_samples_per_sequence` {ENERGON_SAMPLES_PER_SEQUENCE}, its quickstart's values). Its task encoder sets "
+    "`decoder = None`, so Energon hands over each JPEG's bytes and the shared Pillow decode runs in its "
+    "`encode_sample`, in the workers. Remote: an `msc://` path through a multi-storage-client S3 profile at the "
+    "proxy's endpoint, MSC's cache (cache lines of its default 64 MiB: a whole shard) in the node-local cache "
+    "directory, `check_source_version: false` (with MSC's default every ranged read of a tar member first sends a "
+    "HEAD: one round trip more per member). Two workers that first read a shard at once both download it: MSC "
+    "renames the one cache line of an object smaller than a line to the object's own name, so the worker that "
+    "waited on the line's lock finds no line and fetches it again; downloaded ÷ delivered counts that."
 )
 KEYS = ("samples_per_s", "first_batch_s", "peak_rss_total_mb", "samples_per_cpu_s")
 
@@ -111,7 +127,7 @@ def _pack(ctx: Context, corpus: dict[str, Any]) -> dict[str, str]:
                            shard_size=suite_pack.SHARD_SIZE, progress=False)  # fmt: skip
         pack(corpus["tars"], out["ferry"], opts)
     if ctx.peers_python:
-        for tool, marker in (("mosaic", "index.json"), ("litdata", "index.json")):
+        for tool, marker in (("mosaic", "index.json"), ("litdata", "index.json"), ("energon", ".nv-meta/dataset.yaml")):
             path = root / tool
             if not (path / marker).exists():
                 shutil.rmtree(path, ignore_errors=True)
@@ -128,13 +144,21 @@ def _pack(ctx: Context, corpus: dict[str, Any]) -> dict[str, str]:
 def _runners(ctx: Context, tools: dict[str, str]) -> dict[str, Runner]:
     scripts = {"ferry": ("ferry_media.py", ctx.ferry_python)}
     if ctx.peers_python:
-        scripts |= {"mosaic": ("mosaic_media.py", ctx.peers_python), "litdata": ("litdata_media.py", ctx.peers_python)}
+        scripts |= {
+            "mosaic": ("mosaic_media.py", ctx.peers_python),
+            "litdata": ("litdata_media.py", ctx.peers_python),
+            "energon": ("energon_media.py", ctx.peers_python),
+        }
     return {t: Runner(t, s, py, LOADER_ENV) for t, (s, py) in scripts.items() if t in tools}
 
 
 def _args(ctx: Context, tool: str, data: str, cache: Path) -> dict[str, Any]:
     ferry = tool == "ferry"
+    extra: dict[str, Any] = {}
+    if tool == "energon":
+        extra = {"shuffle_buffer": ENERGON_SHUFFLE_BUFFER, "samples_per_sequence": ENERGON_SAMPLES_PER_SEQUENCE}
     return {
+        **extra,
         "data": data,
         "cache_dir": str(cache),
         "seq_len": SEQ_LEN,
@@ -247,7 +271,13 @@ def run(ctx: Context) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- the page (bench/report.py calls these)
 
-LABELS = {"ferry": "ferry", "mosaic": "MosaicML streaming (MDS, jpeg)", "litdata": "litdata"}
+LABELS = {
+    "ferry": "ferry",
+    "mosaic": "MosaicML streaming (MDS, jpeg)",
+    "litdata": "litdata",
+    "energon": "Megatron-Energon (WebDataset)",
+}
+PEERS = ("mosaic", "litdata", "energon")
 # measure: (where, key, higher is better, digits)
 MEASURES = {
     "samples/s, 2 workers, warm": ("local", "samples_per_s", True, 0),
@@ -276,11 +306,32 @@ def _median(res: dict[str, Any], where: str, key: str, tool: str) -> float | Non
     return None if s is None else s["median"]
 
 
+def _conditions(res: dict[str, Any]) -> list[str]:
+    """The machine's 1-minute load average over the runs (each run records it as it ends): this 2-core machine
+    may have run other work beside them. Results from before runs recorded it carry ``load_1m_observed``
+    ``[low, high]``, read with ``uptime`` during the run."""
+    loads = [
+        r["load_1m"]
+        for where in ("cold", "local", "remote", "remote_warm")
+        for t in LABELS
+        for r in _runs_of(res, where, t)
+        if isinstance(r.get("load_1m"), (int, float))
+    ]
+    span = (min(loads), max(loads)) if loads else tuple(res.get("load_1m_observed") or ())
+    if len(span) != 2:
+        return []
+    return [
+        f"1-minute load average during these runs: {span[0]:.1f}–{span[1]:.1f} (the cores: Machine and versions); a "
+        "run shares them with whatever else ran, so compare tools by the medians of alternated runs, not by one run.",
+        "",
+    ]
+
+
 def section(res: dict[str, Any] | None) -> list[str]:
     """The Multimodal section of docs/BENCHMARKS.md."""
     if not res:
         return []
-    lines = ["## Multimodal: image–text pairs decoded (ferry vs MosaicML MDS vs litdata)", ""]
+    lines = ["## Multimodal: image–text pairs decoded (ferry vs MosaicML MDS vs litdata vs Megatron-Energon)", ""]
     if "error" in res:
         return [*lines, str(res["error"]), ""]
     tools = [t for t in LABELS if any(_runs_of(res, w, t) for w in ("local", "remote", "cold"))]
@@ -294,14 +345,16 @@ def section(res: dict[str, Any] | None) -> list[str]:
         f"sequences of {res.get('ferry_batch', [0, 0])[1]} tokens (policy `{res.get('policy')}`, frames of "
         f"{res.get('frame_size', 0) >> 10} KiB), about as many pairs; samples/s counts pairs either way. "
         f"Remote: moto through the netem proxy at {remote.get('rtt_s', 0) * 1e3:.0f} ms RTT; every tool keeps "
-        "whole shards in a node-local cache (the peers by design, ferry with `MediaDataset(cache_dir=...)`, "
-        f"which reads by frames until a shard is in it). A remote pass reads the first {remote.get('samples_read')} "
+        "whole shards in a node-local cache (MosaicML and litdata by design, Energon through multi-storage-client's "
+        "cache of 64 MiB lines, ferry with `MediaDataset(cache_dir=...)`, which reads by frames until a shard is "
+        f"in it). A remote pass reads the first {remote.get('samples_read')} "
         "pairs of the shuffle from an empty cache; the second pass, a new process, reads the same pairs with "
         "the cache the first left. Median of the repeats; the best value of each row in bold.",
         "",
     ]
     if res.get("energon"):
         lines += [f"Megatron-Energon: {res['energon']}", ""]
+    lines += _conditions(res)
     lines += [
         "| measure | " + " | ".join(LABELS[t] for t in tools) + " |",
         "|---|" + "---|" * len(tools),
@@ -336,7 +389,7 @@ def headline_rows(res: dict[str, Any] | None) -> list[str]:
         return rows
     for name, (where, key, higher, _digits) in MEASURES.items():
         ferry = _median(res, where, key, "ferry")
-        peers = {t: _median(res, where, key, t) for t in ("mosaic", "litdata")}
+        peers = {t: _median(res, where, key, t) for t in PEERS}
         peers = {t: v for t, v in peers.items() if v}
         if not ferry or not peers:
             continue
