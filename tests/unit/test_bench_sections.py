@@ -1,4 +1,4 @@
-"""The benchmarks page renders the Ray sync and fleet simulator suites from their results."""
+"""The benchmarks page renders the Ray sync, fleet simulator and multimodal suites from their results."""
 
 from __future__ import annotations
 
@@ -44,3 +44,20 @@ def test_a_suite_that_did_not_run_or_failed_says_so_or_nothing() -> None:
     failed = report._ray_sync({"ray_sync": {"error": "Ray is not installed"}})
     assert "Ray is not installed" in failed
     assert report._headline_rows({"ray_sync": {"error": "x"}}) == []
+
+
+def _media(load: float | None, observed: list[float] | None = None) -> dict[str, object]:
+    run = {"samples_per_s": 500.0, "first_batch_s": 0.5, "peak_rss_total_mb": 900.0, "samples_per_cpu_s": 700.0}
+    runs = [{**run, **({} if load is None else {"load_1m": load + k})} for k in range(3)]
+    media: dict[str, object] = {"samples": 6000, "local": {"runs": {"ferry": runs, "mosaic": runs}}}
+    return media if observed is None else {**media, "load_1m_observed": observed}
+
+
+def test_the_multimodal_section_states_the_load_its_runs_shared_the_machine_with() -> None:
+    import suite_media
+
+    recorded = "\n".join(suite_media.section(_media(2.5)))
+    assert "1-minute load average during these runs: 2.5–4.5" in recorded
+    observed = "\n".join(suite_media.section(_media(None, [3.6, 10.3])))
+    assert "1-minute load average during these runs: 3.6–10.3" in observed
+    assert "load average" not in "\n".join(suite_media.section(_media(None)))  # nothing known: nothing said
