@@ -124,10 +124,10 @@ def start_read(loc: Location, rel: str, start: int | None, end: int | None, pool
 
 def start_small_read(loc: Location, rel: str, start: int | None, end: int | None, pool: Executor) -> Future[bytes]:
     """:func:`start_read` of bytes ``[start, end)`` of an object a process reads before anything else (a manifest's
-    first bytes): on S3 with plain settings, one signed GET without botocore, whose S3 client costs 0.15-0.6 s to
-    create (measured; a job whose shards are all in the node cache never needs one). Anything but a good answer
-    (an error, another status, a setting it does not handle) is read through the filesystem instead, in the same
-    job."""
+    first bytes): on S3 with plain settings, one signed GET without botocore, whose S3 client costs more to create
+    (its service models parsed) than the read itself, and which a job whose shards are all in the node cache never
+    needs. Anything but a good answer (an error, another status, a setting it does not handle) is read through the
+    filesystem instead, in the same job."""
     url = loc.url.split("?", 1)[0]
     if start is None or end is None or not url.startswith(("s3://", "s3a://")):
         return start_read(loc, rel, start, end, pool)
