@@ -1,5 +1,6 @@
 """A job whose shards are all in the node cache reads its S3 manifest with one signed GET and never creates an S3
-client (botocore's, 0.15-0.6 s); anything that GET does not handle goes through the filesystem as before."""
+client (botocore parses its service models for one); anything that GET does not handle goes through the
+filesystem as before."""
 
 from __future__ import annotations
 
