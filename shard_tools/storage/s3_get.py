@@ -29,6 +29,7 @@ _TIMEOUT = 10.0
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 # storage options a plain GET honours (the rest, e.g. profile or requester_pays, mean: full path)
 _OPTIONS = {"key", "secret", "token", "anon", "endpoint_url", "client_kwargs", "config_kwargs", "skip_instance_cache"}
+_PROXY_VARS = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "http_proxy", "all_proxy")
 _DNS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$")
 
 
@@ -59,10 +60,21 @@ def plan_s3_get(url: str, options: Mapping[str, Any], env: Mapping[str, str]) ->
         return None
     if any(env.get(v) for v in ("AWS_USE_FIPS_ENDPOINT", "AWS_USE_DUALSTACK_ENDPOINT", "AWS_S3_US_EAST_1_REGIONAL")):
         return None
+    if any(env.get(v) for v in _PROXY_VARS):
+        return None  # botocore sends through the proxy; a direct connection may hang where only the proxy is open
+    profile_config = _config_profile(env)
+    if profile_config is None:
+        return None
     bucket, _, key = url.split("://", 1)[1].partition("/")
     if not bucket or not key:
         return None
-    region = client.get("region_name") or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1"
+    region = (
+        client.get("region_name")
+        or env.get("AWS_REGION")
+        or env.get("AWS_DEFAULT_REGION")
+        or profile_config.get("region")
+        or "us-east-1"
+    )
     endpoint = (
         opts.get("endpoint_url")
         or client.get("endpoint_url")
@@ -87,9 +99,31 @@ def plan_s3_get(url: str, options: Mapping[str, Any], env: Mapping[str, str]) ->
     return S3Get("https", f"{bucket}.s3.{region}.amazonaws.com", f"/{quoted_key}", str(region), credentials)
 
 
+def _home(env: Mapping[str, str]) -> Path:
+    return Path(env["HOME"]) if env.get("HOME") else Path.home()
+
+
+def _config_profile(env: Mapping[str, str]) -> dict[str, str] | None:
+    """The profile's settings in the AWS config file (``{}`` without one), or None when it sets anything but the
+    region and output format (an endpoint, a CA bundle, a role, retries: botocore's business)."""
+    path = Path(env.get("AWS_CONFIG_FILE") or _home(env) / ".aws" / "config")
+    parser = configparser.RawConfigParser()
+    try:
+        if not parser.read(path):
+            return {}
+    except (configparser.Error, UnicodeDecodeError):
+        return None
+    profile = env.get("AWS_PROFILE") or env.get("AWS_DEFAULT_PROFILE") or "default"
+    name = profile if profile == "default" else f"profile {profile}"
+    if not parser.has_section(name):
+        return {}
+    section = dict(parser.items(name))
+    return section if set(section) <= {"region", "output"} else None
+
+
 def _fsspec_env_options(env: Mapping[str, str]) -> dict[str, Any] | None:
     """fsspec's own defaults for s3 from ``FSSPEC_S3`` / ``FSSPEC_S3_<KWARG>``; None if config files exist."""
-    conf_dir = Path(env.get("FSSPEC_CONFIG_DIR") or Path.home() / ".config" / "fsspec")
+    conf_dir = Path(env.get("FSSPEC_CONFIG_DIR") or _home(env) / ".config" / "fsspec")
     if conf_dir.is_dir() and any(conf_dir.iterdir()):
         return None  # config files may hold anything: leave them to fsspec
     out: dict[str, Any] = {}
@@ -120,7 +154,7 @@ def _credentials(opts: Mapping[str, Any], env: Mapping[str, str]) -> tuple[str, 
         return env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"], env.get("AWS_SESSION_TOKEN") or None
     if any(env.get(v) for v in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_WEB_IDENTITY_TOKEN_FILE")):
         return None
-    path = Path(env.get("AWS_SHARED_CREDENTIALS_FILE") or Path.home() / ".aws" / "credentials")
+    path = Path(env.get("AWS_SHARED_CREDENTIALS_FILE") or _home(env) / ".aws" / "credentials")
     parser = configparser.RawConfigParser()
     try:
         if not parser.read(path):

@@ -48,6 +48,8 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
         ("s3://dotted.bucket/x", KEYS, {}, None),  # AWS with a dotted bucket name
         ("s3://b1/x", KEYS, {"AWS_USE_FIPS_ENDPOINT": "true"}, None),
         ("s3://b1", KEYS, {}, None),  # no key
+        ("s3://my-bucket/x", KEYS, {"HTTPS_PROXY": "http://proxy:3128"}, None),  # a proxy: botocore goes through it
+        ("s3://my-bucket/x", KEYS, {"http_proxy": "http://proxy:3128"}, None),
     ],
 )  # fmt: skip
 def test_plan_s3_get(
@@ -158,3 +160,19 @@ def test_s3_noop_imports_no_storage_stack(tmp_path: Path, s3_backend: Any, capsy
     run = subprocess.run([sys.executable, "-c", probe, src, dst], capture_output=True, text=True, timeout=60)
     assert run.stderr.strip().splitlines()[-1] == "LOADED [] 0", run.stderr
     assert json.loads(run.stdout)["up_to_date"] is True
+
+
+def test_the_aws_config_file_gives_the_region_and_anything_else_leaves_it_to_botocore(tmp_path: Path) -> None:
+    config = tmp_path / "config"
+    env = _env(tmp_path, AWS_CONFIG_FILE=str(config), AWS_ACCESS_KEY_ID="A", AWS_SECRET_ACCESS_KEY="S")
+    config.write_text(
+        "[default]\nregion = ap-south-1\noutput = json\n[profile edge]\nendpoint_url = http://minio:9000\n"
+    )
+    get = plan_s3_get("s3://my-bucket/x", {}, env)
+    assert get is not None and (get.host, get.region) == ("my-bucket.s3.ap-south-1.amazonaws.com", "ap-south-1")
+    assert plan_s3_get("s3://my-bucket/x", {}, {**env, "AWS_PROFILE": "edge"}) is None  # its endpoint: botocore's
+    config.write_text("[default]\nca_bundle = /etc/corp.pem\n")
+    assert plan_s3_get("s3://my-bucket/x", {}, env) is None
+    config.write_text("not an ini file")
+    assert plan_s3_get("s3://my-bucket/x", {}, env) is None
+    assert plan_s3_get("s3://my-bucket/x", {}, {**env, "AWS_CONFIG_FILE": str(tmp_path / "none")}) is not None
