@@ -4,6 +4,8 @@ filesystem as before."""
 
 from __future__ import annotations
 
+import http.server
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -107,3 +109,35 @@ def test_a_ranged_plain_get_gives_exactly_the_bytes_asked(s3_backend: Backend) -
     assert missing is not None and s3_get.fetch(missing, 100, (0, 100)) is None
     with pytest.raises(ValueError):
         s3_get.fetch(get, 10, (10, 10))
+
+
+class _Liar(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with the status and body the test sets on the server."""
+
+    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        status, body = self.server.answer  # type: ignore[attr-defined]
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_server_that_answers_a_range_wrongly_gives_nothing(tmp_path: Path) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Liar)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        get = s3_get.S3Get("http", f"127.0.0.1:{server.server_address[1]}", "/b/x", "us-east-1", None)
+        server.answer = (206, b"x" * 110)  # type: ignore[attr-defined]
+        assert s3_get.fetch(get, 100, (0, 100)) is None  # more than asked
+        server.answer = (200, b"y" * 50)  # type: ignore[attr-defined]
+        assert s3_get.fetch(get, 100, (0, 100)) == b"y" * 50  # Range ignored, the whole object fits: the same bytes
+        assert s3_get.fetch(get, 100, (10, 110)) is None  # Range ignored from an offset: not the bytes asked
+        server.answer = (403, b"<Error/>")  # type: ignore[attr-defined]
+        assert s3_get.fetch(get, 100, (0, 100)) is None
+    finally:
+        server.shutdown()
+        server.server_close()
