@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import contextlib
 import itertools
 import multiprocessing
 import signal
+import threading
 from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import Any
@@ -43,21 +45,45 @@ def run_units(
 
 
 def _pool(job: Job, units: Sequence[Unit], workers: int) -> Iterator[UnitResult]:
-    with cf.ProcessPoolExecutor(
-        max_workers=min(workers, len(units)), mp_context=worker_context(), initializer=_init_worker
-    ) as pool:
-        futures = [pool.submit(_pack_unit_in_worker, job, u) for u in units]
-        try:
-            for fut in futures:  # in unit order: the output never depends on scheduling
-                yield fut.result()
-        except cf.process.BrokenProcessPool as exc:
-            raise FerryError(
-                f"a pack worker process died ({exc}); out of memory? try fewer --workers. Nothing was published"
-            ) from exc
-        finally:
-            # Cancelled by the pool's own manager thread: a future cancelled from here while a
-            # worker dies (Ctrl-C) makes Python < 3.12 print an InvalidStateError traceback.
+    pool: cf.ProcessPoolExecutor | None = None
+    try:
+        with _sigint_held():  # a Ctrl-C meanwhile is handled when this ends, inside the ``try``
+            pool = cf.ProcessPoolExecutor(
+                max_workers=min(workers, len(units)), mp_context=worker_context(), initializer=_init_worker
+            )
+            futures = [pool.submit(_pack_unit_in_worker, job, u) for u in units]
+        for fut in futures:  # in unit order: the output never depends on scheduling
+            yield fut.result()
+    except cf.process.BrokenProcessPool as exc:
+        raise FerryError(
+            f"a pack worker process died ({exc}); out of memory? try fewer --workers. Nothing was published"
+        ) from exc
+    finally:
+        # Cancelled by the pool's own manager thread: a future cancelled from here while a
+        # worker dies (Ctrl-C) makes Python < 3.12 print an InvalidStateError traceback.
+        if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """A Ctrl-C during the ``with`` is handled when it ends: the pool starts a worker in ``submit`` and registers
+    it only after the fork, so an interrupt between the two would leave a worker the pool never stops, and ferry
+    would wait for it forever on its way out. (Blocking the signal is not enough: another thread can take it,
+    and Python still raises it in the main thread.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+        if got and callable(previous):
+            previous(signal.SIGINT, None)  # Python's default raises KeyboardInterrupt here
+        elif got and previous == signal.SIG_DFL:
+            signal.raise_signal(signal.SIGINT)
 
 
 _packing = False  # in a pool worker: whether it is inside a unit, where Ctrl-C may interrupt it

@@ -209,3 +209,50 @@ def test_normal_pack_leaves_no_process(tmp_path: Path) -> None:
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
         assert not survivors(seen, GONE_WITHIN)
+
+
+# ferry whose second pool worker gets a Ctrl-C the moment the fork server has forked it, before the pool
+# registers it: the window a Ctrl-C "at start" can hit on a loaded machine (a fresh-clone run hung there)
+FERRY_SIGINT_IN_SPAWN = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys, concurrent.futures.process as cfp, multiprocessing.process as mpp\n"
+    "real, started = mpp.BaseProcess.start, []\n"
+    "def start(self):\n"
+    "    worker = getattr(self, '_target', None) is cfp._process_worker  # start() drops _target\n"
+    "    real(self)\n"
+    "    if worker:\n"
+    "        started.append(self)\n"
+    "        if len(started) == 2:\n"
+    "            os.kill(os.getpid(), signal.SIGINT)\n"
+    "mpp.BaseProcess.start = start\n"
+    "from ferry.shard_tools.cli import main\n"
+    "sys.exit(main())",
+]
+
+
+def test_sigint_while_the_pool_starts_a_worker_exits_cleanly(tmp_path: Path) -> None:
+    """Before the fix the interrupt left a worker the pool never registered, and ferry hung on its way out."""
+    cmd = [*FERRY_SIGINT_IN_SPAWN, "pack", *corpus(tmp_path), "--out", str(tmp_path / "out"), *PACK_ARGS,
+           "--workers", "2"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    seen: set[Proc] = set()
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            seen |= descendants(proc.pid)
+            time.sleep(0.02)
+        assert proc.poll() is not None, "ferry pack did not exit within 60 s of a Ctrl-C while starting its workers"
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130, err
+        assert err == "ferry pack: interrupted\n", err
+        assert not survivors(seen, GONE_WITHIN)
+        assert not (tmp_path / "out" / "manifest.json").exists()
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for p in seen:
+            if alive(p):
+                with suppress(ProcessLookupError):
+                    os.kill(p[0], signal.SIGKILL)
+        proc.communicate(timeout=30)
