@@ -212,7 +212,7 @@ def test_normal_pack_leaves_no_process(tmp_path: Path) -> None:
 
 
 # ferry whose second pool worker gets a Ctrl-C the moment the fork server has forked it, before the pool
-# registers it: the window a Ctrl-C "at start" can hit on a loaded machine (a fresh-clone run hung there)
+# registers it: the window a Ctrl-C "at start" can hit on a loaded machine
 FERRY_SIGINT_IN_SPAWN = [
     sys.executable,
     "-c",
@@ -232,7 +232,7 @@ FERRY_SIGINT_IN_SPAWN = [
 
 
 def test_sigint_while_the_pool_starts_a_worker_exits_cleanly(tmp_path: Path) -> None:
-    """Before the fix the interrupt left a worker the pool never registered, and ferry hung on its way out."""
+    """The interrupt must not leave a worker the pool never registered: ferry ends, as with any other Ctrl-C."""
     cmd = [*FERRY_SIGINT_IN_SPAWN, "pack", *corpus(tmp_path), "--out", str(tmp_path / "out"), *PACK_ARGS,
            "--workers", "2"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
