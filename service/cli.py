@@ -8,6 +8,7 @@ import logging
 import re
 import signal
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +25,8 @@ if TYPE_CHECKING:  # the engine and its storage stack load only when a command n
     from .daemon import Daemon
     from .replication.engine import Engine
     from .replication.passes import PassResult
+    from .transfer.bandwidth import Bandwidth
+    from .transfer.copier import Copier
     from .transfer.executor import Executor, JobResult
     from .transfer.stats import Stats
 
@@ -244,22 +247,48 @@ def _add_log_format(p: argparse.ArgumentParser) -> None:
     )
 
 
+_SYNC_EXAMPLES = """examples:
+  ferry sync /data/web-en s3://bucket/web-en --transfers 16
+  ferry sync s3://bucket/web-en /lustre/web-en --bwlimit 500MiB/s --json
+  ferry sync s3://bucket/web-en gs://bucket/web-en --engine ray --ray-address auto
+  ferry sync /data/web-en /backup/web-en --verify-only
+"""
+
+
 def add_sync_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
         "sync",
         help="replicate one dataset from SRC_URL to DST_URL (one shot)",
-        description="Copy every shard of the source's current version that the destination lacks, verify each "
-        "against the manifest digest, then publish versions/<id>.json and manifest.json at the destination. "
-        "The destination only moves forward: a version that does not descend from the destination's current one "
-        "(its parent chain) is refused unless --allow-rollback, and a destination another writer holds (its "
-        "lease: a daemon, another ferry sync) is left alone. Exits 1 if any shard could not be copied and "
-        "verified, or the publish was refused.",
+        description=textwrap.fill(
+            "Copy every shard of the source's current version that the destination lacks, verify each "
+            "against the manifest digest, then publish versions/<id>.json and manifest.json at the destination. "
+            "The destination only moves forward: a version that does not descend from the destination's current one "
+            "(its parent chain) is refused unless --allow-rollback, and a destination another writer holds (its "
+            "lease: a daemon, another ferry sync) is left alone. Exits 1 if any shard could not be copied and "
+            "verified, or the publish was refused.",
+            width=88,
+        ),
+        epilog=_SYNC_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("src", metavar="SRC_URL", help="source dataset URL")
     p.add_argument("dst", metavar="DST_URL", help="destination dataset URL")
     p.add_argument("--transfers", type=int, default=4, help="concurrent shard transfers (default 4)")
     p.add_argument("--bwlimit", default=None, help="bandwidth limit, e.g. 100MiB/s (default: unlimited)")
     p.add_argument("--retries", type=int, default=5, help="attempts per shard before it fails (default 5)")
+    p.add_argument(
+        "--engine",
+        choices=["threads", "ray"],
+        default="threads",
+        help="where the copies run: threads of this process (default), or ray: one Ray task per shard over the "
+        "nodes of the Ray cluster at --ray-address (needs the 'ray' extra; both URLs must be storage every node "
+        "reaches)",
+    )
+    p.add_argument(
+        "--ray-address",
+        default="auto",
+        help="with --engine ray: 'auto' (the cluster this machine belongs to, default), HOST:PORT or ray://HOST:PORT",
+    )
     p.add_argument("--verify-only", action="store_true", help="only re-hash the destination's shards; copy nothing")
     p.add_argument("--json", action="store_true", help="print a JSON report")
     p.add_argument(
@@ -340,11 +369,13 @@ def _sync(args: argparse.Namespace) -> int:
     dst = resolve(args.dst, dst_options)
     names = {"src": src, "dst": dst}
     stats = Stats()
+    bandwidth = Bandwidth(bwlimit)
     executor = Executor(
         transfers=args.transfers,
-        bandwidth=Bandwidth(bwlimit),
+        bandwidth=bandwidth,
         stats=stats,
         retries=max(1, args.retries),
+        copier=_copier(args, bandwidth),
     )
     # a bar is not a log line: with JSON logs only an explicit --progress draws one
     show = sys.stderr.isatty() and args.log_format != "json" if args.progress is None else args.progress
@@ -356,11 +387,37 @@ def _sync(args: argparse.Namespace) -> int:
             engine = Engine(executor, State(None), writer="sync", allow_rollback=args.allow_rollback)
             res = _pass_following_the_source(engine, names)
             report, ok = _report(res, args), res.ok
+        if args.engine == "ray":
+            report["copies_by_node"] = _copies_by_node(executor.copier)
     finally:
         done.set()
         if thread is not None:
             thread.join()
+        executor.copier.close()
     return _print_report(report, args, t0, ok)
+
+
+def _copies_by_node(copier: Copier) -> dict[str, int]:
+    """Ray node id → the copies (and re-hashes) that moved bytes there."""
+    from .transfer.ray_copier import RayCopier
+
+    return copier.transfers_by_node() if isinstance(copier, RayCopier) else {}
+
+
+def _copier(args: argparse.Namespace, bandwidth: Bandwidth) -> Copier | None:
+    """The Ray engine's copier for ``--engine ray`` (None: the executor's own threads)."""
+    if args.engine != "ray":
+        return None
+    for url in (args.src, args.dst):
+        if url.startswith("memory://"):
+            raise UsageError(
+                f"--engine ray copies in other processes, which cannot see {redact(url)} (this process' memory); "
+                "use storage every node reaches"
+            )
+    from .config_types import TransferConfig
+    from .transfer.copier import make_copier
+
+    return make_copier(TransferConfig(engine="ray", address=args.ray_address), bandwidth)
 
 
 #: passes one ``ferry sync`` makes at most when its source publishes a newer version while it reads

@@ -4,7 +4,9 @@ Each node is its own ``ray start --block`` in a process group of its own, on fre
 defaults: other Ray users may share the machine), under a temp dir of its own. ``stop()`` kills the
 groups, then any process still naming that temp dir or holding a file open in it (a worker that left
 its group), and waits for them: nothing is left running, whatever the test did. Never ``ray stop``:
-it stops every Ray instance on the machine, other users' too.
+it stops every Ray instance on the machine, other users' too. One port range stays shared: a Ray Client
+session's server takes the first free port of Ray's fixed 23000-24000, so two sessions starting at the
+same instant on one machine (another Ray user's and a test's) can collide and one of them fails.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ extra, imported only when this engine is chosen.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import threading
@@ -61,6 +62,13 @@ def _restore(kept: dict[int, Any]) -> None:
             signal.signal(s, handler)
 
 
+def _forget_failed_init(ray: Any) -> None:
+    """Undo what a failed ``ray.init`` left behind: after a Ray Client connection fails, every later
+    ``ray.init`` of this process fails too (an assertion inside Ray) until ``ray.shutdown``."""
+    with contextlib.suppress(Exception):
+        ray.shutdown()
+
+
 def _check_reachable(address: str) -> None:
     """A UsageError at once when nothing listens at ``address`` (``ray.init`` would retry for minutes)."""
     if address == "auto":
@@ -100,6 +108,7 @@ class RayCopier:
             try:
                 ray.init(address=address, logging_level="WARNING", log_to_driver=False)
             except Exception as exc:  # noqa: BLE001 - Ray raises assorted types for unreachable clusters
+                _forget_failed_init(ray)
                 raise UsageError(
                     f'[transfer] engine = "ray": cannot reach the Ray cluster at {address}: {exc}'
                 ) from exc

@@ -3,6 +3,7 @@ a real two-node Ray cluster of separate processes (tests/ray_cluster.py), spread
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from configs import Api, Cluster, FerryToml, Limits, Rule, Transfer
+from contracts.writers import ROUNDS, concurrent_writers
 from helpers import pack, wait_until
 from ray_cluster import RayCluster, ray_cluster
 
@@ -145,9 +147,10 @@ def test_a_sigtermed_ray_daemon_drains_and_exits_0(cluster: RayCluster, tmp_path
 
 def test_worker_killed_mid_copy_costs_a_retry_not_a_partial_shard(cluster: RayCluster, tmp_path: Path) -> None:
     made = pack(str(tmp_path / "src" / "ds"), 900, seed=4, shard_size=32 * 1024)
-    # ~128 KiB/s over every node: each copy takes a while, so one is caught in the middle
+    # 32 KiB/s over every node: the ~300 KB take ~9 s, so a copy is caught in the middle even when each
+    # scan of /proc for the task's worker takes seconds on a loaded machine
     d = _daemon(tmp_path, "ray", Transfer(engine="ray", address=cluster.address, max_retries=3),
-                Limits(transfers=2, bwlimit=128 * 1024))  # fmt: skip
+                Limits(transfers=2, bwlimit=32 * 1024))  # fmt: skip
     killed: list[int] = []
     stop = threading.Event()
 
@@ -251,3 +254,76 @@ def test_pause_holds_new_tasks_and_a_new_limit_reaches_running_ones(cluster: Ray
     finally:
         d.stop()
     assert verify(str(tmp_path / "ray" / "ds")).ok
+
+
+#: what a ``ferry`` process started by these tests needs to join the fixture's cluster
+_RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+#: rounds of the concurrent-writers property with Ray copies (each sync starts a Ray driver: seconds)
+RAY_WRITER_ROUNDS = min(ROUNDS, 12)
+
+
+def test_ferry_sync_with_the_ray_engine_copies_as_tasks_on_every_node(cluster: RayCluster, tmp_path: Path) -> None:
+    made = pack(str(tmp_path / "src" / "ds"), 600, seed=8, shard_size=16 * 1024)
+    assert made.shards >= 8
+    argv = [sys.executable, "-m", "ferry.service.cli", "sync", str(tmp_path / "src" / "ds"), str(tmp_path / "dst"),
+            "--engine", "ray", "--ray-address", cluster.address, "--transfers", "4", "--json"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=180, env={**os.environ, **_RAY_ENV})
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["published"] and report["copied"] == made.shards
+    assert len(report["copies_by_node"]) == 2 and sum(report["copies_by_node"].values()) == made.shards, report
+    assert verify(str(tmp_path / "dst")).ok
+    assert _shard_files(tmp_path / "dst") == _shard_files(tmp_path / "src" / "ds")
+    assert "Traceback" not in done.stderr
+
+
+def test_ferry_sync_with_the_ray_engine_refuses_memory_urls(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "ferry.service.cli", "sync", "memory://a/ds", str(tmp_path / "dst"),
+            "--engine", "ray", "--ray-address", "127.0.0.1:1"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "--engine ray copies in other processes, which cannot see memory://a/ds" in done.stderr
+
+
+def test_concurrent_writers_with_every_sync_copying_on_ray(cluster: RayCluster, tmp_path: Path) -> None:
+    """The concurrent-writers property (appends, syncs forward and syncs trying to move back, some
+    SIGKILLed), every racing ``ferry sync`` a Ray driver whose copies run as tasks on both nodes."""
+    base = tmp_path / "stores"
+    base.mkdir()
+    synced = concurrent_writers(str(base), {}, _RAY_ENV, tmp_path, RAY_WRITER_ROUNDS,
+                                sync_args=("--engine", "ray", "--ray-address", cluster.address))  # fmt: skip
+    copied = [r for r in synced if r["copied"]]
+    assert copied, "no racing sync copied a shard"
+    assert all(sum(r["copies_by_node"].values()) >= r["copied"] for r in copied), copied
+
+
+_AFTER_A_FAILED_CONNECTION = """
+import socket, sys, threading
+from ferry.service.transfer.bandwidth import Bandwidth
+from ferry.service.transfer.ray_copier import RayCopier
+from ferry.shard_tools.errors import UsageError
+
+listener = socket.create_server(("127.0.0.1", 0))
+def refuse():
+    while True:
+        listener.accept()[0].close()
+threading.Thread(target=refuse, daemon=True).start()
+try:
+    RayCopier(Bandwidth(None), address=f"ray://127.0.0.1:{listener.getsockname()[1]}")
+except UsageError as exc:
+    print("refused:", str(exc).splitlines()[0])
+copier = RayCopier(Bandwidth(None), address=sys.argv[1])
+print("nodes:", len(copier._alive_nodes(1.0)))
+copier.close()
+"""
+
+
+def test_a_failed_connection_leaves_the_process_able_to_connect(cluster: RayCluster) -> None:
+    """Something listens at a ``ray://`` address but no Ray Client answers: the copier says so (UsageError),
+    and the same process then connects to the real cluster (Ray's half-made client state is undone)."""
+    done = subprocess.run([sys.executable, "-c", _AFTER_A_FAILED_CONNECTION, cluster.address], capture_output=True,
+                          text=True, timeout=240, env={**os.environ, **_RAY_ENV})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith('refused: [transfer] engine = "ray": cannot reach the Ray cluster at ray://127.0.0.1:')
+    assert lines[1] == "nodes: 2", done.stdout

@@ -106,7 +106,7 @@ def test_cli_surface_and_exports() -> None:
     options = {name: sorted(o for a in p._actions for o in a.option_strings) for name, p in sub.choices.items()}
     expected = ["-h", "--help", "--transfers", "--bwlimit", "--retries", "--verify-only", "--json", "--progress",
                 "--no-progress", "--allow-rollback", "--storage-option", "-S", "--src-option",
-                "--dst-option", "--log-format"]  # fmt: skip
+                "--dst-option", "--log-format", "--engine", "--ray-address"]  # fmt: skip
     assert options["sync"] == sorted(expected)
     assert set(options["serve"]) >= {"--config", "-c", "--log-level", "--log-format", "--drain-timeout"}
     assert sorted(service.__all__) == ["Config", "Daemon", "UNCHANGED", "load_config", "parse_config"]
