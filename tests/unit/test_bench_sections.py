@@ -61,3 +61,20 @@ def test_the_multimodal_section_states_the_load_its_runs_shared_the_machine_with
     observed = "\n".join(suite_media.section(_media(None, [3.6, 10.3])))
     assert "1-minute load average during these runs: 3.6–10.3" in observed
     assert "load average" not in "\n".join(suite_media.section(_media(None)))  # nothing known: nothing said
+
+
+def test_the_load_targets_compare_tokens_per_second_and_per_cpu_second_with_the_best_peer_of_each() -> None:
+    def runs(tok: float, cpu: float) -> list[dict[str, float]]:
+        return [{"tokens_per_s": tok, "tokens_per_cpu_s": cpu}]
+
+    cases = {
+        "0": {"runs": {"ferry": runs(500e6, 400e6), "litdata": runs(200e6, 150e6), "mosaic": runs(20e6, 250e6)}},
+        "2": {"runs": {"ferry": runs(150e6, 100e6), "litdata": runs(40e6, 60e6)}},
+    }
+    lines = report._twice_the_peers(cases, "cold epoch")
+    assert lines[0] == (
+        "- cold epoch, 0 workers: tokens/s, ferry ÷ best peer: 2.50 (target ≥ 2) — met; "
+        "tokens per CPU s, ferry ÷ best peer: 1.60 (target ≥ 2) — **not met**"
+    )  # per CPU second the best peer is MosaicML's 250, not litdata, the faster one
+    assert lines[1].endswith("tokens per CPU s, ferry ÷ best peer: 1.67 (target ≥ 2) — **not met**")
+    assert "tokens/s, ferry ÷ best peer: 3.75 (target ≥ 2) — met" in lines[1]
