@@ -3,7 +3,8 @@
 A batch is a dict of tensors ``input_ids``, ``labels``, ``position_ids`` (``batch × seq_len``),
 ``documents`` (rows ``(row, document, start, length, start in the document)``), ``media_spans`` (rows
 ``(row, start, length)``), and the list ``media``: the items (or what the dataset's ``decode`` hook made of
-them) in the order of ``media_spans``. :meth:`MediaLoader.state_dict` after a batch, given to
+them) in the order of ``media_spans``; numpy arrays a worker made arrive as views of one shared buffer per
+batch (:mod:`ferry.client.media.handover`). :meth:`MediaLoader.state_dict` after a batch, given to
 :meth:`MediaLoader.load_state_dict` of a new loader over the same dataset, continues with the next batch:
 the sequences are a pure function of the dataset, seed and epoch (:mod:`ferry.client.media.planner`), the
 global stream of them does not depend on ranks or workers (:mod:`ferry.client.media.source`), and the state is
@@ -25,6 +26,7 @@ from ferry.shard_tools.errors import UsageError
 from ferry.shard_tools.format.media import MediaItem
 
 from ..sampling.partition import rank_positions
+from .handover import pack, unpack
 from .source import MediaSource
 
 __all__ = ["MediaLoader", "collate", "decode_image"]
@@ -76,7 +78,10 @@ class _Batches(IterableDataset[dict[str, Any]]):
             if k % workers == worker:
                 positions = self.source.batch_positions(k, self.batch_size).tolist()
                 self.source.prefetch_at(positions)  # the batch's frames in one go (remote replicas)
-                yield collate([self.source.sample_at(p) for p in positions])
+                batch = collate([self.source.sample_at(p) for p in positions])
+                if info is not None:  # decoded arrays cross to the training process in one shared buffer
+                    batch["media"] = pack(batch["media"])
+                yield batch
         # the disk cache's fills of the last shards end before the worker does (a full disk is raised here)
         self.source.settle()
 
@@ -124,6 +129,7 @@ class MediaLoader:
         for k, batch in enumerate(loader):
             # counted as consumed when handed over: every rank has then delivered its part of global batch k
             self._position = start + (k + 1) * self.global_batch_size
+            batch["media"] = unpack(batch["media"])
             yield batch
 
     def trace(

@@ -317,3 +317,31 @@ def test_metadata_of_cached_shards_comes_from_the_cache(samples: list[dict[str, 
         Path(ds.cache.path(info)).unlink()
     assert [[m.data for m in reader.items(s, 0, n)] for s, n in enumerate(items)] == from_cache
     assert ranged and all(reader.shard(s).layout is not None for s in range(len(items)))
+
+
+def _pixels(item: Any) -> Any:
+    """A ``decode`` hook returning numpy arrays (decoded pixels), as a training job's often does."""
+    return np.asarray(decode_image(item))
+
+
+def test_decoded_arrays_from_workers_equal_the_in_process_ones_and_share_one_buffer_per_batch(
+    dataset_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ferry.client.media import handover
+
+    monkeypatch.setattr(handover, "MIN_BYTES", 0)  # the test's images are small: pack every batch (workers fork)
+    here = _stream(MediaLoader(_dataset(dataset_url, decode=_pixels), 3))
+    there = _stream(MediaLoader(_dataset(dataset_url, decode=_pixels), 3, num_workers=2))
+    assert len(here) == len(there)
+    for a, b in zip(here, there, strict=True):
+        assert a["positions"] == b["positions"] and a["media_spans"].equal(b["media_spans"])
+        assert len(a["media"]) == len(b["media"])
+        for x, y in zip(a["media"], b["media"], strict=True):
+            assert x.dtype == y.dtype == np.uint8 and x.shape == y.shape and np.array_equal(x, y)
+        roots = []
+        for y in b["media"]:
+            while isinstance(y.base, np.ndarray):
+                y = y.base
+            roots.append(y.base)
+        assert all(r is not None and r is roots[0] for r in roots)  # views of one shared buffer per batch
+    assert sum(len(b["media"]) for b in there) > 20

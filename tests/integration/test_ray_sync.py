@@ -147,8 +147,8 @@ def test_a_sigtermed_ray_daemon_drains_and_exits_0(cluster: RayCluster, tmp_path
 
 def test_worker_killed_mid_copy_costs_a_retry_not_a_partial_shard(cluster: RayCluster, tmp_path: Path) -> None:
     made = pack(str(tmp_path / "src" / "ds"), 900, seed=4, shard_size=32 * 1024)
-    # 32 KiB/s over every node: the ~300 KB take ~9 s, so a copy is caught in the middle even when each
-    # scan of /proc for the task's worker takes seconds on a loaded machine
+    # a low limit over every node keeps each copy running long enough that a copy is caught in the middle
+    # even when each scan of /proc for the task's worker is slow on a loaded machine
     d = _daemon(tmp_path, "ray", Transfer(engine="ray", address=cluster.address, max_retries=3),
                 Limits(transfers=2, bwlimit=32 * 1024))  # fmt: skip
     killed: list[int] = []
