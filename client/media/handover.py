@@ -7,11 +7,14 @@ hands over as a file descriptor; :func:`unpack` gives back the same list, each a
 its dtype and shape. One buffer per batch, not one per array: a shared-memory segment costs a file and a
 mapping each, more than a pipe for small arrays (so batches under ``MIN_BYTES`` travel as before). Items that
 are not numeric numpy arrays (images as Pillow objects, :class:`~ferry.shard_tools.format.media.MediaItem`)
-travel pickled, unchanged.
+travel pickled, unchanged. The buffers live in ``/dev/shm`` while batches wait for the training loop, and a
+container's is often small (64 MiB by default in Docker): a batch larger than ``1/SHM_SHARE`` of its free
+space travels pickled too, so a full ``/dev/shm`` never fails a batch that a pipe would carry.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["PackedMedia", "pack", "unpack", "MIN_BYTES"]
+__all__ = ["PackedMedia", "pack", "unpack", "shm_free", "MIN_BYTES", "SHM_SHARE"]
 
 #: arrays of a batch smaller than this together go through the pipe (a segment's own cost is not worth it)
 MIN_BYTES = 1 << 20
@@ -35,6 +38,11 @@ class PackedMedia:
     items: tuple[Any, ...]
 
 
+#: a batch takes at most this share of /dev/shm's free space (workers × prefetch batches wait there at once)
+SHM_SHARE = 8
+#: where torch makes the shared-memory files of tensors
+SHM_DIR = "/dev/shm"
+
 #: every array starts at a multiple of this in the buffer (aligned for any dtype numpy and torch use)
 _ALIGN = 64
 
@@ -47,6 +55,15 @@ def _packable(item: Any) -> bool:
     return isinstance(item, np.ndarray) and item.dtype.kind in "biufc" and not item.dtype.hasobject
 
 
+def shm_free() -> int:
+    """Bytes free in ``SHM_DIR`` for this user (0 where there is none)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return 0
+    return int(st.f_bavail) * int(st.f_frsize)
+
+
 def pack(media: Sequence[Any]) -> PackedMedia | list[Any]:
     """``media`` with its arrays in one shared-memory buffer, or the list as it is when they are under
     ``MIN_BYTES`` together."""
@@ -54,6 +71,8 @@ def pack(media: Sequence[Any]) -> PackedMedia | list[Any]:
     if sum(int(a.nbytes) for a in arrays) < MIN_BYTES:
         return list(media)
     total = sum(_aligned(int(a.nbytes)) for a in arrays)
+    if total > shm_free() // SHM_SHARE:
+        return list(media)
     buffer = torch.empty(total, dtype=torch.uint8).share_memory_()  # made shared: the hand-over copies nothing
     flat = buffer.numpy()
     layout: list[tuple[int, tuple[int, ...], str] | None] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -79,3 +80,22 @@ def test_the_threshold_counts_only_the_arrays(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(handover, "MIN_BYTES", 100)
     assert isinstance(pack([np.zeros(100, dtype=np.uint8)]), PackedMedia)
     assert isinstance(pack([np.zeros(99, dtype=np.uint8), b"z" * 1000]), list)
+
+
+def test_a_batch_too_large_for_the_free_shared_memory_travels_pickled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A container's small /dev/shm: a batch over its share of the free space is not packed, so it cannot fail
+    where the pipe would carry it."""
+    media = _media()
+    need = sum(handover._aligned(a.nbytes) for a in media if isinstance(a, np.ndarray) and a.dtype != object)
+    monkeypatch.setattr(handover, "shm_free", lambda: (need - 1) * handover.SHM_SHARE)
+    assert isinstance(pack(media), list)
+    monkeypatch.setattr(handover, "shm_free", lambda: need * handover.SHM_SHARE)
+    assert isinstance(pack(media), PackedMedia)
+    monkeypatch.undo()
+    monkeypatch.setattr(handover, "SHM_DIR", "/nonexistent/shm")
+    assert handover.shm_free() == 0 and isinstance(pack(media), list)
+
+
+def test_shm_free_reads_the_shared_memory_filesystem() -> None:
+    st = os.statvfs("/dev/shm")  # other processes may take or give back space meanwhile: bounds, not equality
+    assert 0 < handover.shm_free() <= st.f_blocks * st.f_frsize
