@@ -91,8 +91,20 @@ def _machine(res: dict[str, Any]) -> list[str]:
         + (f"generated in {c['generate_s']:.1f} s." if c.get("generate_s", 0) > 0.5 else "reused from bench/data."),
         f"- Run: `{meta.get('command')}`, {meta.get('repeats')} repeats per measurement, started "
         f"{meta.get('started')}, took {meta.get('duration_s', 0) / 60:.1f} min.",
+        *_merged(meta.get("merged") or {}),
         "",
     ]
+    return lines
+
+
+def _merged(merged: dict[str, Any]) -> list[str]:
+    """Where each suite's numbers come from, when the results merge several runs."""
+    if not merged:
+        return []
+    lines = ["- The results merge runs; each suite's numbers are those of one run:"]
+    for suites, run in merged.items():
+        started = f", started {run['started']}" if run.get("started") else ""
+        lines.append(f"  - {suites}: `{run.get('command')}` (`{run.get('from')}`{started})")
     return lines
 
 

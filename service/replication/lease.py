@@ -344,17 +344,20 @@ class Lease:
             self._token = write_if(self.loc, LEASE_FILE, self._info(time.time() + self.ttl).to_json(), self._token)
         except WriteConflictError:
             self._token = None
-            self.lost = "the lease was taken over or broken"
+            lost, lost_to = "the lease was taken over or broken", ""
             with contextlib.suppress(StorageError):
                 view = view_lease(self.loc)
                 taker = view.active()
                 if view.info is not None and view.info.kind == "broken":
-                    self.lost = f"the lease was broken by {safe_text(view.info.holder)} (ferry lease break)"
-                    self.lost_to = view.info.holder
+                    lost = f"the lease was broken by {safe_text(view.info.holder)} (ferry lease break)"
+                    lost_to = view.info.holder
                 elif taker is not None:
-                    self.lost = f"the lease was taken over by {taker.describe()}"
-                    self.lost_to = taker.holder
-            _log.warning("lost the writer lease of %s: %s", safe_text(self.loc.url, 200), self.lost)
+                    lost = f"the lease was taken over by {taker.describe()}"
+                    lost_to = taker.holder
+            # set once the reason is known, lost last: a thread that sees ``lost`` set sees why, and who
+            self.lost_to = lost_to
+            self.lost = lost
+            _log.warning("lost the writer lease of %s: %s", safe_text(self.loc.url, 200), lost)
             return False
         return True
 

@@ -78,3 +78,16 @@ def test_the_load_targets_compare_tokens_per_second_and_per_cpu_second_with_the_
     )  # per CPU second the best peer is MosaicML's 250, not litdata, the faster one
     assert lines[1].endswith("tokens per CPU s, ferry ÷ best peer: 1.67 (target ≥ 2) — **not met**")
     assert "tokens/s, ferry ÷ best peer: 3.75 (target ≥ 2) — met" in lines[1]
+
+
+def test_a_page_from_merged_results_names_the_run_of_each_suite() -> None:
+    merged = {
+        "load, scaling": {"command": "bench/run.py --only load,scaling", "from": "B.json", "started": "2026-12-05"},
+        "pack": {"command": "bench/run.py", "from": "A.json"},
+    }
+    assert report._merged(merged) == [
+        "- The results merge runs; each suite's numbers are those of one run:",
+        "  - load, scaling: `bench/run.py --only load,scaling` (`B.json`, started 2026-12-05)",
+        "  - pack: `bench/run.py` (`A.json`)",
+    ]
+    assert report._merged({}) == []

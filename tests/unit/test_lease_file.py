@@ -198,3 +198,33 @@ def test_a_lease_file_too_big_to_read_is_not_read(loc: Location) -> None:
         Lease(loc, "sync").acquire()
     assert break_lease(loc, view) is None and not path.exists()
     Lease(loc, "sync").acquire()
+
+
+def test_a_broken_lease_is_reported_lost_only_with_its_reason(loc: Location, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another thread (the writer's loop) polls ``lost``: it must never see the lease lost before the reason
+    is known (who broke it), however long the read of the lease file takes."""
+    import threading
+
+    from ferry.service.replication import lease as lease_module
+
+    held = Lease(loc, "daemon")
+    held.acquire()
+    break_lease(loc, view_lease(loc))
+    reading, go_on = threading.Event(), threading.Event()
+    real_view = lease_module.view_lease
+
+    def slow_view(at: Location) -> Any:
+        reading.set()
+        assert go_on.wait(10)
+        return real_view(at)
+
+    monkeypatch.setattr(lease_module, "view_lease", slow_view)
+    renewal = threading.Thread(target=held.renew)
+    renewal.start()
+    assert reading.wait(10)
+    seen_while_reading = held.lost
+    go_on.set()
+    renewal.join(10)
+    assert seen_while_reading is None
+    assert held.lost is not None and held.lost.startswith("the lease was broken by broken:")
+    assert held.lost_to.startswith("broken:")
