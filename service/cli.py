@@ -417,7 +417,7 @@ def _copier(args: argparse.Namespace, bandwidth: Bandwidth) -> Copier | None:
     from .config_types import TransferConfig
     from .transfer.copier import make_copier
 
-    return make_copier(TransferConfig(engine="ray", address=args.ray_address), bandwidth)
+    return make_copier(TransferConfig(engine="ray", address=args.ray_address), bandwidth, from_flags=True)
 
 
 #: passes one ``ferry sync`` makes at most when its source publishes a newer version while it reads

@@ -82,12 +82,15 @@ class ThreadCopier:
         """Nothing to release."""
 
 
-def make_copier(config: TransferConfig, bandwidth: Bandwidth, chunk_size: int = CHUNK_SIZE) -> Copier:
+def make_copier(
+    config: TransferConfig, bandwidth: Bandwidth, chunk_size: int = CHUNK_SIZE, *, from_flags: bool = False
+) -> Copier:
     """The copier ``[transfer]`` chooses (the Ray engine connects to its cluster here: a UsageError when
-    Ray is not installed or the cluster cannot be reached)."""
+    Ray is not installed or the cluster cannot be reached, naming ``ferry sync``'s flags if ``from_flags``)."""
     if config.engine == "ray":
-        from .ray_copier import RayCopier
+        from .ray_copier import CONFIG_SETTINGS, SYNC_SETTINGS, RayCopier
 
         return RayCopier(bandwidth, address=config.address, max_retries=config.max_retries,
-                         task_cpus=config.task_cpus, chunk_size=chunk_size)  # fmt: skip
+                         task_cpus=config.task_cpus, chunk_size=chunk_size,
+                         settings=SYNC_SETTINGS if from_flags else CONFIG_SETTINGS)  # fmt: skip
     return ThreadCopier(bandwidth, chunk_size)

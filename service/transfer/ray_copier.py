@@ -27,7 +27,7 @@ from .hashed_io import CHUNK_SIZE, PROGRESS_SECONDS, Progress
 from .node_spread import NodeSpread
 from .ray_tasks import copy_task, verify_task
 
-__all__ = ["RayCopier", "import_ray"]
+__all__ = ["RayCopier", "import_ray", "CONFIG_SETTINGS", "SYNC_SETTINGS"]
 
 #: seconds to wait for the Ray cluster's address to accept a connection
 _CONNECT_TIMEOUT = 10.0
@@ -35,14 +35,18 @@ _CONNECT_TIMEOUT = 10.0
 _CANCEL_GRACE = 10.0
 
 
-def import_ray() -> Any:
-    """The ``ray`` module, or a UsageError that says how to install it."""
+#: how errors name the settings that chose the Ray engine and its address: ``ferry serve``'s config keys
+CONFIG_SETTINGS = ('[transfer] engine = "ray"', "[transfer] address")
+#: ``ferry sync``'s flags
+SYNC_SETTINGS = ("--engine ray", "--ray-address")
+
+
+def import_ray(engine: str = CONFIG_SETTINGS[0]) -> Any:
+    """The ``ray`` module, or a UsageError that says how to install it (``engine``: the setting that asked)."""
     try:
         import ray
     except ImportError as exc:
-        raise UsageError(
-            "[transfer] engine = \"ray\" needs Ray, an optional extra: pip install 'ferry-data[ray]'"
-        ) from exc
+        raise UsageError(f"{engine} needs Ray, an optional extra: pip install 'ferry-data[ray]'") from exc
     return ray
 
 
@@ -69,7 +73,7 @@ def _forget_failed_init(ray: Any) -> None:
         ray.shutdown()
 
 
-def _check_reachable(address: str) -> None:
+def _check_reachable(address: str, settings: tuple[str, str]) -> None:
     """A UsageError at once when nothing listens at ``address`` (``ray.init`` would retry for minutes)."""
     if address == "auto":
         return  # ray.init says at once when this machine belongs to no cluster
@@ -78,8 +82,8 @@ def _check_reachable(address: str) -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=_CONNECT_TIMEOUT).close()
     except (OSError, ValueError) as exc:
         raise UsageError(
-            f'[transfer] engine = "ray": no Ray cluster answers at {address} ({exc}); start it (ray start --head) '
-            "or fix [transfer] address"
+            f"{settings[0]}: no Ray cluster answers at {address} ({exc}); start it (ray start --head) "
+            f"or fix {settings[1]}"
         ) from exc
 
 
@@ -97,21 +101,21 @@ class RayCopier:
         task_cpus: float = 1.0,
         chunk_size: int = CHUNK_SIZE,
         max_concurrency: int = 256,
+        settings: tuple[str, str] = CONFIG_SETTINGS,
     ) -> None:
-        ray = self._ray = import_ray()
+        """``settings`` name, in errors, what chose this engine and its address (config keys or flags)."""
+        ray = self._ray = import_ray(settings[0])
         self.bandwidth = bandwidth
         self.chunk_size = chunk_size
         self._started_here = not ray.is_initialized()
         if self._started_here:
-            _check_reachable(address)
+            _check_reachable(address, settings)
             kept = _stop_handlers()
             try:
                 ray.init(address=address, logging_level="WARNING", log_to_driver=False)
             except Exception as exc:  # noqa: BLE001 - Ray raises assorted types for unreachable clusters
                 _forget_failed_init(ray)
-                raise UsageError(
-                    f'[transfer] engine = "ray": cannot reach the Ray cluster at {address}: {exc}'
-                ) from exc
+                raise UsageError(f"{settings[0]}: cannot reach the Ray cluster at {address}: {exc}") from exc
             finally:
                 _restore(kept)
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

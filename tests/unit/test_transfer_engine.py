@@ -168,3 +168,19 @@ def test_ray_engine_with_nothing_at_its_address_says_so_at_once() -> None:
     with pytest.raises(UsageError, match=f"no Ray cluster answers at 127.0.0.1:{port}"):
         make_copier(TransferConfig(engine="ray", address=f"127.0.0.1:{port}"), Bandwidth())
     assert time.monotonic() - t0 < 10
+
+
+def test_ray_engine_errors_name_the_setting_that_chose_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ferry serve`` is told its config keys, ``ferry sync`` its flags."""
+    pytest.importorskip("ray")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = TransferConfig(engine="ray", address=f"127.0.0.1:{port}")
+    with pytest.raises(UsageError, match=r'^\[transfer\] engine = "ray": .* or fix \[transfer\] address$'):
+        make_copier(config, Bandwidth())
+    with pytest.raises(UsageError, match=r"^--engine ray: .* or fix --ray-address$"):
+        make_copier(config, Bandwidth(), from_flags=True)
+    monkeypatch.setitem(sys.modules, "ray", None)  # Ray not installed
+    with pytest.raises(UsageError, match=r"^--engine ray needs Ray, an optional extra"):
+        make_copier(config, Bandwidth(), from_flags=True)
