@@ -7,6 +7,8 @@ its group), and waits for them: nothing is left running, whatever the test did. 
 it stops every Ray instance on the machine, other users' too. One port range stays shared: a Ray Client
 session's server takes the first free port of Ray's fixed 23000-24000, so two sessions starting at the
 same instant on one machine (another Ray user's and a test's) can collide and one of them fails.
+Every node's Python processes import ``ray_hooks/sitecustomize.py``, which lets a test kill the next
+Ray Client session's server as it starts (:meth:`RayCluster.kill_next_session_server`).
 """
 
 from __future__ import annotations
@@ -60,6 +62,11 @@ class RayCluster:
         # no token auth: `ray start` turns it on when ~/.ray/auth_token exists, which another Ray user of
         # this machine may create at any moment (the drivers here would then be refused)
         self.env = {**os.environ, **(env or {}), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+        # every node's Python processes import ray_hooks/sitecustomize.py: kill_next_session_server's trap
+        self._trap = Path(self.temp_dir) / "kill-next-session-server"
+        paths = [str(Path(__file__).with_name("ray_hooks")), self.env.get("PYTHONPATH", "")]
+        self.env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+        self.env["FERRY_TEST_SESSION_SERVER_TRAP"] = str(self._trap)
         self._nodes: list[subprocess.Popen[bytes]] = []
         self._logs: list[Path] = []
 
@@ -111,6 +118,14 @@ class RayCluster:
             last = f"probe exit {got.returncode}: {got.stdout.strip()[-500:]} {got.stderr.strip()[-1500:]}"
             time.sleep(0.5)
         raise RuntimeError(f"the Ray cluster did not count {n} nodes within {_START_TIMEOUT}s ({last}): {self.logs()}")
+
+    def kill_next_session_server(self) -> None:
+        """The next Ray Client session's server exits as it starts (see ray_hooks/sitecustomize.py)."""
+        self._trap.touch()
+
+    def session_server_trap_armed(self) -> bool:
+        """Whether the trap :meth:`kill_next_session_server` set is still waiting for a server."""
+        return self._trap.exists()
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self._logs if p.exists())

@@ -10,7 +10,6 @@ extra, imported only when this engine is chosen.
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import socket
 import threading
@@ -19,6 +18,7 @@ import uuid
 from typing import Any
 
 from ferry.shard_tools.errors import Cancelled, FerryError, StorageError, UsageError
+from ferry.shard_tools.ray_session import init_ray
 from ferry.shard_tools.storage.store import Location
 
 from .bandwidth import Bandwidth
@@ -66,13 +66,6 @@ def _restore(kept: dict[int, Any]) -> None:
             signal.signal(s, handler)
 
 
-def _forget_failed_init(ray: Any) -> None:
-    """Undo what a failed ``ray.init`` left behind: after a Ray Client connection fails, every later
-    ``ray.init`` of this process fails too (an assertion inside Ray) until ``ray.shutdown``."""
-    with contextlib.suppress(Exception):
-        ray.shutdown()
-
-
 def _check_reachable(address: str, settings: tuple[str, str]) -> None:
     """A UsageError at once when nothing listens at ``address`` (``ray.init`` would retry for minutes)."""
     if address == "auto":
@@ -112,10 +105,8 @@ class RayCopier:
             _check_reachable(address, settings)
             kept = _stop_handlers()
             try:
-                ray.init(address=address, logging_level="WARNING", log_to_driver=False)
-            except Exception as exc:  # noqa: BLE001 - Ray raises assorted types for unreachable clusters
-                _forget_failed_init(ray)
-                raise UsageError(f"{settings[0]}: cannot reach the Ray cluster at {address}: {exc}") from exc
+                init_ray(ray, address, f"{settings[0]}: cannot reach the Ray cluster at {address}",
+                         logging_level="WARNING", log_to_driver=False)  # fmt: skip
             finally:
                 _restore(kept)
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

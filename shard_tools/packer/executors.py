@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import FerryError, StorageError, UsageError
 from ..orphans import exit_with_parent
+from ..ray_session import init_ray
 from ..sources import Unit
 from .packunit import Job, UnitResult, pack_unit
 
@@ -130,13 +131,10 @@ def _ray(job: Job, units: Sequence[Unit], address: str | None) -> Iterator[UnitR
         raise UsageError("--executor ray needs Ray: pip install 'ferry-data[ray]'") from exc
     started_here = not ray.is_initialized()
     if started_here:
-        kwargs: dict[str, Any] = {"address": address, "logging_level": "WARNING", "log_to_driver": False}
+        kwargs: dict[str, Any] = {"logging_level": "WARNING", "log_to_driver": False}
         if address is None:
             kwargs["include_dashboard"] = False
-        try:
-            ray.init(**kwargs)
-        except Exception as exc:  # noqa: BLE001 - Ray raises assorted types for unreachable clusters
-            raise UsageError(f"cannot start or reach Ray (address {address or 'local'}): {exc}") from exc
+        init_ray(ray, address, f"cannot start or reach Ray (address {address or 'local'})", **kwargs)
     task = ray.remote(max_retries=RAY_MAX_RETRIES, retry_exceptions=[StorageError])(pack_unit)  # type: ignore[call-overload]
     # A bounded window of tasks in flight, results taken in unit order. After an error nothing
     # more is submitted and the few tasks in flight are left to finish (their shards are

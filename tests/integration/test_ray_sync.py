@@ -88,9 +88,16 @@ def test_ray_engine_makes_the_replica_threads_make(cluster: RayCluster, tmp_path
     assert len(by_node) == 2 and sum(by_node.values()) == made.shards, by_node
 
 
-def test_a_ray_client_address_copies_over_the_cluster(cluster: RayCluster, tmp_path: Path) -> None:
+def test_a_ray_client_address_copies_over_the_cluster(
+    cluster: RayCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``address = "ray://HOST:PORT"`` (Ray Client, a driver outside the cluster): the same replica, every
-    copy a task on the cluster's nodes."""
+    copy a task on the cluster's nodes. Ray Client's proxy forks a server for each session, and that server
+    sometimes dies at once (a gRPC fork race in Ray): here the cluster's own hook kills the first one, as
+    that race does, and the daemon asks for another session."""
+    # the proxy holds a failed session's answer for the session's reconnect grace period
+    monkeypatch.setenv("RAY_CLIENT_RECONNECT_GRACE_PERIOD", "1")
+    cluster.kill_next_session_server()
     made = pack(str(tmp_path / "src" / "ds"), 300, seed=5, shard_size=16 * 1024)
     d = _daemon(tmp_path, "client", Transfer(engine="ray", address=cluster.client_address))
     copier = d.executor.copier
@@ -112,6 +119,9 @@ def test_a_ray_client_address_copies_over_the_cluster(cluster: RayCluster, tmp_p
     assert verify(str(tmp_path / "client" / "ds")).ok
     assert open_dataset(str(tmp_path / "client" / "ds")).version_id == made.version_id
     assert sum(by_node.values()) == made.shards, by_node
+    assert not cluster.session_server_trap_armed(), "no session server started while the trap was set"
+    asked = [r.getMessage() for r in caplog.records if "asking ray://" in r.getMessage()]
+    assert asked and asked[0].endswith("for another session (2 of 4)"), asked
 
 
 def test_a_sigtermed_ray_daemon_drains_and_exits_0(cluster: RayCluster, tmp_path: Path) -> None:
