@@ -101,10 +101,12 @@ def _merged(merged: dict[str, Any]) -> list[str]:
     """Where each suite's numbers come from, when the results merge several runs."""
     if not merged:
         return []
-    lines = ["- The results merge runs; each suite's numbers are those of one run:"]
+    lines = ["- The results merge runs; each suite's numbers are those of one run (compare tools within a run):"]
     for suites, run in merged.items():
         started = f", started {run['started']}" if run.get("started") else ""
-        lines.append(f"  - {suites}: `{run.get('command')}` (`{run.get('from')}`{started})")
+        m = run.get("machine") or {}
+        on = f", on {m.get('cpu_model')} ({m.get('cores')} cores)" if m.get("cpu_model") else ""
+        lines.append(f"  - {suites}: `{run.get('command')}` (`{run.get('from')}`{started}{on})")
     return lines
 
 

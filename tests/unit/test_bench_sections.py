@@ -82,12 +82,14 @@ def test_the_load_targets_compare_tokens_per_second_and_per_cpu_second_with_the_
 
 def test_a_page_from_merged_results_names_the_run_of_each_suite() -> None:
     merged = {
-        "load, scaling": {"command": "bench/run.py --only load,scaling", "from": "B.json", "started": "2026-12-05"},
+        "load, scaling": {"command": "bench/run.py --only load,scaling", "from": "B.json", "started": "2026-12-05",
+                          "machine": {"cpu_model": "Intel(R) Xeon(R) Processor", "cores": 2}},
         "pack": {"command": "bench/run.py", "from": "A.json"},
-    }
+    }  # fmt: skip
     assert report._merged(merged) == [
-        "- The results merge runs; each suite's numbers are those of one run:",
-        "  - load, scaling: `bench/run.py --only load,scaling` (`B.json`, started 2026-12-05)",
+        "- The results merge runs; each suite's numbers are those of one run (compare tools within a run):",
+        "  - load, scaling: `bench/run.py --only load,scaling` (`B.json`, started 2026-12-05, "
+        "on Intel(R) Xeon(R) Processor (2 cores))",
         "  - pack: `bench/run.py` (`A.json`)",
     ]
     assert report._merged({}) == []
