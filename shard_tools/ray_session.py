@@ -16,7 +16,7 @@ from typing import Any
 
 from .errors import UsageError
 
-__all__ = ["init_ray", "session_server_died", "SESSION_TRIES"]
+__all__ = ["import_ray", "init_ray", "session_server_died", "SESSION_TRIES"]
 
 #: Ray Client sessions asked for, in all, while the proxy loses the server it starts for each
 SESSION_TRIES = 4
@@ -28,10 +28,19 @@ _SERVER_DIED = ("Starting Ray client server failed", "Proxy failed to Connect to
 log = logging.getLogger("ferry.ray")
 
 
+def import_ray(setting: str) -> Any:
+    """The ``ray`` module, or a UsageError that says how to install it (``setting``: what asked for Ray)."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise UsageError(f"{setting} needs Ray, an optional extra: pip install 'ferry-data[ray]'") from exc
+    return ray
+
+
 def session_server_died(address: str | None, exc: BaseException) -> bool:
     """Whether ``ray.init(address)`` failed because Ray Client's proxy lost the server it had just
     started for this session (worth asking again); any other failure is not."""
-    return bool(address) and str(address).startswith("ray://") and any(w in str(exc) for w in _SERVER_DIED)
+    return (address or "").startswith("ray://") and any(words in str(exc) for words in _SERVER_DIED)
 
 
 def _forget_failed_init(ray: Any) -> None:

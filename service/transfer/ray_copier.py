@@ -18,7 +18,7 @@ import uuid
 from typing import Any
 
 from ferry.shard_tools.errors import Cancelled, FerryError, StorageError, UsageError
-from ferry.shard_tools.ray_session import init_ray
+from ferry.shard_tools.ray_session import import_ray, init_ray
 from ferry.shard_tools.storage.store import Location
 
 from .bandwidth import Bandwidth
@@ -27,7 +27,7 @@ from .hashed_io import CHUNK_SIZE, PROGRESS_SECONDS, Progress
 from .node_spread import NodeSpread
 from .ray_tasks import copy_task, verify_task
 
-__all__ = ["RayCopier", "import_ray", "CONFIG_SETTINGS", "SYNC_SETTINGS"]
+__all__ = ["RayCopier", "CONFIG_SETTINGS", "SYNC_SETTINGS"]
 
 #: seconds to wait for the Ray cluster's address to accept a connection
 _CONNECT_TIMEOUT = 10.0
@@ -39,15 +39,6 @@ _CANCEL_GRACE = 10.0
 CONFIG_SETTINGS = ('[transfer] engine = "ray"', "[transfer] address")
 #: ``ferry sync``'s flags
 SYNC_SETTINGS = ("--engine ray", "--ray-address")
-
-
-def import_ray(engine: str = CONFIG_SETTINGS[0]) -> Any:
-    """The ``ray`` module, or a UsageError that says how to install it (``engine``: the setting that asked)."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise UsageError(f"{engine} needs Ray, an optional extra: pip install 'ferry-data[ray]'") from exc
-    return ray
 
 
 def _stop_handlers() -> dict[int, Any]:

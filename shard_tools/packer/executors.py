@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import FerryError, StorageError, UsageError
 from ..orphans import exit_with_parent
-from ..ray_session import init_ray
+from ..ray_session import import_ray, init_ray
 from ..sources import Unit
 from .packunit import Job, UnitResult, pack_unit
 
@@ -125,17 +125,14 @@ def worker_context() -> multiprocessing.context.BaseContext:
 
 
 def _ray(job: Job, units: Sequence[Unit], address: str | None) -> Iterator[UnitResult]:
-    try:
-        import ray
-    except ImportError as exc:
-        raise UsageError("--executor ray needs Ray: pip install 'ferry-data[ray]'") from exc
+    ray = import_ray("--executor ray")
     started_here = not ray.is_initialized()
     if started_here:
         kwargs: dict[str, Any] = {"logging_level": "WARNING", "log_to_driver": False}
         if address is None:
             kwargs["include_dashboard"] = False
         init_ray(ray, address, f"cannot start or reach Ray (address {address or 'local'})", **kwargs)
-    task = ray.remote(max_retries=RAY_MAX_RETRIES, retry_exceptions=[StorageError])(pack_unit)  # type: ignore[call-overload]
+    task = ray.remote(max_retries=RAY_MAX_RETRIES, retry_exceptions=[StorageError])(pack_unit)
     # A bounded window of tasks in flight, results taken in unit order. After an error nothing
     # more is submitted and the few tasks in flight are left to finish (their shards are
     # content-addressed, so harmless): ray.cancel racing a finishing task can crash the driver
