@@ -162,7 +162,7 @@ class ApiConfig:
     max_connections: int = 256  # open API sockets; at most half of RLIMIT_NOFILE (less the backlog)
     max_event_streams: int = 32  # concurrent /api/v1/events streams (each one costs every daemon event)
     backlog: int = 128  # the listening socket's accept queue
-    header_timeout: float = 10.0  # seconds from a request's first byte (a connection's start) to its last header
+    header_timeout: float = 10.0  # seconds from a request's first byte (a connection's acceptance) to its last header
     body_timeout: float = 10.0  # seconds from the last header to the last body byte
     send_timeout: float = 30.0  # seconds a response may sit unsent (the client reads nothing) before it is cut
     keep_alive_timeout: float = 5.0  # seconds an idle keep-alive connection stays open

@@ -9,9 +9,12 @@ httptools protocol class with these bounds:
   ``RLIMIT_NOFILE`` leaves beyond the listen backlog). A connection over the cap evicts the
   connection idle longest (one waiting for its request's headers, or a keep-alive between
   requests); when every connection is busy with a request, the newcomer is answered 503 at once.
-  A health probe therefore always finds a slot while slow clients hold the rest.
+  A connection accepted with bytes already waiting is not idle until they are read, and on Linux
+  the kernel hands a connection over only once its first bytes arrive (``defer_accept``), so a
+  health probe finds a slot and keeps it while slow clients hold the rest, even when it is slow to
+  send its request after its connect.
 - **time**: a request's line and headers must arrive within ``header_timeout`` of its first byte
-  (of the connection, for its first request), its body within ``body_timeout`` of its headers
+  (of its acceptance, for a connection's first request), its body within ``body_timeout`` of its headers
   (408 then), and a response whose bytes do not move for ``send_timeout`` (a client that reads
   nothing) is cut; an idle keep-alive closes after ``keep_alive_timeout`` (uvicorn's own timer).
 - **size**: at most ``max_header_bytes`` of request line and headers and ``max_headers`` header
@@ -25,7 +28,11 @@ in the order they went idle).
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import resource
+import socket
+import struct
+import termios
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -35,7 +42,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ..config import ApiConfig
 
-__all__ = ["ConnectionStats", "effective_max_connections", "guarded_protocol"]
+__all__ = ["ConnectionStats", "defer_accept", "effective_max_connections", "guarded_protocol"]
 
 
 def _canned(status: str, body: str, *extra: str) -> bytes:
@@ -90,9 +97,9 @@ class _Pool:
     def make_room(self) -> bool:
         """Below the cap, or evict the longest-idle connection to get there; False when all are busy.
 
-        A new connection is read from at the earliest in the loop iteration after the one that accepted
-        it; the listen backlog (at most half the cap) bounds how many connections one iteration accepts,
-        so a burst cannot evict a health probe before its request, already in its socket, is read.
+        asyncio's loop accepts a whole backlog before it reads from any new connection: one accepted with
+        bytes waiting joins ``idle`` only once they are read, so a burst cannot evict a health probe
+        whose request is already in its socket.
         """
         if len(self.live) < self.cap:
             return True
@@ -149,6 +156,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._counting: _CountingTransport | None = None
         self._drained = 0
         self._stalled_since: float | None = None
+        self._shielded_until: float | None = None  # accepted with bytes unread: evictable once they are read
+        self._had_head = False  # a request's headers completed on this connection
 
     # -- connection life ---------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -163,7 +172,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._counting = _CountingTransport(transport)
         super().connection_made(self._counting)  # type: ignore[arg-type]
         pool.live[self] = None
-        pool.idle[self] = None
+        if _unread_bytes(transport):  # its request is here but not yet read: not evictable until it is
+            self._shielded_until = time.monotonic() + pool.tick
+        else:
+            pool.idle[self] = None
         pool.stats.open = len(pool.live)
         self._deadline = time.monotonic() + pool.settings.header_timeout
         pool.watch(self.loop)
@@ -192,6 +204,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     # -- deadlines, checked by the pool's timer ----------------------------------------------------
     def check(self, now: float) -> None:
+        if self._shielded_until is not None and now > self._shielded_until:  # never read from: treat as idle
+            self._unshield()
         if self._deadline is not None and now > self._deadline:
             self.pool.stats.timed_out += 1
             if self._head_bytes or not self._in_head:  # part of a request came: say why it is closed
@@ -234,6 +248,15 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._head_bytes += len(data)
             if self._head_bytes > self.pool.settings.max_header_bytes:
                 self._too_large()
+                return
+        if self._shielded_until is not None:
+            self._unshield()
+
+    def _unshield(self) -> None:
+        """The bytes it was accepted with are read: from now on it may be evicted while it waits for headers."""
+        self._shielded_until = None
+        if not self._had_head and self in self.pool.live and not self.transport.is_closing():
+            self.pool.idle[self] = None
 
     def _invalid(self) -> None:
         msg = "Invalid HTTP request received."
@@ -264,6 +287,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._had_head = True
         self._head_bytes = self._header_count = 0
         self.pool.idle.pop(self, None)
         self._deadline = time.monotonic() + self.pool.settings.body_timeout
@@ -281,15 +305,42 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.pool.idle[self] = None  # idle again: the newest
 
 
+def _unread_bytes(transport: asyncio.BaseTransport) -> int:
+    """Bytes the client sent that are waiting, unread, in the connection's socket (0 where unknown)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return 0
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0])
+    except OSError:
+        return 0
+
+
+def defer_accept(sock: Any) -> bool:
+    """Where the platform has it (Linux), have the kernel hand ``sock``'s new connections over only once
+    their first bytes arrive, or after about a second of silence: a new connection is then accepted with
+    its request already readable, and a silent one holds no descriptor meanwhile. False where unsupported.
+    The kernel can hold back only as many as the listen backlog; past that it answers with SYN cookies
+    and hands connections over at once."""
+    option = getattr(socket, "TCP_DEFER_ACCEPT", None)
+    if option is None:
+        return False
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, option, 1)  # seconds; the kernel rounds up to its SYN-ACK retries
+    except OSError:
+        return False
+    return True
+
+
 class _TooLarge(Exception):
     """Raised from a parser callback: the request's head is over a limit."""
 
 
 def guarded_protocol(settings: ApiConfig) -> tuple[type[GuardedHttpProtocol], ConnectionStats]:
     """A protocol class for one uvicorn server under ``settings``' bounds, and the stats it keeps (with
-    the connection cap and the listen backlog to use: ``[api] backlog``, at most half the cap)."""
+    the connection cap and the listen backlog to use)."""
     cap = effective_max_connections(settings.max_connections, settings.backlog)
-    stats = ConnectionStats(cap=cap, backlog=max(1, min(settings.backlog, cap // 2)))
+    stats = ConnectionStats(cap=cap, backlog=settings.backlog)
     shortest = min(settings.header_timeout, settings.body_timeout, settings.send_timeout)
     pool = _Pool(settings=settings, cap=cap, tick=min(0.5, max(0.05, shortest / 4)), stats=stats)
     cls: type[GuardedHttpProtocol] = type("FerryHttpProtocol", (GuardedHttpProtocol,), {"pool": pool})

@@ -26,7 +26,7 @@ from ferry.shard_tools.threadname import start_named_thread
 
 from ..config import ApiConfig
 from .app import create_app
-from .connections import ConnectionStats, guarded_protocol
+from .connections import ConnectionStats, defer_accept, guarded_protocol
 from .settings import api_config_of
 
 __all__ = ["RunningServer", "install_serve_hooks", "redact_query", "run_server", "start_server"]
@@ -153,6 +153,8 @@ def start_server(
             server.should_exit = True
             raise ServiceError(f"the API server did not start on {uv_config.host}:{uv_config.port}")
         time.sleep(0.02)
+    for listening in (s for srv in server.servers for s in srv.sockets):
+        defer_accept(listening)
     sock = server.servers[0].sockets[0].getsockname()
     bound_host = uv_config.host if uv_config.host not in ("0.0.0.0", "::") else "127.0.0.1"
     url = f"http://{_host_for_url(bound_host)}:{sock[1]}"
