@@ -51,6 +51,8 @@ def _canned(status: str, body: str, *extra: str) -> bytes:
     return ("\r\n".join(head) + "\r\n\r\n" + body + "\n").encode()
 
 
+_HOLD_SILENT = 3  # seconds the kernel holds a silent new connection back (rounded up to its SYN-ACK retries)
+
 _408 = _canned("408 Request Timeout", "request timeout: the request did not arrive in time")
 _431 = _canned("431 Request Header Fields Too Large", "request line and headers over the server's limits")
 _503 = _canned("503 Service Unavailable", "too many connections: retry shortly", "retry-after: 1")
@@ -318,7 +320,7 @@ def _unread_bytes(transport: asyncio.BaseTransport) -> int:
 
 def defer_accept(sock: Any) -> bool:
     """Where the platform has it (Linux), have the kernel hand ``sock``'s new connections over only once
-    their first bytes arrive, or after about a second of silence: a new connection is then accepted with
+    their first bytes arrive, or after ``_HOLD_SILENT`` seconds of silence: a new connection is accepted with
     its request already readable, and a silent one holds no descriptor meanwhile. False where unsupported.
     The kernel can hold back only as many as the listen backlog; past that it answers with SYN cookies
     and hands connections over at once."""
@@ -326,7 +328,7 @@ def defer_accept(sock: Any) -> bool:
     if option is None:
         return False
     try:
-        sock.setsockopt(socket.IPPROTO_TCP, option, 1)  # seconds; the kernel rounds up to its SYN-ACK retries
+        sock.setsockopt(socket.IPPROTO_TCP, option, _HOLD_SILENT)
     except OSError:
         return False
     return True
@@ -336,11 +338,19 @@ class _TooLarge(Exception):
     """Raised from a parser callback: the request's head is over a limit."""
 
 
-def guarded_protocol(settings: ApiConfig) -> tuple[type[GuardedHttpProtocol], ConnectionStats]:
+def guarded_protocol(
+    settings: ApiConfig, *, reads_each_accept: bool = False
+) -> tuple[type[GuardedHttpProtocol], ConnectionStats]:
     """A protocol class for one uvicorn server under ``settings``' bounds, and the stats it keeps (with
-    the connection cap and the listen backlog to use)."""
+    the connection cap and the listen backlog to use).
+
+    ``reads_each_accept``: the loop handles each connection as it accepts it (uvloop), so the whole
+    ``[api] backlog`` is used, which the cap already leaves out of the descriptors. asyncio's loop
+    accepts up to a backlog of connections before it handles any, each holding a descriptor until
+    then: there the backlog is at most half the cap."""
     cap = effective_max_connections(settings.max_connections, settings.backlog)
-    stats = ConnectionStats(cap=cap, backlog=settings.backlog)
+    backlog = settings.backlog if reads_each_accept else max(1, min(settings.backlog, cap // 2))
+    stats = ConnectionStats(cap=cap, backlog=backlog)
     shortest = min(settings.header_timeout, settings.body_timeout, settings.send_timeout)
     pool = _Pool(settings=settings, cap=cap, tick=min(0.5, max(0.05, shortest / 4)), stats=stats)
     cls: type[GuardedHttpProtocol] = type("FerryHttpProtocol", (GuardedHttpProtocol,), {"pool": pool})

@@ -120,26 +120,30 @@ def start_server(
     """
     settings = _settings_of(config if config is not None else getattr(daemon, "config", None))
     app = create_app(daemon, settings)
-    protocol, stats = guarded_protocol(settings)
-    uv_config = uvicorn.Config(
-        app,
-        host=host or settings.host,
-        port=settings.port if port is None else port,
-        log_level="info" if access_log else "warning",
-        access_log=access_log,
-        log_config=uvicorn.config.LOGGING_CONFIG if own_log_handlers else None,
-        timeout_graceful_shutdown=2,
-        lifespan="on",
-        http=protocol,  # connection cap, header/body/send timeouts, header size limits
-        ws="none",  # the API has no WebSocket route
-        backlog=stats.backlog,
-        timeout_keep_alive=settings.keep_alive_timeout,  # type: ignore[arg-type]
-    )
-    _redact_access_log()  # after uvicorn.Config, which (re)configures the uvicorn loggers
-    server = uvicorn.Server(uv_config)
+    loop = _new_loop()  # made here, run on the server's thread
+    try:
+        protocol, stats = guarded_protocol(settings, reads_each_accept=type(loop).__module__.startswith("uvloop"))
+        uv_config = uvicorn.Config(
+            app,
+            host=host or settings.host,
+            port=settings.port if port is None else port,
+            log_level="info" if access_log else "warning",
+            access_log=access_log,
+            log_config=uvicorn.config.LOGGING_CONFIG if own_log_handlers else None,
+            timeout_graceful_shutdown=2,
+            lifespan="on",
+            http=protocol,  # connection cap, header/body/send timeouts, header size limits
+            ws="none",  # the API has no WebSocket route
+            backlog=stats.backlog,
+            timeout_keep_alive=settings.keep_alive_timeout,  # type: ignore[arg-type]
+        )
+        _redact_access_log()  # after uvicorn.Config, which (re)configures the uvicorn loggers
+        server = uvicorn.Server(uv_config)
+    except BaseException:
+        loop.close()
+        raise
 
     def run() -> None:
-        loop = _new_loop()
         server._ferry_loop = loop  # type: ignore[attr-defined]  # lets stop() reach the loop
         try:
             loop.run_until_complete(server.serve())
