@@ -9,10 +9,10 @@ httptools protocol class with these bounds:
   ``RLIMIT_NOFILE`` leaves beyond the listen backlog). A connection over the cap evicts the
   connection idle longest (one waiting for its request's headers, or a keep-alive between
   requests); when every connection is busy with a request, the newcomer is answered 503 at once.
-  A connection accepted with bytes already waiting is not idle until they are read, and on Linux
-  the kernel hands a connection over only once its first bytes arrive (``defer_accept``), so a
-  health probe finds a slot and keeps it while slow clients hold the rest, even when it is slow to
-  send its request after its connect.
+  On Linux the kernel hands a connection over only once its first bytes arrive (``defer_accept``),
+  and a new connection is read before a burst can evict it (see ``_Pool.make_room``), so a health
+  probe finds a slot and keeps it while slow clients hold the rest, even when it is slow to send
+  its request after its connect.
 - **time**: a request's line and headers must arrive within ``header_timeout`` of its first byte
   (of its acceptance, for a connection's first request), its body within ``body_timeout`` of its headers
   (408 then), and a response whose bytes do not move for ``send_timeout`` (a client that reads
@@ -28,11 +28,8 @@ in the order they went idle).
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import resource
 import socket
-import struct
-import termios
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -99,9 +96,9 @@ class _Pool:
     def make_room(self) -> bool:
         """Below the cap, or evict the longest-idle connection to get there; False when all are busy.
 
-        asyncio's loop accepts a whole backlog before it reads from any new connection: one accepted with
-        bytes waiting joins ``idle`` only once they are read, so a burst cannot evict a health probe
-        whose request is already in its socket.
+        uvloop reads each new connection as it accepts it; asyncio's loop accepts up to a backlog before
+        it reads any, and there the backlog is at most half the cap. Either way a burst cannot evict a
+        health probe before its request, already in its socket, is read.
         """
         if len(self.live) < self.cap:
             return True
@@ -158,8 +155,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._counting: _CountingTransport | None = None
         self._drained = 0
         self._stalled_since: float | None = None
-        self._shielded_until: float | None = None  # accepted with bytes unread: evictable once they are read
-        self._had_head = False  # a request's headers completed on this connection
 
     # -- connection life ---------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -174,10 +169,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._counting = _CountingTransport(transport)
         super().connection_made(self._counting)  # type: ignore[arg-type]
         pool.live[self] = None
-        if _unread_bytes(transport):  # its request is here but not yet read: not evictable until it is
-            self._shielded_until = time.monotonic() + pool.tick
-        else:
-            pool.idle[self] = None
+        pool.idle[self] = None
         pool.stats.open = len(pool.live)
         self._deadline = time.monotonic() + pool.settings.header_timeout
         pool.watch(self.loop)
@@ -206,8 +198,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     # -- deadlines, checked by the pool's timer ----------------------------------------------------
     def check(self, now: float) -> None:
-        if self._shielded_until is not None and now > self._shielded_until:  # never read from: treat as idle
-            self._unshield()
         if self._deadline is not None and now > self._deadline:
             self.pool.stats.timed_out += 1
             if self._head_bytes or not self._in_head:  # part of a request came: say why it is closed
@@ -250,15 +240,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._head_bytes += len(data)
             if self._head_bytes > self.pool.settings.max_header_bytes:
                 self._too_large()
-                return
-        if self._shielded_until is not None:
-            self._unshield()
-
-    def _unshield(self) -> None:
-        """The bytes it was accepted with are read: from now on it may be evicted while it waits for headers."""
-        self._shielded_until = None
-        if not self._had_head and self in self.pool.live and not self.transport.is_closing():
-            self.pool.idle[self] = None
 
     def _invalid(self) -> None:
         msg = "Invalid HTTP request received."
@@ -289,7 +270,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        self._had_head = True
         self._head_bytes = self._header_count = 0
         self.pool.idle.pop(self, None)
         self._deadline = time.monotonic() + self.pool.settings.body_timeout
@@ -305,17 +285,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if not self.transport.is_closing() and not self.pipeline and self in self.pool.live:
             self.pool.idle.pop(self, None)
             self.pool.idle[self] = None  # idle again: the newest
-
-
-def _unread_bytes(transport: asyncio.BaseTransport) -> int:
-    """Bytes the client sent that are waiting, unread, in the connection's socket (0 where unknown)."""
-    sock = transport.get_extra_info("socket")
-    if sock is None:
-        return 0
-    try:
-        return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0])
-    except OSError:
-        return 0
 
 
 def defer_accept(sock: Any) -> bool:
