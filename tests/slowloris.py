@@ -19,6 +19,8 @@ import threading
 import time
 from typing import IO
 
+from processes import terminate
+
 _Entry = tuple[socket.socket, float, int]  # a slow socket, when it sent its first byte, bytes sent
 
 
@@ -137,14 +139,7 @@ class FloodProcess:
         proc = self._proc
         if proc is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)  # the child closes its sockets and sends a last report
-        try:
-            proc.wait(30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        terminate(proc)  # the child closes its sockets and sends a last report
         if self._reader is not None:
             self._reader.join(10)
 

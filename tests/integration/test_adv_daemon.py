@@ -12,7 +12,6 @@ import json
 import logging
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import httpx
 import pytest
 from conftest import free_port
 from helpers import Service, pack, running_service, wait_until, write_serve_config
+from processes import terminate
 
 from ferry.service.replication.engine import Engine
 from ferry.service.replication.state import State
@@ -69,12 +69,8 @@ def test_values_in_log_lines_cannot_forge_lines(tmp_path: Path) -> None:
         proc = subprocess.Popen([str(ferry), "serve", "--config", str(config)], stderr=log_file, text=True)
         try:
             _read_until(log_path, ["FORGED-NAME", "FORGED-TABLE", "good src->d1"], proc)
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            terminate(proc)
     log = log_path.read_text(errors="replace")
     assert proc.returncode == 0, log
     assert "FORGED-NAME" in log and "FORGED-TABLE" in log and "good src->d1" in log, log  # both were logged

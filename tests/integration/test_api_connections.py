@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import resource
-import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import httpx
 import pytest
 from conftest import free_port
 from helpers import TOKEN_ENV, Service, pack, running_service, wait_until, write_serve_config
+from processes import terminate
 from slowloris import FloodProcess
 
 from ferry.service.api import server as server_module
@@ -63,13 +63,7 @@ def test_slowloris_flood_leaves_probes_and_replication_alone(tmp_path: Path) -> 
             wait_until(lambda: flood.closed >= flood.count, 30, "the server to close the slow sockets")
         assert proc.poll() is None
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        terminate(proc)
     log = log_path.read_text(errors="replace")
     assert "Too many open files" not in log, log[-3000:]
     assert probes.count(200) == len(probes), probes

@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from typing import Any
 import httpx
 from conftest import free_port
 from helpers import pack, write_serve_config
+from processes import terminate
 
 from ferry import shard_tools
 from ferry.shard_tools.dataset import open_dataset
@@ -77,12 +77,8 @@ def test_serve_json_logs_one_object_per_line_with_dataset_fields(tmp_path: Path)
             metrics = httpx.get(f"http://127.0.0.1:{port}/metrics?token=sekrit-42", timeout=10)
             assert metrics.status_code == 200
             _wait_for(log_path, lambda recs: any("GET /metrics" in r["message"] for r in recs), proc)
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            terminate(proc)
     raw = log_path.read_text()
     assert proc.returncode == 0, raw
     assert not _RAW_CONTROL.search(raw.replace("\n", "")), "a control character reached the log unescaped"
