@@ -612,13 +612,19 @@ def _schedule(res: dict[str, Any]) -> list[str]:
     lines = ["## Mixture schedules", ""]
     if "error" in sc or "skipped" in sc:
         return [*lines, sc.get("error") or sc.get("skipped", ""), ""]
-    lines += ["| measure | value |", "|---|---|"]
-    for k, v in _flatten(sc.get("result", sc)).items():
-        if k == "suite_s":
-            continue
-        lines.append(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |")
-    lines.append("")
-    return lines
+    runs = sc.get("throughput", {})
+    lines += ["| mixture | samples/s | samples per CPU second |", "|---|---|---|"]
+    for what, rs in runs.items():
+        lines.append(f"| {what} | {_cell(rs, 'samples_per_s', 1, 0)} | {_cell(rs, 'samples_per_cpu_s', 1, 0)} |")
+    if "ratio" in sc:
+        lines += [
+            "",
+            f"Schedule ÷ single phase: {sc['ratio']:.3f} in samples/s, {sc.get('ratio_cpu', 0):.3f} per CPU second "
+            f"(target ≥ {sc.get('target', 0):.2f}).",
+        ]
+    lines += ["", "| phases | position | resume s (set-up + `load_state_dict` + first batch) |", "|---|---|---|"]
+    lines += [f"| {r['phases']} | {r['position']:.0e} | {r['resume_s']:.3f} |" for r in sc.get("resume", [])]
+    return [*lines, ""]
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
