@@ -1,4 +1,4 @@
-"""The benchmarks page renders the Ray sync, fleet simulator and multimodal suites from their results."""
+"""The benchmarks page renders the Ray sync, fleet simulator, multimodal and schedule suites from their results."""
 
 from __future__ import annotations
 
@@ -93,3 +93,28 @@ def test_a_page_from_merged_results_names_the_run_of_each_suite() -> None:
         "  - pack: `bench/run.py` (`A.json`)",
     ]
     assert report._merged({}) == []
+
+
+SCHEDULE = {
+    "throughput": {
+        "3-phase": [
+            {"samples_per_s": 39000.0, "samples_per_cpu_s": 39100.0},
+            {"samples_per_s": 41000.0, "samples_per_cpu_s": 40900.0},
+        ],
+        "single-phase": [{"samples_per_s": 36000.0, "samples_per_cpu_s": 36100.0}],
+    },
+    "ratio": 1.111, "ratio_cpu": 1.105, "target": 0.95,
+    "resume": [
+        {"phases": 1, "position": 10**6, "resume_s": 0.054},
+        {"phases": 1000, "position": 10**15, "resume_s": 0.072},
+    ],
+}  # fmt: skip
+
+
+def test_the_schedule_section_shows_throughput_per_mixture_and_resume_by_phases() -> None:
+    text = "\n".join(report._schedule({"schedule": SCHEDULE}))
+    assert "| 3-phase | 40000 (39000–41000) | 40000 (39100–40900) |" in text
+    assert "| single-phase | 36000 | 36100 |" in text
+    assert "1.111 in samples/s, 1.105 per CPU second (target ≥ 0.95)" in text
+    assert "| 1 | 1e+06 | 0.054 |" in text and "| 1000 | 1e+15 | 0.072 |" in text
+    assert "{" not in text  # no raw result dicts on the page
