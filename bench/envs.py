@@ -108,6 +108,19 @@ def ensure_rclone() -> str | None:
     return shutil.which("rclone")
 
 
+def commit(repo: Path) -> str | None:
+    """The commit measured, ``+changes`` where tracked files differ from it; None outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                               capture_output=True, text=True)  # fmt: skip
+    except OSError:
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
 def machine() -> dict[str, Any]:
     """Cores, memory, CPU model, OS."""
     model = ""

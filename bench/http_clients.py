@@ -9,7 +9,7 @@
 
     .venv/bin/python bench/http_clients.py [--requests 200] [--sizes 65536,8388608]
 
-Prints JSON; the numbers and their conditions are written up in docs/SCALE.md.
+Prints JSON; ``bench/run.py --only scale`` runs it and renders the numbers on the benchmarks page.
 """
 
 from __future__ import annotations

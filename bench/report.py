@@ -89,7 +89,9 @@ def _machine(res: dict[str, Any]) -> list[str]:
         f"files (`tokens` list<uint16>), log-normal lengths (median ~600), Zipf ids, vocab 50257, seed "
         f"{c.get('spec', {}).get('seed')}; "
         + (f"generated in {c['generate_s']:.1f} s." if c.get("generate_s", 0) > 0.5 else "reused from bench/data."),
-        f"- Run: `{meta.get('command')}`, {meta.get('repeats')} repeats per measurement, started "
+        f"- Run: `{meta.get('command')}`"
+        + (f" at commit {meta['commit']}" if meta.get("commit") else "")
+        + f", {meta.get('repeats')} repeats per measurement, started "
         f"{meta.get('started')}, took {meta.get('duration_s', 0) / 60:.1f} min.",
         *_merged(meta.get("merged") or {}),
         "",
@@ -106,13 +108,14 @@ def _merged(merged: dict[str, Any]) -> list[str]:
         started = f", started {run['started']}" if run.get("started") else ""
         m = run.get("machine") or {}
         on = f", on {m.get('cpu_model')} ({m.get('cores')} cores)" if m.get("cpu_model") else ""
-        lines.append(f"  - {suites}: `{run.get('command')}` (`{run.get('from')}`{started}{on})")
+        at = f" at commit {run['commit']}" if run.get("commit") else ""
+        lines.append(f"  - {suites}: `{run.get('command')}`{at} (`{run.get('from')}`{started}{on})")
     return lines
 
 
 METHOD = """## Method
 
-- One run of `make bench` (`bench/run.py`) measures everything below. Each tool runs in its own process
+- {runs} Each tool runs in its own process
   (ferry in `.venv`; litdata and MosaicML in `.venv-bench`, with torch 2.14.1 + torchvision 0.29.1 because
   MosaicML imports torchvision). Times are taken inside that process after its imports.
 - Repeats alternate the tools (repeat *r* rotates the order by *r*), so drift on this shared 2-core machine
@@ -150,6 +153,15 @@ METHOD = """## Method
   verification or listing; its row's MB/s includes its process start like the others, and the ceiling
   uses its PUTs alone.
 """
+
+
+def _method(res: dict[str, Any]) -> list[str]:
+    """The method, which names the one run, or the runs, the page's numbers come from."""
+    if res["meta"].get("merged"):
+        runs = "The runs named above measure everything below, each suite in one run at the same code."
+    else:
+        runs = "One run of `make bench` (`bench/run.py`) measures everything below."
+    return [METHOD.replace("{runs}", runs)]
 
 
 def _pack(res: dict[str, Any]) -> list[str]:
@@ -604,6 +616,12 @@ def _swarm(res: dict[str, Any]) -> list[str]:
     return suite_swarm.section(res.get("swarm"))
 
 
+def _scale(res: dict[str, Any]) -> list[str]:
+    import suite_scale
+
+    return suite_scale.section(res.get("scale"))
+
+
 def _schedule(res: dict[str, Any]) -> list[str]:
     """Loader throughput with a mixture schedule against a single-phase mixture; resume cost by phases."""
     sc = res.get("schedule")
@@ -766,7 +784,7 @@ def write(res: dict[str, Any], page: Path, peers_python: str | None, results_rel
         *_headline_rows(res),
         "",
         *_machine(res),
-        METHOD,
+        *_method(res),
         *_pack(res),
         *_load(res),
         *_scaling(res),
@@ -781,6 +799,7 @@ def write(res: dict[str, Any], page: Path, peers_python: str | None, results_rel
         *_ray_sync(res),
         *_fleet_sim(res),
         *_swarm(res),
+        *_scale(res),
         *_profiles(res),
     ]
     page.parent.mkdir(parents=True, exist_ok=True)

@@ -41,6 +41,7 @@ SUITES = [
     "media",
     "fleet_sim",
     "swarm",
+    "scale",
 ]
 
 
@@ -62,10 +63,37 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--scaling", default=None, help="comma list of shard counts (default 1000,10000,100000)")
     p.add_argument("--no-profile", action="store_true", help="skip profiling ferry where it misses a target")
     p.add_argument("--report-from", default=None, help="only regenerate the page from this results JSON")
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        default=[],
+        metavar="RESULTS",
+        help="with --report-from: take these runs' suites over its own, save the merged results beside them "
+        "and render those (the page names the run each suite comes from)",
+    )
     p.add_argument("--data", default=None, help="scratch directory (default bench/data)")
     p.add_argument("--results", default=None, help="results directory (default bench/results)")
     p.add_argument("--docs", default=None, help="page to generate (default docs/BENCHMARKS.md); 'none' to skip")
     return p.parse_args(argv)
+
+
+def merge_runs(base: dict[str, Any], base_name: str, others: list[Path]) -> dict[str, Any]:
+    """``base`` with each of ``others``' suites taken over it; ``meta.merged`` names the run of every suite."""
+    merged: dict[str, Any] = {}
+    runs = [(base_name, base), *((p.name, json.loads(p.read_text())) for p in others)]
+    owner = {s: name for name, res in runs for s in res if s != "meta"}  # the last run with a suite wins
+    out: dict[str, Any] = {"meta": dict(base["meta"])}
+    for name, res in runs:
+        suites = [s for s in res if s != "meta" and owner[s] == name]
+        if not suites:
+            continue
+        out.update({s: res[s] for s in suites})
+        m = res["meta"]
+        merged[", ".join(suites)] = {"from": name, **{k: m.get(k) for k in ("command", "commit", "started", "machine")}}
+    out["meta"]["merged"] = merged
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out["meta"]["results_file"] = f"{stamp}-merged.json"
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_from:  # regenerate the page (e.g. after editing bench/analysis.md) without measuring
         src = Path(args.report_from).resolve()
         saved = json.loads(src.read_text())
+        if args.merge:
+            saved = merge_runs(saved, src.name, [Path(m).resolve() for m in args.merge])
+            src = src.parent / saved["meta"]["results_file"]
+            src.write_text(json.dumps(saved, indent=1, sort_keys=True, default=str))
+            log(f"merged results: {src}")
         page = Path(args.docs) if args.docs else repo / "docs" / "BENCHMARKS.md"
         peers_py = repo / ".venv-bench" / "bin" / "python"
         stamped = saved["meta"].get("results_file", src.name)
@@ -121,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         "meta": {
             "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join(["bench/run.py", *(argv if argv is not None else sys.argv[1:])]),
+            "commit": envs.commit(repo),
             "quick": args.quick,
             "repeats": ctx.repeats,
             "machine": envs.machine(),

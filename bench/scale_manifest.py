@@ -116,6 +116,7 @@ def _median_time(fn: Any, repeat: int) -> tuple[float, Any]:
     times = []
     value = None
     for _ in range(repeat):
+        value = None  # the last result freed first, so a peak RSS counts one of them
         t0 = time.perf_counter()
         value = fn()
         times.append(time.perf_counter() - t0)

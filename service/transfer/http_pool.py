@@ -3,7 +3,7 @@
 Each transfer thread keeps one connection per (scheme, host) and one chunk buffer, so a shard's
 PUT costs neither a TCP/TLS handshake nor a fresh allocation (zeroing, page faults) of its buffer.
 
-Kept beside httpx: measured to spend less client CPU per PUT than an ``httpx.Client`` pool (docs/SCALE.md §7).
+Kept beside httpx: measured to spend less client CPU per PUT than an ``httpx.Client`` pool (docs/BENCHMARKS.md, Scale).
 """
 
 from __future__ import annotations

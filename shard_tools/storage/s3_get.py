@@ -4,7 +4,7 @@ It handles the plain settings only (keys from storage options, the environment o
 the shared credentials file; an explicit or the AWS endpoint); for anything else ``plan_s3_get``
 says None and the caller goes through fsspec.
 
-Kept beside botocore: measured cheaper to import and to sign with than botocore's signer (docs/SCALE.md §7).
+Kept beside botocore: measured cheaper to import and to sign with than botocore's signer (docs/BENCHMARKS.md, Scale).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The benchmarks page renders the Ray sync, fleet simulator, multimodal and schedule suites from their results."""
+"""The benchmarks page renders the Ray sync, fleet simulator, multimodal and schedule suites from their results, and
+names the run of each suite when results merge runs."""
 
 from __future__ import annotations
 
@@ -93,6 +94,25 @@ def test_a_page_from_merged_results_names_the_run_of_each_suite() -> None:
         "  - pack: `bench/run.py` (`A.json`)",
     ]
     assert report._merged({}) == []
+
+
+def test_merged_results_take_each_suite_from_the_last_run_that_has_it(tmp_path: Path) -> None:
+    import json
+
+    import run
+
+    base = {"meta": {"command": "bench/run.py", "commit": "aaa"}, "pack": {"p": 1}, "scale": {"s": 1}}
+    later = tmp_path / "B.json"
+    later.write_text(json.dumps({"meta": {"command": "bench/run.py --only scale", "commit": "bbb"}, "scale": {"s": 2}}))
+    merged = run.merge_runs(base, "A.json", [later])
+    assert merged["pack"] == {"p": 1} and merged["scale"] == {"s": 2}
+    assert {k: (v["from"], v["commit"]) for k, v in merged["meta"]["merged"].items()} == {
+        "pack": ("A.json", "aaa"),
+        "scale": ("B.json", "bbb"),
+    }
+    assert merged["meta"]["results_file"].endswith("-merged.json")
+    assert "The runs named above measure everything below" in report._method(merged)[0]
+    assert "One run of `make bench`" in report._method(base)[0]
 
 
 SCHEDULE = {
