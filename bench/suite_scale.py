@@ -1,6 +1,6 @@
 """Scale: what a dataset of up to 1M shards costs. Each part runs a script of ``bench/`` in a child process and
-keeps its JSON: the manifest, the replication planner and a rank's start-up per size
-(``scale_manifest.py --planner --loader``); a real ``ferry serve`` planning a first fill and a new version of the
+keeps its JSON: the manifest and a rank's start-up per size
+(``scale_manifest.py --loader``); a real ``ferry serve`` planning a first fill and a new version of the
 largest size, and the steps of that planning (``--daemon``, ``--new-version``, ``--engine-steps``); N ranks of one
 node reading the manifest from S3 behind a slow link (``startup_ranks.py``); ferry's own HTTP pieces against the
 libraries (``http_clients.py``)."""
@@ -40,9 +40,7 @@ def run(ctx: Context, largest: int | None = None) -> dict[str, Any]:
     sizes = [s for s in sizes if s < n] + [n]
     keep = ctx.data / f"scale-version-{n}"  # the new-version fixture, built once and reused
     out: dict[str, Any] = {"sizes": sizes, "largest": n}
-    out["manifest"] = _script(
-        ctx, "scale_manifest.py", ["--sizes", *sizes, "--repeat", ctx.repeats, "--planner", "--loader"], 1800
-    )
+    out["manifest"] = _script(ctx, "scale_manifest.py", ["--sizes", *sizes, "--repeat", ctx.repeats, "--loader"], 1800)
     out["daemon"] = _script(ctx, "scale_manifest.py", ["--daemon", "--sizes", n], 1800)
     out["engine_steps"] = _script(ctx, "scale_manifest.py", ["--engine-steps", "--sizes", n, "--keep", keep], 1800)
     out["new_version"] = [
@@ -65,6 +63,11 @@ def _mib(x: float) -> str:
     return f"{x / 1024:.2f} GiB" if x >= 1024 else f"{x:.0f} MiB"
 
 
+def _s(x: float) -> str:
+    """Seconds in the unit that shows them."""
+    return f"{x:.2f} s" if x >= 0.1 else f"{x * 1e3:.1f} ms" if x >= 1e-3 else f"{x * 1e6:.0f} µs"
+
+
 def _bytes(n: float) -> str:
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= size:
@@ -80,31 +83,27 @@ def _error(part: dict[str, Any] | None) -> str | None:
 
 def _manifest(part: dict[str, Any]) -> list[str]:
     lines = [
-        "### The manifest, the planner and a rank's start-up, per size",
+        "### The manifest and a rank's start-up, per size",
         "",
-        "`bench/scale_manifest.py --planner --loader`: a synthetic manifest per size (realistic columns: "
+        "`bench/scale_manifest.py --loader`: a synthetic manifest per size (realistic columns: "
         "`shards/<32 hex>.arrow.zst` paths, two `xxh128:` digests, 128 MiB raw per shard; no shard bytes), "
         "each size in a fresh process. *load* is `load_manifest` (header, table, digest check, validation); "
         "*peak RSS added* is the process's peak RSS after the loads less before them (one manifest held at a "
-        "time); *plan, empty* and *plan, "
-        "up to date* are `plan_sync` against an empty destination and one that publishes the version "
-        "(after `SourceVersion.of`); *rank start-up* is `TokenDataset` + `TokenLoader` for rank 3 of 8 and "
+        "time); *rank start-up* is `TokenDataset` + `TokenLoader` for rank 3 of 8 and "
         "locating its first batch's shards, `global` shuffle; medians of the repeats.",
         "",
-        "| shards | shard table | load | peak RSS added | locate 100k samples | SourceVersion.of | plan, empty "
-        "| plan, up to date | rank start-up | resume at 90% |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| shards | shard table | load | peak RSS added | locate 100k samples | rank start-up | resume at 90% |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in part.get("results", []):
         if "error" in r:
-            lines.append(f"| {r['shards']:,} | {r['error']} |||||||||")
+            lines.append(f"| {r['shards']:,} | {r['error']} ||||||")
             continue
-        p, ld = r.get("planner", {}), r.get("loader", {}).get("global", {})
+        ld = r.get("loader", {}).get("global", {})
         lines.append(
             f"| {r['shards']:,} | {_bytes(r['shard_table_bytes'])} | {r['load_manifest_s']:.3f} s "
             f"| {_mib(r['peak_rss_after_load_mib'] - r['peak_rss_before_load_mib'])} "
-            f"| {r['locate_100k_samples_s'] * 1e3:.1f} ms | {p.get('source_version_of_s', float('nan')):.3f} s "
-            f"| {p.get('plan_empty_destination_s', float('nan')):.3f} s | {p.get('plan_up_to_date_s', 0) * 1e3:.2f} ms "
+            f"| {_s(r['locate_100k_samples_s'])} "
             f"| {ld.get('start_up_s', float('nan')):.3f} s | {ld.get('resume_at_90pct_s', float('nan')):.3f} s |"
         )
     return [*lines, ""]
@@ -147,6 +146,11 @@ def _daemon(res: dict[str, Any]) -> list[str]:
                 f"run {i}, load {r['load_average']:.1f} | {r['start_to_planned_s']:.2f} s | {_mib(rss['VmRSS'])} "
                 f"| {_mib(rss['VmHWM'])} |"
             )
+    versions = [r for part in res.get("new_version") or [] if not _error(part) for r in part["new_version"]]
+    if versions:
+        met = sum(all(r["within_targets"].values()) for r in versions)
+        lines += ["", f"Goal for a new version: planned within 2 s of the start and within 300 MiB, held and at the "
+                  f"peak: met in {met} of {len(versions)} runs."]  # fmt: skip
     steps = res.get("engine_steps") or {}
     if _error(steps):
         return [*lines, "", f"Planning steps: {_error(steps)}", ""]
@@ -161,9 +165,9 @@ def _daemon(res: dict[str, Any]) -> list[str]:
             "| load the version | its columns | verified set read | verified rows | look up new + sampled "
             "| plan | the pass's rows | planned in all | Arrow memory held | peak RSS |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-            f"| {r['load_version_s']:.2f} s | {r['columns_s'] * 1e3:.1f} ms | {r['verified_set_s']:.3f} s "
-            f"| {r['verified_mask_s'] * 1e3:.1f} ms | {r['held_s']:.3f} s | {r['plan_s'] * 1e3:.1f} ms "
-            f"| {r['work_s'] * 1e3:.1f} ms | **{r['planned_total_s']:.2f} s** | {_mib(r['arrow_mib_held'])} "
+            f"| {_s(r['load_version_s'])} | {_s(r['columns_s'])} | {_s(r['verified_set_s'])} "
+            f"| {_s(r['verified_mask_s'])} | {_s(r['held_s'])} | {_s(r['plan_s'])} "
+            f"| {_s(r['work_s'])} | **{_s(r['planned_total_s'])}** | {_mib(r['arrow_mib_held'])} "
             f"| {_mib(r['peak_rss_mib'])} |",
         ]
     return [*lines, ""]
