@@ -53,7 +53,8 @@ class Context:
 
 
 def run_json(cmd: Sequence[str], env: dict[str, str], timeout: float) -> dict[str, Any]:
-    """Run a command whose last stdout line is JSON; on failure return ``{"error": ...}``."""
+    """Run a command whose last stdout line is JSON (or whose whole stdout is one JSON document, indented); on
+    failure return ``{"error": ...}``."""
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(list(cmd), capture_output=True, text=True, env=env, timeout=timeout)
@@ -67,7 +68,10 @@ def run_json(cmd: Sequence[str], env: dict[str, str], timeout: float) -> dict[st
     try:
         result: dict[str, Any] = json.loads(lines[-1])
     except json.JSONDecodeError as exc:
-        return {"error": f"bad JSON from runner: {exc}"}
+        try:
+            result = json.loads(proc.stdout)
+        except json.JSONDecodeError:
+            return {"error": f"bad JSON from runner: {exc}"}
     result["wall_s"] = wall
     return result
 

@@ -7,30 +7,23 @@ libraries (``http_clients.py``)."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import time
 from typing import Any
 
-from harness import HERE, Context, log
+from harness import HERE, Context, log, run_json
+
+from ferry.shard_tools.units import format_bytes
 
 __all__ = ["run", "section"]
 
 
 def _script(ctx: Context, name: str, args: list[Any], timeout: float) -> dict[str, Any]:
-    """Run ``bench/<name>`` with ``args``; its stdout (one JSON document), or ``{"error": ...}``."""
-    cmd = [ctx.ferry_python, str(HERE / name), *map(str, args)]
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=ctx.env(), cwd=ctx.repo, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"{name} timed out after {timeout:.0f} s"}
-    if proc.returncode != 0:
-        return {"error": f"{name} exited {proc.returncode}: " + " | ".join(proc.stderr.strip().splitlines()[-3:])}
-    out: dict[str, Any] = json.loads(proc.stdout)
-    out["wall_s"] = time.perf_counter() - t0
-    log(f"scale: {name} {' '.join(map(str, args[:3]))} … in {out['wall_s']:.0f} s")
+    """Run ``bench/<name>`` with ``args``; its JSON, or ``{"error": ...}``."""
+    out = run_json([ctx.ferry_python, str(HERE / name), *map(str, args)], ctx.env(), timeout)
+    if "error" in out:
+        out["error"] = f"{name}: {out['error']}"
+    else:
+        log(f"scale: {name} {' '.join(map(str, args[:3]))} … in {out['wall_s']:.0f} s")
     return out
 
 
@@ -60,19 +53,12 @@ def run(ctx: Context, largest: int | None = None) -> dict[str, Any]:
 
 
 def _mib(x: float) -> str:
-    return f"{x / 1024:.2f} GiB" if x >= 1024 else f"{x:.0f} MiB"
+    return format_bytes(x * 2**20)
 
 
 def _s(x: float) -> str:
     """Seconds in the unit that shows them."""
     return f"{x:.2f} s" if x >= 0.1 else f"{x * 1e3:.1f} ms" if x >= 1e-3 else f"{x * 1e6:.0f} µs"
-
-
-def _bytes(n: float) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:,.1f} {unit}"
-    return f"{n:.0f} B"
 
 
 def _error(part: dict[str, Any] | None) -> str | None:
@@ -101,7 +87,7 @@ def _manifest(part: dict[str, Any]) -> list[str]:
             continue
         ld = r.get("loader", {}).get("global", {})
         lines.append(
-            f"| {r['shards']:,} | {_bytes(r['shard_table_bytes'])} | {r['load_manifest_s']:.3f} s "
+            f"| {r['shards']:,} | {format_bytes(r['shard_table_bytes'])} | {r['load_manifest_s']:.3f} s "
             f"| {_mib(r['peak_rss_after_load_mib'] - r['peak_rss_before_load_mib'])} "
             f"| {_s(r['locate_100k_samples_s'])} "
             f"| {ld.get('start_up_s', float('nan')):.3f} s | {ld.get('resume_at_90pct_s', float('nan')):.3f} s |"
@@ -178,7 +164,7 @@ def _ranks(part: dict[str, Any]) -> list[str]:
         "### Job start-up on one node",
         "",
         f"`bench/startup_ranks.py`: N ranks of one node read a {part['shards']:,}-shard manifest from S3. The "
-        f"manifest ({part['table_bytes'] / 1e6:.1f} MB of shard table) on a moto S3 "
+        f"manifest ({format_bytes(part['table_bytes'])} of shard table) on a moto S3 "
         f"server behind `bench/netem.py` ({part['rtt_s'] * 1e3:.0f} ms per request, {part['rate_mb_s']:.0f} MB/s), "
         "which counts every byte it serves. N rank processes start, wait until all are ready, then read the "
         "manifest at once: without a node cache, with an empty one (a job's first start on the node) and with the "
@@ -190,7 +176,7 @@ def _ranks(part: dict[str, Any]) -> list[str]:
     ]
     for r in part["rows"]:
         lines.append(
-            f"| {r['ranks']} | {r['mode']} | {_bytes(r['storage_bytes'])} | {r['table_requests']} "
+            f"| {r['ranks']} | {r['mode']} | {format_bytes(r['storage_bytes'])} | {r['table_requests']} "
             f"| {r['startup_median_s']:.1f} s / {r['startup_max_s']:.1f} s | {r['cpu_median_s']:.2f} s |"
         )
     return [*lines, ""]
