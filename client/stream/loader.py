@@ -10,15 +10,19 @@ after the batches before it. The state counts batches *delivered* to the caller.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import multiprocessing
+import multiprocessing.util  # registers its exit hook now, so that _at_exit (registered below) runs before it
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Generator, Iterator, Mapping
 from multiprocessing import connection
 from typing import Any, NoReturn
@@ -32,6 +36,7 @@ from ferry.shard_tools.errors import FerryError, UsageError
 from ferry.shard_tools.orphans import exit_with_parent
 
 from .. import checks
+from ..pipes import widen_result_pipe
 from ..resume.replan import resume
 from ..resume.state import make_state, parse_state
 from ..sampling.partition import batches_until, global_batch_size, rank_positions, worker_batches
@@ -285,6 +290,11 @@ class TokenLoader:
         return _Plan(self._position, len(self), self.batch_size, self.world_size, self.rank, self.return_doc_boundaries)
 
     def __iter__(self) -> Iterator[Batch]:
+        batches = self._iterate()
+        _LIVE.add(batches)  # closed at interpreter exit if the caller left it open
+        return batches
+
+    def _iterate(self) -> Generator[Batch, None, None]:
         plan = self._plan()
         g = self.global_batch_size
         source = self._local(plan) if self.num_workers == 0 else self._workers(plan)
@@ -369,6 +379,7 @@ class TokenLoader:
         if kept.span is not None:
             kept.span[0], kept.span[1] = plan.start, plan.count  # before iter(): the workers read it when resumed
         items = iter(kept.loader)
+        widen_result_pipe(items)
         ahead = Ahead(self._received(items), _AHEAD)
         read_to_end = False
         try:
@@ -379,6 +390,7 @@ class TokenLoader:
             if read_to_end and ended and kept.span is not None:
                 self._drop_workers()  # another iterator's, read to its end meanwhile
                 self._kept = kept  # every worker ended its share: they wait for the next epoch
+                _KEEPING.add(self)
             else:
                 _stop_workers(items, _STOP_WAIT_S)
 
@@ -545,6 +557,10 @@ def _stop_workers(items: Iterator[Any], grace: float) -> None:
         with contextlib.suppress(Exception):
             forget(id(items))
             items._worker_pids_set = False  # type: ignore[attr-defined]
+    if sys.is_finalizing():  # no thread can start now (Thread.start would wait forever): no grace
+        _terminate(workers)
+        shutdown()
+        return
     timer = threading.Timer(grace, _terminate, (workers,))
     timer.daemon = True
     timer.start()
@@ -552,6 +568,25 @@ def _stop_workers(items: Iterator[Any], grace: float) -> None:
         shutdown()
     finally:
         timer.cancel()
+
+
+_LIVE: weakref.WeakSet[Generator[Batch, None, None]] = weakref.WeakSet()  # iterators not yet collected
+_KEEPING: weakref.WeakSet[TokenLoader] = weakref.WeakSet()  # loaders that may hold kept workers
+
+
+@atexit.register
+def _at_exit() -> None:
+    """Stop the workers of every loader still open when the interpreter exits, before multiprocessing's exit hook.
+
+    That hook terminates the workers, and DataLoader's SIGCHLD handler then reports each as killed; an iterator
+    collected later, during finalization, could no longer start the thread that bounds its wait. Closing an
+    iterator runs its ``finally`` (as ``break`` or ``del`` would); one running in another thread is left as is.
+    """
+    for batches in list(_LIVE):
+        with contextlib.suppress(ValueError):  # running in another thread
+            batches.close()
+    for loader in list(_KEEPING):
+        loader._drop_workers()
 
 
 def _terminate(workers: list[Any]) -> None:
