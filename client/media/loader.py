@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from ferry.shard_tools.errors import UsageError
 from ferry.shard_tools.format.media import MediaItem
 
+from ..pipes import widen_result_pipe
 from ..sampling.partition import rank_positions
 from .handover import pack, unpack
 from .source import MediaSource
@@ -126,7 +127,9 @@ class MediaLoader:
             collate_fn=_whole,
             **self.loader_kwargs,
         )
-        for k, batch in enumerate(loader):
+        batches = iter(loader)
+        widen_result_pipe(batches)
+        for k, batch in enumerate(batches):
             # counted as consumed when handed over: every rank has then delivered its part of global batch k
             self._position = start + (k + 1) * self.global_batch_size
             batch["media"] = unpack(batch["media"])

@@ -11,6 +11,7 @@ import torch
 from scripts.loader_common import pack_test_dataset
 
 from ferry.client import TokenDataset, TokenLoader
+from ferry.client.pipes import PIPE_BYTES
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +51,17 @@ def test_a_loaded_state_gets_new_workers_and_continues_exactly(url: str, tmp_pat
     assert all(torch.equal(a, b) for a, b in zip(again, rest, strict=True)) and len(again) == len(rest)
     after = {p.pid for p in multiprocessing.active_children()}
     assert len(after) == 2 and not before & after
+
+
+def test_the_workers_send_their_batches_through_a_wide_pipe(url: str, tmp_path: Path) -> None:
+    """An item of four batches passes in one write: the result pipe has PIPE_BYTES of buffer, not 64 KiB."""
+    fcntl = pytest.importorskip("fcntl")
+    if not hasattr(fcntl, "F_GETPIPE_SZ") or int(Path("/proc/sys/fs/pipe-max-size").read_text()) < PIPE_BYTES:
+        pytest.skip("no pipe size to set here (Linux, pipe-max-size of at least 1 MiB)")
+    loader = TokenLoader(TokenDataset(url, seq_len=16, seed=3, cache_dir=str(tmp_path / "c")), 4, num_workers=2)
+    expected = _epoch(TokenLoader(TokenDataset(url, seq_len=16, seed=3, cache_dir=str(tmp_path / "c0")), 4))
+    assert all(torch.equal(a, b) for a, b in zip(_epoch(loader), expected, strict=True))
+    kept = loader._kept
+    assert kept is not None
+    reader = kept.loader._iterator._worker_result_queue._reader  # type: ignore[union-attr]
+    assert fcntl.fcntl(reader.fileno(), fcntl.F_GETPIPE_SZ) == PIPE_BYTES
