@@ -43,7 +43,7 @@ from ..sampling.partition import batches_until, global_batch_size, rank_position
 from ..service.jobs import report_jobs
 from ..source import SampleSource, to_batch
 from ..stats import COUNTERS, merge, render_prometheus, subtract, summarise
-from .ahead import Ahead
+from .ahead import Ahead, WhenIdle
 
 __all__ = ["TokenLoader", "default_rank_world", "rank_world"]
 
@@ -54,6 +54,7 @@ _CLOSE_WAIT_S = 2.0  # closing waits this long for the receiving thread to take 
 _STOP_WAIT_S = 2.0  # then the workers have this long to end by themselves before they are terminated
 SHAPE_LIMIT = 2**24  # batch_size and world_size: stream positions then stay far inside int64
 _STALL_WINDOW_S = 30.0  # stall share is judged over this much wall time
+_IDLE_S = 0.001  # without workers, the next batch is built ahead once the loop has run its step this long
 _log = logging.getLogger("ferry.loader")
 
 
@@ -265,6 +266,9 @@ class TokenLoader:
         self._counters_at_start = COUNTERS.snapshot()
         self._job = report_jobs(self, service)  # the daemon hears of this loader (its thread holds it weakly)
         self._kept: _KeptWorkers | None = None  # the workers of the last epoch read to its end
+        # held while the dataset is read: by whoever builds a batch without workers (the loop, or the thread
+        # that builds the next one during its step), and by the methods below that read it between batches
+        self._lock = threading.RLock()
 
     @property
     def global_batch_size(self) -> int:
@@ -297,7 +301,8 @@ class TokenLoader:
     def _iterate(self) -> Generator[Batch, None, None]:
         plan = self._plan()
         g = self.global_batch_size
-        source = self._local(plan) if self.num_workers == 0 else self._workers(plan)
+        source: Generator[Batch, None, None] | WhenIdle[Batch]
+        source = WhenIdle(self._local(plan), _IDLE_S, self._lock) if self.num_workers == 0 else self._workers(plan)
         width = (self.dataset.seq_len + 1) * np.dtype(self.dataset.token_dtype).itemsize
         watch = self._watch
         try:
@@ -317,7 +322,10 @@ class TokenLoader:
                 yield batch
                 watch.resumed = time.perf_counter()
         finally:
-            source.close()  # an abandoned iterator stops its worker processes now
+            if isinstance(source, WhenIdle):
+                source.close(_CLOSE_WAIT_S)  # the batch being built ahead (if any) ends first
+            else:
+                source.close()  # an abandoned iterator stops its worker processes now
 
     def stats(self) -> dict[str, Any]:
         """What this loader did so far: stall (time ``next()`` waited) and its share of the wall time, bytes
@@ -418,12 +426,14 @@ class TokenLoader:
         if positions is None:
             start = self._position if step is None else checks.integer("step", step, 0, 2**62) * self.global_batch_size
             positions = rank_positions(start, 0, self.batch_size, self.world_size, self.rank)
-        return trace_positions(self.dataset, positions)
+        with self._lock:
+            return trace_positions(self.dataset, positions)
 
     def state_dict(self) -> dict[str, Any]:
         """A small JSON-serialisable dict: what was delivered so far (``torch.distributed.checkpoint`` Stateful)."""
-        span = self.dataset.epoch_span(self._position)
-        record = self.dataset.record()
+        with self._lock:
+            span = self.dataset.epoch_span(self._position)
+            record = self.dataset.record()
         return make_state(self._configured.identity(), self._position, span, skips=self._skips, **record)
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, *, replan: bool = False) -> None:
@@ -438,7 +448,8 @@ class TokenLoader:
         """
         saved = parse_state(state_dict)
         replan = checks.flag("replan", replan)
-        dataset, position = resume(self._configured, saved, strict=strict, replan=replan)
+        with self._lock:
+            dataset, position = resume(self._configured, saved, strict=strict, replan=replan)
         self.dataset, self._position, self._skips = dataset, position, saved.skips
         self._drop_workers()  # made again, from the dataset as it is now, by the next iter()
 
