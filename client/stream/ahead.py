@@ -22,7 +22,7 @@ import queue
 import threading
 import time
 from collections.abc import Generator, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 __all__ = ["Ahead", "WhenIdle"]
 
@@ -30,6 +30,16 @@ T = TypeVar("T")
 _POLL_S = 0.05  # a blocked hand-over looks at the stop flag this often
 _ITEM, _END, _ERROR = range(3)
 _IDLE_MAX_S = 0.016  # WhenIdle's helper looks at a caller that asks back to back at least this often
+
+
+def _unpack(kind: int, value: object) -> Any:
+    """What an item of the hand-over stands for: the item itself, or the end or the error (raised) in its place."""
+    if kind == _ITEM:
+        return value
+    if kind == _ERROR:
+        assert isinstance(value, BaseException)
+        raise value
+    raise StopIteration
 
 
 class Ahead(Generic[T]):
@@ -74,13 +84,8 @@ class Ahead(Generic[T]):
         if self._done:
             raise StopIteration
         kind, value = self._queue.get()
-        if kind == _ITEM:
-            return value  # type: ignore[return-value]  # what items yielded
-        self._done = True
-        if kind == _ERROR:
-            assert isinstance(value, BaseException)
-            raise value
-        raise StopIteration
+        self._done = kind != _ITEM
+        return _unpack(kind, value)
 
     def close(self, timeout: float = 5.0) -> bool:
         """Stop the thread: True when it ended within ``timeout`` seconds."""
@@ -172,13 +177,8 @@ class WhenIdle(Generic[T]):
             self._asking = False
             self._taken = time.monotonic()
         kind, value = got
-        if kind == _ITEM:
-            return value  # type: ignore[return-value]  # what items yielded
-        self._done = True
-        if kind == _ERROR:
-            assert isinstance(value, BaseException)
-            raise value
-        raise StopIteration
+        self._done = kind != _ITEM
+        return _unpack(kind, value)
 
     def close(self, timeout: float = 5.0) -> bool:
         """Stop the helper and close ``items``: True when the helper ended within ``timeout`` seconds (a helper

@@ -12,6 +12,15 @@ import pytest
 from ferry.client.stream.ahead import Ahead, WhenIdle
 
 
+def _two_then_an_error() -> Generator[int, None, None]:
+    yield 1
+    yield 2
+    try:
+        raise KeyError("inner")
+    except KeyError as exc:
+        raise ValueError("bad item 3") from exc
+
+
 def test_items_arrive_in_order_and_the_end_stays_the_end() -> None:
     ahead = Ahead((i for i in range(50)), depth=3)
     assert list(ahead) == list(range(50))
@@ -21,15 +30,7 @@ def test_items_arrive_in_order_and_the_end_stays_the_end() -> None:
 
 
 def test_an_error_arrives_after_the_items_before_it_as_it_was_raised() -> None:
-    def items() -> Generator[int, None, None]:
-        yield 1
-        yield 2
-        try:
-            raise KeyError("inner")
-        except KeyError as exc:
-            raise ValueError("bad item 3") from exc
-
-    ahead = Ahead(items(), depth=2)
+    ahead = Ahead(_two_then_an_error(), depth=2)
     assert next(ahead) == 1
     assert next(ahead) == 2
     with pytest.raises(ValueError, match="bad item 3") as info:
@@ -120,15 +121,7 @@ def test_when_idle_leaves_a_consumer_that_asks_back_to_back_to_build_each_item_i
 
 
 def test_when_idle_delivers_an_error_built_ahead_in_its_place() -> None:
-    def items() -> Generator[int, None, None]:
-        yield 1
-        yield 2
-        try:
-            raise KeyError("inner")
-        except KeyError as exc:
-            raise ValueError("bad item 3") from exc
-
-    idle = WhenIdle(items(), 0.001, threading.RLock())
+    idle = WhenIdle(_two_then_an_error(), 0.001, threading.RLock())
     assert next(idle) == 1
     time.sleep(STEP_S)
     assert next(idle) == 2
