@@ -109,11 +109,12 @@ def ensure_rclone() -> str | None:
 
 
 def commit(repo: Path) -> str | None:
-    """The commit measured, ``+changes`` where tracked files differ from it; None outside a git checkout."""
+    """The commit measured, ``+changes`` where tracked files differ from it (results of earlier runs aside: each
+    run rewrites ``bench/results/latest.json``); None outside a git checkout."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                               capture_output=True, text=True)  # fmt: skip
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results"],
+                               cwd=repo, capture_output=True, text=True)  # fmt: skip
     except OSError:
         return None
     if head.returncode != 0:

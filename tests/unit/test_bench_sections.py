@@ -138,3 +138,26 @@ def test_the_schedule_section_shows_throughput_per_mixture_and_resume_by_phases(
     assert "1.111 in samples/s, 1.105 per CPU second (target ≥ 0.95)" in text
     assert "| 1 | 1e+06 | 0.054 |" in text and "| 1000 | 1e+15 | 0.072 |" in text
     assert "{" not in text  # no raw result dicts on the page
+
+
+def test_a_run_is_at_its_commit_whatever_earlier_runs_wrote_into_bench_results(tmp_path: Path) -> None:
+    import subprocess
+
+    import envs
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)  # fmt: skip
+
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "bench" / "results" / "latest.json").write_text("{}")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "c")
+    head = envs.commit(tmp_path)
+    assert head and not head.endswith("+changes")
+    (tmp_path / "bench" / "results" / "latest.json").write_text('{"run": 1}')  # the previous run's results
+    assert envs.commit(tmp_path) == head
+    (tmp_path / "code.py").write_text("x = 2\n")  # what is measured changed
+    assert envs.commit(tmp_path) == head + "+changes"
