@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ferry.shard_tools.format.arrays import one_array
 from ferry.shard_tools.storage.store import TEMP_MARKER
 
 from ..transfer.executor import ShardRef  # what the executor copies is what the planner plans
@@ -128,8 +129,8 @@ class SourceColumns:
 
 
 def _one_chunk(column: pa.ChunkedArray) -> pa.StringArray:
-    """The column as one array: its chunk itself where it has one (``combine_chunks`` would copy it)."""
-    chunk = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    """The column as one string array (its chunk itself where it has one)."""
+    chunk = one_array(column)
     assert isinstance(chunk, pa.StringArray)
     return chunk
 

@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import ManifestError
+from .arrays import one_array
 from .digest import ALGORITHM, check_digest_string, digest_bytes
 from .header import (
     MANIFEST_FORMAT,
@@ -572,8 +573,8 @@ def _read_column(table_data: bytes, schema: pa.Schema, name: str) -> pa.ChunkedA
 
 
 def _string_array(column: pa.ChunkedArray) -> pa.StringArray:
-    """The column as one array: its one chunk itself where it has one (no copy)."""
-    chunk = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    """The column as one array (its one chunk itself where it has one)."""
+    chunk = one_array(column)
     if not isinstance(chunk, pa.StringArray):
         raise ManifestError(f"shard table column of type {column.type} where strings were expected")
     return chunk
@@ -680,7 +681,7 @@ def _has_dots_or_backslash(column: pa.Array) -> bool:
 
 def _ints(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """A null-free integer Arrow column as numpy, read from its data buffer (``to_numpy`` imports pandas)."""
-    chunk = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    chunk = one_array(arr)
     dtype = np.dtype(chunk.type.to_pandas_dtype()).newbyteorder("<")
     if len(chunk) == 0:
         return np.zeros(0, dtype=dtype)

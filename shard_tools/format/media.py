@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ShardFormatError
+from .arrays import one_array
 from .manifest import ShardInfo
 from .policy import MediaPolicy
 from .seekable import _HEADER_DICTIONARY_BATCH, _MAX_MESSAGES, _message, _require
@@ -173,7 +174,7 @@ class MediaMeta:
     @classmethod
     def from_column(cls, column: pa.Array | pa.ChunkedArray, shard: str) -> MediaMeta:
         """From a whole shard's (validated) ``media`` column."""
-        arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        arr = one_array(column)
         if arr.type != MEDIA_TYPE or arr.null_count or arr.values.null_count:
             raise ShardFormatError(shard, f"the media column is {arr.type} with nulls or of the wrong type")
         offsets = item_offsets(arr)
