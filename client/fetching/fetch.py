@@ -8,7 +8,9 @@
 - A shard is read as parallel ranged reads of ``part_size`` bytes, at most ``connections`` in flight,
   consumed in order by :class:`ShardSink`: its stored digest is computed as it streams and it is
   decompressed by a streaming zstd decoder straight into a file, checked against the manifest's raw size
-  and digest at the end. Memory is a few parts per shard being fetched, never the shard.
+  and digest at the end. Memory is a few parts per shard being fetched, never the shard. (The only replica
+  of a dataset, when it is on a local disk, is read part after part by the fetching thread instead:
+  :mod:`ferry.client.fetching.local`.)
 """
 
 from __future__ import annotations
@@ -326,7 +328,7 @@ class ShardSink:
         self._writer = zstandard.ZstdDecompressor().stream_writer(self.raw, write_size=_WRITE, closefd=False)  # type: ignore[arg-type]  # needs only write()
         self._head = b""
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | memoryview) -> None:
         if self.stored.nbytes + len(data) > self.info.stored_bytes:
             raise ShardFormatError(
                 self.info.path, f"stored copy is longer than the {self.info.stored_bytes} bytes the manifest says"

@@ -37,7 +37,9 @@ from ferry.shard_tools.format.seekable import (
     load_index,
     max_index_bytes,
 )
+from ferry.shard_tools.storage.store import resolve
 
+from .local import LocalRanges
 from .pools import DaemonPool
 
 __all__ = ["RangeRead", "FrameReader", "FrameStats", "frame_reader_for", "DEFAULT_BLOCK_LIMIT"]
@@ -335,9 +337,13 @@ def frame_reader_for(manifest: Any, replicas: Any, budget: int) -> FrameReader |
     """A frame reader for a dataset holding format-3 shards (None when it has none), its block cache a
     quarter of this process's cache budget, between 8 and 256 MiB. Frames of a batch are fetched 8 at a
     time from remote replicas (round trips overlap); one at a time from local files (faster there: the
-    reads cost no wait, and threads only contend for the cores)."""
+    reads cost no wait, and threads only contend for the cores), and from the only replica, on a local disk, by
+    the calling thread itself (:class:`ferry.client.fetching.local.LocalRanges`)."""
     if not bool(np.any(manifest.shards.frame_size > 0)):
         return None
     local = all("://" not in u or u.startswith("file://") for u in replicas.urls)
     limit = min(DEFAULT_BLOCK_LIMIT, max(8 << 20, budget // 4))
-    return FrameReader(replicas.read_range, limit=limit, threads=1 if local else 8, checked_reads=True)
+    read: RangeRead = replicas.read_range
+    if replicas.direct():
+        read = LocalRanges(resolve(replicas.urls[0], replicas.options[0]))
+    return FrameReader(read, limit=limit, threads=1 if local else 8, checked_reads=True)

@@ -19,6 +19,7 @@ import itertools
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, BinaryIO
@@ -42,6 +43,7 @@ from ..checks import show
 from ..stats import COUNTERS
 from .fetch import FetchOptions, RaceLost, ShardSink, race, start_read, start_small_read
 from .health import MANIFESTS, SHARDS, ReplicaHealth
+from .local import on_local_disk
 from .pools import DaemonPool, PriorityPool
 from .tables import cached_table
 
@@ -137,10 +139,12 @@ class Replicas:
         self._pid = os.getpid()
         self._tickets = itertools.count()  # the order shard fetches start in: the earlier one's parts go first
         self._later = threading.local()  # .depth > 0: this thread's fetches are for later batches
+        self._direct: bool | None = None  # see direct()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_locations={}, _pools=None, _lock=None, _tickets=None, _later=None)  # re-made where received
+        # re-made where received (direct() too: it is the receiving host's mount table that says)
+        state.update(_locations={}, _pools=None, _lock=None, _tickets=None, _later=None, _direct=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -184,6 +188,13 @@ class Replicas:
             return self._location(i).local
         except StorageError:
             return False
+
+    def direct(self) -> bool:
+        """Whether the dataset's only replica is on a local disk, so that its reads run in the calling thread,
+        without the race (see :mod:`ferry.client.fetching.local`); decided once."""
+        if self._direct is None:
+            self._direct = len(self.urls) == 1 and self.local(0) and on_local_disk(self._location(0).full(""))
+        return self._direct
 
     def close(self) -> None:
         """Stop this process's fetch threads (they are started again when needed)."""
@@ -347,7 +358,8 @@ class Replicas:
         return out.getvalue()
 
     def fetch_into(self, info: ShardInfo, out: BinaryIO) -> None:
-        """Stream a shard's verified raw bytes into ``out`` (a file opened ``wb+``), as parallel ranged reads.
+        """Stream a shard's verified raw bytes into ``out`` (a file opened ``wb+``), as parallel ranged reads (the
+        only replica, on a local disk, read by this thread: :meth:`_stream_here`).
 
         A copy that fails a check is read again from the other replicas (those that served it are left out
         for this shard only: a partial replica keeps serving its other shards), up to once per replica."""
@@ -374,8 +386,45 @@ class Replicas:
         kind = kinds.pop() if len(kinds) == 1 else ShardMissingError
         raise kind(info.path, "no replica has a good copy: " + "; ".join(errors))
 
+    def _stream_here(self, info: ShardInfo, out: BinaryIO, used: set[int]) -> bool:
+        """The shard read from the dataset's only replica, on a local disk (:meth:`direct`), by this thread in parts
+        fed in order to a :class:`ShardSink`: a race has no other replica to hedge to and no wait to bound, and
+        handing each part over from a fetch thread costs this thread's time (a cold epoch of local shards waits
+        on these fetches). False, with ``out`` emptied, when the file cannot be opened or read (the race then
+        reads it, and reports what fails); a ShardError when its bytes fail a check."""
+        started = time.monotonic()
+        try:
+            f = open(self._location(0).full(info.path), "rb", buffering=0)  # noqa: SIM115 — closed below
+        except (OSError, StorageError):
+            return False
+        used.add(0)
+        sink = ShardSink(info, out)
+        # one buffer for every part: fresh memory for each would fault its pages in again
+        buf = memoryview(bytearray(min(self.fetch_options.part_size, info.stored_bytes + 1)))
+        try:
+            with f:
+                while True:
+                    try:
+                        n = f.readinto(buf)
+                    except OSError:  # the file's read failed (the cache file's writes raise as they are)
+                        out.seek(0)
+                        out.truncate()
+                        return False
+                    if not n:
+                        break
+                    sink.feed(buf[:n])
+            sink.finish()
+        except ShardError:
+            self.health.refused(0, sink.stored.nbytes, time.monotonic() - started, SHARDS)
+            raise
+        self.health.answered(0, info.stored_bytes, time.monotonic() - started)
+        return True
+
     def _stream(self, info: ShardInfo, out: BinaryIO, exclude: frozenset[int], used: set[int]) -> None:
-        """One pass over the shard: parts read ``connections`` at a time, fed in order to a :class:`ShardSink`."""
+        """One pass over the shard: parts read ``connections`` at a time, fed in order to a :class:`ShardSink`;
+        from the only replica of a dataset, on a local disk, read in this thread (:meth:`_stream_here`)."""
+        if self.direct() and self._stream_here(info, out, used):
+            return
         size, part = info.stored_bytes, self.fetch_options.part_size
         spans = [(a, min(a + part, size)) for a in range(0, size, part)]
         if spans:  # one byte past the end: a longer object than the manifest says is caught by the sink

@@ -33,7 +33,6 @@ import numpy as np
 from ferry.shard_tools.errors import StateError, UsageError
 from ferry.shard_tools.format.manifest import Manifest
 from ferry.shard_tools.format.media import MediaItem
-from ferry.shard_tools.storage.store import resolve
 
 from .. import checks
 from ..agree import agreed_manifest
@@ -42,7 +41,7 @@ from ..fetching.frames import frame_reader_for
 from .cached import CachedShards
 from .epochs import EpochIndex
 from .planner import Pieces, Plan, cut_pieces, plan_epoch
-from .reader import LocalRanges, MediaReader, ShardMedia
+from .reader import MediaReader, ShardMedia
 from .source import MediaSource, check_shape
 
 __all__ = ["MediaDataset", "Decode"]
@@ -165,8 +164,6 @@ class MediaDataset(MediaSource):
 
     def _new_reader(self) -> MediaReader:
         frames = frame_reader_for(self.manifest, self.replicas, _FRAME_BUDGET)
-        if frames is not None and len(self.replicas.urls) == 1 and self.replicas.local(0):
-            frames.read_range = LocalRanges(resolve(self.replicas.urls[0], self.replicas.options[0]))
         return MediaReader(self.manifest, self.replicas, frames, self._known, self._cached)
 
     def reader(self) -> MediaReader:

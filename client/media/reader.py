@@ -12,9 +12,7 @@ tokens and its items' bytes, one contiguous range. Shards of stored formats 1 an
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -25,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ferry.shard_tools.errors import ShardFormatError
+from ferry.shard_tools.format.arrays import one_array
 from ferry.shard_tools.format.manifest import Manifest, ShardInfo
 from ferry.shard_tools.format.media import (
     MEDIA_COLUMN,
@@ -36,52 +35,17 @@ from ferry.shard_tools.format.media import (
     media_layout,
 )
 from ferry.shard_tools.format.shard import ShardView, parse_shard
-from ferry.shard_tools.storage.store import Location
 
 from ..fetching.frames import FrameReader
 from .cached import CachedShards
 
-__all__ = ["ShardMedia", "MediaReader", "LocalRanges"]
+__all__ = ["ShardMedia", "MediaReader"]
 
 _WHOLE_KEPT = 4  # whole shards (formats 1, 2) kept in memory per process
 _DATA_KEPT = 8  # shards whose media bytes buffer (from a whole or cached shard) is kept at hand per process
 # a dataset whose token streams hold at most this many bytes in all has each shard's read with its metadata (one
 # ranged read a shard: placeholder spans compress to little), not a ranged read per document piece
 TOKENS_KEPT = 64 << 20
-
-
-class LocalRanges:
-    """``read_range`` of a dataset on a local filesystem: ``os.pread`` on a handle kept per shard, in the calling
-    thread. A replica race (its pool, deadlines and hedging) buys nothing where a read costs no wait, and its
-    hand-offs between threads would cost about as much per sample as decoding a small image."""
-
-    def __init__(self, loc: Location, kept: int = 64) -> None:
-        self.loc, self.kept = loc, kept
-        self._fds: OrderedDict[str, int] = OrderedDict()
-
-    def __call__(
-        self, info: ShardInfo, offset: int, length: int, *, check: Callable[[bytes], None] | None = None
-    ) -> bytes:
-        fd = self._fds.get(info.path)
-        if fd is None:
-            fd = os.open(self.loc.full(info.path), os.O_RDONLY)  # FileNotFoundError: the shard is missing
-            self._fds[info.path] = fd
-            while len(self._fds) > self.kept:
-                os.close(self._fds.popitem(last=False)[1])
-        else:
-            self._fds.move_to_end(info.path)
-        data = os.pread(fd, length, offset)
-        if check is not None and len(data) == length:  # a short read is the frame reader's to report
-            check(data)
-        return data
-
-    def close(self) -> None:
-        while self._fds:
-            os.close(self._fds.popitem()[1])
-
-    def __del__(self) -> None:
-        with contextlib.suppress(OSError):
-            self.close()
 
 
 @dataclass(frozen=True)
@@ -303,7 +267,7 @@ class MediaReader:
             self._data.move_to_end(s)
             return kept[1], kept[2]
         column = view.table.column(MEDIA_COLUMN)
-        data = item_arrays(column.chunk(0) if column.num_chunks == 1 else column.combine_chunks())[-1]
+        data = item_arrays(one_array(column))[-1]
         found = (memoryview(data.buffers()[2]), int(binary_offsets(data)[0]))
         self._data[s] = (view, *found)
         while len(self._data) > _DATA_KEPT:

@@ -4,6 +4,7 @@ fetched for later batches, each shard's parts in order, so that the shard needed
 from __future__ import annotations
 
 import io
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,9 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> str:
     return pack_test_dataset(str(tmp_path_factory.mktemp("parts") / "ds"), 300, shard_size=1 << 16, stored_format=1)
 
 
-def test_a_prefetch_yields_its_connections_to_the_shard_read_now(local: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_prefetch_yields_its_connections_to_the_shard_read_now(
+    local: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every part of a shard fetched for later ranks after every part of a shard read now; within a shard,
     parts rank in order (before, all of a process's shard fetches shared the connections first come, first
     served, and the shard needed first ended together with the ones needed later)."""
@@ -67,7 +70,10 @@ def test_a_prefetch_yields_its_connections_to_the_shard_read_now(local: str, mon
         return submit(self, priority, fn, *args)
 
     monkeypatch.setattr(PriorityPool, "submit", spy)
-    replicas = Replicas(local, fetch={"part_size": 4096, "connections": 2})
+    # two replicas: the only replica of a dataset on a local filesystem is read by the fetching thread itself
+    copy = str(tmp_path / "copy")
+    shutil.copytree(local, copy)
+    replicas = Replicas([local, copy], fetch={"part_size": 4096, "connections": 2})
     replicas._later.depth = 0
     info = open_dataset(local).manifest.shards[0]
     assert info.stored_bytes > 3 * 4096

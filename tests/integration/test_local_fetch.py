@@ -1,0 +1,156 @@
+"""A dataset whose one replica is on a local disk: a whole shard is read by the thread that fetches it, and its
+frames by the thread that reads them, through the same checks as a remote one; what it cannot read goes the usual
+way (the replica race) to its error. A network mount keeps the race, whose deadlines bound a read that hangs."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scripts.loader_common import pack_test_dataset
+
+from ferry.client.fetching import local
+from ferry.client.fetching.frames import frame_reader_for
+from ferry.client.fetching.local import LocalRanges, mount_type, on_local_disk
+from ferry.client.fetching.replicas import Replicas
+from ferry.shard_tools.dataset import decode_stored_shard
+from ferry.shard_tools.errors import ShardError, ShardFormatError, ShardMissingError
+from ferry.shard_tools.format.manifest import ShardInfo
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> tuple[Replicas, ShardInfo, Path]:
+    url = pack_test_dataset(str(tmp_path / "ds"), n_docs=200)
+    replicas = Replicas(url)
+    info = replicas.load_manifest().shards[0]
+    return replicas, info, tmp_path / "ds" / info.path
+
+
+def _raced(replicas: Replicas, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths this object reads through the replica race from now on."""
+    asked: list[str] = []
+    real = replicas._read
+
+    def counted(rel: str, *a: Any, **k: Any) -> Any:
+        asked.append(rel)
+        return real(rel, *a, **k)
+
+    monkeypatch.setattr(replicas, "_read", counted)
+    return asked
+
+
+def test_a_local_shard_is_read_whole_by_the_fetching_thread(
+    dataset: tuple[Replicas, ShardInfo, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    replicas, info, stored = dataset
+    asked = _raced(replicas, monkeypatch)
+    out = io.BytesIO()
+    replicas.fetch_into(info, out)
+    assert out.getvalue() == decode_stored_shard(info, stored.read_bytes())
+    assert asked == []  # no part went through the race's threads
+
+
+@pytest.mark.parametrize("spoil", ["flip", "truncate", "longer"])
+def test_a_spoilt_local_shard_is_refused_naming_it(
+    dataset: tuple[Replicas, ShardInfo, Path], spoil: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    replicas, info, stored = dataset
+    good = stored.read_bytes()
+    stored.write_bytes(
+        {
+            "flip": good[:-40] + bytes([good[-40] ^ 1]) + good[-39:],
+            "truncate": good[: len(good) // 2],
+            "longer": good + b"\0",
+        }[spoil]
+    )
+    _raced(replicas, monkeypatch)
+    out = io.BytesIO()
+    with pytest.raises(ShardError, match="no replica has a good copy") as caught:
+        replicas.fetch_into(info, out)
+    assert info.path in str(caught.value)
+    if spoil != "flip":
+        assert isinstance(caught.value, ShardFormatError)
+
+
+def test_a_local_shard_that_is_missing_or_unreadable_goes_through_the_race(
+    dataset: tuple[Replicas, ShardInfo, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    replicas, info, stored = dataset
+    stored.unlink()
+    asked = _raced(replicas, monkeypatch)
+    with pytest.raises(ShardMissingError, match=info.path.split("/")[-1]):
+        replicas.fetch_into(info, io.BytesIO())
+    assert info.path in asked  # the race read it, and named what it found
+    stored.mkdir()  # opened, but not readable as a file
+    with pytest.raises(ShardError):
+        replicas.fetch_into(info, io.BytesIO())
+
+
+def test_a_second_replica_keeps_the_race(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With another replica to hedge to, a local one is read through the race, which can give up on it."""
+    a = pack_test_dataset(str(tmp_path / "a"), n_docs=200)
+    b = pack_test_dataset(str(tmp_path / "b"), n_docs=200)
+    replicas = Replicas([a, b])
+    info = replicas.load_manifest().shards[0]
+    asked = _raced(replicas, monkeypatch)
+    out = io.BytesIO()
+    replicas.fetch_into(info, out)
+    assert out.getvalue() == decode_stored_shard(info, (tmp_path / "a" / info.path).read_bytes())
+    assert info.path in asked
+
+
+_MOUNTS = """\
+22 27 0:21 / /proc rw,relatime - proc proc rw
+27 1 254:0 / / rw,relatime - ext4 /dev/vda rw
+40 27 0:40 / /scratch rw,relatime - xfs /dev/vdb rw
+41 40 0:41 / /scratch/team\\040data rw,relatime - nfs4 filer:/export rw
+42 27 0:42 / /lus rw - lustre 10.0.0.1@tcp:/fs rw
+"""
+
+
+@pytest.mark.parametrize(
+    ("path", "kind"),
+    [
+        ("/", "ext4"),
+        ("/home/me/ds", "ext4"),
+        ("/scratch/ds", "xfs"),
+        ("/scratch/team data/ds", "nfs4"),  # the longest mount point, its name unescaped
+        ("/scratch/team datax", "xfs"),  # a prefix of a name is not its mount point
+        ("/lus/x", "lustre"),
+    ],
+)
+def test_the_mount_that_holds_a_path_is_its_longest_mount_point(path: str, kind: str) -> None:
+    assert mount_type(path, _MOUNTS) == kind
+
+
+def test_only_disk_filesystems_are_read_directly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert on_local_disk(str(tmp_path))  # the test machine's own disk
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(f"1 0 0:1 / / rw - ext4 /dev/a rw\n2 1 0:2 / {tmp_path} rw - nfs4 srv:/e rw\n")
+    monkeypatch.setattr(local, "_MOUNTINFO", str(mountinfo))
+    assert not on_local_disk(str(tmp_path / "ds"))
+    monkeypatch.setattr(local, "_MOUNTINFO", str(tmp_path / "none"))  # no mount table: not known to be a disk
+    assert not on_local_disk(str(tmp_path))
+
+
+def test_a_dataset_on_a_network_mount_keeps_the_race(
+    dataset: tuple[Replicas, ShardInfo, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    replicas, info, stored = dataset
+    assert replicas.direct()  # on this machine's disk; decided once, before the mount table below
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(f"1 0 0:1 / / rw - ext4 /dev/a rw\n2 1 0:2 / {tmp_path} rw - lustre srv:/fs rw\n")
+    monkeypatch.setattr(local, "_MOUNTINFO", str(mountinfo))
+    remade = Replicas(str(stored.parents[1]))
+    assert not remade.direct()
+    asked = _raced(remade, monkeypatch)
+    out = io.BytesIO()
+    remade.fetch_into(info, out)
+    assert out.getvalue() == decode_stored_shard(info, stored.read_bytes())
+    assert info.path in asked
+    reader = frame_reader_for(remade.load_manifest(), remade, 64 << 20)
+    assert reader is not None and not isinstance(reader.read_range, LocalRanges)
+    direct = frame_reader_for(replicas.load_manifest(), replicas, 64 << 20)
+    assert direct is not None and isinstance(direct.read_range, LocalRanges)
