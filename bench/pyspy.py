@@ -56,16 +56,23 @@ def top(
     rate: int = 200,
     skip_imports: bool = False,
 ) -> str:
-    """Run ``cmd`` under ``py-spy record`` and return its top functions as text."""
+    """Run ``cmd`` under ``py-spy record`` and return its top functions as text (or why there are none: a
+    profile is an aside, and its failure never ends a suite).
+
+    ``--nonblocking``: py-spy reads the stacks without pausing the process; paused at every sample, a loader's
+    short run can take many times its length, mostly in system time, and pass the timeout."""
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "stacks.txt"
-        proc = subprocess.run(
-            [pyspy, "record", "-r", str(rate), "-f", "raw", "-o", str(raw), "--", *cmd],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        try:
+            proc = subprocess.run(
+                [pyspy, "record", "--nonblocking", "-r", str(rate), "-f", "raw", "-o", str(raw), "--", *cmd],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired:
+            return f"py-spy ran past {timeout:g} s: no profile"
         if not raw.exists():
             return f"py-spy failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}"
         return _fold(raw.read_text(), n, skip_imports)
