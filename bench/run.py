@@ -77,20 +77,31 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _provenance(name: str, res: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Where each suite of results ``name`` was measured: that run, or for merged results the run their
+    ``meta.merged`` names for it."""
+    m = res["meta"]
+    own = {"from": name, **{k: m.get(k) for k in ("command", "commit", "started", "machine")}}
+    by_suite = {s.strip(): run for suites, run in (m.get("merged") or {}).items() for s in suites.split(",")}
+    return {s: by_suite.get(s, own) for s in res if s != "meta"}
+
+
 def merge_runs(base: dict[str, Any], base_name: str, others: list[Path]) -> dict[str, Any]:
-    """``base`` with each of ``others``' suites taken over it; ``meta.merged`` names the run of every suite."""
-    merged: dict[str, Any] = {}
+    """``base`` with each of ``others``' suites taken over it; ``meta.merged`` names the run of every suite (a
+    merged base keeps the runs it names)."""
     runs = [(base_name, base), *((p.name, json.loads(p.read_text())) for p in others)]
-    owner = {s: name for name, res in runs for s in res if s != "meta"}  # the last run with a suite wins
     out: dict[str, Any] = {"meta": dict(base["meta"])}
-    for name, res in runs:
-        suites = [s for s in res if s != "meta" and owner[s] == name]
-        if not suites:
-            continue
-        out.update({s: res[s] for s in suites})
-        m = res["meta"]
-        merged[", ".join(suites)] = {"from": name, **{k: m.get(k) for k in ("command", "commit", "started", "machine")}}
-    out["meta"]["merged"] = merged
+    source: dict[str, dict[str, Any]] = {}
+    for name, res in runs:  # the last run with a suite wins
+        out.update({s: v for s, v in res.items() if s != "meta"})
+        source.update(_provenance(name, res))
+    groups: dict[str, list[str]] = {}  # suites of one run together, in the order runs first appear
+    runs_by_key: dict[str, dict[str, Any]] = {}
+    for suite in sorted(source):
+        key = json.dumps(source[suite], sort_keys=True)
+        groups.setdefault(key, []).append(suite)
+        runs_by_key[key] = source[suite]
+    out["meta"]["merged"] = {", ".join(suites): runs_by_key[key] for key, suites in groups.items()}
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out["meta"]["results_file"] = f"{stamp}-merged.json"
     return out

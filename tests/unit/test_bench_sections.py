@@ -115,6 +115,26 @@ def test_merged_results_take_each_suite_from_the_last_run_that_has_it(tmp_path: 
     assert "One run of `make bench`" in report._method(base)[0]
 
 
+def test_merging_onto_merged_results_keeps_the_run_of_each_suite(tmp_path: Path) -> None:
+    import json
+
+    import run
+
+    a = {"meta": {"command": "full", "commit": "aaa"}, "pack": {}, "load": {}, "media": {}}
+    b = tmp_path / "B.json"
+    b.write_text(json.dumps({"meta": {"command": "--only load", "commit": "bbb"}, "load": {"v": 2}}))
+    first = run.merge_runs(a, "A.json", [b])
+    c = tmp_path / "C.json"
+    c.write_text(json.dumps({"meta": {"command": "--only media", "commit": "ccc"}, "media": {"v": 3}}))
+    second = run.merge_runs(first, first["meta"]["results_file"], [c])
+    assert second["load"] == {"v": 2} and second["media"] == {"v": 3}
+    assert {k: (v["from"], v["commit"]) for k, v in second["meta"]["merged"].items()} == {
+        "pack": ("A.json", "aaa"),  # not the merged file: the run that measured it
+        "load": ("B.json", "bbb"),
+        "media": ("C.json", "ccc"),
+    }
+
+
 SCHEDULE = {
     "throughput": {
         "3-phase": [
