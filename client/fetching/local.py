@@ -12,13 +12,15 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 from collections import OrderedDict
 from collections.abc import Callable
 
+from ferry.shard_tools.errors import ShardFormatError, StorageError
 from ferry.shard_tools.format.manifest import ShardInfo
 from ferry.shard_tools.storage.store import Location
 
-__all__ = ["DISK_FILESYSTEMS", "LocalRanges", "on_local_disk", "mount_type"]
+__all__ = ["DISK_FILESYSTEMS", "LocalRanges", "on_local_disk", "mount_type", "open_regular"]
 
 #: Linux filesystem types of block devices or memory: a read of them waits on no network.
 DISK_FILESYSTEMS = frozenset(
@@ -54,6 +56,23 @@ def on_local_disk(path: str) -> bool:
     return mount_type(os.path.realpath(path), table) in DISK_FILESYSTEMS
 
 
+def open_regular(path: str, shard: str) -> int:
+    """A read-only descriptor of ``path``, which must be a regular file: a FIFO, device or directory in a
+    shard's place is a ShardFormatError, and is refused without waiting (opening a FIFO for reading waits for a
+    writer, for ever). FileNotFoundError when it is missing; another failure to open it is a StorageError."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise StorageError(f"cannot open {shard}: {exc}") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ShardFormatError(shard, "is not a regular file (a FIFO, device or directory stands in its place)")
+    os.set_blocking(fd, True)
+    return fd
+
+
 class LocalRanges:
     """``read_range`` of a dataset whose only replica is on a local disk: ``os.pread`` on a handle kept per
     shard, in the calling thread (one thread: the handles are not shared). A replica race (its pool, deadlines
@@ -69,13 +88,16 @@ class LocalRanges:
     ) -> bytes:
         fd = self._fds.get(info.path)
         if fd is None:
-            fd = os.open(self.loc.full(info.path), os.O_RDONLY)  # FileNotFoundError: the shard is missing
+            fd = open_regular(self.loc.full(info.path), info.path)  # FileNotFoundError: the shard is missing
             self._fds[info.path] = fd
             while len(self._fds) > self.kept:
                 os.close(self._fds.popitem(last=False)[1])
         else:
             self._fds.move_to_end(info.path)
-        data = os.pread(fd, length, offset)
+        try:
+            data = os.pread(fd, length, offset)
+        except OSError as exc:
+            raise StorageError(f"cannot read bytes [{offset}, {offset + length}) of {info.path}: {exc}") from exc
         if check is not None and len(data) == length:  # a short read is the frame reader's to report
             check(data)
         return data

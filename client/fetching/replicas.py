@@ -43,7 +43,7 @@ from ..checks import show
 from ..stats import COUNTERS
 from .fetch import FetchOptions, RaceLost, ShardSink, race, start_read, start_small_read
 from .health import MANIFESTS, SHARDS, ReplicaHealth
-from .local import on_local_disk
+from .local import on_local_disk, open_regular
 from .pools import DaemonPool, PriorityPool
 from .tables import cached_table
 
@@ -391,13 +391,13 @@ class Replicas:
         fed in order to a :class:`ShardSink`: a race has no other replica to hedge to and no wait to bound, and
         handing each part over from a fetch thread costs this thread's time (a cold epoch of local shards waits
         on these fetches). False, with ``out`` emptied, when the file cannot be opened or read (the race then
-        reads it, and reports what fails); a ShardError when its bytes fail a check."""
+        reads it, and reports what fails); a ShardError when its bytes fail a check or it is not a regular file."""
         started = time.monotonic()
-        try:
-            f = open(self._location(0).full(info.path), "rb", buffering=0)  # noqa: SIM115 — closed below
-        except (OSError, StorageError):
-            return False
         used.add(0)
+        try:  # a FIFO or device in the shard's place is a ShardFormatError, raised at once
+            f = os.fdopen(open_regular(self._location(0).full(info.path), info.path), "rb", buffering=0)
+        except (OSError, StorageError):  # the race reads it (in time, or names why it cannot)
+            return False
         sink = ShardSink(info, out)
         # one buffer for every part: fresh memory for each would fault its pages in again
         buf = memoryview(bytearray(min(self.fetch_options.part_size, info.stored_bytes + 1)))

@@ -5,12 +5,16 @@ way (the replica race) to its error. A network mount keeps the race, whose deadl
 from __future__ import annotations
 
 import io
+import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from scripts.loader_common import pack_test_dataset
 
+from ferry.client import TokenDataset, TokenLoader
 from ferry.client.fetching import local
 from ferry.client.fetching.frames import frame_reader_for
 from ferry.client.fetching.local import LocalRanges, mount_type, on_local_disk
@@ -83,9 +87,39 @@ def test_a_local_shard_that_is_missing_or_unreadable_goes_through_the_race(
     with pytest.raises(ShardMissingError, match=info.path.split("/")[-1]):
         replicas.fetch_into(info, io.BytesIO())
     assert info.path in asked  # the race read it, and named what it found
-    stored.mkdir()  # opened, but not readable as a file
-    with pytest.raises(ShardError):
-        replicas.fetch_into(info, io.BytesIO())
+
+
+@pytest.mark.parametrize("stand_in", ["fifo", "device", "directory"])
+def test_a_fifo_device_or_directory_in_a_shards_place_is_refused_at_once(tmp_path: Path, stand_in: str) -> None:
+    """Opening a FIFO for reading waits for a writer for ever, and a device never ends: each is named as not a
+    shard, at once, whether the shard is read whole or by frames."""
+    url = pack_test_dataset(str(tmp_path / "ds"), n_docs=300)
+    stored = tmp_path / "ds" / Replicas(url).load_manifest().shards[0].path
+    stored.unlink()
+    if stand_in == "fifo":
+        os.mkfifo(stored)
+    elif stand_in == "device":
+        stored.symlink_to("/dev/zero")
+    else:
+        stored.mkdir()
+    outcome: list[BaseException | None] = []
+
+    def epoch() -> None:
+        try:
+            ds = TokenDataset(url, seq_len=64, cache_dir=str(tmp_path / "cache"))
+            for _ in TokenLoader(ds, batch_size=4):
+                pass
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 — handed to the test's thread
+            outcome.append(exc)
+
+    reader = threading.Thread(target=epoch, daemon=True)
+    started = time.monotonic()
+    reader.start()
+    reader.join(30)
+    assert outcome, "the loader hung on a FIFO"
+    assert time.monotonic() - started < 10  # not a deadline's wait: the file is refused when opened
+    assert isinstance(outcome[0], ShardFormatError) and "not a regular file" in str(outcome[0])
 
 
 def test_a_second_replica_keeps_the_race(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
