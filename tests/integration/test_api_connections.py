@@ -27,6 +27,7 @@ from helpers import TOKEN_ENV, Service, pack, running_service, wait_until, write
 from processes import terminate
 from slowloris import FloodProcess
 
+from ferry.service.api import connections as connections_module
 from ferry.service.api import server as server_module
 from ferry.service.config import ApiConfig
 
@@ -169,18 +170,25 @@ def test_a_probe_that_connects_and_then_stalls_outlives_a_burst_of_slow_sockets(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loop: str
 ) -> None:
     # A prober descheduled between its connect and its request: the server must not take it for an idle
-    # slow socket and evict it when a burst of slow sockets arrives meanwhile.
+    # slow socket and evict it when a burst of slow sockets arrives meanwhile. The promise holds while the
+    # kernel holds the silent probe back (``_HOLD_SILENT``); past that it is a silent socket like any other.
+    # The test lengthens the hold, so that a loaded machine (the burst is sent and served in this process)
+    # cannot stretch the probe's silence past it.
     _use_loop(monkeypatch, loop)
+    hold = 30
+    monkeypatch.setattr(connections_module, "_HOLD_SILENT", hold)
     with _service(tmp_path, monkeypatch, max_connections=8) as svc:
         stats = svc.server.connections
         probe = _connect(svc)
+        connected = time.monotonic()
         time.sleep(0.1)
         burst = []
         for _ in range(3 * stats.cap):
             burst.append(_connect(svc))
             burst[-1].sendall(b"G")
-        wait_until(lambda: stats.evicted >= stats.cap, 2, "the burst to evict idle connections")
-        probe.sendall(_PROBE)  # within the kernel's hold on a silent connection
+        wait_until(lambda: stats.evicted >= stats.cap, 10, "the burst to evict idle connections")
+        assert time.monotonic() - connected < hold  # still within the kernel's hold on the silent probe
+        probe.sendall(_PROBE)
         got, _ = _read_until_closed(probe, 5)
         for s in (probe, *burst):
             s.close()
