@@ -10,6 +10,7 @@ like any network, so it keeps the race: only the filesystem types of :data:`DISK
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import stat
@@ -88,7 +89,7 @@ class LocalRanges:
     ) -> bytes:
         fd = self._fds.get(info.path)
         if fd is None:
-            fd = open_regular(self.loc.full(info.path), info.path)  # FileNotFoundError: the shard is missing
+            fd = self._open(info.path)
             self._fds[info.path] = fd
             while len(self._fds) > self.kept:
                 os.close(self._fds.popitem(last=False)[1])
@@ -101,6 +102,17 @@ class LocalRanges:
         if check is not None and len(data) == length:  # a short read is the frame reader's to report
             check(data)
         return data
+
+    def _open(self, rel: str) -> int:
+        """A handle of shard ``rel`` (FileNotFoundError: the shard is missing). When the process is out of
+        descriptors (many datasets each keeping handles), this reader's kept handles are closed first."""
+        try:
+            return open_regular(self.loc.full(rel), rel)
+        except StorageError as exc:
+            if not (isinstance(exc.__cause__, OSError) and exc.__cause__.errno == errno.EMFILE and self._fds):
+                raise
+        self.close()
+        return open_regular(self.loc.full(rel), rel)
 
     def close(self) -> None:
         while self._fds:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -120,6 +122,31 @@ def test_a_fifo_device_or_directory_in_a_shards_place_is_refused_at_once(tmp_pat
     assert outcome, "the loader hung on a FIFO"
     assert time.monotonic() - started < 10  # not a deadline's wait: the file is refused when opened
     assert isinstance(outcome[0], ShardFormatError) and "not a regular file" in str(outcome[0])
+
+
+_OUT_OF_DESCRIPTORS = """
+import os, resource, sys
+from ferry.client.fetching.local import LocalRanges
+from ferry.client.fetching.replicas import Replicas
+from ferry.shard_tools.storage.store import resolve
+replicas = Replicas(sys.argv[1])
+shards = replicas.load_manifest().shards
+reader = LocalRanges(resolve(sys.argv[1], None))
+used = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (used + 8, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+for k in range(len(shards)):  # more shards than descriptors are left: each kept until the process runs out
+    assert len(reader(shards[k], 0, 16)) == 16
+print("read", len(shards))
+"""
+
+
+def test_a_reader_out_of_descriptors_closes_its_own_and_reads_on(tmp_path: Path) -> None:
+    url = pack_test_dataset(str(tmp_path / "ds"), n_docs=400, shard_size=1024)
+    count = len(Replicas(url).load_manifest().shards)
+    assert count > 16
+    done = subprocess.run([sys.executable, "-c", _OUT_OF_DESCRIPTORS, url], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["read", str(count)]
 
 
 def test_a_second_replica_keeps_the_race(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
