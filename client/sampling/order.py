@@ -26,6 +26,7 @@ from typing import Protocol
 
 import numpy as np
 
+from .partition import distinct
 from .permutation import derive_key, feistel_permute
 
 __all__ = ["SampleOrder", "IdentityOrder", "GlobalOrder", "WindowOrder", "make_order", "SHUFFLE_MODES"]
@@ -87,7 +88,7 @@ class _ChunkedOrder:
         if first == last:
             return self._chunk(epoch, first)[pos - first * _CHUNK]
         out = np.empty_like(pos)
-        for c in np.unique(chunk):
+        for c in distinct(chunk):
             sel = chunk == c
             out[sel] = self._chunk(epoch, int(c))[pos[sel] - int(c) * _CHUNK]
         return out
@@ -149,7 +150,7 @@ class WindowOrder(_ChunkedOrder):
         order, cum, starts = self._layout(epoch)
         win = np.searchsorted(starts, positions, side="right") - 1
         laid = np.empty_like(positions)
-        for w in np.unique(win):
+        for w in distinct(win):
             sel = win == w
             lo, hi = int(starts[w]), int(starts[w + 1])
             key = derive_key(self.seed, epoch, _WINDOW_SALT, int(w))

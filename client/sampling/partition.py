@@ -14,7 +14,7 @@ import numpy as np
 
 from ferry.shard_tools.errors import InvalidValueError
 
-__all__ = ["global_batch_size", "rank_positions", "worker_batches", "batches_until", "split_stream"]
+__all__ = ["global_batch_size", "rank_positions", "worker_batches", "batches_until", "split_stream", "distinct"]
 
 
 # the bound of a stream position (ferry.client.resume.state.MAX_POSITION, which imports more than this module may)
@@ -51,3 +51,10 @@ def split_stream(positions: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]
     """Stream positions → (epoch, position within the epoch) for an epoch of ``n`` samples."""
     epoch, pos = np.divmod(np.asarray(positions, dtype=np.int64), n)
     return epoch, pos
+
+
+def distinct(values: np.ndarray) -> list[int]:
+    """The distinct values of a batch-sized integer array (the epochs, chunks, windows or sources its positions
+    fall in), ascending. Not ``np.unique``: numpy 2 imports ``numpy.ma`` on its first call, inside a loader's
+    first epoch, and on a few dozen values a set costs less."""
+    return sorted(set(values.tolist()))

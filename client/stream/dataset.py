@@ -27,6 +27,7 @@ from ..fetching.frames import frame_reader_for
 from ..fetching.prefetcher import RECENT, Prefetcher
 from ..resume.state import fingerprint
 from ..sampling.order import SHUFFLE_MODES, SampleOrder, WindowOrder, make_order
+from ..sampling.partition import distinct
 from ..sampling.shards import first_samples, samples_of
 from ..source import MODES, SampleSource
 from .mixed import MixedDataset
@@ -312,7 +313,7 @@ class TokenDataset(SampleSource):
             return self.order.sample_ids(lo, pos - lo * n)
         epoch, within = np.divmod(pos, n)
         out = np.empty_like(pos)
-        for e in np.unique(epoch).tolist():  # positions in several epochs: only the epochs present
+        for e in distinct(epoch):  # positions in several epochs: only the epochs present
             sel = epoch == e
             out[sel] = self.order.sample_ids(e, within[sel])
         return out
@@ -322,12 +323,12 @@ class TokenDataset(SampleSource):
         starts = np.asarray([s[0] for s in self._segments], dtype=np.int64)
         seg = np.searchsorted(starts, pos, side="right") - 1
         out = np.empty_like(pos)
-        for k in np.unique(seg).tolist():
+        for k in distinct(seg):
             start, first_epoch, n, order = self._segments[k]
             sel = seg == k
             epoch, within = np.divmod(pos[sel] - start, n)
             ids = np.empty_like(within)
-            for e in np.unique(epoch).tolist():
+            for e in distinct(epoch):
                 part = epoch == e
                 ids[part] = order.sample_ids(first_epoch + e, within[part])
             out[sel] = ids

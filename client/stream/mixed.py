@@ -13,6 +13,7 @@ from ferry.shard_tools.errors import InvalidValueError, StateError, UsageError
 from ..checks import show
 from ..resume.replan import merge_plan, source_keys
 from ..sampling.mixing import check_weights
+from ..sampling.partition import distinct
 from ..sampling.schedule import MAX_START, Schedule
 from ..source import SampleSource
 
@@ -182,7 +183,7 @@ class MixedDataset(SampleSource):
 
     def _split(self, positions: np.ndarray) -> Iterator[tuple[SampleSource, np.ndarray, np.ndarray]]:
         src, idx = self.schedule.locate(positions)
-        for j in np.unique(src).tolist():
+        for j in distinct(src):
             sel = np.nonzero(src == j)[0]
             yield self.source_at(j), idx[sel], sel
 
