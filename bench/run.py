@@ -95,13 +95,10 @@ def merge_runs(base: dict[str, Any], base_name: str, others: list[Path]) -> dict
     for name, res in runs:  # the last run with a suite wins
         out.update({s: v for s, v in res.items() if s != "meta"})
         source.update(_provenance(name, res))
-    groups: dict[str, list[str]] = {}  # suites of one run together, in the order runs first appear
-    runs_by_key: dict[str, dict[str, Any]] = {}
+    groups: dict[str, list[str]] = {}  # the suites of each run (by its results file), in name order
     for suite in sorted(source):
-        key = json.dumps(source[suite], sort_keys=True)
-        groups.setdefault(key, []).append(suite)
-        runs_by_key[key] = source[suite]
-    out["meta"]["merged"] = {", ".join(suites): runs_by_key[key] for key, suites in groups.items()}
+        groups.setdefault(source[suite]["from"], []).append(suite)
+    out["meta"]["merged"] = {", ".join(suites): source[suites[0]] for suites in groups.values()}
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out["meta"]["results_file"] = f"{stamp}-merged.json"
     return out

@@ -60,13 +60,8 @@ def on_local_disk(path: str) -> bool:
 def open_regular(path: str, shard: str) -> int:
     """A read-only descriptor of ``path``, which must be a regular file: a FIFO, device or directory in a
     shard's place is a ShardFormatError, and is refused without waiting (opening a FIFO for reading waits for a
-    writer, for ever). FileNotFoundError when it is missing; another failure to open it is a StorageError."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise StorageError(f"cannot open {shard}: {exc}") from exc
+    writer, for ever). An OSError when it cannot be opened (FileNotFoundError: it is missing)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise ShardFormatError(shard, "is not a regular file (a FIFO, device or directory stands in its place)")
@@ -106,13 +101,16 @@ class LocalRanges:
     def _open(self, rel: str) -> int:
         """A handle of shard ``rel`` (FileNotFoundError: the shard is missing). When the process is out of
         descriptors (many datasets each keeping handles), this reader's kept handles are closed first."""
-        try:
-            return open_regular(self.loc.full(rel), rel)
-        except StorageError as exc:
-            if not (isinstance(exc.__cause__, OSError) and exc.__cause__.errno == errno.EMFILE and self._fds):
+        for attempt in range(2):
+            try:
+                return open_regular(self.loc.full(rel), rel)
+            except FileNotFoundError:
                 raise
-        self.close()
-        return open_regular(self.loc.full(rel), rel)
+            except OSError as exc:
+                if attempt or exc.errno != errno.EMFILE or not self._fds:
+                    raise StorageError(f"cannot open {rel}: {exc}") from exc
+                self.close()
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         while self._fds:

@@ -396,7 +396,7 @@ class Replicas:
         used.add(0)
         try:  # a FIFO or device in the shard's place is a ShardFormatError, raised at once
             f = os.fdopen(open_regular(self._location(0).full(info.path), info.path), "rb", buffering=0)
-        except (OSError, StorageError):  # the race reads it (in time, or names why it cannot)
+        except OSError:  # the race reads it (in time, or names why it cannot)
             return False
         sink = ShardSink(info, out)
         # one buffer for every part: fresh memory for each would fault its pages in again
