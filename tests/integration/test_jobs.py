@@ -86,6 +86,17 @@ def batches_read(progress: Path) -> int:
         return 0
 
 
+def bytes_held(root: Path) -> int:
+    """The bytes of every file under ``root`` now; a temporary file renamed or removed between the listing and
+    its stat (the stager is working) counts as gone."""
+    held = 0
+    for f in root.rglob("*"):
+        with contextlib.suppress(FileNotFoundError):
+            if f.is_file():
+                held += f.stat().st_size
+    return held
+
+
 def jobs(url: str) -> list[dict[str, Any]]:
     r = httpx.get(url + "/api/v1/jobs", timeout=5)
     assert r.status_code == 200, r.text
@@ -183,7 +194,7 @@ def test_the_daemon_stages_a_job_in_read_order_within_its_budget(tmp_path: Path)
         proc, _ = start_loader(tmp_path, urls, "staged", batches, step_s, service=url)
         held, ahead = 0, 0
         while proc.poll() is None:  # bounded by the loader's run
-            held = max(held, sum(f.stat().st_size for f in staging.rglob("*") if f.is_file()))
+            held = max(held, bytes_held(staging))
             ahead = max([ahead, *(j["staged_ahead_bytes"] or 0 for j in jobs(url))])
             time.sleep(0.02)
         result = finish(proc)
