@@ -51,6 +51,7 @@ from ferry.shard_tools.format.shard import ShardView, parse_shard
 from ferry.shard_tools.storage.store import TEMP_MARKER, temp_is_stale, temp_name
 
 from ..stats import COUNTERS
+from .arrived import ArrivedBytes
 
 if TYPE_CHECKING:  # replicas.py reads shard tables through this cache (tables.py)
     from .replicas import Replicas
@@ -199,16 +200,18 @@ class ShardCache:
         self.__dict__.update(state)
         self._count_lock = threading.Lock()
 
-    def ensure_in_background(self, info: ShardInfo) -> None:
+    def ensure_in_background(self, info: ShardInfo, *, wait: bool = True) -> bool:
         """:meth:`ensure` for a prefetch thread. A replica's failure resurfaces, with its real error, when the
         shard is opened; a failure of the node cache itself (a full disk, a broken directory) is kept for
-        :meth:`raise_deferred`, since a shard read by frames may never be opened whole."""
+        :meth:`raise_deferred`, since a shard read by frames may never be opened whole. ``wait`` False: False at
+        once, fetching nothing, when another process (or thread) is fetching the shard."""
         try:
-            self.ensure(info)
+            return self.ensure(info, wait=wait)
         except CacheError as exc:
             self._deferred.append(exc)
         except Exception:  # noqa: BLE001
-            return
+            pass
+        return True
 
     def raise_deferred(self) -> None:
         """Raise the first node-cache failure of a background fetch, if one happened."""
@@ -284,17 +287,23 @@ class ShardCache:
         with _guard(path, "touch", missing_ok=True):
             os.utime(path)
 
-    def ensure(self, info: ShardInfo, *, bad: bool = False) -> None:
-        """Make sure a good copy of the shard is in the cache (fetch it if not; ``bad``: replace it).
+    def ensure(self, info: ShardInfo, *, bad: bool = False, wait: bool = True) -> bool:
+        """Make sure a good copy of the shard is in the cache (fetch it if not; ``bad``: replace it). ``wait``
+        False: when another process or thread is fetching it, return False at once instead of waiting for it.
 
         Called from prefetch threads too, so digest checks of cached files mostly happen in the background.
         """
         if not bad and self._good(info):
-            return
-        with flock_file(self._lock(info, "fetch"), fcntl.LOCK_EX):
+            return True
+        with contextlib.ExitStack() as stack:
+            mode = fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB)
+            try:
+                stack.enter_context(flock_file(self._lock(info, "fetch"), mode))
+            except BlockingIOError:
+                return False  # being fetched by another process or thread
             path = self.path(info)
             if not bad and self._good(info):
-                return  # another process fetched it while we waited
+                return True  # another process fetched it while we waited
             self._verified.discard((info.raw_digest, info.frame_size))
             with _guard(path, "remove the stale copy"), contextlib.suppress(FileNotFoundError):
                 os.unlink(path)  # wrong size or digest; processes that mapped it keep their (checked) copy
@@ -304,6 +313,7 @@ class ShardCache:
             with self._count_lock:  # prefetch threads fetch too: += is not atomic across threads
                 self.fetches += 1
         self.evict(keep=path)
+        return True
 
     def _download(self, info: ShardInfo, path: str) -> None:
         """Stream the shard into a temp name beside ``path``, then rename it into place."""
@@ -314,6 +324,8 @@ class ShardCache:
                 with open(tmp, "wb+") as f:
                     self.replicas.fetch_into(info, f)
                 os.replace(tmp, path)
+                if self.replicas.arrived is not None:
+                    self.replicas.arrived.drop_soon(info)  # whole here now
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -443,7 +455,8 @@ class ShardCache:
         bounds)."""
         shards, pending = self._scan(self.directory, _SUFFIX)
         heads, head_pending = self._scan(self._heads_dir(), _HEAD_SUFFIX)
-        return pending + head_pending + self._table_bytes() + sum(size for _, size, _ in shards + heads)
+        arrived = sum(size for _, size, _ in ArrivedBytes(self.directory).held())
+        return pending + head_pending + arrived + self._table_bytes() + sum(size for _, size, _ in shards + heads)
 
     def _table_bytes(self) -> int:
         """Bytes of the shard tables kept beside the shards (and their downloads in progress): counted in the
@@ -452,22 +465,32 @@ class ShardCache:
         return pending + sum(size for _, size, _ in tables)
 
     def evict(self, keep: str | None = None) -> None:
-        """Remove files until the cache fits ``limit``: shards, heads, shard tables and downloads in progress
-        together (tables count but are not removed here: the few kept are those of the versions read last).
+        """Remove files until the cache fits ``limit``: shards, heads, shard tables, downloads in progress and
+        bytes arrived by frames (:mod:`ferry.client.fetching.arrived`) together (tables count but are not removed
+        here: the few kept are those of the versions read last).
 
-        Heads first beyond their share of the limit (``1/_HEAD_SHARE``), oldest first; then shards, least
-        recently used first (never one in use, nor ``keep``). Heads within their share stay when shards in
+        Heads first beyond their share of the limit (``1/_HEAD_SHARE``), oldest first; then arrived bytes, oldest
+        first (a fill that loses them reads those spans from a replica); then shards, least recently used first
+        (never one in use, nor ``keep``). Heads within their share stay when shards in
         use hold the cache over the limit: that excess ends when those shards are released and evicted,
         while a head removed for it is gone for the rest of the process (it is kept once per shard seen)."""
         shards, pending = self._scan(self.directory, _SUFFIX)
         heads, head_pending = self._scan(self._heads_dir(), _HEAD_SUFFIX)
         heads.sort()
         head_bytes = sum(size for _, size, _ in heads)
+        arrived = ArrivedBytes(self.directory)
+        partial = sorted(arrived.held())
         total = pending + head_pending + head_bytes + self._table_bytes() + sum(size for _, size, _ in shards)
+        total += sum(size for _, size, _ in partial)
         while heads and head_bytes > self.limit // _HEAD_SHARE:
             _, size, path = heads.pop(0)
             self._remove(path)
             head_bytes -= size
+            total -= size
+        for _, size, name in partial:
+            if total <= self.limit:
+                return
+            arrived.remove(name)
             total -= size
         for _, size, path in sorted(shards):
             if total <= self.limit:

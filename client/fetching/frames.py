@@ -70,9 +70,18 @@ class FrameReader:
     """
 
     def __init__(
-        self, read_range: RangeRead, *, limit: int = DEFAULT_BLOCK_LIMIT, threads: int = 8, checked_reads: bool = False
+        self,
+        read_range: RangeRead,
+        *,
+        limit: int = DEFAULT_BLOCK_LIMIT,
+        threads: int = 8,
+        checked_reads: bool = False,
+        whole: Callable[[ShardInfo], bool] | None = None,
     ) -> None:
         self.read_range = read_range
+        # whole(info): the shard is whole on the node now (its disk cache), so frames fetched ahead for it are
+        # not fetched (the reads that follow take the shard from there)
+        self.whole = whole
         # read_range takes a keyword ``check`` (Replicas.read_range): a replica's bad bytes are refused in the
         # read and another replica's taken, instead of the shard being read whole
         self.checked_reads = checked_reads
@@ -198,6 +207,12 @@ class FrameReader:
             self.stats.frames += len(run)
         return out
 
+    def _fetch_ahead(self, info: ShardInfo, index: FrameIndex, run: list[int]) -> list[bytes]:
+        """:meth:`_fetch_run` for :meth:`prefetch_tokens`: nothing when the shard has become whole on the node."""
+        if self.whole is not None and self.whole(info):
+            raise _Whole(info.path)
+        return self._fetch_run(info, index, run)
+
     def _keep(self, key: tuple[str, int], raw: bytes) -> None:
         self._blocks[key] = raw
         self._bytes += len(raw)
@@ -268,7 +283,7 @@ class FrameReader:
             ks = index.frames_of(start, end)
             missing = [k for k in ks if (info.path, k) not in self._blocks and (info.path, k) not in planned]
             planned.update((info.path, k) for k in missing)
-            calls += [(self._fetch_run, info, index, run) for run in _runs(missing)]
+            calls += [(self._fetch_ahead, info, index, run) for run in _runs(missing)]
         # each new index's Arrow head (its check) travels with the samples' frames: one round trip for all
         heads = [
             (path, index)
@@ -278,7 +293,7 @@ class FrameReader:
         calls += [(self._read_head, infos[path], index) for path, index in heads]
         results = self._parallel(lambda fn, *args: fn(*args), calls) if calls else []
         for call, got in zip(calls, results, strict=True):
-            if call[0] == self._fetch_run and isinstance(got, list):
+            if call[0] == self._fetch_ahead and isinstance(got, list):
                 for k, raw in zip(call[3], got, strict=True):
                     self._keep((call[1].path, k), raw)
         got_heads = dict(zip((path for path, _ in heads), results[len(results) - len(heads) :], strict=True))
@@ -322,6 +337,10 @@ class FrameReader:
         return out
 
 
+class _Whole(Exception):  # noqa: N818 — a signal, returned by _parallel and dropped: the shard is read whole
+    """Frames not fetched ahead: their shard is whole on the node."""
+
+
 def _runs(ks: list[int]) -> list[list[int]]:
     """Consecutive runs of sorted frame numbers (each one ranged read)."""
     runs: list[list[int]] = []
@@ -333,12 +352,15 @@ def _runs(ks: list[int]) -> list[list[int]]:
     return runs
 
 
-def frame_reader_for(manifest: Any, replicas: Any, budget: int) -> FrameReader | None:
+def frame_reader_for(
+    manifest: Any, replicas: Any, budget: int, whole: Callable[[ShardInfo], bool] | None = None
+) -> FrameReader | None:
     """A frame reader for a dataset holding format-3 shards (None when it has none), its block cache a
     quarter of this process's cache budget, between 8 and 256 MiB. Frames of a batch are fetched 8 at a
     time from remote replicas (round trips overlap); one at a time from local files (faster there: the
     reads cost no wait, and threads only contend for the cores), and from the only replica, on a local disk, by
-    the calling thread itself (:class:`ferry.client.fetching.local.LocalRanges`)."""
+    the calling thread itself (:class:`ferry.client.fetching.local.LocalRanges`). ``whole``: see
+    :class:`FrameReader`."""
     if not bool(np.any(manifest.shards.frame_size > 0)):
         return None
     local = all("://" not in u or u.startswith("file://") for u in replicas.urls)
@@ -346,4 +368,4 @@ def frame_reader_for(manifest: Any, replicas: Any, budget: int) -> FrameReader |
     read: RangeRead = replicas.read_range
     if replicas.direct():
         read = LocalRanges(resolve(replicas.urls[0], replicas.options[0]))
-    return FrameReader(read, limit=limit, threads=1 if local else 8, checked_reads=True)
+    return FrameReader(read, limit=limit, threads=1 if local else 8, checked_reads=True, whole=whole)

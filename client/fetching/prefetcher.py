@@ -47,7 +47,7 @@ class Prefetcher:
         self._ahead: DaemonPool | None = None  # the coming batches' shards
         self._whole: DaemonPool | None = None  # shards being read by frames now
         self._asked: dict[int, bool] = {}  # shard -> asked for urgently
-        self._started: dict[int, Future[None]] = {}  # handed to a thread
+        self._started: dict[int, Future[bool]] = {}  # handed to a thread
         self._waiting: list[tuple[int, ShardInfo, bool]] = []  # (shard, row, urgent) after the current gather
 
     def asked(self, s: int) -> bool:
@@ -118,10 +118,10 @@ class Prefetcher:
             self._started.clear()
         self._started[s] = future
 
-    def _for_later(self, info: ShardInfo) -> None:
+    def _for_later(self, info: ShardInfo) -> bool:
         """A plain request, on a prefetch thread: its parts yield the connections to those of shards read now."""
         with self.cache.replicas.for_later():
-            self.cache.ensure_in_background(info)
+            return self.cache.ensure_in_background(info)
 
     def settle(self) -> None:
         """Let the running fetches end and drop the queued ones and the requests still waiting (those are

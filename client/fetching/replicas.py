@@ -13,6 +13,7 @@ carry credentials in.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import io
 import itertools
@@ -41,6 +42,7 @@ from ferry.shard_tools.storage.store import Location, resolve
 
 from ..checks import show
 from ..stats import COUNTERS
+from .arrived import ArrivedBytes, pieces
 from .fetch import FetchOptions, RaceLost, ShardSink, race, start_read, start_small_read
 from .health import MANIFESTS, SHARDS, ReplicaHealth
 from .local import on_local_disk, open_regular
@@ -140,6 +142,10 @@ class Replicas:
         self._tickets = itertools.count()  # the order shard fetches start in: the earlier one's parts go first
         self._later = threading.local()  # .depth > 0: this thread's fetches are for later batches
         self._direct: bool | None = None  # see direct()
+        # stored bytes read from remote replicas before a shard is whole in the node cache, shared by the node's
+        # processes, so a frame read and the fill of its shard fetch each byte once (see .arrived)
+        remote = any("://" in u and not u.startswith("file://") for u in self.urls)
+        self.arrived = ArrivedBytes(self.cache_dir) if self.cache_dir is not None and remote else None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -270,9 +276,22 @@ class Replicas:
             if check is not None:
                 check(data)
 
+        info = path_or_info if isinstance(path_or_info, ShardInfo) and check is not None else None
+        if info is not None and self.arrived is not None and check is not None:
+            have = self.arrived.wait(info, start, start + length)  # a span a fill asks for now comes with it
+            data = self.arrived.read(info, start, start + length, have)
+            if data is not None:
+                try:
+                    check(data)
+                    return data
+                except (ShardError, ManifestError, ValueError):  # not the bytes wanted: a replica's are read instead
+                    pass
         try:
             shards = self.health.order(SHARDS)
-            return self._read(rel, (start, start + length), length, shards, kind=SHARDS, check=exact)[1]
+            i, data = self._read(rel, (start, start + length), length, shards, kind=SHARDS, check=exact)
+            if info is not None and self.arrived is not None and not self.local(i):
+                self.arrived.keep(info, start, data)
+            return data
         except RaceLost as lost:
             if lost.missing == len(lost.errors):
                 raise ShardMissingError(rel, "no replica has it: " + self._lost(lost)) from None
@@ -375,6 +394,8 @@ class Replicas:
                 COUNTERS.add("cache", "shards_fetched", 1)
                 return
             except ShardError as exc:
+                if self.arrived is not None:
+                    self.arrived.drop(info)  # bytes from it may be the bad ones: the next round reads replicas
                 errors.append(self.scrub(f"{'+'.join(self.names[i] for i in sorted(used))}: {exc}"))
                 kinds.add(type(exc))
             except RaceLost as lost:
@@ -435,33 +456,67 @@ class Replicas:
         # parts of the shard read now first, then of the shards fetched for later, each shard in the order its
         # fetch started and its parts in order: the shard needed first ends first instead of all at once
         rank = (int(getattr(self._later, "depth", 0) > 0), next(self._tickets))
-        pending: list[Future[tuple[int, bytes]]] = []
+        order = itertools.count()
+        arrived = self.arrived
+        # (start, end, the read of [start, end) | None: bytes that arrived on the node, read from its disk)
+        queue: collections.deque[tuple[int, int, Future[tuple[int, bytes]] | None]] = collections.deque()
+        asked = 0
 
-        def part_of(a: int, b: int) -> tuple[int, bytes]:
+        def get(a: int, b: int) -> tuple[int, bytes]:
             def ranged(i: int, data: bytes) -> None:
                 self._ranged(i, info.path, a, b, data)
 
-            order = self.health.order(SHARDS)
-            return self._read(info.path, (a, b), b - a, order, kind=SHARDS, check=ranged, exclude=exclude)
+            i, data = self._read(
+                info.path, (a, b), b - a, self.health.order(SHARDS), kind=SHARDS, check=ranged, exclude=exclude
+            )
+            if arrived is not None and not self.local(i):
+                arrived.keep(info, a, data)  # for frame reads of other processes while this fill runs
+            return i, data
 
-        try:
-            for k in range(len(spans)):
-                while len(pending) < window and k + len(pending) < len(spans):
-                    a, b = spans[k + len(pending)]
-                    pending.append(pools.parts.submit((*rank, k + len(pending)), part_of, a, b))
-                i, data = pending.pop(0).result()
-                used.add(i)
-                want = spans[k][1] - spans[k][0] - (k == len(spans) - 1)
-                if len(data) < want:
-                    raise ShardError(
-                        info.path,
-                        f"{self.names[i]} returned {len(data)} of {want} bytes at {spans[k][0]} (truncated copy)",
-                    )
-                sink.feed(data)
-            sink.finish()
-        finally:
-            for fut in pending:
-                fut.cancel()
+        def ask(k: int) -> None:
+            """Queue part ``k``: what arrived (frames read meanwhile) from the disk, the rest from replicas."""
+            nonlocal asked
+            a, b = spans[k]
+            cut = [(a, b, False)] if arrived is None else pieces(a, min(b, size), arrived.spans(info))
+            for s, e, local in cut:
+                if local:
+                    queue.append((s, e, None))
+                    continue
+                e = b if e == size else e  # to the end: one byte more asked for, as for a part read whole
+                if arrived is not None:
+                    arrived.claim(info, s, e)
+                queue.append((s, e, pools.parts.submit((*rank, next(order)), get, s, e)))
+                asked += 1
+
+        with arrived.filling(info) if arrived is not None else contextlib.nullcontext():
+            try:
+                k = 0
+                while k < len(spans) or queue:
+                    while k < len(spans) and asked < window:
+                        ask(k)
+                        k += 1
+                    s, e, fut = queue.popleft()
+                    want = min(e, size) - s
+                    data = None if fut is not None or arrived is None else arrived.read(info, s, s + want)
+                    if fut is not None:
+                        asked -= 1
+                        i, data = fut.result()
+                    elif data is None:  # gone from the disk meanwhile (evicted)
+                        i, data = get(s, e)
+                    else:
+                        i = -1
+                    if i >= 0:
+                        used.add(i)
+                    if len(data) < want:
+                        raise ShardError(
+                            info.path, f"{self.names[i]} returned {len(data)} of {want} bytes at {s} (truncated copy)"
+                        )
+                    sink.feed(data)
+                sink.finish()
+            finally:
+                for _, _, pending in queue:
+                    if pending is not None:
+                        pending.cancel()
 
 
 def _urls(urls: Any) -> list[str]:

@@ -22,6 +22,7 @@ from ..fetching.cache import Lease, ShardCache
 __all__ = ["CachedShards"]
 
 _LEASES_KEPT = 64  # mapped shards held per process (mapped: they cost address space, not memory)
+_RETRY = 0.05  # seconds without a new shard asked for before one being filled elsewhere is waited for
 
 
 class CachedShards:
@@ -75,11 +76,22 @@ class CachedShards:
             self._thread.start()
 
     def _run(self) -> None:
-        while (info := self._todo.get()) is not None:
+        """Fill the shards asked for in turn; one another process is filling waits until nothing else is asked
+        (it is most likely whole by then), so the node's processes fill different shards at once."""
+        others: list[ShardInfo] = []
+        while True:
             try:
-                self.cache.ensure_in_background(info)  # a replica's failure shows when the shard is read
-            finally:
+                info = self._todo.get(timeout=_RETRY if others else None)
+            except queue.Empty:
+                self.cache.ensure_in_background(others.pop(0))  # waits for the other process's fill
                 self._todo.task_done()
+                continue
+            if info is None:
+                return
+            if self.cache.ensure_in_background(info, wait=False):  # a replica's failure shows when it is read
+                self._todo.task_done()
+            else:
+                others.append(info)  # done once waited for
 
     def settle(self) -> None:
         """Wait for the background fills asked so far; raise a failure of the cache itself (a full disk)."""

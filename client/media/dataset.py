@@ -163,7 +163,8 @@ class MediaDataset(MediaSource):
     # -- planning ----------------------------------------------------------------------------------------------
 
     def _new_reader(self) -> MediaReader:
-        frames = frame_reader_for(self.manifest, self.replicas, _FRAME_BUDGET)
+        whole = None if self._cached is None else self._cached.cache.present
+        frames = frame_reader_for(self.manifest, self.replicas, _FRAME_BUDGET, whole)
         return MediaReader(self.manifest, self.replicas, frames, self._known, self._cached)
 
     def reader(self) -> MediaReader:
