@@ -3,7 +3,8 @@
 Layout: ``<cache_dir>/<raw digest hex>.arrow`` (content-addressed, so versions and
 replicas of a dataset share files), ``<cache_dir>/heads/<hex>.head`` (the first tokens of shards
 seen), ``<cache_dir>/tables/<hex>.arrow`` (the shard tables of manifests, read once per node: see
-:mod:`ferry.client.fetching.tables`) and ``<cache_dir>/.locks/<hex>.{fetch,use,table}``.
+:mod:`ferry.client.fetching.tables`), ``<cache_dir>/arrived/`` (stored bytes of remote shards not yet whole
+here: see :mod:`ferry.client.fetching.arrived`) and ``<cache_dir>/.locks/<hex>.{fetch,use,table,fill}``.
 
 - A shard is fetched whole from the first healthy replica, checked against the
   manifest, written to a temp name and renamed into place: a reader never sees a
