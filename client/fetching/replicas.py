@@ -112,9 +112,13 @@ class Replicas:
         *,
         fetch: FetchOptions | Mapping[str, Any] | None = None,
         cache_dir: str | None = None,
+        share_fills: bool = False,
     ) -> None:
         """``cache_dir``: the node cache (the loader's shard cache directory) that manifests' shard tables are
-        read through, once per node (see :mod:`ferry.client.fetching.tables`); None: each read from storage."""
+        read through, once per node (see :mod:`ferry.client.fetching.tables`); None: each read from storage.
+        ``share_fills``: a loader that reads frames of shards while they are fetched whole: each fill keeps its
+        parts on the node's disk for those reads, and they wait for the parts it is fetching (see
+        :mod:`ferry.client.fetching.arrived`). Without it a fill still reads the frames that arrived before."""
         self.urls = _urls(urls)
         self.cache_dir = None if cache_dir is None else os.path.abspath(cache_dir)
         self.names = [shown(u) for u in self.urls]  # what errors, stats and states show of each URL
@@ -146,6 +150,7 @@ class Replicas:
         # processes, so a frame read and the fill of its shard fetch each byte once (see .arrived)
         remote = any("://" in u and not u.startswith("file://") for u in self.urls)
         self.arrived = ArrivedBytes(self.cache_dir) if self.cache_dir is not None and remote else None
+        self.share_fills = share_fills
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -458,6 +463,8 @@ class Replicas:
         rank = (int(getattr(self._later, "depth", 0) > 0), next(self._tickets))
         order = itertools.count()
         arrived = self.arrived
+        # writing every part to the disk costs a fill about a tenth of its time: only for frame reads meanwhile
+        shared = arrived if self.share_fills else None
         # (start, end, the read of [start, end) | None: bytes that arrived on the node, read from its disk)
         queue: collections.deque[tuple[int, int, Future[tuple[int, bytes]] | None]] = collections.deque()
         asked = 0
@@ -469,8 +476,8 @@ class Replicas:
             i, data = self._read(
                 info.path, (a, b), b - a, self.health.order(SHARDS), kind=SHARDS, check=ranged, exclude=exclude
             )
-            if arrived is not None and not self.local(i):
-                arrived.keep(info, a, data)  # for frame reads of other processes while this fill runs
+            if shared is not None and not self.local(i):
+                shared.keep(info, a, data)  # for frame reads of other processes while this fill runs
             return i, data
 
         def ask(k: int) -> None:
@@ -483,12 +490,12 @@ class Replicas:
                     queue.append((s, e, None))
                     continue
                 e = b if e == size else e  # to the end: one byte more asked for, as for a part read whole
-                if arrived is not None:
-                    arrived.claim(info, s, e)
+                if shared is not None:
+                    shared.claim(info, s, e)
                 queue.append((s, e, pools.parts.submit((*rank, next(order)), get, s, e)))
                 asked += 1
 
-        with arrived.filling(info) if arrived is not None else contextlib.nullcontext():
+        with shared.filling(info) if shared is not None else contextlib.nullcontext():
             try:
                 k = 0
                 while k < len(spans) or queue:

@@ -105,7 +105,8 @@ class MediaDataset(MediaSource):
             if cap is not None and cap < 0:
                 raise UsageError(f"MediaDataset: {name} must not be negative, got {cap}")
         directory = None if cache_dir is None else checks.path("cache_dir", cache_dir)
-        self.replicas = Replicas(url, storage_options, cache_dir=directory)  # the shard table once per node
+        # the shard table once per node; frames are read while their shards are fetched whole
+        self.replicas = Replicas(url, storage_options, cache_dir=directory, share_fills=True)
         # under torch.distributed every rank reads the version rank 0 read (client.agree), as TokenDataset does
         self.manifest: Manifest = agreed_manifest(self.replicas.load_manifest, self.replicas.names, version)
         self.policy = self.manifest.media  # None: a dataset without media

@@ -113,7 +113,10 @@ class TokenDataset(SampleSource):
         limit = _cache_limit(cache_limit)
         if version is not None:
             checks.text("version", version)
-        self.replicas = Replicas(url, storage_options, fetch=fetch, cache_dir=directory)  # tables once per node
+        # tables once per node; a global shuffle reads frames of shards while they are fetched whole (a window
+        # or an order waits for the whole fetch once it started: see ``reader``)
+        share = self.shuffle == "global"
+        self.replicas = Replicas(url, storage_options, fetch=fetch, cache_dir=directory, share_fills=share)
         load = self.replicas.load_manifest
         self.manifest: Manifest = agreed_manifest(load, self.replicas.names, version) if agree else load(version)
         if self.prefetch_bytes is None and self.replicas.local(0):

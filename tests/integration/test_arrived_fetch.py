@@ -19,6 +19,7 @@ import pytest
 from helpers import upload_to_moto
 from scripts.loader_common import pack_test_dataset
 
+from ferry.client.fetching import arrived as arrived_module
 from ferry.client.fetching.arrived import ArrivedBytes
 from ferry.client.fetching.cache import ShardCache, flock_file
 from ferry.client.fetching.frames import frame_reader_for
@@ -48,9 +49,9 @@ def net(moto_endpoint: str) -> Iterator[Netem]:
         yield proxy
 
 
-def _replicas(remote: dict[str, str], net: Netem, cache: Path) -> Replicas:
+def _replicas(remote: dict[str, str], net: Netem, cache: Path, share_fills: bool = True) -> Replicas:
     options = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": net.url}}
-    return Replicas(remote["url"], options, fetch=FETCH, cache_dir=str(cache))
+    return Replicas(remote["url"], options, fetch=FETCH, cache_dir=str(cache), share_fills=share_fills)
 
 
 def _shard_bytes(net: Netem, info: ShardInfo) -> int:
@@ -68,8 +69,12 @@ def _cache(replicas: Replicas, cache: Path) -> ShardCache:
     return ShardCache(str(cache), 1 << 30, replicas, dtype="uint16")
 
 
-def test_frames_read_before_the_fill_are_not_fetched_again(remote: dict[str, str], net: Netem, tmp_path: Path) -> None:
-    replicas = _replicas(remote, net, tmp_path / "cache")
+@pytest.mark.parametrize("share_fills", [True, False])
+def test_frames_read_before_the_fill_are_not_fetched_again(
+    remote: dict[str, str], net: Netem, tmp_path: Path, share_fills: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(arrived_module, "_GRACE", 60.0)  # what the fill shared stays for the check below
+    replicas = _replicas(remote, net, tmp_path / "cache", share_fills)
     info = _big_shard(replicas)
     frames = frame_reader_for(replicas.load_manifest(), replicas, 64 << 20)
     assert frames is not None
@@ -84,6 +89,9 @@ def test_frames_read_before_the_fill_are_not_fetched_again(remote: dict[str, str
     # and checked against both manifest digests (ensure raises otherwise)
     assert _shard_bytes(net, info) == info.stored_bytes - kept
     assert (tmp_path / "cache" / (info.raw_digest.split(":")[1] + ".arrow")).stat().st_size == info.raw_bytes
+    # a fill shares its own parts only for a loader that reads frames meanwhile (writing them costs it time)
+    after = sum(e - s for s, e in ArrivedBytes(str(tmp_path / "cache")).spans(info))
+    assert (after == info.stored_bytes) if share_fills else (after == kept)
 
 
 def _index(remote: dict[str, str], info: ShardInfo) -> tuple[bytes, Any]:
