@@ -31,7 +31,7 @@ import re
 import struct
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from ferry.shard_tools.format.manifest import ShardInfo
 
@@ -99,6 +99,15 @@ class ArrivedBytes:
 
     def __init__(self, cache_dir: str) -> None:
         self.directory = os.path.join(cache_dir, ARRIVED)
+        self._grown = 0  # bytes this process kept since it last asked the cache to evict
+        self._evict: Callable[[], None] | None = None
+        self._every = 0
+
+    def bound(self, evict: Callable[[], None], every: int) -> None:
+        """Call ``evict`` (the cache's eviction, which counts these files within its limit) after every ``every``
+        bytes this process keeps: a loader that reads only frames never fills a shard, the other moment the
+        cache evicts."""
+        self._evict, self._every = evict, max(1, every)
 
     def _files(self, info: ShardInfo) -> tuple[str, str] | None:
         name = info.stored_digest.rpartition(":")[2]
@@ -233,6 +242,11 @@ class ArrivedBytes:
         except OSError:
             return
         self._record(files[1], offset, length, claim=False)
+        self._grown += length  # unlocked: a race between threads costs one eviction more or less
+        if self._evict is not None and self._grown >= self._every:
+            self._grown = 0
+            with contextlib.suppress(Exception):  # best-effort, as keeping is; the cache reports its own failures
+                self._evict()
 
     def claim(self, info: ShardInfo, a: int, b: int) -> None:
         """Record that a fill asks a replica for ``[a, b)`` now (readers wait for it while the fill runs)."""

@@ -187,6 +187,8 @@ class ShardCache:
         self._count_lock = threading.Lock()
         self._verified: set[tuple[str, int]] = set()  # (raw digest, frame size) this process wrote or checked
         self._deferred: list[CacheError] = []  # node-cache failures of background fetches, raised by the reader
+        if replicas.arrived is not None:  # bytes kept there count within the limit
+            replicas.arrived.bound(self.evict, max(16 << 10, min(8 << 20, limit // 8)))
         locks = os.path.join(self.directory, ".locks")
         with _guard(locks, "create the cache directory"):
             os.makedirs(locks, exist_ok=True)

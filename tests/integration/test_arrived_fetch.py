@@ -188,3 +188,28 @@ def test_frames_fetched_ahead_skip_a_shard_whole_on_the_node(
     whole["now"] = False
     frames.prefetch_tokens(spans, np.dtype("u1"))
     assert _shard_bytes(net, info) > 0
+
+
+def test_frames_kept_on_the_node_stay_within_the_cache_limit(
+    remote: dict[str, str], net: Netem, tmp_path: Path
+) -> None:
+    """A loader that only reads frames (a global shuffle of a dataset larger than its cache) never fills a
+    shard: the bytes it keeps are evicted within the cache's limit all the same."""
+    replicas = _replicas(remote, net, tmp_path / "cache", share_fills=True)
+    manifest = replicas.load_manifest()
+    limit = 32 << 10
+    cache = ShardCache(str(tmp_path / "cache"), limit, replicas, dtype="uint16")
+    frames = frame_reader_for(manifest, replicas, 1 << 20)
+    assert frames is not None
+    info = _big_shard(replicas)
+    step = 16 << 10  # the cache's eviction step for this limit
+    assert info.stored_bytes > 4 * (limit + step)
+    arrived = ArrivedBytes(str(tmp_path / "cache"))
+    index = frames.index(info)
+    most = 0
+    for k in range(len(index.stored_sizes) - 1):  # frame by frame, as samples of a global shuffle read them
+        frames.raw(info, k * index.frame_size, min((k + 1) * index.frame_size, info.raw_bytes))
+        most = max(most, sum(size for _, size, _ in arrived.held()))
+    biggest = int(index.stored_sizes.max())
+    assert most <= limit + step + 2 * (biggest + 4096), most  # a step, and a frame's blocks on the disk
+    assert cache.disk_bytes() <= limit + step + 2 * (biggest + 4096)
