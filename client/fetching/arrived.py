@@ -14,12 +14,13 @@ in the cache would cross the link twice: once as a frame, once inside its part. 
 A fill holds ``<cache_dir>/.locks/<stored digest hex>.fill`` (``flock``) while it runs and records each span it
 asks a replica for (a claim record) before asking. A frame read whose whole span has arrived is read from the
 file, checked against the frame index's digests like any replica's answer; one whose span a live fill has
-claimed waits for it (at most ``CLAIM_WAIT`` seconds) instead of fetching it again; any other is fetched and
-kept. A fill reads the arrived spans of each part from the file and fetches only the rest, and the shard is
-checked against both manifest digests as it streams. So a wrong byte in these files (a torn write,
-a file replaced under a reader) costs a read from a replica, never a wrong sample. Everything here is
-best-effort: an ``OSError`` means "not arrived", and a write that fails is skipped. The files go when the shard
-is whole in the cache, or when the cache evicts them (they count within its limit).
+claimed waits for it (at most ``CLAIM_WAIT`` seconds, and not again for that shard once a wait ran out)
+instead of fetching it again; any other is fetched and kept. A fill reads the arrived spans of each part from
+the file and fetches only the rest, and the shard is checked against both manifest digests as it streams. So
+a wrong byte in these files (a torn write, a file replaced under a reader) costs a read from a replica, never a
+wrong sample. Everything here is best-effort: an ``OSError`` means "not arrived", and a write that fails is
+skipped. The files go when the shard is whole in the cache, or when the cache evicts them (they count within
+its limit).
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ class ArrivedBytes:
     def __init__(self, cache_dir: str) -> None:
         self.directory = os.path.join(cache_dir, ARRIVED)
         self._grown = 0  # bytes this process kept since it last asked the cache to evict
+        self._stalled: set[str] = set()  # stored digests of shards whose fill let a wait run out here
         self._evict: Callable[[], None] | None = None
         self._every = 0
 
@@ -194,14 +196,19 @@ class ArrivedBytes:
         """The arrived spans once ``[a, b)`` has arrived, or at once when no live fill has claimed it (or after
         ``limit`` seconds: the caller then fetches it)."""
         have, claimed = self.state(info)
-        if covers(have, a, b) or not covers(claimed, a, b) or not self.fill_live(info):
+        if info.stored_digest in self._stalled or covers(have, a, b) or not covers(claimed, a, b):
+            return have
+        if not self.fill_live(info):
             return have
         deadline = time.monotonic() + limit
         while time.monotonic() < deadline:  # bounded by limit
             time.sleep(_POLL)
             have, _ = self.state(info)
             if covers(have, a, b) or not self.fill_live(info):
-                break
+                return have
+        # a fill that holds its lock and brings nothing (a frozen process, a hung read): this process waits for
+        # that shard's fills no more
+        self._stalled.add(info.stored_digest)
         return have
 
     def read(self, info: ShardInfo, a: int, b: int, have: Sequence[tuple[int, int]] | None = None) -> bytes | None:

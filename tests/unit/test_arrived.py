@@ -152,3 +152,19 @@ def test_the_fill_lock_is_an_flock_other_processes_see(tmp_path: Path) -> None:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         finally:
             os.close(fd)
+
+
+def test_a_fill_that_brings_nothing_is_waited_for_once(tmp_path: Path) -> None:
+    """A filler frozen with its lock held (SIGSTOP, a hung read) costs a process one bounded wait, not one per
+    frame read."""
+    arrived = ArrivedBytes(str(tmp_path))
+    with arrived.filling(INFO):
+        arrived.claim(INFO, 0, 500)
+        t0 = time.monotonic()
+        arrived.wait(INFO, 10, 20, limit=0.3)
+        first = time.monotonic() - t0
+        t0 = time.monotonic()
+        for a in range(30, 330, 30):
+            arrived.wait(INFO, a, a + 10, limit=0.3)
+        rest = time.monotonic() - t0
+    assert first >= 0.25 and rest < 0.25, (first, rest)
