@@ -168,3 +168,41 @@ def test_a_fill_that_brings_nothing_is_waited_for_once(tmp_path: Path) -> None:
             arrived.wait(INFO, a, a + 10, limit=0.3)
         rest = time.monotonic() - t0
     assert first >= 0.25 and rest < 0.25, (first, rest)
+
+
+def test_a_filler_killed_mid_fill_ends_the_wait_at_once(tmp_path: Path) -> None:
+    """SIGKILL (a preempted DataLoader worker) releases the fill's flock with the process: a reader waiting on
+    its claim reads on at once instead of running out its wait."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    child = textwrap.dedent(
+        f"""
+        import sys, time
+        from ferry.client.fetching.arrived import ArrivedBytes
+        from ferry.shard_tools.format.manifest import ShardInfo
+        info = ShardInfo(**{INFO.__dict__!r})
+        arrived = ArrivedBytes({str(tmp_path)!r})
+        with arrived.filling(info):
+            arrived.claim(info, 0, 500)
+            print("filling", flush=True)
+            time.sleep(60)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "filling"
+        arrived = ArrivedBytes(str(tmp_path))
+        assert arrived.fill_live(INFO)
+        threading.Timer(0.3, proc.send_signal, (signal.SIGKILL,)).start()
+        t0 = time.monotonic()
+        have = arrived.wait(INFO, 10, 20, limit=20.0)
+        waited = time.monotonic() - t0
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert not covers(have, 10, 20)
+    assert 0.2 < waited < 5.0, waited
+    assert not arrived.fill_live(INFO)
