@@ -34,6 +34,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
+import numpy as np
+
 from ferry.shard_tools.format.manifest import ShardInfo
 
 __all__ = ["ARRIVED", "ArrivedBytes", "pieces", "merge", "covers", "CLAIM_WAIT"]
@@ -134,16 +136,19 @@ class ArrivedBytes:
             return [], []
         if len(data) > _MAX_HAVE:
             return [], []
-        have, claimed = [], []
-        for k in range(len(data) // _RECORD.size):
-            offset, length, check = _RECORD.unpack_from(data, k * _RECORD.size)
-            if length <= 0 or offset + length > info.stored_bytes:
-                continue
-            if check == _check(offset, length):
-                have.append((offset, offset + length))
-            elif check == _check(offset, length, claim=True):
-                claimed.append((offset, offset + length))
-        return merge(have), merge(claimed)
+        records = np.frombuffer(data, dtype="<u8", count=len(data) // _RECORD.size * 3).reshape(-1, 3)
+        offset, length, check = records[:, 0], records[:, 1], records[:, 2]
+        size = np.uint64(info.stored_bytes)
+        valid = (length > 0) & (length <= size) & (offset <= size - np.minimum(length, size))
+        mixed = offset * np.uint64(_MIX)  # wraps modulo 2**64, as _check's mask does
+        kept = valid & (check == (mixed ^ (length + np.uint64(_MIX))))
+        asked = valid & ~kept & (check == (mixed ^ (length + np.uint64(_MIX + _CLAIM))))
+
+        def spans(which: np.ndarray) -> list[tuple[int, int]]:
+            starts = offset[which].tolist()
+            return merge(list(zip(starts, (offset[which] + length[which]).tolist(), strict=True)))
+
+        return spans(kept), spans(asked)
 
     def _fill_lock(self, info: ShardInfo) -> str | None:
         files = self._files(info)

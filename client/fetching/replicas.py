@@ -465,8 +465,11 @@ class Replicas:
         arrived = self.arrived
         # writing every part to the disk costs a fill about a tenth of its time: only for frame reads meanwhile
         shared = arrived if self.share_fills else None
-        # (start, end, the read of [start, end) | None: bytes that arrived on the node, read from its disk)
-        queue: collections.deque[tuple[int, int, Future[tuple[int, bytes]] | None]] = collections.deque()
+        # (start, end, the read of [start, end) | None: bytes that arrived on the node, read from its disk, and the
+        # arrived spans seen when the part was cut)
+        queue: collections.deque[tuple[int, int, Future[tuple[int, bytes]] | None, list[tuple[int, int]]]] = (
+            collections.deque()
+        )
         asked = 0
 
         def get(a: int, b: int) -> tuple[int, bytes]:
@@ -484,15 +487,16 @@ class Replicas:
             """Queue part ``k``: what arrived (frames read meanwhile) from the disk, the rest from replicas."""
             nonlocal asked
             a, b = spans[k]
-            cut = [(a, b, False)] if arrived is None else pieces(a, min(b, size), arrived.spans(info))
+            have = [] if arrived is None else arrived.spans(info)
+            cut = [(a, b, False)] if arrived is None else pieces(a, min(b, size), have)
             for s, e, local in cut:
                 if local:
-                    queue.append((s, e, None))
+                    queue.append((s, e, None, have))
                     continue
                 e = b if e == size else e  # to the end: one byte more asked for, as for a part read whole
                 if shared is not None:
                     shared.claim(info, s, e)
-                queue.append((s, e, pools.parts.submit((*rank, next(order)), get, s, e)))
+                queue.append((s, e, pools.parts.submit((*rank, next(order)), get, s, e), have))
                 asked += 1
 
         with shared.filling(info) if shared is not None else contextlib.nullcontext():
@@ -502,9 +506,9 @@ class Replicas:
                     while k < len(spans) and asked < window:
                         ask(k)
                         k += 1
-                    s, e, fut = queue.popleft()
+                    s, e, fut, have = queue.popleft()
                     want = min(e, size) - s
-                    data = None if fut is not None or arrived is None else arrived.read(info, s, s + want)
+                    data = None if fut is not None or arrived is None else arrived.read(info, s, s + want, have)
                     if fut is not None:
                         asked -= 1
                         i, data = fut.result()
@@ -521,7 +525,7 @@ class Replicas:
                     sink.feed(data)
                 sink.finish()
             finally:
-                for _, _, pending in queue:
+                for _, _, pending, _ in queue:
                     if pending is not None:
                         pending.cancel()
 
