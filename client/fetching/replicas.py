@@ -390,17 +390,19 @@ class Replicas:
         errors: list[str] = []
         kinds: set[type[ShardError]] = set()
         served: set[int] = set()
+        splice = True  # after a failed check, bytes kept on the node are not trusted again for this shard
         for _ in range(len(self.urls) + 1):
             out.seek(0)
             out.truncate()
             used: set[int] = set()
             try:
-                self._stream(info, out, frozenset(served), used)
+                self._stream(info, out, frozenset(served), used, splice=splice)
                 COUNTERS.add("cache", "shards_fetched", 1)
                 return
             except ShardError as exc:
                 if self.arrived is not None:
                     self.arrived.drop(info)  # bytes from it may be the bad ones: the next round reads replicas
+                    splice = False  # even if something writes them again meanwhile
                 errors.append(self.scrub(f"{'+'.join(self.names[i] for i in sorted(used))}: {exc}"))
                 kinds.add(type(exc))
             except RaceLost as lost:
@@ -446,9 +448,12 @@ class Replicas:
         self.health.answered(0, info.stored_bytes, time.monotonic() - started)
         return True
 
-    def _stream(self, info: ShardInfo, out: BinaryIO, exclude: frozenset[int], used: set[int]) -> None:
+    def _stream(
+        self, info: ShardInfo, out: BinaryIO, exclude: frozenset[int], used: set[int], *, splice: bool = True
+    ) -> None:
         """One pass over the shard: parts read ``connections`` at a time, fed in order to a :class:`ShardSink`;
-        from the only replica of a dataset, on a local disk, read in this thread (:meth:`_stream_here`)."""
+        from the only replica of a dataset, on a local disk, read in this thread (:meth:`_stream_here`).
+        ``splice``: take the bytes that arrived on the node (:mod:`ferry.client.fetching.arrived`) from there."""
         if self.direct() and self._stream_here(info, out, used):
             return
         size, part = info.stored_bytes, self.fetch_options.part_size
@@ -462,9 +467,9 @@ class Replicas:
         # fetch started and its parts in order: the shard needed first ends first instead of all at once
         rank = (int(getattr(self._later, "depth", 0) > 0), next(self._tickets))
         order = itertools.count()
-        arrived = self.arrived
+        arrived = self.arrived if splice else None
         # writing every part to the disk costs a fill about a tenth of its time: only for frame reads meanwhile
-        shared = arrived if self.share_fills else None
+        shared = self.arrived if self.share_fills else None
         # (start, end, the read of [start, end) | None: bytes that arrived on the node, read from its disk, and the
         # arrived spans seen when the part was cut)
         queue: collections.deque[tuple[int, int, Future[tuple[int, bytes]] | None, list[tuple[int, int]]]] = (

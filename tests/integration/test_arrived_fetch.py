@@ -213,3 +213,26 @@ def test_frames_kept_on_the_node_stay_within_the_cache_limit(
     biggest = int(index.stored_sizes.max())
     assert most <= limit + step + 2 * (biggest + 4096), most  # a step, and a frame's blocks on the disk
     assert cache.disk_bytes() <= limit + step + 2 * (biggest + 4096)
+
+
+def test_bad_bytes_written_again_after_a_failed_check_are_not_trusted(
+    remote: dict[str, str], net: Netem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Something on the node that keeps writing wrong bytes (a broken or hostile process sharing the cache
+    directory) costs a fill one round, not the shard: once a check failed, the fill reads the replicas only."""
+    replicas = _replicas(remote, net, tmp_path / "cache")
+    info = _big_shard(replicas)
+    _, index = _index(remote, info)
+    offset, length = index.span(3)
+    arrived = ArrivedBytes(str(tmp_path / "cache"))
+    drop = ArrivedBytes.drop
+
+    def drop_and_spoil(self: ArrivedBytes, shard: ShardInfo) -> None:
+        drop(self, shard)
+        self.keep(shard, offset, b"\x5a" * length)
+
+    monkeypatch.setattr(ArrivedBytes, "drop", drop_and_spoil)
+    arrived.keep(info, offset, b"\x5a" * length)
+    cache = _cache(replicas, tmp_path / "cache")
+    cache.ensure(info)  # raises ShardDigestError when the second round splices the spoilt bytes again
+    assert cache.present(info) and cache.fetches == 1

@@ -282,6 +282,33 @@ def test_a_disk_cache_serves_a_remote_dataset_once_filled(samples: list[dict[str
     assert got == plain and ds.cache is not None and ds.cache.fetches == 1
 
 
+def test_bad_bytes_kept_on_the_node_never_reach_a_sample(samples: list[dict[str, Any]], tmp_path: Path) -> None:
+    """Two workers read frames and fill shards through a node directory whose kept bytes are wrong in many places
+    (valid records, wrong bytes): every sample is the plain stream's, and every shard ends in the cache whole."""
+    import uuid
+
+    from ferry.client.fetching.arrived import ArrivedBytes
+
+    tar = write_tar(tmp_path / "in.tar", samples)
+    url = f"memory://media-{uuid.uuid4().hex}"
+    pack([str(tar)], url, PackOptions(tokenizer="bytes", media_policy=POLICY, shard_size=16 << 10, frame_size=4096))
+    cache = str(tmp_path / "cache")
+    plain = [(s["input_ids"].tolist(), [m.data for m in s["media"]]) for s in MediaDataset(url, SEQ, seed=1, epochs=1)]
+    ds = MediaDataset(url, SEQ, seed=1, epochs=1, cache_dir=cache)
+    assert ds.replicas.arrived is not None and ds.replicas.share_fills
+    arrived = ArrivedBytes(cache)
+    shards = ds.manifest.shards
+    for i in range(len(shards)):
+        info = shards[i]
+        for offset in range(0, info.stored_bytes, 1500):
+            arrived.keep(info, offset, bytes([0x5A]) * min(700, info.stored_bytes - offset))
+    rows = [row for batch in MediaLoader(ds, 1, num_workers=2) for row in _rows(batch)]
+    assert rows[: len(plain)] == plain
+    assert ds.cache is not None and all(ds.cache.present(shards[i]) for i in range(len(shards)))
+    check = MediaDataset(url, SEQ, seed=1, epochs=1, cache_dir=cache)
+    assert [(s["input_ids"].tolist(), [m.data for m in s["media"]]) for s in check] == plain  # from the cache
+
+
 def test_metadata_of_cached_shards_comes_from_the_cache(samples: list[dict[str, Any]], tmp_path: Path) -> None:
     """Shards already in the node cache give their metadata from the local file (no ranged read at all); a cached
     shard that leaves the cache afterwards is read by frames again, its media layout then read from its head."""
