@@ -244,17 +244,23 @@ def test_local_reads_of_a_truncated_or_missing_shard_fail_cleanly(
             ds.sample(0, index)
 
 
-def test_a_disk_cache_serves_a_remote_dataset_once_filled(samples: list[dict[str, Any]], tmp_path: Path) -> None:
-    """With ``cache_dir`` the shards read by frames are fetched whole into the node cache in the background; a
-    later reader (another epoch, job or worker) reads them from disk, no frames, the same samples; a cached file
-    spoilt on disk is fetched again."""
+def _memory_dataset(samples: list[dict[str, Any]], tmp_path: Path) -> tuple[str, str, list[Any]]:
+    """The samples packed at a ``memory://`` URL (remote, as the loader sees it; forked workers read it too), a
+    cache directory for it, and its plain stream (token ids and media bytes of each sequence, no cache)."""
     import uuid
 
     tar = write_tar(tmp_path / "in.tar", samples)
     url = f"memory://media-{uuid.uuid4().hex}"
     pack([str(tar)], url, PackOptions(tokenizer="bytes", media_policy=POLICY, shard_size=16 << 10, frame_size=4096))
-    cache = str(tmp_path / "cache")
     plain = [(s["input_ids"].tolist(), [m.data for m in s["media"]]) for s in MediaDataset(url, SEQ, seed=1, epochs=1)]
+    return url, str(tmp_path / "cache"), plain
+
+
+def test_a_disk_cache_serves_a_remote_dataset_once_filled(samples: list[dict[str, Any]], tmp_path: Path) -> None:
+    """With ``cache_dir`` the shards read by frames are fetched whole into the node cache in the background; a
+    later reader (another epoch, job or worker) reads them from disk, no frames, the same samples; a cached file
+    spoilt on disk is fetched again."""
+    url, cache, plain = _memory_dataset(samples, tmp_path)
     first = MediaDataset(url, SEQ, seed=1, epochs=1, cache_dir=cache)
     rows = [row for batch in MediaLoader(first, 1, num_workers=1) for row in _rows(batch)]  # a worker fills it
     assert rows[: len(plain)] == plain
@@ -285,15 +291,9 @@ def test_a_disk_cache_serves_a_remote_dataset_once_filled(samples: list[dict[str
 def test_bad_bytes_kept_on_the_node_never_reach_a_sample(samples: list[dict[str, Any]], tmp_path: Path) -> None:
     """Two workers read frames and fill shards through a node directory whose kept bytes are wrong in many places
     (valid records, wrong bytes): every sample is the plain stream's, and every shard ends in the cache whole."""
-    import uuid
-
     from ferry.client.fetching.arrived import ArrivedBytes
 
-    tar = write_tar(tmp_path / "in.tar", samples)
-    url = f"memory://media-{uuid.uuid4().hex}"
-    pack([str(tar)], url, PackOptions(tokenizer="bytes", media_policy=POLICY, shard_size=16 << 10, frame_size=4096))
-    cache = str(tmp_path / "cache")
-    plain = [(s["input_ids"].tolist(), [m.data for m in s["media"]]) for s in MediaDataset(url, SEQ, seed=1, epochs=1)]
+    url, cache, plain = _memory_dataset(samples, tmp_path)
     ds = MediaDataset(url, SEQ, seed=1, epochs=1, cache_dir=cache)
     assert ds.replicas.arrived is not None and ds.replicas.share_fills
     arrived = ArrivedBytes(cache)
@@ -312,13 +312,7 @@ def test_bad_bytes_kept_on_the_node_never_reach_a_sample(samples: list[dict[str,
 def test_metadata_of_cached_shards_comes_from_the_cache(samples: list[dict[str, Any]], tmp_path: Path) -> None:
     """Shards already in the node cache give their metadata from the local file (no ranged read at all); a cached
     shard that leaves the cache afterwards is read by frames again, its media layout then read from its head."""
-    import uuid
-
-    tar = write_tar(tmp_path / "in.tar", samples)
-    url = f"memory://media-{uuid.uuid4().hex}"
-    pack([str(tar)], url, PackOptions(tokenizer="bytes", media_policy=POLICY, shard_size=16 << 10, frame_size=4096))
-    cache = str(tmp_path / "cache")
-    plain = [(s["input_ids"].tolist(), [m.data for m in s["media"]]) for s in MediaDataset(url, SEQ, seed=1, epochs=1)]
+    url, cache, plain = _memory_dataset(samples, tmp_path)
     filled = MediaDataset(url, SEQ, seed=1, epochs=1, cache_dir=cache)
     for info in filled.manifest.shards:
         assert filled.cache is not None
