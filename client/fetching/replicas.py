@@ -448,6 +448,21 @@ class Replicas:
         self.health.answered(0, info.stored_bytes, time.monotonic() - started)
         return True
 
+    def _part(
+        self, info: ShardInfo, a: int, b: int, exclude: frozenset[int], shared: ArrivedBytes | None
+    ) -> tuple[int, bytes]:
+        """Stored bytes ``[a, b)`` of a shard being fetched whole, from the first replica that answers well in time
+        (and kept on the node, ``shared``, for the frame reads of other processes while the fill runs)."""
+
+        def ranged(i: int, data: bytes) -> None:
+            self._ranged(i, info.path, a, b, data)
+
+        order = self.health.order(SHARDS)
+        i, data = self._read(info.path, (a, b), b - a, order, kind=SHARDS, check=ranged, exclude=exclude)
+        if shared is not None and not self.local(i):
+            shared.keep(info, a, data)
+        return i, data
+
     def _stream(
         self, info: ShardInfo, out: BinaryIO, exclude: frozenset[int], used: set[int], *, splice: bool = True
     ) -> None:
@@ -478,15 +493,7 @@ class Replicas:
         asked = 0
 
         def get(a: int, b: int) -> tuple[int, bytes]:
-            def ranged(i: int, data: bytes) -> None:
-                self._ranged(i, info.path, a, b, data)
-
-            i, data = self._read(
-                info.path, (a, b), b - a, self.health.order(SHARDS), kind=SHARDS, check=ranged, exclude=exclude
-            )
-            if shared is not None and not self.local(i):
-                shared.keep(info, a, data)  # for frame reads of other processes while this fill runs
-            return i, data
+            return self._part(info, a, b, exclude, shared)
 
         def ask(k: int) -> None:
             """Queue part ``k``: what arrived (frames read meanwhile) from the disk, the rest from replicas."""
