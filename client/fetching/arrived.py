@@ -113,9 +113,15 @@ class ArrivedBytes:
         cache evicts."""
         self._evict, self._every = evict, max(1, every)
 
-    def _files(self, info: ShardInfo) -> tuple[str, str] | None:
+    @staticmethod
+    def _name(info: ShardInfo) -> str | None:
+        """The shard's stored digest in hex, the name of its files (None when it is not plain hex)."""
         name = info.stored_digest.rpartition(":")[2]
-        if not _HEX.match(name):
+        return name if _HEX.match(name) else None
+
+    def _files(self, info: ShardInfo) -> tuple[str, str] | None:
+        name = self._name(info)
+        if name is None:
             return None
         base = os.path.join(self.directory, name)
         return base + DATA_SUFFIX, base + HAVE_SUFFIX
@@ -145,17 +151,13 @@ class ArrivedBytes:
         asked = valid & ~kept & (check == (mixed ^ (length + np.uint64(_MIX + _CLAIM))))
 
         def spans(which: np.ndarray) -> list[tuple[int, int]]:
-            starts = offset[which].tolist()
-            return merge(list(zip(starts, (offset[which] + length[which]).tolist(), strict=True)))
+            return merge(list(zip(offset[which].tolist(), (offset[which] + length[which]).tolist(), strict=True)))
 
         return spans(kept), spans(asked)
 
     def _fill_lock(self, info: ShardInfo) -> str | None:
-        files = self._files(info)
-        if files is None:
-            return None
-        name = os.path.basename(files[0])[: -len(DATA_SUFFIX)]
-        return os.path.join(os.path.dirname(self.directory), ".locks", name + ".fill")
+        name = self._name(info)
+        return None if name is None else os.path.join(os.path.dirname(self.directory), ".locks", name + ".fill")
 
     @contextlib.contextmanager
     def filling(self, info: ShardInfo) -> Iterator[None]:

@@ -363,7 +363,7 @@ def frame_reader_for(
     :class:`FrameReader`."""
     if not bool(np.any(manifest.shards.frame_size > 0)):
         return None
-    local = all("://" not in u or u.startswith("file://") for u in replicas.urls)
+    local = not replicas.remote
     limit = min(DEFAULT_BLOCK_LIMIT, max(8 << 20, budget // 4))
     read: RangeRead = replicas.read_range
     if replicas.direct():

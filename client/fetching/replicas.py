@@ -148,8 +148,7 @@ class Replicas:
         self._direct: bool | None = None  # see direct()
         # stored bytes read from remote replicas before a shard is whole in the node cache, shared by the node's
         # processes, so a frame read and the fill of its shard fetch each byte once (see .arrived)
-        remote = any("://" in u and not u.startswith("file://") for u in self.urls)
-        self.arrived = ArrivedBytes(self.cache_dir) if self.cache_dir is not None and remote else None
+        self.arrived = ArrivedBytes(self.cache_dir) if self.cache_dir is not None and self.remote else None
         self.share_fills = share_fills
 
     def __getstate__(self) -> dict[str, Any]:
@@ -192,6 +191,11 @@ class Replicas:
             if self._pools is None:
                 self._pools = _Pools(self.fetch_options.connections)
             return self._pools
+
+    @property
+    def remote(self) -> bool:
+        """Whether some replica is remote by its URL (a scheme other than ``file://``); nothing is resolved."""
+        return any("://" in u and not u.startswith("file://") for u in self.urls)
 
     def local(self, i: int) -> bool:
         """Whether replica ``i`` is on a local filesystem (resolving it reads nothing)."""
@@ -492,9 +496,6 @@ class Replicas:
         )
         asked = 0
 
-        def get(a: int, b: int) -> tuple[int, bytes]:
-            return self._part(info, a, b, exclude, shared)
-
         def ask(k: int) -> None:
             """Queue part ``k``: what arrived (frames read meanwhile) from the disk, the rest from replicas."""
             nonlocal asked
@@ -508,7 +509,8 @@ class Replicas:
                 e = b if e == size else e  # to the end: one byte more asked for, as for a part read whole
                 if shared is not None:
                     shared.claim(info, s, e)
-                queue.append((s, e, pools.parts.submit((*rank, next(order)), get, s, e), have))
+                read = pools.parts.submit((*rank, next(order)), self._part, info, s, e, exclude, shared)
+                queue.append((s, e, read, have))
                 asked += 1
 
         with shared.filling(info) if shared is not None else contextlib.nullcontext():
@@ -525,7 +527,7 @@ class Replicas:
                         asked -= 1
                         i, data = fut.result()
                     elif data is None:  # gone from the disk meanwhile (evicted)
-                        i, data = get(s, e)
+                        i, data = self._part(info, s, e, exclude, shared)
                     else:
                         i = -1
                     if i >= 0:
