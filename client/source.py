@@ -125,11 +125,12 @@ def to_batch(payload: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         return {k: torch.from_numpy(v) for k, v in payload.items()}
     windows = payload["windows"]
     b, length = windows.shape[0], windows.shape[1] - 1
-    inputs = torch.empty((b, length), dtype=torch.int64)
-    labels = torch.empty((b, length), dtype=torch.int64)
-    np.copyto(inputs.numpy(), windows[:, :-1])
-    np.copyto(labels.numpy(), windows[:, 1:])
-    out = {"input_ids": inputs, "labels": labels}
+    # numpy's allocator, then torch.from_numpy: less time per batch than torch.empty, measured
+    inputs = np.empty((b, length), dtype=np.int64)
+    labels = np.empty((b, length), dtype=np.int64)
+    np.copyto(inputs, windows[:, :-1])
+    np.copyto(labels, windows[:, 1:])
+    out = {"input_ids": torch.from_numpy(inputs), "labels": torch.from_numpy(labels)}
     if "boundaries" in payload:
         out.update(_varlen(payload["boundaries"], length))
     return out

@@ -42,8 +42,13 @@ _WHOLE_THREADS = 2  # shards read now fetched side by side (the shards of a wind
 class Prefetcher:
     """Whole shards of one dataset brought into ``cache`` by background threads of this process."""
 
-    def __init__(self, cache: ShardCache) -> None:
+    def __init__(self, cache: ShardCache, *, at_once: int = 0) -> None:
         self.cache = cache
+        # urgent requests of one gather that start at once rather than after it: where the gathering thread reads
+        # the frames itself (a local replica), a whole fetch on a core that would idle meanwhile takes nothing
+        # from them
+        self.at_once = at_once
+        self._early = 0  # of this gather's requests, started at once
         self._ahead: DaemonPool | None = None  # the coming batches' shards
         self._whole: DaemonPool | None = None  # shards being read by frames now
         self._asked: dict[int, bool] = {}  # shard -> asked for urgently
@@ -80,21 +85,28 @@ class Prefetcher:
         self._asked[s] = bool(before) or urgent
         if before is not None and self._upgrade(s, urgent):
             return
-        if after_gather:
+        if after_gather and not (urgent and self._early < self.at_once):
             self._waiting.append((s, info, urgent))
         else:
+            self._early += after_gather
             self._start(s, info, urgent)
 
     def _upgrade(self, s: int, urgent: bool) -> bool:
         """Shard ``s``'s request still waiting, made urgent if this one is: False when none is waiting."""
         for k, (t, info, was) in enumerate(self._waiting):
             if t == s:
-                self._waiting[k] = (t, info, was or urgent)
+                if urgent and self._early < self.at_once:
+                    del self._waiting[k]
+                    self._early += 1
+                    self._start(s, info, urgent)
+                else:
+                    self._waiting[k] = (t, info, was or urgent)
                 return True
         return False
 
     def release(self) -> None:
         """The samples at hand are read: start the requests that waited for them, in the order they came."""
+        self._early = 0
         if not self._waiting:
             return
         waiting, self._waiting = self._waiting, []

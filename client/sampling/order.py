@@ -26,7 +26,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .partition import distinct
+from .partition import distinct, span
 from .permutation import derive_key, feistel_permute
 
 __all__ = ["SampleOrder", "IdentityOrder", "GlobalOrder", "WindowOrder", "make_order", "SHUFFLE_MODES"]
@@ -83,10 +83,11 @@ class _ChunkedOrder:
         pos = np.asarray(positions, dtype=np.int64)
         if pos.size == 0:
             return pos.copy()
-        chunk = pos // _CHUNK
-        first, last = int(chunk.min()), int(chunk.max())
-        if first == last:
+        lo, hi = span(pos)
+        first = lo // _CHUNK
+        if first == hi // _CHUNK:
             return self._chunk(epoch, first)[pos - first * _CHUNK]
+        chunk = pos // _CHUNK
         out = np.empty_like(pos)
         for c in distinct(chunk):
             sel = chunk == c

@@ -14,7 +14,7 @@ import numpy as np
 
 from ferry.shard_tools.errors import InvalidValueError
 
-__all__ = ["global_batch_size", "rank_positions", "worker_batches", "batches_until", "split_stream", "distinct"]
+__all__ = ["global_batch_size", "rank_positions", "worker_batches", "batches_until", "split_stream", "distinct", "span"]
 
 
 # the bound of a stream position (ferry.client.resume.state.MAX_POSITION, which imports more than this module may)
@@ -58,3 +58,12 @@ def distinct(values: np.ndarray) -> list[int]:
     fall in), ascending. Not ``np.unique``: numpy 2 imports ``numpy.ma`` on its first call, inside a loader's
     first epoch, and on a few dozen values a set costs less."""
     return sorted(set(values.tolist()))
+
+
+def span(values: np.ndarray) -> tuple[int, int]:
+    """The smallest and largest of a non-empty integer array. On a batch's few dozen values Python's ``min`` and
+    ``max`` of a list cost less than two numpy reductions (measured)."""
+    if values.size > 256:
+        return int(values.min()), int(values.max())
+    items = values.tolist()
+    return min(items), max(items)

@@ -27,7 +27,7 @@ from ..fetching.frames import frame_reader_for
 from ..fetching.prefetcher import RECENT, Prefetcher
 from ..resume.state import fingerprint
 from ..sampling.order import SHUFFLE_MODES, SampleOrder, WindowOrder, make_order
-from ..sampling.partition import distinct
+from ..sampling.partition import distinct, span
 from ..sampling.shards import first_samples, samples_of
 from ..source import MODES, SampleSource
 from .mixed import MixedDataset
@@ -288,7 +288,10 @@ class TokenDataset(SampleSource):
             populate = self.shuffle != "global" or int(self.manifest.shards.raw_bytes.sum()) <= budget
             # format-3 shards: read by frames when whole shards are not wanted (the same test) or not cached yet
             frames = frame_reader_for(self.manifest, self.replicas, budget)
-            prefetcher = Prefetcher(self.cache) if self.prefetch_depth > 0 else None
+            # frames of a local replica are read by the gathering thread: the cores this process may count on, but
+            # that one, each start a whole fetch meanwhile
+            at_once = max(0, len(os.sched_getaffinity(0)) // share - 1) if self.replicas.local(0) else 0
+            prefetcher = Prefetcher(self.cache, at_once=at_once) if self.prefetch_depth > 0 else None
             # once a shard's whole fetch started, batches wait for it rather than read its frames (each sample
             # decompresses a whole frame again): in windows and in order, where the next batches read the same
             # shards, and from a local first replica, where the wait is only the decompression
@@ -311,7 +314,7 @@ class TokenDataset(SampleSource):
         if len(self._segments) > 1:
             return self._era_sample_ids(pos)
         n = self.num_samples
-        lo, hi = int(pos.min()) // n, int(pos.max()) // n
+        lo, hi = (p // n for p in span(pos))
         if lo == hi:  # the usual case: the whole batch in one epoch
             return self.order.sample_ids(lo, pos - lo * n)
         epoch, within = np.divmod(pos, n)

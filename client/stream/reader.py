@@ -228,6 +228,20 @@ class ShardReader:
             memo[s] = None if self.by_frames(s) else self.view(s).tokens
         return memo[s]
 
+    def _mapped_tokens(self, shard_list: list[int]) -> dict[int, np.ndarray | None] | None:
+        """The tokens of the batch's shards when every one is mapped here (the steady state: what ``_source`` would
+        decide for each, without asking), else None."""
+        leases = self._leases
+        memo: dict[int, np.ndarray | None] = {}
+        for s in shard_list:
+            if s not in memo:
+                lease = leases.get(s)
+                if lease is None:
+                    return None
+                leases.move_to_end(s)
+                memo[s] = lease.view.tokens
+        return memo
+
     def _slice(self, s: int, a: int, b: int, memo: dict[int, np.ndarray | None]) -> np.ndarray:
         tokens = self._source(s, memo)
         if tokens is not None:
@@ -299,13 +313,17 @@ class ShardReader:
         """
         shards = self.shard_of_token(starts)
         locals_ = (starts - self.token_offsets[shards]).tolist()
-        memo: dict[int, np.ndarray | None] = {}
         width = length + 1
         shard_list = shards.tolist()
-        # each shard of the batch decided once, in read order; frames fetched together only where some are read so
-        by_frames = self.frames is not None and [s for s in dict.fromkeys(shard_list) if self._source(s, memo) is None]
-        if by_frames and len(starts) > 1:
-            self._prefetch_frames(shard_list, locals_, width, memo)
+        memo = self._mapped_tokens(shard_list)
+        if memo is None:
+            memo = {}
+            # each shard of the batch decided once, in read order; frames fetched together where some are read so
+            by_frames = self.frames is not None and [
+                s for s in dict.fromkeys(shard_list) if self._source(s, memo) is None
+            ]
+            if by_frames and len(starts) > 1:
+                self._prefetch_frames(shard_list, locals_, width, memo)
         sizes = self._size_list
         for local, s, row in zip(locals_, shard_list, rows.tolist(), strict=True):
             end = local + width

@@ -284,10 +284,16 @@ def test_cold_first_batch_reads_only_the_frames_it_touches(tmp_path: Path) -> No
     ref.close()
 
 
-def test_prefetch_of_whole_shards_waits_for_the_frames_of_the_batch_at_hand(tmp_path: Path, monkeypatch: Any) -> None:
+@pytest.mark.parametrize("cores", [1, 2])
+def test_prefetch_of_whole_shards_waits_for_the_frames_of_the_batch_at_hand(
+    tmp_path: Path, monkeypatch: Any, cores: int
+) -> None:
     """A cold first batch reads its frames first; the whole shards the prefetch wants are submitted after,
-    so they do not compete with those frames."""
+    so they do not compete with those frames. With a second core, one whole fetch of this local dataset starts
+    at once: the frames are read by the gathering thread, so it takes a core that would idle."""
     import ferry.client.fetching.prefetcher as prefetcher_module
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: set(range(cores)))
 
     out = str(tmp_path / "ds")
     inputs, opts = write_input("parquet", tmp_path, make_docs(2000, 6))
@@ -304,7 +310,8 @@ def test_prefetch_of_whole_shards_waits_for_the_frames_of_the_batch_at_hand(tmp_
     it = iter(TokenLoader(ds, batch_size=16))
     next(it)
     assert ds.reader.frames is not None and ds.reader.frames.stats.frames > 0
-    assert frames_read_at_submit and min(frames_read_at_submit) > 0, frames_read_at_submit
+    assert frames_read_at_submit and frames_read_at_submit.count(0) == cores - 1, frames_read_at_submit
+    assert len(frames_read_at_submit) > cores, frames_read_at_submit
     rest = sum(1 for _ in it)  # the epoch still completes, the prefetched shards landing in the cache
     assert rest > 0 and ds.cache.fetches > 0
     ds.close()

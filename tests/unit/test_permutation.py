@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ferry.client.sampling.order import GlobalOrder, IdentityOrder, WindowOrder, make_order
+from ferry.client.sampling.partition import span
 from ferry.client.sampling.permutation import derive_key, feistel_permute
 
 
@@ -88,3 +89,11 @@ def test_identity_and_factory() -> None:
     assert isinstance(make_order("none", first, 0, 1), IdentityOrder)
     np.testing.assert_array_equal(make_order("none", first, 0, 1).sample_ids(4, np.arange(9)), np.arange(9))
     assert make_order("global", first, 0, 1).n == 9
+
+
+def test_span_is_the_smallest_and_largest_value_on_either_path() -> None:
+    rng = np.random.default_rng(3)
+    for n in (1, 16, 256, 257, 5000):
+        values = rng.integers(-(2**62), 2**62, n, dtype=np.int64)
+        assert span(values) == (int(values.min()), int(values.max()))
+        assert all(isinstance(v, int) for v in span(values))

@@ -124,3 +124,44 @@ def test_the_shards_read_now_are_fetched_side_by_side() -> None:
     gate.set()
     p.settle()
     assert both == ["shards/0", "shards/1"]
+
+
+def test_a_local_gather_starts_as_many_whole_fetches_at_once_as_it_has_spare_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``at_once`` urgent requests of one gather start at once (frames of a local replica are read by the gathering
+    thread, so a whole fetch meanwhile uses a core that would idle); the others still wait for the gather's end,
+    a plain request waits as before, and each gather counts afresh."""
+    monkeypatch.setattr(prefetcher, "DaemonPool", _Pool)
+    started = _Pool.started = []
+    p = prefetcher.Prefetcher(SimpleNamespace(ensure_in_background=None), at_once=1)  # type: ignore[arg-type]
+    info = {s: ShardInfo(f"shards/{s}", 1, 0, 1, 1, "xxh128:0", "xxh128:0") for s in range(5)}
+    p.request(0, info[0], after_gather=True)  # the loader's plain prefetch: waits
+    assert started == []
+    p.request(0, info[0], urgent=True, after_gather=True)  # the reader reads it by frames: now urgent, starts
+    p.request(1, info[1], urgent=True, after_gather=True)  # one at once only: waits
+    assert started == [("shards/0", True)] and p.started(0) and not p.started(1)
+    p.release()
+    assert started == [("shards/0", True), ("shards/1", True)]
+    p.request(2, info[2], urgent=True, after_gather=True)  # the next gather: one at once again
+    p.request(3, info[3], urgent=True, after_gather=True)
+    assert started[2:] == [("shards/2", True)]
+    p.release()
+    assert started[3:] == [("shards/3", True)]
+    p.settle()
+
+
+def test_a_dataset_on_a_local_disk_lets_one_whole_fetch_run_beside_its_cold_gather(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With two cores and no worker, the reader's prefetcher of a local dataset may start one whole fetch during a
+    gather; with as many processes as cores (two DataLoader workers), none."""
+    ds_path = pack_test_dataset(str(tmp_path / "ds"), 200, shard_size=4096)
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0, 1})
+    ds = TokenDataset(ds_path, seq_len=32, seed=2, cache_dir=str(tmp_path / "c"))
+    assert ds.reader.prefetcher is not None and ds.reader.prefetcher.at_once == 1
+    ds.close()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    ds = TokenDataset(ds_path, seq_len=32, seed=2, cache_dir=str(tmp_path / "c"))
+    assert ds.reader.prefetcher is not None and ds.reader.prefetcher.at_once == 0
+    ds.close()
