@@ -49,6 +49,11 @@ def test_bench_ferry_side_runs_and_writes_results(tmp_path: Path) -> None:
     load = res["load"]["throughput"]["0"]["runs"]
     assert load["ferry"][0]["tokens_per_s"] > 0, load["ferry"]
     assert load["memmap-limit"][0]["tokens_per_s"] > 0
+    epochs = res["load"]["epoch"]["0"]["runs"]
+    assert epochs["unzstd-limit"][0]["tokens_per_s"] > 0, epochs["unzstd-limit"]
+    # the zstd limit's chunks are made untimed: its first timed epoch would otherwise include compressing them
+    made, timed = proc.stderr.find("unzstd-limit input chunks made"), proc.stderr.find("epoch w0 unzstd-limit #1")
+    assert 0 <= made < timed, proc.stderr[-2000:]
     resume = res["load"]["resume"]["runs"]["ferry"][0]
     assert resume["equal"] is True, "ferry's resumed batches differ from the uninterrupted run"
 
