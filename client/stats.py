@@ -78,7 +78,7 @@ COUNTERS = Counters()
 
 
 def _unlock_in_child() -> None:
-    """A forked child has only the forking thread: a lock another thread held (a loader's receiving thread
+    """A forked child has only the forking thread: a lock another thread held (a loader's helper thread
     absorbing a worker's counters) would stay held forever there. The child's counters get a new lock."""
     COUNTERS._lock = threading.Lock()
 

@@ -43,18 +43,17 @@ from ..sampling.partition import batches_until, global_batch_size, rank_position
 from ..service.jobs import report_jobs
 from ..source import SampleSource, to_batch
 from ..stats import COUNTERS, merge, render_prometheus, subtract, summarise
-from .ahead import Ahead, WhenIdle
+from .ahead import WhenIdle
 
 __all__ = ["TokenLoader", "default_rank_world", "rank_world"]
 
 Batch = dict[str, torch.Tensor]
 _GROUP = 4  # batches per DataLoader item from a worker
-_AHEAD = 2  # batches the receiving thread makes ready ahead of the loop (with workers)
-_CLOSE_WAIT_S = 2.0  # closing waits this long for the receiving thread to take a worker's item in progress
+_CLOSE_WAIT_S = 2.0  # closing waits this long for the helper thread to take a worker's item in progress
 _STOP_WAIT_S = 2.0  # then the workers have this long to end by themselves before they are terminated
 SHAPE_LIMIT = 2**24  # batch_size and world_size: stream positions then stay far inside int64
 _STALL_WINDOW_S = 30.0  # stall share is judged over this much wall time
-_IDLE_S = 0.001  # without workers, the next batch is built ahead once the loop has run its step this long
+_IDLE_S = 0.001  # the next batch is built (or received from a worker) ahead once the loop has run its step this long
 _log = logging.getLogger("ferry.loader")
 
 
@@ -388,13 +387,13 @@ class TokenLoader:
             kept.span[0], kept.span[1] = plan.start, plan.count  # before iter(): the workers read it when resumed
         items = iter(kept.loader)
         widen_result_pipe(items)
-        ahead = Ahead(self._received(items), _AHEAD)
+        source = WhenIdle(self._received(items), _IDLE_S, self._lock)
         read_to_end = False
         try:
-            yield from ahead  # batches made ready by the thread while the loop ran its step
+            yield from source  # received by the helper thread while the loop ran its step, or by the loop
             read_to_end = True
         finally:
-            ended = ahead.close(_CLOSE_WAIT_S)  # stopped, or still waiting on a worker
+            ended = source.close(_CLOSE_WAIT_S)  # stopped, or still waiting on a worker
             if read_to_end and ended and kept.span is not None:
                 self._drop_workers()  # another iterator's, read to its end meanwhile
                 self._kept = kept  # every worker ended its share: they wait for the next epoch
@@ -403,8 +402,8 @@ class TokenLoader:
                 _stop_workers(items, _STOP_WAIT_S)
 
     def _received(self, items: Iterator[tuple[_Item, dict[str, Any]]]) -> Generator[Batch, None, None]:
-        """The workers' batches as tensors, in order of ``k`` (run by the :class:`~ferry.client.stream.ahead.Ahead`
-        thread)."""
+        """The workers' batches as tensors, in order of ``k`` (advanced by the loop or, during its step, by the
+        :class:`~ferry.client.stream.ahead.WhenIdle` helper)."""
         pending: dict[int, dict[str, Any] | _Failure] = {}
         want = 0
         for item, grown in items:

@@ -7,6 +7,7 @@ import multiprocessing
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -77,7 +78,6 @@ def test_an_abandoned_iterator_stops_its_worker_processes_when_closed(url_cache:
 def test_a_worker_sends_its_first_batch_alone(url_cache: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Workers send batches in groups, but the first goes alone: a cold start waits for one batch, not for
     a group whose later batches may wait on whole shards being fetched (here: made slow on purpose)."""
-    import time
 
     url, _ = url_cache
     payload = TokenDataset.payload
@@ -98,11 +98,12 @@ def test_a_worker_sends_its_first_batch_alone(url_cache: tuple[str, str], monkey
     assert first < 1.6, f"the first batch took {first:.2f} s: it waited for the slow batches of its group"
 
 
-def test_with_workers_batches_are_made_ready_off_the_training_thread(
+def test_with_workers_a_loop_with_a_step_finds_its_batches_received_during_the_step(
     url_cache: tuple[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Receiving a worker's item and making its tensors is work the loop would wait on in ``next()``: a
-    thread does it while the loop runs its step, and the batches are the same as without workers."""
+    """Receiving a worker's item and making its tensors is work the loop would wait on in ``next()``: while the
+    loop runs its step the helper thread does it; a loop that asks back to back does it itself (a hand-over
+    between threads would cost it more). The batches are the same as without workers."""
     import ferry.client.stream.loader as loader_module
 
     url, cache = url_cache
@@ -114,10 +115,17 @@ def test_with_workers_batches_are_made_ready_off_the_training_thread(
         return real(payload)
 
     monkeypatch.setattr(loader_module, "to_batch", spy)
+    with_step = []
+    for batch in TokenLoader(TokenDataset(url, seq_len=16, cache_dir=cache, seed=3), batch_size=4, num_workers=2):
+        with_step.append(batch["input_ids"])
+        if len(with_step) <= 10:
+            time.sleep(0.05)  # a step: the next batch is received meanwhile
+    assert "ferry-idle" in threads[1:10], threads[:10]
+    threads.clear()
     ds = TokenDataset(url, seq_len=16, cache_dir=cache, seed=3)
-    with_workers = [b["input_ids"] for b in TokenLoader(ds, batch_size=4, num_workers=2)]
-    assert threads and threading.current_thread().name not in threads
-    assert set(threads) == {"ferry-ahead"}
+    back_to_back = [b["input_ids"] for b in TokenLoader(ds, batch_size=4, num_workers=2)]
+    assert threading.current_thread().name in threads
     alone = [b["input_ids"] for b in TokenLoader(TokenDataset(url, seq_len=16, cache_dir=cache, seed=3), batch_size=4)]
-    assert len(with_workers) == len(alone)
-    assert all(torch.equal(a, b) for a, b in zip(with_workers, alone, strict=True))
+    assert len(with_step) == len(back_to_back) == len(alone) > 10
+    assert all(torch.equal(a, b) for a, b in zip(with_step, alone, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(back_to_back, alone, strict=True))

@@ -64,7 +64,7 @@ def test_stats_add_up(remote: str, moto_endpoint: str, tmp_path: Path, workers: 
     assert stats["downloaded_bytes"] == rep["bytes"]
     assert stats["downloaded_per_delivered"] == pytest.approx(rep["bytes"] / stats["delivered_bytes"])
     assert stats["shards_fetched"] == len({r.path for r in shard_gets})
-    # the loader's clock stops just before it hands a batch over; with workers, its receiving thread can take
+    # the loader's clock stops just before it hands a batch over; with workers, its helper thread can take
     # the interpreter between there and this loop's clock (0.1-2 ms on some batches, tens of ms over an
     # epoch measured under load on 2 cores): allowed per batch, far below a stall it failed to count
     per_batch = 0.0005 if workers else 0.0
