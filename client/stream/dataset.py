@@ -288,9 +288,10 @@ class TokenDataset(SampleSource):
             populate = self.shuffle != "global" or int(self.manifest.shards.raw_bytes.sum()) <= budget
             # format-3 shards: read by frames when whole shards are not wanted (the same test) or not cached yet
             frames = frame_reader_for(self.manifest, self.replicas, budget)
-            # frames of a local replica are read by the gathering thread: the cores this process may count on, but
-            # that one, each start a whole fetch meanwhile
-            at_once = max(0, len(os.sched_getaffinity(0)) // share - 1) if self.replicas.local(0) else 0
+            # frames of a local replica are read by the gathering thread: with a second core this process may count
+            # on, one whole fetch starts meanwhile (one at most: a container's CPU quota is not in its affinity mask)
+            spare = len(os.sched_getaffinity(0)) // share > 1
+            at_once = 1 if spare and self.replicas.local(0) else 0
             prefetcher = Prefetcher(self.cache, at_once=at_once) if self.prefetch_depth > 0 else None
             # once a shard's whole fetch started, batches wait for it rather than read its frames (each sample
             # decompresses a whole frame again): in windows and in order, where the next batches read the same

@@ -155,12 +155,15 @@ def test_a_dataset_on_a_local_disk_lets_one_whole_fetch_run_beside_its_cold_gath
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With two cores and no worker, the reader's prefetcher of a local dataset may start one whole fetch during a
-    gather; with as many processes as cores (two DataLoader workers), none."""
+    gather, and one only with many cores (a container's CPU quota is not in its affinity mask); with as many
+    processes as cores (two DataLoader workers), none."""
     ds_path = pack_test_dataset(str(tmp_path / "ds"), 200, shard_size=4096)
+    for cores in (2, 64):
+        monkeypatch.setattr("os.sched_getaffinity", lambda _pid, n=cores: set(range(n)))
+        ds = TokenDataset(ds_path, seq_len=32, seed=2, cache_dir=str(tmp_path / "c"))
+        assert ds.reader.prefetcher is not None and ds.reader.prefetcher.at_once == 1
+        ds.close()
     monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0, 1})
-    ds = TokenDataset(ds_path, seq_len=32, seed=2, cache_dir=str(tmp_path / "c"))
-    assert ds.reader.prefetcher is not None and ds.reader.prefetcher.at_once == 1
-    ds.close()
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     ds = TokenDataset(ds_path, seq_len=32, seed=2, cache_dir=str(tmp_path / "c"))
     assert ds.reader.prefetcher is not None and ds.reader.prefetcher.at_once == 0
