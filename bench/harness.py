@@ -150,6 +150,13 @@ def limit_rate(tool: str, runs: list[dict[str, Any]]) -> float | None:
     return max((float(r["tokens_per_s"]) for r in runs if r.get("tokens_per_s")), default=None)
 
 
+def of_limit(runs: dict[str, list[dict[str, Any]]], limit: str) -> float | None:
+    """ferry's median tokens/s as a share of the ``limit`` tool's fastest run (None when either is missing)."""
+    ferry = limit_rate("ferry", runs.get("ferry", []))
+    bound = limit_rate(limit, runs.get(limit, []))
+    return ferry / bound if ferry and bound else None
+
+
 def ratios(runs: dict[str, list[dict[str, Any]]], limit: str) -> dict[str, Any]:
     """ferry's median tokens/s against each peer's median, the faster peer, and the ``limit`` tool's fastest run."""
     med = {t: (summary(r, "tokens_per_s") or {}).get("median") for t, r in runs.items()}
@@ -160,7 +167,7 @@ def ratios(runs: dict[str, list[dict[str, Any]]], limit: str) -> dict[str, Any]:
         best = max(peers, key=lambda t: peers[t])
         out["faster_peer"] = best
         out["ratio_vs_faster_peer"] = ferry / peers[best]
-    bound = limit_rate(limit, runs.get(limit, []))
-    if ferry and bound:
-        out["fraction_of_limit"] = ferry / bound
+    frac = of_limit(runs, limit)
+    if frac:
+        out["fraction_of_limit"] = frac
     return out

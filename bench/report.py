@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness import first_error, limit_rate, ratios, summary
+from harness import first_error, limit_rate, of_limit, summary
 
 __all__ = ["write", "headline"]
 
@@ -192,7 +192,7 @@ def _pack(res: dict[str, Any]) -> list[str]:
     lines += ["", "Targets (ferry ≥ 3× the faster peer at the same settings; the limit shows what is left):", ""]
     for case in p["cases"]:
         ratio = case.get("ratio_vs_faster_peer")
-        frac = ratios(case["runs"], "zstd-limit").get("fraction_of_limit")
+        frac = of_limit(case["runs"], "zstd-limit")
         peer = LABEL.get(case.get("faster_peer", ""), "")
         lines.append(
             f"- zstd-{case['level']}, {case['workers']} worker(s): "
@@ -247,7 +247,7 @@ def _load(res: dict[str, Any]) -> list[str]:
     lines += ["", "Targets (≥ 3× the faster peer, ≥ 50% of the memmap limit; ≥ 2× the best peer per CPU second):", ""]
     for w, case in ld["throughput"].items():
         r = case.get("ratio_vs_faster_peer")
-        f = ratios(case["runs"], "memmap-limit").get("fraction_of_limit")
+        f = of_limit(case["runs"], "memmap-limit")
         parts = [f"- {w} workers: "]
         parts.append(
             _verdict(r, 3.0, f"ferry ÷ faster peer ({LABEL.get(case.get('faster_peer', ''), '')})")
@@ -296,7 +296,7 @@ def _epoch(ep: dict[str, Any]) -> list[str]:
                 f"| {w} | {LABEL.get(tool, tool)} | {_cell(runs, 'tokens_per_s')} | {_cell(runs, 'tokens_per_cpu_s')} "
                 f"| {_cell(runs, 'first_batch_s', 1, 3)} | {ratio} |"
             )
-    f = ratios((ep.get("0") or {}).get("runs", {}), "unzstd-limit").get("fraction_of_limit")
+    f = of_limit((ep.get("0") or {}).get("runs", {}), "unzstd-limit")
     lines += ["", "Targets (≥ 2× the best peer in tokens/s and in tokens per CPU second, ≥ 80% of the limit):", ""]
     lines += _twice_the_peers(ep, "cold epoch")
     lines += ["- " + _verdict(f, 0.8, "0 workers: ferry ÷ zstd decompress + gather limit, cold epoch"), ""]
@@ -686,7 +686,7 @@ def _headline_rows(res: dict[str, Any]) -> list[str]:
     for w, case in (ld.get("throughput") or {}).items():
         for peer, r in case.get("ratio_vs", {}).items():
             rows.append(f"| load tokens/s, {w} workers | {LABEL[peer]} | {r:.2f}x |")
-        frac = ratios(case["runs"], "memmap-limit").get("fraction_of_limit")
+        frac = of_limit(case["runs"], "memmap-limit")
         if frac:
             rows.append(f"| load tokens/s, {w} workers | {LABEL['memmap-limit']} | {frac:.2f}x |")
     rs = (ld.get("resume") or {}).get("runs", {})

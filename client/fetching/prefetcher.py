@@ -85,19 +85,24 @@ class Prefetcher:
         self._asked[s] = bool(before) or urgent
         if before is not None and self._upgrade(s, urgent):
             return
-        if after_gather and not (urgent and self._early < self.at_once):
-            self._waiting.append((s, info, urgent))
-        else:
-            self._early += after_gather
+        if not after_gather or self._starts_early(urgent):
             self._start(s, info, urgent)
+        else:
+            self._waiting.append((s, info, urgent))
+
+    def _starts_early(self, urgent: bool) -> bool:
+        """Whether a request made during the gather at hand starts at once (the first ``at_once`` urgent ones)."""
+        if urgent and self._early < self.at_once:
+            self._early += 1
+            return True
+        return False
 
     def _upgrade(self, s: int, urgent: bool) -> bool:
         """Shard ``s``'s request still waiting, made urgent if this one is: False when none is waiting."""
         for k, (t, info, was) in enumerate(self._waiting):
             if t == s:
-                if urgent and self._early < self.at_once:
+                if self._starts_early(urgent):
                     del self._waiting[k]
-                    self._early += 1
                     self._start(s, info, urgent)
                 else:
                     self._waiting[k] = (t, info, was or urgent)

@@ -106,10 +106,9 @@ class ShardReader:
 
     def view(self, s: int) -> ShardView:
         """Shard ``s`` mapped (opened through the cache on first use in this process)."""
-        lease = self._leases.get(s)
-        if lease is not None:
-            self._leases.move_to_end(s)
-            return lease.view
+        view = self._mapped_view(s)
+        if view is not None:
+            return view
         lease = self.cache.open(self.manifest.shards[s], populate=self.populate)
         self._leases[s] = lease
         if self.head_tokens and s not in self._heads_kept:
@@ -231,16 +230,22 @@ class ShardReader:
     def _mapped_tokens(self, shard_list: list[int]) -> dict[int, np.ndarray | None] | None:
         """The tokens of the batch's shards when every one is mapped here (the steady state: what ``_source`` would
         decide for each, without asking), else None."""
-        leases = self._leases
         memo: dict[int, np.ndarray | None] = {}
         for s in shard_list:
             if s not in memo:
-                lease = leases.get(s)
-                if lease is None:
+                view = self._mapped_view(s)
+                if view is None:
                     return None
-                leases.move_to_end(s)
-                memo[s] = lease.view.tokens
+                memo[s] = view.tokens
         return memo
+
+    def _mapped_view(self, s: int) -> ShardView | None:
+        """Shard ``s``'s view if this process has it mapped (made the most recently used), else None."""
+        lease = self._leases.get(s)
+        if lease is None:
+            return None
+        self._leases.move_to_end(s)
+        return lease.view
 
     def _slice(self, s: int, a: int, b: int, memo: dict[int, np.ndarray | None]) -> np.ndarray:
         tokens = self._source(s, memo)
