@@ -5,11 +5,12 @@
   wins and the others are cancelled: an S3 request is a task on fsspec's event loop, and cancelling it
   closes its connection. A local read cannot be interrupted, so it runs in a bounded thread pool. The race
   tells the health record what each attempt did (:class:`RaceHealth`).
-- A shard is read as parallel ranged reads of ``part_size`` bytes, at most ``connections`` in flight,
-  consumed in order by :class:`ShardSink`: its stored digest is computed as it streams and it is
-  decompressed by a streaming zstd decoder straight into a file, checked against the manifest's raw size
-  and digest at the end. Memory is a few parts per shard being fetched, never the shard. (The only replica
-  of a dataset, when it is on a local disk, is read part after part by the fetching thread instead:
+- A shard is read as parallel ranged reads of ``part_size`` bytes, at most ``connections`` in flight
+  (:mod:`ferry.client.fetching.parts`), consumed in order by :class:`ShardSink`: its stored digest is
+  computed as it streams and it is decompressed by a streaming zstd decoder straight into a file, checked
+  against the manifest's raw size and digest at the end. Memory is a few parts per shard being fetched,
+  never the shard. (The only replica of a dataset, when it is on a local disk, is read part after part by
+  the fetching thread instead:
   :mod:`ferry.client.fetching.local`.)
 """
 
@@ -49,7 +50,7 @@ class FetchOptions:
         evenly, so the next shard's parts start sooner and a cold first batch arrives earlier than with
         larger parts. On round trips of 100 ms or more raise it to 8-16 MiB.)
     connections: ranged reads in flight per process (8: fills a link of 8 capped connections; memory is
-        about ``connections`` parts per shard being fetched).
+        at most ``2 * connections`` parts per shard being fetched: see :mod:`ferry.client.fetching.parts`).
     deadline_floor, deadline_slack: a request's deadline is ``floor + slack * expected`` seconds
         (2 s and 4x: a healthy request on a jittery link is not hedged, a hung one costs little more than the floor).
     prior_rate, prior_latency: assumed per-connection rate (bytes/s) and round trip before measurements.

@@ -13,7 +13,6 @@ carry credentials in.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import io
 import itertools
@@ -46,6 +45,7 @@ from .arrived import ArrivedBytes, pieces
 from .fetch import FetchOptions, RaceLost, ShardSink, race, start_read, start_small_read
 from .health import MANIFESTS, SHARDS, ReplicaHealth
 from .local import on_local_disk, open_regular
+from .parts import Entry, PartQueue
 from .pools import DaemonPool, PriorityPool
 from .tables import cached_table
 
@@ -481,7 +481,6 @@ class Replicas:
             spans[-1] = (spans[-1][0], size + 1)
         sink = ShardSink(info, out)
         pools = self._pool()
-        window = self.fetch_options.connections
         # parts of the shard read now first, then of the shards fetched for later, each shard in the order its
         # fetch started and its parts in order: the shard needed first ends first instead of all at once
         rank = (int(getattr(self._later, "depth", 0) > 0), next(self._tickets))
@@ -489,42 +488,33 @@ class Replicas:
         arrived = self.arrived if splice else None
         # writing every part to the disk costs a fill about a tenth of its time: only for frame reads meanwhile
         shared = self.arrived if self.share_fills else None
-        # (start, end, the read of [start, end) | None: bytes that arrived on the node, read from its disk, and the
-        # arrived spans seen when the part was cut)
-        queue: collections.deque[tuple[int, int, Future[tuple[int, bytes]] | None, list[tuple[int, int]]]] = (
-            collections.deque()
-        )
-        asked = 0
 
-        def ask(k: int) -> None:
-            """Queue part ``k``: what arrived (frames read meanwhile) from the disk, the rest from replicas."""
-            nonlocal asked
+        def ask(k: int) -> list[Entry]:
+            """The entries of part ``k``: what arrived (frames read meanwhile) from the disk, the rest from replicas."""
             a, b = spans[k]
             have = [] if arrived is None else arrived.spans(info)
             cut = [(a, b, False)] if arrived is None else pieces(a, min(b, size), have)
+            out: list[Entry] = []
             for s, e, local in cut:
                 if local:
-                    queue.append((s, e, None, have))
+                    out.append((s, e, None, have))
                     continue
                 e = b if e == size else e  # to the end: one byte more asked for, as for a part read whole
                 if shared is not None:
                     shared.claim(info, s, e)
-                read = pools.parts.submit((*rank, next(order)), self._part, info, s, e, exclude, shared)
-                queue.append((s, e, read, have))
-                asked += 1
+                out.append(
+                    (s, e, pools.parts.submit((*rank, next(order)), self._part, info, s, e, exclude, shared), have)
+                )
+            return out
 
+        parts = PartQueue(len(spans), self.fetch_options.connections, ask)
         with shared.filling(info) if shared is not None else contextlib.nullcontext():
             try:
-                k = 0
-                while k < len(spans) or queue:
-                    while k < len(spans) and asked < window:
-                        ask(k)
-                        k += 1
-                    s, e, fut, have = queue.popleft()
+                while (entry := parts.take()) is not None:
+                    s, e, fut, have = entry
                     want = min(e, size) - s
                     data = None if fut is not None or arrived is None else arrived.read(info, s, s + want, have)
                     if fut is not None:
-                        asked -= 1
                         i, data = fut.result()
                     elif data is None:  # gone from the disk meanwhile (evicted)
                         i, data = self._part(info, s, e, exclude, shared)
@@ -539,9 +529,7 @@ class Replicas:
                     sink.feed(data)
                 sink.finish()
             finally:
-                for _, _, pending, _ in queue:
-                    if pending is not None:
-                        pending.cancel()
+                parts.stop()
 
 
 def _urls(urls: Any) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import shutil
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +98,48 @@ def test_for_later_survives_pickling(local: str, tmp_path: Path) -> None:
     with replicas.for_later():
         assert replicas._later.depth == 1
     assert replicas._later.depth == 0
+
+
+def test_a_part_read_before_the_head_frees_its_connection_for_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the first part of a fill is still on its way, the parts after it that ended hand their connections
+    to the next parts (before, the fill asked a part only as it took one in order: a slow head left the other
+    connections idle)."""
+    gate = threading.Event()
+    asked: list[int] = []
+    lock = threading.Lock()
+    part = Replicas._part
+
+    def slow_head(self: Replicas, info: Any, a: int, b: int, *args: Any) -> Any:
+        with lock:
+            asked.append(a)
+        if a == 0:
+            assert gate.wait(30)
+        return part(self, info, a, b, *args)
+
+    monkeypatch.setattr(Replicas, "_part", slow_head)
+    big = pack_test_dataset(str(tmp_path / "big"), 1500, shard_size=1 << 22, stored_format=1)
+    copy = str(tmp_path / "copy")  # two replicas: the fill reads ranged parts on the pool (see above)
+    shutil.copytree(big, copy)
+    replicas = Replicas([big, copy], fetch={"part_size": 4096, "connections": 2})
+    info = open_dataset(big).manifest.shards[0]
+    assert info.stored_bytes > 6 * 4096
+    out = io.BytesIO()
+    fill = threading.Thread(target=replicas.fetch_into, args=(info, out))
+    fill.start()
+    try:
+        for _ in range(200):  # bounded: 10 s
+            with lock:
+                if len(asked) >= 5:
+                    break
+            time.sleep(0.05)
+        with lock:
+            during = sorted(asked)
+    finally:
+        gate.set()
+        fill.join(30)
+        replicas.close()
+    # the head and the 4 parts it may hold (2 connections x 2) were asked while the head waited
+    assert during == [k * 4096 for k in range(5)], during
+    assert len(out.getvalue()) == info.raw_bytes

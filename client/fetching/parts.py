@@ -1,0 +1,83 @@
+"""The parts of one whole-shard fill, asked ahead of the thread that feeds them in order.
+
+A fill feeds its parts in order to a decoder (:class:`ferry.client.fetching.fetch.ShardSink`), which costs its
+thread CPU time for every part. If only that thread asked for the next parts, a part done while it decodes (or
+while the head part is still on its way) would leave its connection idle until the thread came back: on a busy
+node the link then carries a fifth less than its parallel reads could. Here a read that ends asks the next part
+at once, from the thread that ran it; the fill's thread only takes the parts in order.
+
+Bounds: at most ``window`` reads not done yet (each holds a connection, or waits for one in the pool), and at
+most ``2 * window`` parts asked and not yet taken (the memory a fill holds is about that many parts).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+
+__all__ = ["Entry", "PartQueue"]
+
+#: (start, end, the read of [start, end) or None for bytes already on the node, the arrived spans seen then)
+Entry = tuple[int, int, "Future[tuple[int, bytes]] | None", list[tuple[int, int]]]
+
+
+class PartQueue:
+    """Parts ``0 .. count-1``, each turned into queue entries by ``ask(k)`` (which starts their reads), taken in
+    order by :meth:`take`; see the module docstring."""
+
+    def __init__(self, count: int, window: int, ask: Callable[[int], Sequence[Entry]]) -> None:
+        self._count, self._window, self._ask = count, max(1, window), ask
+        self._lock = threading.RLock()  # a read already done runs its callback in the thread adding it
+        self._queue: collections.deque[Entry] = collections.deque()
+        self._next = 0  # the next part to ask for
+        self._busy = 0  # reads asked and not done
+        self._asking = False  # a top-up is running (in this thread, when a callback comes back into it)
+        self._stopped = False
+
+    def take(self) -> Entry | None:
+        """The next entry in order (its read may still run), or None when every part was taken."""
+        with self._lock:
+            self._top_up()
+            if not self._queue:
+                return None
+            entry = self._queue.popleft()
+            self._top_up()
+            return entry
+
+    def stop(self) -> None:
+        """Ask nothing more and cancel the reads not taken (those running end on their own)."""
+        with self._lock:
+            self._stopped = True
+            left = [e[2] for e in self._queue if e[2] is not None]
+            self._queue.clear()
+        for fut in left:
+            fut.cancel()
+
+    def _top_up(self) -> None:
+        """Ask parts while the bounds allow (under the lock)."""
+        if self._asking:
+            return
+        self._asking = True
+        try:
+            while (
+                not self._stopped
+                and self._next < self._count
+                and self._busy < self._window
+                and len(self._queue) < 2 * self._window
+            ):
+                entries = list(self._ask(self._next))
+                self._next += 1
+                reads = [e[2] for e in entries if e[2] is not None]
+                self._busy += len(reads)
+                self._queue.extend(entries)
+                for fut in reads:  # after the entries are queued: a read already done calls back at once
+                    fut.add_done_callback(self._done)
+        finally:
+            self._asking = False
+
+    def _done(self, _fut: Future[tuple[int, bytes]]) -> None:
+        with self._lock:
+            self._busy -= 1
+            self._top_up()
