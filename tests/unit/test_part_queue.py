@@ -26,6 +26,15 @@ class _Asks:
     def end(self, k: int) -> None:
         self.reads[k].set_result((0, bytes([k])))
 
+    def drain(self, parts: PartQueue) -> list[int]:
+        """Take every part left, ending each read still running as it is taken: the parts' order."""
+        got = []
+        while (entry := parts.take()) is not None:
+            if not entry[2].done():  # type: ignore[union-attr]
+                self.end(entry[0])
+            got.append(entry[0])
+        return got
+
 
 def test_a_read_done_before_the_head_asks_the_next_part_at_once() -> None:
     asks = _Asks()
@@ -40,13 +49,8 @@ def test_a_read_done_before_the_head_asks_the_next_part_at_once() -> None:
     asks.end(4)
     # four parts held and not taken (1-4): the bound, however many reads have ended
     assert sorted(asks.reads) == [0, 1, 2, 3, 4]
-    got = [head[0]]
     asks.end(0)
-    while (entry := parts.take()) is not None:
-        if not entry[2].done():  # type: ignore[union-attr]
-            asks.end(entry[0])
-        got.append(entry[0])
-    assert got == list(range(10))
+    assert [head[0], *asks.drain(parts)] == list(range(10))
 
 
 def test_reads_in_flight_stay_within_the_window() -> None:
@@ -62,12 +66,7 @@ def test_a_read_already_done_when_asked_keeps_the_order() -> None:
     """A read that ended before it was queued calls back from inside the top-up: the parts stay in order."""
     asks = _Asks(done_at_once=frozenset(range(0, 20, 2)))
     parts = PartQueue(20, 2, asks)
-    got = []
-    while (entry := parts.take()) is not None:
-        if not entry[2].done():  # type: ignore[union-attr]
-            asks.end(entry[0])
-        got.append(entry[0])
-    assert got == list(range(20))
+    assert asks.drain(parts) == list(range(20))
 
 
 def test_stop_cancels_the_reads_not_taken_and_asks_no_more() -> None:
