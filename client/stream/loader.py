@@ -36,7 +36,7 @@ from ferry.shard_tools.errors import FerryError, UsageError
 from ferry.shard_tools.orphans import exit_with_parent
 
 from .. import checks
-from ..pipes import widen_result_pipe
+from ..pipes import ITEM_BYTES, widen_result_pipe
 from ..resume.replan import resume
 from ..resume.state import make_state, parse_state
 from ..sampling.partition import batches_until, global_batch_size, rank_positions, worker_batches
@@ -48,7 +48,7 @@ from .ahead import WhenIdle
 __all__ = ["TokenLoader", "default_rank_world", "rank_world"]
 
 Batch = dict[str, torch.Tensor]
-_GROUP = 4  # batches per DataLoader item from a worker
+_GROUP_MAX = 8  # batches per DataLoader item from a worker, at most (items hold ITEM_BYTES of tokens)
 _CLOSE_WAIT_S = 2.0  # closing waits this long for the helper thread to take a worker's item in progress
 _STOP_WAIT_S = 2.0  # then the workers have this long to end by themselves before they are terminated
 SHAPE_LIMIT = 2**24  # batch_size and world_size: stream positions then stay far inside int64
@@ -372,7 +372,7 @@ class TokenLoader:
                 span = multiprocessing.Array("q", 2, lock=False)  # the plan of each epoch, read by the kept workers
             except OSError:
                 span = None  # no shared memory for it (e.g. a full disk): new workers every epoch
-            stream = _WorkerStream(self.dataset, plan, self.num_workers, _GROUP, span)
+            stream = _WorkerStream(self.dataset, plan, self.num_workers, self._group(), span)
             loader = DataLoader(
                 stream,
                 batch_size=None,
@@ -400,6 +400,12 @@ class TokenLoader:
                 _KEEPING.add(self)
             else:
                 _stop_workers(items, _STOP_WAIT_S)
+
+    def _group(self) -> int:
+        """Batches per item from a worker: as many as hold :data:`~ferry.client.pipes.ITEM_BYTES` of tokens (1 to
+        ``_GROUP_MAX``)."""
+        batch = self.batch_size * (self.dataset.seq_len + 1) * np.dtype(self.dataset.token_dtype).itemsize
+        return max(1, min(_GROUP_MAX, ITEM_BYTES // batch))
 
     def _received(self, items: Iterator[tuple[_Item, dict[str, Any]]]) -> Generator[Batch, None, None]:
         """The workers' batches as tensors, in order of ``k`` (advanced by the loop or, during its step, by the

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import multiprocessing
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from scripts.loader_common import pack_test_dataset
@@ -54,7 +56,7 @@ def test_a_loaded_state_gets_new_workers_and_continues_exactly(url: str, tmp_pat
 
 
 def test_the_workers_send_their_batches_through_a_wide_pipe(url: str, tmp_path: Path) -> None:
-    """An item of four batches passes in one write: the result pipe has PIPE_BYTES of buffer, not 64 KiB."""
+    """An item of batches passes in one write: the result pipe has PIPE_BYTES of buffer, not 64 KiB."""
     fcntl = pytest.importorskip("fcntl")
     if not hasattr(fcntl, "F_GETPIPE_SZ") or int(Path("/proc/sys/fs/pipe-max-size").read_text()) < PIPE_BYTES:
         pytest.skip("no pipe size to set here (Linux, pipe-max-size of at least 1 MiB)")
@@ -65,3 +67,37 @@ def test_the_workers_send_their_batches_through_a_wide_pipe(url: str, tmp_path: 
     assert kept is not None
     reader = kept.loader._iterator._worker_result_queue._reader  # type: ignore[union-attr]
     assert fcntl.fcntl(reader.fileno(), fcntl.F_GETPIPE_SZ) == PIPE_BYTES
+
+
+def test_a_workers_item_holds_the_batches_that_fill_its_bytes(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After its first batch (alone), a worker sends as many batches per item as hold ``ITEM_BYTES`` of tokens
+    (before: always 4, so large batches made items of several MiB, each received into fresh pages)."""
+    import ferry.client.stream.loader as loader_module
+
+    ds = TokenDataset(url, seq_len=16, seed=3, cache_dir=str(tmp_path / "c"))
+    batch = 4 * 17 * np.dtype(ds.token_dtype).itemsize
+    monkeypatch.setattr(loader_module, "ITEM_BYTES", 3 * batch + 1)
+    sizes: list[int] = []
+    received = TokenLoader._received
+
+    def spy(self: TokenLoader, items: Any) -> Any:
+        def counted() -> Any:
+            for item, grown in items:
+                sizes.append(len(item))
+                yield item, grown
+
+        return received(self, counted())
+
+    monkeypatch.setattr(TokenLoader, "_received", spy)
+    loader = TokenLoader(ds, 4, num_workers=2)
+    expected = _epoch(TokenLoader(TokenDataset(url, seq_len=16, seed=3, cache_dir=str(tmp_path / "c0")), 4))
+    assert all(torch.equal(a, b) for a, b in zip(_epoch(loader), expected, strict=True))
+    assert loader._group() == 3
+    full = [n for n in sizes if n]  # an empty item carries only counters
+    assert full[:2] == [1, 1] and set(full[2:-2]) == {3}, full  # each worker's first batch alone, then threes
+    assert sum(full) == len(expected)
+    big = TokenLoader(TokenDataset(url, seq_len=16, seed=3, cache_dir=str(tmp_path / "c")), 10**6)
+    small = TokenLoader(TokenDataset(url, seq_len=2, seed=3, cache_dir=str(tmp_path / "c")), 1)
+    assert big._group() == 1 and small._group() == loader_module._GROUP_MAX
