@@ -3,7 +3,10 @@ takes the head), within the bounds of reads in flight and parts held."""
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import Future
+
+import pytest
 
 from ferry.client.fetching.parts import Entry, PartQueue
 
@@ -94,3 +97,25 @@ def test_local_pieces_take_no_connection() -> None:
     while (entry := parts.take()) is not None:
         got.append((entry[0], entry[2] is None))
     assert got == [(k + d, d == 0) for k in range(5) for d in (0, 1)]
+
+
+def test_a_part_that_cannot_be_asked_from_a_callback_fails_in_the_fills_thread(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """At exit the pool refuses new reads: a read that ends then cannot ask the next part. Nothing is raised or
+    logged in the thread that ran the read; the fill's thread asks the part again and meets the error."""
+    asks = _Asks()
+
+    def ask(k: int) -> list[Entry]:
+        if k >= 2:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        return asks(k)
+
+    parts = PartQueue(5, 2, ask)
+    assert parts.take() is not None
+    with caplog.at_level(logging.DEBUG, logger="concurrent.futures"):
+        asks.end(1)  # its callback tries part 2
+    assert not caplog.records
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        parts.take()
+        parts.take()
