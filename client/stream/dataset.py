@@ -290,7 +290,7 @@ class TokenDataset(SampleSource):
             frames = frame_reader_for(self.manifest, self.replicas, budget)
             # frames of a local replica are read by the gathering thread: with a second core this process may count
             # on, one whole fetch starts meanwhile (one at most: a container's CPU quota is not in its affinity mask)
-            spare = len(os.sched_getaffinity(0)) // share > 1
+            spare = _cores() // share > 1
             at_once = 1 if spare and self.replicas.local(0) else 0
             prefetcher = Prefetcher(self.cache, at_once=at_once) if self.prefetch_depth > 0 else None
             # once a shard's whole fetch started, batches wait for it rather than read its frames (each sample
@@ -550,3 +550,9 @@ def _cache_limit(cache_limit: Any) -> int:
         return checks.size("cache_limit", cache_limit)
     env = os.environ.get("FERRY_CACHE_LIMIT")
     return checks.size("$FERRY_CACHE_LIMIT", env) if env else checks.size("cache_limit", DEFAULT_CACHE_LIMIT)
+
+
+def _cores() -> int:
+    """CPUs this process may run on: its affinity mask where the OS has one (Linux), else the machine's count."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)

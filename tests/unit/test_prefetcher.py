@@ -168,3 +168,15 @@ def test_a_dataset_on_a_local_disk_lets_one_whole_fetch_run_beside_its_cold_gath
     ds = TokenDataset(ds_path, seq_len=32, seed=2, cache_dir=str(tmp_path / "c"))
     assert ds.reader.prefetcher is not None and ds.reader.prefetcher.at_once == 0
     ds.close()
+
+
+def test_without_an_affinity_mask_the_machines_cores_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the OS has no ``sched_getaffinity`` (macOS), the dataset counts the machine's CPUs instead of failing
+    to build its reader."""
+    ds_path = pack_test_dataset(str(tmp_path / "ds"), 200, shard_size=4096)
+    monkeypatch.delattr("os.sched_getaffinity", raising=False)
+    for cores, at_once in ((1, 0), (4, 1)):
+        monkeypatch.setattr("os.cpu_count", lambda n=cores: n)
+        ds = TokenDataset(ds_path, seq_len=32, seed=2, cache_dir=str(tmp_path / "c"))
+        assert ds.reader.prefetcher is not None and ds.reader.prefetcher.at_once == at_once
+        ds.close()
