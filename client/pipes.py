@@ -19,7 +19,7 @@ __all__ = ["ITEM_BYTES", "PIPE_BYTES", "widen_result_pipe"]
 PIPE_BYTES = 1 << 20  # an item of ITEM_BYTES with room: one write, one read
 # a worker's item of batches holds about this many bytes of tokens: enough batches to spread the training process's
 # fixed cost per item, and no more, as the training process receives a larger item into fresh pages each time
-# (measured with 2 workers: 1 MiB items cost it about 3x the CPU per batch of 256-512 KiB ones)
+# (measured: the benchmarks page's Load analysis)
 ITEM_BYTES = 512 << 10
 
 

@@ -2,8 +2,8 @@
 
 A fill feeds its parts in order to a decoder (:class:`ferry.client.fetching.fetch.ShardSink`), which costs its
 thread CPU time for every part. If only that thread asked for the next parts, a part done while it decodes (or
-while the head part is still on its way) would leave its connection idle until the thread came back: on a busy
-node the link then carries a fifth less than its parallel reads could. Here a read that ends asks the next part
+while the head part is still on its way) would leave its connection idle until the thread came back, and on a
+busy node the link would carry less than its parallel reads could. Here a read that ends asks the next part
 at once, from the thread that ran it; the fill's thread only takes the parts in order.
 
 Bounds: at most ``window`` reads not done yet (each holds a connection, or waits for one in the pool), and at

@@ -302,7 +302,7 @@ class TokenLoader:
         g = self.global_batch_size
         source: Generator[Batch, None, None] | WhenIdle[Batch]
         source = WhenIdle(self._local(plan), _IDLE_S, self._lock) if self.num_workers == 0 else self._workers(plan)
-        width = (self.dataset.seq_len + 1) * np.dtype(self.dataset.token_dtype).itemsize
+        width = self._window_bytes()
         watch = self._watch
         try:
             mark = time.perf_counter()
@@ -404,8 +404,11 @@ class TokenLoader:
     def _group(self) -> int:
         """Batches per item from a worker: as many as hold :data:`~ferry.client.pipes.ITEM_BYTES` of tokens (1 to
         ``_GROUP_MAX``)."""
-        batch = self.batch_size * (self.dataset.seq_len + 1) * np.dtype(self.dataset.token_dtype).itemsize
-        return max(1, min(_GROUP_MAX, ITEM_BYTES // batch))
+        return max(1, min(_GROUP_MAX, ITEM_BYTES // (self.batch_size * self._window_bytes())))
+
+    def _window_bytes(self) -> int:
+        """Bytes of one sample's window of tokens as stored (``seq_len + 1`` tokens)."""
+        return (self.dataset.seq_len + 1) * np.dtype(self.dataset.token_dtype).itemsize
 
     def _received(self, items: Iterator[tuple[_Item, dict[str, Any]]]) -> Generator[Batch, None, None]:
         """The workers' batches as tensors, in order of ``k`` (advanced by the loop or, during its step, by the
