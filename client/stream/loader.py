@@ -41,6 +41,7 @@ from ..resume.replan import resume
 from ..resume.state import make_state, parse_state
 from ..sampling.partition import batches_until, global_batch_size, rank_positions, worker_batches
 from ..service.jobs import report_jobs
+from ..slots import Slots
 from ..source import SampleSource, to_batch
 from ..stats import COUNTERS, merge, render_prometheus, subtract, summarise
 from .ahead import WhenIdle
@@ -150,8 +151,9 @@ class _WorkerStream(IterableDataset[tuple[_Item, dict[str, Any]]]):
     """Runs in a DataLoader worker: yields lists of ``(k, payload)`` for this worker's share of the plan,
     each with the growth of the worker's :data:`~ferry.client.stats.COUNTERS` since the previous one.
 
-    Payloads are numpy arrays in the token dtype (4x smaller than int64 for uint16 ids); they
-    travel pickled through the worker's pipe, which beats a new shared-memory segment per tensor.
+    Payloads are numpy arrays in the token dtype (4x smaller than int64 for uint16 ids). Their token windows go
+    into shared-memory slots made once for the workers (:mod:`ferry.client.slots`), and the rest of the item is
+    pickled through the worker's pipe (all of it where no slot is free or the workers were not forked).
     ``group`` batches travel together, which spreads DataLoader's fixed cost per item; the first goes
     alone, so a cold start waits for one batch, not for ``group`` (whose later batches may wait on
     whole shards the prefetch brings). A ferry
@@ -159,9 +161,12 @@ class _WorkerStream(IterableDataset[tuple[_Item, dict[str, Any]]]):
     that only the background fetches of its last batches met comes after them, as batch ``plan.count``.
     """
 
-    def __init__(self, ds: SampleSource, plan: _Plan, num_workers: int, group: int, span: Any = None) -> None:
+    def __init__(
+        self, ds: SampleSource, plan: _Plan, num_workers: int, group: int, span: Any = None, slots: Slots | None = None
+    ) -> None:
         self.ds, self.plan, self.num_workers, self.group = ds, plan, num_workers, group
         self.span = span  # shared memory [start, count] of the plan each iteration reads (kept workers), or None
+        self.slots = slots  # where the items' token windows go instead of the pipe (see ferry.client.slots), or None
 
     def _current(self) -> _Plan:
         """The plan of this iteration: the one given, at the start and count the loader set for it last."""
@@ -190,6 +195,8 @@ class _WorkerStream(IterableDataset[tuple[_Item, dict[str, Any]]]):
                 yield [*item, (k, failure)], subtract(COUNTERS.snapshot(), sent)
                 return
             if len(item) == self.group or i == 0 or i == len(mine) - 1:  # the first batch goes alone: the loop waits
+                if self.slots is not None:
+                    item = self.slots.put(worker, item)
                 if COUNTERS.changes == seen:
                     yield item, {}  # nothing fetched or counted since the last item: no copy, nothing to add
                     item = []
@@ -372,7 +379,8 @@ class TokenLoader:
                 span = multiprocessing.Array("q", 2, lock=False)  # the plan of each epoch, read by the kept workers
             except OSError:
                 span = None  # no shared memory for it (e.g. a full disk): new workers every epoch
-            stream = _WorkerStream(self.dataset, plan, self.num_workers, self._group(), span)
+            slots = self._slots()
+            stream = _WorkerStream(self.dataset, plan, self.num_workers, self._group(), span, slots)
             loader = DataLoader(
                 stream,
                 batch_size=None,
@@ -382,12 +390,12 @@ class TokenLoader:
                 worker_init_fn=_worker_init,
                 persistent_workers=span is not None,
             )
-            kept = _KeptWorkers(key, loader, span)
+            kept = _KeptWorkers(key, loader, span, slots)
         if kept.span is not None:
             kept.span[0], kept.span[1] = plan.start, plan.count  # before iter(): the workers read it when resumed
         items = iter(kept.loader)
         widen_result_pipe(items)
-        source = WhenIdle(self._received(items), _IDLE_S, self._lock)
+        source = WhenIdle(self._received(items, kept.slots), _IDLE_S, self._lock)
         read_to_end = False
         try:
             yield from source  # received by the helper thread while the loop ran its step, or by the loop
@@ -406,23 +414,41 @@ class TokenLoader:
         ``_GROUP_MAX``)."""
         return max(1, min(_GROUP_MAX, ITEM_BYTES // (self.batch_size * self._window_bytes())))
 
+    def _slots(self) -> Slots | None:
+        """Shared-memory slots for new workers' token windows (see :mod:`ferry.client.slots`): enough per worker
+        for the items DataLoader lets it build ahead, the one being read and one more; None in document mode, and
+        where processes cannot fork (workers that are not forked leave the slots out: see the module)."""
+        if getattr(self.dataset, "mode", "tokens") != "tokens" or "fork" not in multiprocessing.get_all_start_methods():
+            return None
+        batch = self.batch_size * self._window_bytes()
+        return Slots(self.num_workers, self.prefetch_factor + 2, Slots.item_bytes(self._group(), batch))
+
     def _window_bytes(self) -> int:
         """Bytes of one sample's window of tokens as stored (``seq_len + 1`` tokens)."""
         return (self.dataset.seq_len + 1) * np.dtype(self.dataset.token_dtype).itemsize
 
-    def _received(self, items: Iterator[tuple[_Item, dict[str, Any]]]) -> Generator[Batch, None, None]:
+    def _received(
+        self, items: Iterator[tuple[_Item, dict[str, Any]]], slots: Slots | None
+    ) -> Generator[Batch, None, None]:
         """The workers' batches as tensors, in order of ``k`` (advanced by the loop or, during its step, by the
-        :class:`~ferry.client.stream.ahead.WhenIdle` helper)."""
+        :class:`~ferry.client.stream.ahead.WhenIdle` helper). Windows a worker put in a shared slot are widened
+        from there, and the slot freed once its last batch was."""
         pending: dict[int, dict[str, Any] | _Failure] = {}
         want = 0
         for item, grown in items:
             COUNTERS.absorb(grown)  # the worker's fetches and cache hits count in this process's stats
+            if slots is not None:
+                slots.received(item)
             pending.update(item)
             while want in pending:  # workers may finish out of turn; deliver in order of k
                 payload = pending.pop(want)
                 if isinstance(payload, _Failure):
                     payload.reraise()
-                batch = to_batch(payload)
+                if slots is None:
+                    batch = to_batch(payload)
+                else:
+                    batch = to_batch(slots.windows(payload))  # a copy: the slot is free for its worker after this
+                    slots.done(payload)
                 yield _pin(batch) if self.pin_memory else batch
                 want += 1
 
@@ -471,8 +497,8 @@ class _KeptWorkers:
     """A DataLoader with persistent workers, what they were made for (``key``) and the shared ``span``
     ([start, count]) that tells them the plan of the next iteration."""
 
-    def __init__(self, key: tuple[Any, ...], loader: DataLoader[Any], span: Any) -> None:
-        self.key, self.loader, self.span = key, loader, span
+    def __init__(self, key: tuple[Any, ...], loader: DataLoader[Any], span: Any, slots: Slots | None) -> None:
+        self.key, self.loader, self.span, self.slots = key, loader, span, slots
 
     def stop(self) -> None:
         items = getattr(self.loader, "_iterator", None)

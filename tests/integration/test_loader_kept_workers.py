@@ -82,13 +82,13 @@ def test_a_workers_item_holds_the_batches_that_fill_its_bytes(
     sizes: list[int] = []
     received = TokenLoader._received
 
-    def spy(self: TokenLoader, items: Any) -> Any:
+    def spy(self: TokenLoader, items: Any, *rest: Any) -> Any:
         def counted() -> Any:
             for item, grown in items:
                 sizes.append(len(item))
                 yield item, grown
 
-        return received(self, counted())
+        return received(self, counted(), *rest)
 
     monkeypatch.setattr(TokenLoader, "_received", spy)
     loader = TokenLoader(ds, 4, num_workers=2)
@@ -101,3 +101,54 @@ def test_a_workers_item_holds_the_batches_that_fill_its_bytes(
     big = TokenLoader(TokenDataset(url, seq_len=16, seed=3, cache_dir=str(tmp_path / "c")), 10**6)
     small = TokenLoader(TokenDataset(url, seq_len=2, seed=3, cache_dir=str(tmp_path / "c")), 1)
     assert big._group() == 1 and small._group() == loader_module._GROUP_MAX
+
+
+def test_the_workers_windows_cross_in_shared_slots_and_batches_kept_stay_as_they_were(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Forked workers put their windows in shared slots (ferry.client.slots), which are reused item after item:
+    every batch kept from two epochs still equals the stream without workers (none is a view of a slot)."""
+    from ferry.client.slots import Slots
+
+    through: list[bool] = []
+    windows = Slots.windows
+
+    def spy(self: Slots, payload: Any) -> Any:
+        through.append("slot" in payload)
+        return windows(self, payload)
+
+    monkeypatch.setattr(Slots, "windows", spy)
+    alone = TokenLoader(TokenDataset(url, seq_len=16, seed=3, cache_dir=str(tmp_path / "c0")), batch_size=4)
+    loader = TokenLoader(TokenDataset(url, seq_len=16, seed=3, cache_dir=str(tmp_path / "c")), 4, num_workers=2)
+    expected = [b for _ in range(2) for b in _epoch(alone)]
+    got = [b for _ in range(2) for b in _epoch(loader)]  # all kept until the end
+    assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    assert len(through) == len(got)
+    # at most P×W items of an epoch's end may find their worker's slots taken (the other worker ended first): the pipe
+    assert sum(through) >= len(got) - 2 * loader.prefetch_factor * loader.num_workers * loader._group(), through
+
+
+def test_workers_that_are_not_forked_send_their_batches_through_the_pipe(url: str, tmp_path: Path) -> None:
+    """Workers started by ``spawn`` cannot share the slots' mapping: their items travel pickled, the same batches."""
+    script = f"""
+import multiprocessing, sys, torch
+from ferry.client import TokenDataset, TokenLoader
+from ferry.client import slots as S
+if __name__ == "__main__":
+    multiprocessing.set_start_method("spawn")
+    seen = []
+    windows = S.Slots.windows
+    S.Slots.windows = lambda self, p: seen.append("slot" in p) or windows(self, p)
+    def make(workers, cache):
+        return TokenLoader(TokenDataset({str(url)!r}, seq_len=16, seed=3, cache_dir=cache), 4, num_workers=workers)
+    a = [b["input_ids"] for b in make(0, {str(tmp_path / "s0")!r})]
+    b = [b["input_ids"] for b in make(2, {str(tmp_path / "s2")!r})]
+    assert len(a) == len(b) == len(seen) > 0 and all(torch.equal(x, y) for x, y in zip(a, b)), (len(a), len(b))
+    assert not any(seen), seen
+    print("OK", len(b))
+"""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.startswith("OK"), out.stderr[-3000:]
