@@ -152,3 +152,31 @@ if __name__ == "__main__":
 
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.startswith("OK"), out.stderr[-3000:]
+
+
+def test_document_boundaries_stay_in_the_item_while_the_windows_cross_in_slots(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``return_doc_boundaries`` a payload holds windows and boundaries: the windows go into a slot, the
+    boundaries travel in the item, and every tensor equals the one built without workers."""
+    from ferry.client.slots import Slots
+
+    keys: list[frozenset[str]] = []
+    windows = Slots.windows
+
+    def spy(self: Slots, payload: Any) -> Any:
+        keys.append(frozenset(payload))
+        return windows(self, payload)
+
+    monkeypatch.setattr(Slots, "windows", spy)
+
+    def make(workers: int, cache: str) -> TokenLoader:
+        ds = TokenDataset(url, seq_len=16, seed=7, cache_dir=str(tmp_path / cache))
+        return TokenLoader(ds, 4, num_workers=workers, return_doc_boundaries=True)
+
+    expected, got = list(make(0, "c0")), list(make(2, "c2"))
+    assert len(got) == len(expected) > 0
+    for a, b in zip(got, expected, strict=True):
+        assert a.keys() == b.keys() >= {"input_ids", "labels", "cu_seqlens", "position_ids"}
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    assert keys.count(frozenset({"slot", "boundaries"})) > len(got) // 2, keys
