@@ -36,7 +36,9 @@ SlotRef = tuple[int, int, tuple[int, ...], str]
 
 _PAGE = mmap.PAGESIZE
 _ALIGN = 64  # each batch's windows start at a multiple of this in a slot
-_LOCK_WAIT_S = 0.05  # a lock held longer than this (its holder died inside) is given up on: the pipe carries on
+# a lock held longer than this is given up on (its holder died inside; a process paused by a CPU quota holds
+# it for a period of 100 ms at most), and the pipe carries on
+_LOCK_WAIT_S = 1.0
 
 
 class Slots:

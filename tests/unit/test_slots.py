@@ -99,7 +99,7 @@ def test_a_lock_held_by_a_process_that_died_holding_it_costs_a_moment_once_not_a
     t0 = time.monotonic()
     item = _item(0, 1)
     assert slots.put(0, item) is item
-    assert time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 < 5.0
     t0 = time.monotonic()
     for k in range(100):  # no more waits: this process has stopped using the slots
         assert slots.put(0, _item(k, 1))[0][1].keys() == {"windows"}
