@@ -50,6 +50,8 @@ __all__ = ["TokenLoader", "default_rank_world", "rank_world"]
 
 Batch = dict[str, torch.Tensor]
 _GROUP_MAX = 8  # batches per DataLoader item from a worker, at most (items hold ITEM_BYTES of tokens)
+# the workers' shared slots stay mapped as long as the workers: beyond this many bytes in all, the pipe instead
+SLOTS_MAX_BYTES = 256 << 20
 _CLOSE_WAIT_S = 2.0  # closing waits this long for the helper thread to take a worker's item in progress
 _STOP_WAIT_S = 2.0  # then the workers have this long to end by themselves before they are terminated
 SHAPE_LIMIT = 2**24  # batch_size and world_size: stream positions then stay far inside int64
@@ -416,12 +418,16 @@ class TokenLoader:
 
     def _slots(self) -> Slots | None:
         """Shared-memory slots for new workers' token windows (see :mod:`ferry.client.slots`): enough per worker
-        for the items DataLoader lets it build ahead, the one being read and one more; None in document mode, and
-        where processes cannot fork (workers that are not forked leave the slots out: see the module)."""
+        for the items DataLoader lets it build ahead, the one being read and one more. None in document mode, where
+        processes cannot fork (workers that are not forked leave the slots out: see the module), and where they
+        would hold more than :data:`SLOTS_MAX_BYTES` (huge batches, many workers): those items use the pipe."""
         if getattr(self.dataset, "mode", "tokens") != "tokens" or "fork" not in multiprocessing.get_all_start_methods():
             return None
-        batch = self.batch_size * self._window_bytes()
-        return Slots(self.num_workers, self.prefetch_factor + 2, Slots.item_bytes(self._group(), batch))
+        per_worker = self.prefetch_factor + 2
+        item = Slots.item_bytes(self._group(), self.batch_size * self._window_bytes())
+        if self.num_workers * per_worker * item > SLOTS_MAX_BYTES:
+            return None
+        return Slots(self.num_workers, per_worker, item)
 
     def _window_bytes(self) -> int:
         """Bytes of one sample's window of tokens as stored (``seq_len + 1`` tokens)."""

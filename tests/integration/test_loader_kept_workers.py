@@ -180,3 +180,17 @@ def test_document_boundaries_stay_in_the_item_while_the_windows_cross_in_slots(
         assert a.keys() == b.keys() >= {"input_ids", "labels", "cu_seqlens", "position_ids"}
         assert all(torch.equal(a[k], b[k]) for k in a)
     assert keys.count(frozenset({"slot", "boundaries"})) > len(got) // 2, keys
+
+
+def test_slots_that_would_hold_more_than_their_bound_are_not_made(url: str, tmp_path: Path) -> None:
+    """The slots stay mapped as long as the workers: huge batches or many workers use the pipe instead."""
+    import ferry.client.stream.loader as loader_module
+
+    ds = TokenDataset(url, seq_len=16, seed=3, cache_dir=str(tmp_path / "c"))
+    small = TokenLoader(ds, 4, num_workers=2)._slots()
+    assert small is not None and small.workers == 2 and small.per_worker == 2 + 2
+    assert small.workers * small.per_worker * small.slot_bytes <= loader_module.SLOTS_MAX_BYTES
+    batch = loader_module.SLOTS_MAX_BYTES // (17 * np.dtype(ds.token_dtype).itemsize) // 8 + 1
+    assert TokenLoader(ds, batch, num_workers=2)._slots() is None  # 2 workers × 4 slots of one batch: over
+    document = TokenDataset(url, seq_len=16, seed=3, cache_dir=str(tmp_path / "c"), mode="document")
+    assert TokenLoader(document, 4, num_workers=2)._slots() is None
