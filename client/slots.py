@@ -46,8 +46,8 @@ class Slots:
 
     def __init__(self, workers: int, per_worker: int, slot_bytes: int) -> None:
         self.workers, self.per_worker = workers, per_worker
-        self.slot_bytes = -(-slot_bytes // _PAGE) * _PAGE
-        self._head = -(-(workers * per_worker) // _PAGE) * _PAGE  # the flags, a byte per slot
+        self.slot_bytes = _round_up(slot_bytes, _PAGE)
+        self._head = _round_up(workers * per_worker, _PAGE)  # the flags, a byte per slot
         self._map: mmap.mmap | None = mmap.mmap(-1, self._head + workers * per_worker * self.slot_bytes)
         self._flags = np.frombuffer(self._map, dtype=np.uint8, count=workers * per_worker)
         self._lock: Any = multiprocessing.get_context("fork").Lock()
@@ -57,7 +57,7 @@ class Slots:
     @staticmethod
     def item_bytes(batches: int, batch_bytes: int) -> int:
         """The slot an item of ``batches`` batches of ``batch_bytes`` bytes of windows each needs."""
-        return batches * _aligned(batch_bytes)
+        return batches * _round_up(batch_bytes, _ALIGN)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_unusable, ())  # a worker not forked cannot share the mapping: it uses the pipe
@@ -91,7 +91,7 @@ class Slots:
         """In a worker: ``item`` with the ``windows`` of its payloads moved into a free slot (each payload's
         ``windows`` replaced by ``slot`` naming where it lies), or ``item`` unchanged (see the module docstring)."""
         windows = [p["windows"] for _, p in item if isinstance(p, Mapping) and "windows" in p]
-        if not self._on or not windows or sum(_aligned(w.nbytes) for w in windows) > self.slot_bytes:
+        if not self._on or not windows or sum(_round_up(w.nbytes, _ALIGN) for w in windows) > self.slot_bytes:
             return item
         slot = self._take(worker)
         if slot is None:
@@ -106,7 +106,7 @@ class Slots:
             self._view(offset, w.shape, w.dtype.str)[...] = w
             ref: SlotRef = (slot, offset, tuple(w.shape), w.dtype.str)
             out.append((k, {**{n: v for n, v in payload.items() if n != "windows"}, "slot": ref}))
-            offset += _aligned(w.nbytes)
+            offset += _round_up(w.nbytes, _ALIGN)
         return out
 
     def received(self, item: list[tuple[int, Any]]) -> None:
@@ -149,8 +149,8 @@ class Slots:
         return np.frombuffer(self._map, dtype=np.dtype(dtype), count=count, offset=offset).reshape(shape)
 
 
-def _aligned(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
+def _round_up(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
 
 
 def _unusable() -> Slots:

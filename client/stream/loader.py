@@ -414,7 +414,7 @@ class TokenLoader:
     def _group(self) -> int:
         """Batches per item from a worker: as many as hold :data:`~ferry.client.pipes.ITEM_BYTES` of tokens (1 to
         ``_GROUP_MAX``)."""
-        return max(1, min(_GROUP_MAX, ITEM_BYTES // (self.batch_size * self._window_bytes())))
+        return max(1, min(_GROUP_MAX, ITEM_BYTES // self._batch_bytes()))
 
     def _slots(self) -> Slots | None:
         """Shared-memory slots for new workers' token windows (see :mod:`ferry.client.slots`): enough per worker
@@ -424,10 +424,14 @@ class TokenLoader:
         if getattr(self.dataset, "mode", "tokens") != "tokens" or "fork" not in multiprocessing.get_all_start_methods():
             return None
         per_worker = self.prefetch_factor + 2
-        item = Slots.item_bytes(self._group(), self.batch_size * self._window_bytes())
+        item = Slots.item_bytes(self._group(), self._batch_bytes())
         if self.num_workers * per_worker * item > SLOTS_MAX_BYTES:
             return None
         return Slots(self.num_workers, per_worker, item)
+
+    def _batch_bytes(self) -> int:
+        """Bytes of one batch's windows of tokens as stored."""
+        return self.batch_size * self._window_bytes()
 
     def _window_bytes(self) -> int:
         """Bytes of one sample's window of tokens as stored (``seq_len + 1`` tokens)."""
