@@ -35,6 +35,7 @@ from ferry.shard_tools.format.shard import MAX_EXPANSION
 from ferry.shard_tools.storage.store import Location
 
 from .. import checks
+from .direct import start_direct
 
 __all__ = ["FetchOptions", "Missing", "RaceHealth", "RaceLost", "ShardSink", "race", "start_read", "start_small_read"]
 
@@ -115,9 +116,17 @@ class RaceLost(Exception):
         self.errors, self.missing, self.timed_out, self.kinds = errors, missing, timed_out, kinds
 
 
-def start_read(loc: Location, rel: str, start: int | None, end: int | None, pool: Executor) -> Future[bytes]:
-    """A cancellable read of ``rel`` (bytes ``[start, end)``, or all of it): a task on the filesystem's
-    event loop when it has one (cancelling closes the connection), else a job in ``pool``."""
+def start_read(
+    loc: Location, rel: str, start: int | None, end: int | None, pool: Executor, direct: Executor | None = None
+) -> Future[bytes]:
+    """A cancellable read of ``rel`` (bytes ``[start, end)``, or all of it): with ``direct``, a range of an S3
+    object with plain settings is a job there on a kept-alive connection (:mod:`ferry.client.fetching.direct`);
+    else a task on the filesystem's event loop when it has one (cancelling closes the connection), else a job
+    in ``pool``."""
+    if direct is not None and start is not None and end is not None and start < end:
+        fut = start_direct(loc, rel, start, end, direct, lambda: start_read(loc, rel, start, end, pool))
+        if fut is not None:
+            return fut
     fs, path = loc.fs, loc.full(rel)
     if getattr(fs, "async_impl", False) and getattr(fs, "loop", None) is not None:
         coro = fs._cat_file(path, start=start, end=end)

@@ -91,15 +91,19 @@ def _secrets(url: str) -> list[str]:
 
 class _Pools:
     """This process's threads: ``parts`` runs ranged reads of shards (``connections`` at a time), those of the
-    shard needed soonest first, ``io`` runs reads of filesystems without an event loop (local files)."""
+    shard needed soonest first, ``io`` runs reads of filesystems without an event loop (local files), ``direct``
+    ranged S3 reads past fsspec (:mod:`ferry.client.fetching.direct`)."""
 
     def __init__(self, connections: int) -> None:
         self.parts = PriorityPool(connections, "ferry-fetch")  # never holds up the end of the process
         self.io = DaemonPool(2 * connections, "ferry-io")
+        # ranged S3 reads on kept-alive connections, one per thread (hedges and frame reads beside the parts)
+        self.direct = DaemonPool(4 * connections, "ferry-s3")
 
     def shutdown(self) -> None:
         self.parts.shutdown(wait=False, cancel_futures=True)
         self.io.shutdown(wait=False, cancel_futures=True)
+        self.direct.shutdown(wait=False, cancel_futures=True)
 
 
 class Replicas:
@@ -241,8 +245,9 @@ class Replicas:
 
         def begin(i: int) -> Future[bytes]:
             try:
-                read = start_small_read if small else start_read
-                return read(self._location(i), rel, start, end, pools.io)
+                if small:
+                    return start_small_read(self._location(i), rel, start, end, pools.io)
+                return start_read(self._location(i), rel, start, end, pools.io, pools.direct)
             except Exception as exc:  # noqa: BLE001 — an unusable URL fails its attempt, not the race
                 fut: Future[bytes] = Future()
                 fut.set_exception(exc)

@@ -36,10 +36,10 @@ from ferry.client.fetching import replicas as r
 url, cache, ready, go, delay = sys.argv[1:6]
 reads = []
 real = r.start_read
-def counted(loc, rel, start, end, pool):
+def counted(loc, rel, start, end, pool, direct=None):
     if rel.startswith("tables/"):
         time.sleep(float(delay))
-    fut = real(loc, rel, start, end, pool)
+    fut = real(loc, rel, start, end, pool, direct)
     fut.add_done_callback(lambda f: reads.append([rel, len(f.result()) if not f.exception() else -1]))
     return fut
 r.start_read = counted
@@ -129,9 +129,9 @@ def _count_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     real = replicas_module.start_read
     _COUNTED.clear()
 
-    def counted(loc: Any, rel: str, start: Any, end: Any, pool: Any) -> Any:
+    def counted(loc: Any, rel: str, start: Any, end: Any, pool: Any, direct: Any = None) -> Any:
         _COUNTED.append(rel)
-        return real(loc, rel, start, end, pool)
+        return real(loc, rel, start, end, pool, direct)
 
     monkeypatch.setattr(replicas_module, "start_read", counted)
     yield

@@ -110,7 +110,7 @@ def test_a_hung_replica_stays_behind_one_that_was_slow_once(monkeypatch: pytest.
     asked: list[int] = []
     late = {1: 0.3}  # replica 1's second read answers after 0.3 s
 
-    def start_read(loc, _rel, start, end, _pool):  # noqa: ANN001, ANN202 — stands in for ferry.client.fetching.fetch.start_read
+    def start_read(loc, _rel, start, end, _pool, _direct=None):  # noqa: ANN001, ANN202 — stands in for ferry.client.fetching.fetch.start_read
         i = urls.index(loc.url)
         asked.append(i)
         if i == 0:
