@@ -7,7 +7,10 @@ busy node the link would carry less than its parallel reads could. Here a read t
 at once, from the thread that ran it; the fill's thread only takes the parts in order.
 
 Bounds: at most ``window`` reads not done yet (each holds a connection, or waits for one in the pool), and at
-most ``2 * window`` parts asked and not yet taken (the memory a fill holds is about that many parts).
+most ``2 * window`` reads asked and not yet taken (the memory a fill holds is about that many parts). Bytes that
+arrived on the node already (:mod:`ferry.client.fetching.arrived`) are read from the disk when taken, so a part cut
+into pieces around them counts only its reads: a bound on entries would ask fewer parts ahead on exactly the shards
+a cold batch read frames of, and their fill would leave its connections to a shard wanted later.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class PartQueue:
         self._queue: collections.deque[Entry] = collections.deque()
         self._next = 0  # the next part to ask for
         self._busy = 0  # reads asked and not done
+        self._held = 0  # reads asked and not taken (done or not): the bytes a fill holds
         self._asking = False  # a top-up is running (in this thread, when a callback comes back into it)
         self._stopped = False
 
@@ -44,6 +48,7 @@ class PartQueue:
             if not self._queue:
                 return None
             entry = self._queue.popleft()
+            self._held -= entry[2] is not None
             self._top_up()
             return entry
 
@@ -66,12 +71,13 @@ class PartQueue:
                 not self._stopped
                 and self._next < self._count
                 and self._busy < self._window
-                and len(self._queue) < 2 * self._window
+                and self._held < 2 * self._window
             ):
                 entries = list(self._ask(self._next))
                 self._next += 1
                 reads = [e[2] for e in entries if e[2] is not None]
                 self._busy += len(reads)
+                self._held += len(reads)
                 self._queue.extend(entries)
                 for fut in reads:  # after the entries are queued: a read already done calls back at once
                     fut.add_done_callback(self._done)

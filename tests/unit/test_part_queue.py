@@ -119,3 +119,25 @@ def test_a_part_that_cannot_be_asked_from_a_callback_fails_in_the_fills_thread(
     with pytest.raises(RuntimeError, match="after shutdown"):
         parts.take()
         parts.take()
+
+
+def test_bytes_already_on_the_node_do_not_count_within_the_parts_held() -> None:
+    """A part cut into pieces around frames that arrived before (read from the disk when taken) holds one read's
+    bytes: the parts asked ahead are bounded by reads, so such a fill keeps as many reads going as any other."""
+    reads: list[int] = []
+
+    def ask(k: int) -> list[Entry]:
+        fut: Future[tuple[int, bytes]] = Future()
+        fut.set_result((0, b"x"))  # ended at once: only the bound on parts held stops the asking
+        reads.append(k)
+        a = 10 * k
+        return [(a, a + 3, None, []), (a + 3, a + 7, fut, []), (a + 7, a + 10, None, [])]
+
+    parts = PartQueue(10, 2, ask)
+    assert parts.take() is not None
+    # four reads held (twice the window), in twelve entries less the one taken; a bound on entries asks two parts
+    assert reads == [0, 1, 2, 3]
+    order = []
+    while (entry := parts.take()) is not None:
+        order.append(entry[0])
+    assert order == [a for k in range(10) for a in (10 * k, 10 * k + 3, 10 * k + 7)][1:]
