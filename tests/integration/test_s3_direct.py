@@ -104,6 +104,7 @@ class RawServer:
             "longer": f"206 Partial Content\r\nContent-Range: bytes {a}-{b + 100}/{len(BODY)}\r\n"
             f"Content-Length: {len(part) + 100}",
             "cut": f"206 Partial Content\r\nContent-Range: bytes {a}-{b}/{len(BODY)}\r\nContent-Length: {len(part)}",
+            "chunked": f"206 Partial Content\r\nContent-Range: bytes {a}-{b}/{len(BODY)}\r\nTransfer-Encoding: chunked",
             "missing": "404 Not Found\r\nContent-Length: 0",
             "moved": "301 Moved Permanently\r\nContent-Length: 0",
         }[mode]
@@ -112,6 +113,8 @@ class RawServer:
             body = b""
         if mode == "cut":
             body = body[: len(body) // 2]
+        if mode == "chunked":
+            body = f"{len(part):x}\r\n".encode() + part + b"\r\n0\r\n\r\n"
         conn.sendall(f"HTTP/1.1 {head}\r\n\r\n".encode() + body)
         return mode not in ("close", "cut")  # "close": ends the connection without saying so
 
@@ -174,9 +177,10 @@ def test_a_connection_the_server_closed_is_replaced_and_the_read_sent_again(serv
     assert server.connections >= 3
 
 
-@pytest.mark.parametrize("mode", ["whole", "shifted", "longer", "cut", "missing"])
+@pytest.mark.parametrize("mode", ["whole", "shifted", "longer", "cut", "chunked", "missing"])
 def test_an_answer_it_cannot_vouch_for_is_none(server: RawServer, tmp_path: Path, mode: str) -> None:
-    """A Range ignored, a range that starts elsewhere or runs longer, a cut body, an error status."""
+    """A Range ignored, a range that starts elsewhere or runs longer, a cut body, a body of unsaid length, an
+    error status."""
     server.mode = mode
     get = _root(server.port, tmp_path).get("o")
     assert _in_thread(lambda: RangedGet(get, 10, 1010).run()) is None
