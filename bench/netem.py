@@ -112,6 +112,7 @@ class Netem:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._total: _Bucket | None = None
+        self._relaying = 0  # responses being relayed now (not hung): see clear()
         self.port = 0
 
     @property
@@ -128,7 +129,14 @@ class Netem:
         with self._lock:
             self._corrupts.append(_Rule(_matcher(match), count))
 
-    def clear(self) -> None:
+    def clear(self, settle: float = 2.0) -> None:
+        """Forget the requests seen and the rules. First the responses being relayed end (within ``settle``
+        seconds): a client may hold a whole body before the proxy, in its own thread, records the request."""
+        deadline = time.monotonic() + settle
+        for _ in range(10_000):  # bounded in count and in time
+            if not self._relaying or time.monotonic() >= deadline:
+                break
+            time.sleep(0.001)
         with self._lock:
             self._hangs.clear()
             self._corrupts.clear()
@@ -245,6 +253,22 @@ class Netem:
             with contextlib.suppress(ConnectionError, TimeoutError):
                 await asyncio.wait_for(reader.read(1), self.lifetime)
             return None
+        self._relaying += 1  # the loop's thread only
+        try:
+            return await self._relay(req, head, body, writer, bucket, up)
+        finally:
+            self._relaying -= 1
+
+    async def _relay(
+        self,
+        req: Request,
+        head: bytes,
+        body: bytes,
+        writer: asyncio.StreamWriter,
+        bucket: _Bucket,
+        up: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None,
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """Send the request upstream and its answer back (through the buckets), then record it."""
         if self.rtt > 0:
             await asyncio.sleep(self.rtt)
         if up is None:
@@ -258,7 +282,7 @@ class Netem:
         req.status = status
         writer.write(status_head)
         corrupt = self._take(self._corrupts, req)
-        keep = await self._relay_body(up[0], writer, bucket, rheaders, method, req, corrupt)
+        keep = await self._relay_body(up[0], writer, bucket, rheaders, req.method, req, corrupt)
         req.corrupted = corrupt
         req.ended = time.monotonic()
         self._record(req)

@@ -187,6 +187,7 @@ class ShardCache:
         self._count_lock = threading.Lock()
         self._verified: set[tuple[str, int]] = set()  # (raw digest, frame size) this process wrote or checked
         self._deferred: list[CacheError] = []  # node-cache failures of background fetches, raised by the reader
+        self._here: set[tuple[int, str]] = set()  # (pid, raw digest): shards a thread of this process is fetching
         if replicas.arrived is not None:  # bytes kept there count within the limit
             replicas.arrived.bound(self.evict, max(16 << 10, min(8 << 20, limit // 8)))
         locks = os.path.join(self.directory, ".locks")
@@ -197,6 +198,7 @@ class ShardCache:
     def __getstate__(self) -> dict[str, object]:
         state = self.__dict__.copy()
         del state["_count_lock"]  # a lock does not pickle: each process makes its own
+        state["_here"] = set()
         return state
 
     def __setstate__(self, state: dict[str, object]) -> None:
@@ -299,18 +301,29 @@ class ShardCache:
         if not bad and self._good(info):
             return True
         with contextlib.ExitStack() as stack:
-            mode = fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB)
+            lock = self._lock(info, "fetch")
             try:
-                stack.enter_context(flock_file(self._lock(info, "fetch"), mode))
-            except BlockingIOError:
-                return False  # being fetched by another process or thread
+                stack.enter_context(flock_file(lock, fcntl.LOCK_EX | fcntl.LOCK_NB))
+            except BlockingIOError:  # being fetched by another process or thread
+                if not wait:
+                    return False
+                # another process's fetch: this one's prefetches leave it the link (this process's own fetches
+                # are ranked by its pool already)
+                here = (os.getpid(), info.raw_digest) in self._here
+                with contextlib.nullcontext() if here else self.replicas.waiting_now():
+                    stack.enter_context(flock_file(lock, fcntl.LOCK_EX))
             path = self.path(info)
             if not bad and self._good(info):
                 return True  # another process fetched it while we waited
             self._verified.discard((info.raw_digest, info.frame_size))
             with _guard(path, "remove the stale copy"), contextlib.suppress(FileNotFoundError):
                 os.unlink(path)  # wrong size or digest; processes that mapped it keep their (checked) copy
-            self._download(info, path)  # checked against both manifest digests as it streams
+            mine = (os.getpid(), info.raw_digest)
+            self._here.add(mine)
+            try:
+                self._download(info, path)  # checked against both manifest digests as it streams
+            finally:
+                self._here.discard(mine)
             self._verified.add((info.raw_digest, info.frame_size))
             self._mark(info, _settled(path))
             with self._count_lock:  # prefetch threads fetch too: += is not atomic across threads

@@ -10,7 +10,10 @@ Bounds: at most ``window`` reads not done yet (each holds a connection, or waits
 most ``2 * window`` reads asked and not yet taken (the memory a fill holds is about that many parts). Bytes that
 arrived on the node already (:mod:`ferry.client.fetching.arrived`) are read from the disk when taken, so a part cut
 into pieces around them counts only its reads: a bound on entries would ask fewer parts ahead on exactly the shards
-a cold batch read frames of, and their fill would leave its connections to a shard wanted later.
+a cold batch read frames of, and their fill would leave its connections to a shard wanted later. ``limit()``, when
+given, lowers the first bound while it says so (never below one read, so the fill goes on), and :meth:`wake`
+asks again at once when it rises: a fill for later batches while another process fetches a shard read now
+(:meth:`ferry.client.fetching.replicas.Replicas.waiting_now`).
 """
 
 from __future__ import annotations
@@ -31,8 +34,14 @@ class PartQueue:
     """Parts ``0 .. count-1``, each turned into queue entries by ``ask(k)`` (which starts their reads), taken in
     order by :meth:`take`; see the module docstring."""
 
-    def __init__(self, count: int, window: int, ask: Callable[[int], Sequence[Entry]]) -> None:
-        self._count, self._window, self._ask = count, max(1, window), ask
+    def __init__(
+        self,
+        count: int,
+        window: int,
+        ask: Callable[[int], Sequence[Entry]],
+        limit: Callable[[], int] | None = None,
+    ) -> None:
+        self._count, self._window, self._ask, self._limit = count, max(1, window), ask, limit
         self._lock = threading.RLock()  # a read already done runs its callback in the thread adding it
         self._queue: collections.deque[Entry] = collections.deque()
         self._next = 0  # the next part to ask for
@@ -52,6 +61,11 @@ class PartQueue:
             self._top_up()
             return entry
 
+    def wake(self) -> None:
+        """Ask the parts the bounds allow now (``limit()`` rose)."""
+        with self._lock, contextlib.suppress(Exception):  # as in _done: the fill's thread meets any error itself
+            self._top_up()
+
     def stop(self) -> None:
         """Ask nothing more and cancel the reads not taken (those running end on their own)."""
         with self._lock:
@@ -66,12 +80,10 @@ class PartQueue:
         if self._asking:
             return
         self._asking = True
+        busy = self._window if self._limit is None else max(1, min(self._window, self._limit()))
         try:
             while (
-                not self._stopped
-                and self._next < self._count
-                and self._busy < self._window
-                and self._held < 2 * self._window
+                not self._stopped and self._next < self._count and self._busy < busy and self._held < 2 * self._window
             ):
                 entries = list(self._ask(self._next))
                 self._next += 1

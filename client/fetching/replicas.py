@@ -20,6 +20,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, BinaryIO
@@ -149,6 +150,8 @@ class Replicas:
         self._pid = os.getpid()
         self._tickets = itertools.count()  # the order shard fetches start in: the earlier one's parts go first
         self._later = threading.local()  # .depth > 0: this thread's fetches are for later batches
+        self._now_waits = 0  # threads of this process waiting for another's fetch of a shard read now
+        self._later_fills: weakref.WeakSet[PartQueue] = weakref.WeakSet()  # the parts of this process's prefetches
         self._direct: bool | None = None  # see direct()
         # stored bytes read from remote replicas before a shard is whole in the node cache, shared by the node's
         # processes, so a frame read and the fill of its shard fetch each byte once (see .arrived)
@@ -158,12 +161,16 @@ class Replicas:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # re-made where received (direct() too: it is the receiving host's mount table that says)
-        state.update(_locations={}, _pools=None, _lock=None, _tickets=None, _later=None, _direct=None)
+        state.update(
+            _locations={}, _pools=None, _lock=None, _tickets=None, _later=None, _now_waits=0, _later_fills=None
+        )
+        state["_direct"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock, self._tickets, self._later = threading.Lock(), itertools.count(), threading.local()
+        self._later_fills = weakref.WeakSet()
 
     @contextlib.contextmanager
     def for_later(self) -> Iterator[None]:
@@ -175,9 +182,35 @@ class Replicas:
         finally:
             self._later.depth -= 1
 
+    @contextlib.contextmanager
+    def waiting_now(self) -> Iterator[None]:
+        """This thread waits, inside the ``with``, while another process fetches a shard it reads now. Meanwhile
+        this process's fetches for later (:meth:`for_later`) keep one part in flight: each process ranks its own
+        fetches, and this one's prefetch would otherwise take half the link from the other's fetch. When the
+        last such wait ends, they ask their parts again at once."""
+        if getattr(self._later, "depth", 0) > 0:
+            yield
+            return
+        self._fresh()
+        with self._lock:
+            self._now_waits += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._now_waits -= 1
+                woken = list(self._later_fills) if not self._now_waits else []
+            for fill in woken:
+                fill.wake()
+
+    def _later_limit(self) -> int:
+        """Reads in flight a fetch for later may keep now (see :meth:`waiting_now`)."""
+        return 1 if self._now_waits else self.fetch_options.connections
+
     def _fresh(self) -> None:
         if self._pid != os.getpid():  # forked: do not share another process's connections or threads
             self._locations, self._pools, self._lock = {}, None, threading.Lock()
+            self._now_waits, self._later_fills = 0, weakref.WeakSet()
             self.health.fresh_lock()
             self._pid = os.getpid()
 
@@ -512,7 +545,9 @@ class Replicas:
                 )
             return out
 
-        parts = PartQueue(len(spans), self.fetch_options.connections, ask)
+        parts = PartQueue(len(spans), self.fetch_options.connections, ask, self._later_limit if rank[0] else None)
+        if rank[0]:
+            self._later_fills.add(parts)
         with shared.filling(info) if shared is not None else contextlib.nullcontext():
             try:
                 while (entry := parts.take()) is not None:

@@ -3,6 +3,7 @@ fetched for later batches, each shard's parts in order, so that the shard needed
 
 from __future__ import annotations
 
+import fcntl
 import io
 import shutil
 import threading
@@ -143,3 +144,67 @@ def test_a_part_read_before_the_head_frees_its_connection_for_the_next(
     # the head and the 4 parts it may hold (2 connections x 2) were asked while the head waited
     assert during == [k * 4096 for k in range(5)], during
     assert len(out.getvalue()) == info.raw_bytes
+
+
+def test_a_prefetch_keeps_one_read_while_another_process_fills_a_shard_read_now(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each process ranks its own fetches; across processes, one whose thread waits for another's fill of a shard
+    it reads now keeps its prefetches to one read meanwhile (before, the two split the link, and the shard read
+    now ended together with the one wanted later), and they take their connections back when the wait ends."""
+    from ferry.client.fetching.cache import ShardCache, flock_file
+
+    data = pack_test_dataset(str(tmp_path / "d"), 3000, shard_size=1 << 17, stored_format=1)
+    copy = str(tmp_path / "copy")  # two replicas: the fills read ranged parts on the pool
+    shutil.copytree(data, copy)
+    replicas = Replicas([data, copy], fetch={"part_size": 4096, "connections": 4}, cache_dir=str(tmp_path / "c"))
+    shards = open_dataset(data).manifest.shards
+    now, later = shards[0], shards[1]
+    assert later.stored_bytes > 20 * 4096
+    cache = ShardCache(str(tmp_path / "c"), 1 << 30, replicas, dtype="uint16")
+    flying, lock, waiting = [0], threading.Lock(), threading.Event()
+    peaks = {"waiting": 0, "after": 0}
+    part = Replicas._part
+
+    def slow(self: Replicas, info: Any, a: int, b: int, *args: Any) -> Any:
+        if info.path != later.path:
+            return part(self, info, a, b, *args)
+        with lock:
+            flying[0] += 1
+            key = "waiting" if waiting.is_set() else "after"
+            peaks[key] = max(peaks[key], flying[0])
+        try:
+            time.sleep(0.03)
+            return part(self, info, a, b, *args)
+        finally:
+            with lock:
+                flying[0] -= 1
+
+    monkeypatch.setattr(Replicas, "_part", slow)
+
+    def prefetch() -> None:
+        with replicas.for_later():
+            cache.ensure(later)
+
+    other = ShardCache(str(tmp_path / "c"), 1 << 30, Replicas(data), dtype="uint16")  # "another process"
+    with flock_file(cache._lock(now, "fetch"), fcntl.LOCK_EX):  # its fill of the shard read now runs
+        reader = threading.Thread(target=cache.ensure, args=(now,))
+        reader.start()
+        for _ in range(200):  # bounded: 10 s
+            if replicas._now_waits:
+                break
+            time.sleep(0.05)
+        assert replicas._now_waits == 1
+        waiting.set()
+        fill = threading.Thread(target=prefetch)
+        fill.start()
+        time.sleep(0.4)  # about a dozen of the prefetch's parts, one at a time
+        other._download(now, other.path(now))  # the other process's fill ends
+        waiting.clear()
+    reader.join(30)
+    fill.join(30)
+    replicas.close()
+    assert not reader.is_alive() and not fill.is_alive()
+    assert cache.fetches == 1  # the prefetch: the shard read now was the other process's to fetch
+    assert peaks == {"waiting": 1, "after": 4}, peaks
+    assert cache.present(now) and cache.present(later)
