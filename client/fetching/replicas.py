@@ -161,10 +161,8 @@ class Replicas:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # re-made where received (direct() too: it is the receiving host's mount table that says)
-        state.update(
-            _locations={}, _pools=None, _lock=None, _tickets=None, _later=None, _now_waits=0, _later_fills=None
-        )
-        state["_direct"] = None
+        state.update(_locations={}, _pools=None, _lock=None, _tickets=None, _later=None, _direct=None)
+        state.update(_now_waits=0, _later_fills=None)  # this process's waits and fills
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

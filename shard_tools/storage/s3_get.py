@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["S3Get", "plan_s3_get", "sign_v4", "fetch"]
+__all__ = ["S3Get", "connect", "plan_s3_get", "sign_v4", "fetch"]
 
 _TIMEOUT = 10.0
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -208,6 +208,16 @@ def _hmac(key: bytes, msg: str) -> bytes:
     return hmac.new(key, msg.encode(), hashlib.sha256).digest()
 
 
+def connect(get: S3Get, timeout: float) -> http.client.HTTPConnection:
+    """A connection (not opened yet) to ``get``'s host: TLS with ``AWS_CA_BUNDLE`` when set, as botocore."""
+    if get.scheme == "https":
+        import ssl
+
+        context = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or None)
+        return http.client.HTTPSConnection(get.host, timeout=timeout, context=context)
+    return http.client.HTTPConnection(get.host, timeout=timeout)
+
+
 def fetch(get: S3Get, max_bytes: int, span: tuple[int, int] | None = None) -> bytes | None:
     """The body of a signed GET of ``get`` when it is 200 and at most ``max_bytes``, else None. With ``span =
     (start, end)``: bytes ``[start, end)`` (fewer where the object ends first), or None; ``max_bytes`` is then
@@ -219,14 +229,7 @@ def fetch(get: S3Get, max_bytes: int, span: tuple[int, int] | None = None) -> by
             raise ValueError(f"bad span {span}")
         headers["range"] = f"bytes={start}-{end - 1}"  # unsigned: SigV4 signs only the headers it names
         max_bytes = end - start
-    conn: http.client.HTTPConnection
-    if get.scheme == "https":
-        import ssl
-
-        context = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or None)
-        conn = http.client.HTTPSConnection(get.host, timeout=_TIMEOUT, context=context)
-    else:
-        conn = http.client.HTTPConnection(get.host, timeout=_TIMEOUT)
+    conn = connect(get, _TIMEOUT)
     try:
         conn.request("GET", get.path, headers=headers)  # the signed Host header, not http.client's own
         resp = conn.getresponse()

@@ -17,14 +17,13 @@ import http.client
 import os
 import re
 import socket
-import ssl
 import threading
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .s3_get import S3Get, plan_s3_get, sign_v4
+from .s3_get import S3Get, connect, plan_s3_get, sign_v4
 
 __all__ = ["S3Root", "RangedGet", "plan_root"]
 
@@ -54,7 +53,7 @@ _PROBE = "o"
 def plan_root(url: str, options: Mapping[str, Any], env: Mapping[str, str]) -> S3Root | None:
     """How to GET objects under dataset root ``url`` (``s3://bucket[/prefix]``), or None where fsspec must."""
     root = url.split("?", 1)[0].rstrip("/")
-    if not root.startswith(("s3://", "s3a://")) or "://" not in root:
+    if not root.startswith(("s3://", "s3a://")):
         return None
     get = plan_s3_get(f"{root}/{_PROBE}", options, env)
     if get is None or not get.path.endswith("/" + _PROBE):
@@ -75,12 +74,7 @@ def _connection(get: S3Get, fresh: bool) -> http.client.HTTPConnection:
         return conn
     if conn is not None:
         conn.close()
-    if get.scheme == "https":
-        context = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or None)
-        conn = http.client.HTTPSConnection(get.host, timeout=CONNECT_TIMEOUT_S, context=context)
-    else:
-        conn = http.client.HTTPConnection(get.host, timeout=CONNECT_TIMEOUT_S)
-    conns[key] = conn
+    conn = conns[key] = connect(get, CONNECT_TIMEOUT_S)
     return conn
 
 
