@@ -80,8 +80,8 @@ class PartQueue:
         if self._asking:
             return
         self._asking = True
-        busy = self._window if self._limit is None else max(1, min(self._window, self._limit()))
-        try:
+        try:  # from here on: _asking is reset whatever raises, limit() included
+            busy = self._window if self._limit is None else max(1, min(self._window, self._limit()))
             while (
                 not self._stopped and self._next < self._count and self._busy < busy and self._held < 2 * self._window
             ):
