@@ -10,7 +10,7 @@ batch tensors. Payloads are what DataLoader workers send to the main process.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -103,6 +103,14 @@ class SampleSource(IterableDataset[dict[str, torch.Tensor]]):
         if boundaries:
             out["boundaries"] = self.boundaries(pos)
         return out
+
+    def planned_payload(
+        self, key: object, i: int, positions_of: Callable[[int], np.ndarray], *, boundaries: bool = False
+    ) -> dict[str, Any]:
+        """The payload of the ``i``-th batch of a sequence of batches a loader reads (``key`` names the sequence,
+        ``positions_of(j)`` gives the stream positions of its ``j``-th batch): a source may plan the reads of
+        coming batches together. By default the payload of ``positions_of(i)``."""
+        return self.payload(positions_of(i), boundaries=boundaries)
 
     def batch(self, positions: np.ndarray, *, boundaries: bool = False) -> dict[str, torch.Tensor]:
         """The samples at stream ``positions`` as a batch dict of int64 tensors ``[len(positions), seq_len]``."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["first_reads", "first_samples", "samples_of", "shards_of_samples"]
+__all__ = ["first_reads", "first_samples", "sample_reads", "samples_of", "shards_of_samples"]
 
 
 def samples_of(token_offsets: np.ndarray, documents: np.ndarray, seq_len: int, mode: str, shards: int) -> int:
@@ -59,3 +59,16 @@ def first_reads(
         for t in range(a, b + 1):
             out.setdefault(t, i)
     return list(out), list(out.values())
+
+
+def sample_reads(
+    starts: np.ndarray, token_offsets: np.ndarray, width: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where token-mode samples starting at stream tokens ``starts`` (``width`` tokens each) are read: per sample
+    the shard that holds its first token, the offset of that token in the shard, and whether the sample runs on
+    into the shard(s) after it."""
+    offsets = np.asarray(token_offsets, dtype=np.int64)
+    shards = np.searchsorted(offsets, starts, side="right") - 1
+    local = starts - offsets[shards]
+    runs_on = starts + width > offsets[shards + 1]
+    return shards, local, runs_on

@@ -28,8 +28,9 @@ from ..fetching.prefetcher import RECENT, Prefetcher
 from ..resume.state import fingerprint
 from ..sampling.order import SHUFFLE_MODES, SampleOrder, WindowOrder, make_order
 from ..sampling.partition import distinct, span
-from ..sampling.shards import first_samples, samples_of
+from ..sampling.shards import first_samples, sample_reads, samples_of
 from ..source import MODES, SampleSource
+from .blocks import BlockPlans
 from .mixed import MixedDataset
 from .reader import ShardReader
 
@@ -140,6 +141,7 @@ class TokenDataset(SampleSource):
         self._reader: ShardReader | None = None
         self._pid = -1
         self._scan: _Scan | None = None
+        self._plans = BlockPlans()  # planned reads of this process's coming batches (token mode)
 
     def __repr__(self) -> str:
         return (
@@ -149,7 +151,7 @@ class TokenDataset(SampleSource):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_reader=None, _pid=-1, _scan=None)
+        state.update(_reader=None, _pid=-1, _scan=None, _plans=BlockPlans())
         return state
 
     def _pad_id(self, pad_id: int | None) -> int:
@@ -259,6 +261,7 @@ class TokenDataset(SampleSource):
             segments.append((start, epoch, samples, order))
             start, epoch = start + samples * epochs, epoch + epochs
         out = copy.copy(self)
+        out._plans = BlockPlans()
         out._eras = [list(e) for e in eras]
         out._segments = [*segments, (start, epoch, self.num_samples, self.order)]
         return out
@@ -349,6 +352,21 @@ class TokenDataset(SampleSource):
             self.reader.gather_documents(
                 ids, self.seq_len, self.pad_id, out["input_ids"], out["labels"], out["attention_mask"], rows
             )
+
+    def planned_payload(
+        self, key: object, i: int, positions_of: Callable[[int], np.ndarray], *, boundaries: bool = False
+    ) -> dict[str, Any]:
+        if self.mode != "tokens" or boundaries:
+            return self.payload(positions_of(i), boundaries=boundaries)
+        reads = self._plans.reads(key, self._segments, i, positions_of, self._reads_of)
+        windows = np.empty((len(reads.shards), self.seq_len + 1), dtype=self.token_dtype)
+        self.reader.gather_reads(reads, windows)
+        return {"windows": windows}
+
+    def _reads_of(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Where the token-mode samples at stream ``positions`` are read (see :func:`sample_reads`)."""
+        starts = self.sample_ids(positions) * self.seq_len
+        return sample_reads(starts, self.manifest.shards.token_offsets, self.seq_len + 1)
 
     def boundaries(self, positions: np.ndarray) -> list[list[int]]:
         starts = self.sample_ids(positions) * self.seq_len

@@ -88,24 +88,27 @@ class _Plan:
     def positions(self, k: int) -> np.ndarray:
         return rank_positions(self.start, k, self.batch_size, self.world_size, self.rank)
 
-    def build(self, ds: SampleSource, k: int, ahead: range, mine: range | None = None) -> dict[str, Any]:
+    def build(self, ds: SampleSource, k: int, ahead: range, mine: range) -> dict[str, Any]:
         """The payload of batch ``k`` (compact numpy arrays; :func:`to_batch` makes the tensors).
 
         ``mine``: this process's batches; a dataset that can prefetch by a horizon in bytes walks them on
         (past this plan's end too: the next epoch is known), otherwise the ``ahead`` batches are prefetched."""
+        first, stride = mine.start, mine.step
+
+        def positions_of(j: int) -> np.ndarray:
+            return self.positions(first + j * stride)
+
+        i = (k - first) // stride
         horizon = getattr(ds, "prefetch_ahead", None)
-        if horizon is not None and mine is not None:
-            first, stride = mine.start, mine.step
-
-            def positions_of(j: int) -> np.ndarray:
-                return self.positions(first + j * stride)
-
-            horizon((self.start, self.rank, first, stride), (k - first) // stride, positions_of)
+        if horizon is not None:
+            horizon((self.start, self.rank, first, stride), i, positions_of)
         else:
             for j in ahead:  # shards for later batches of this process start downloading now
                 if j < self.count:
                     ds.prefetch(self.positions(j))
-        return ds.payload(self.positions(k), boundaries=self.boundaries)
+        # every batch's positions follow from this key (see rank_positions)
+        key = (self.start, self.batch_size, self.world_size, self.rank, first, stride)
+        return ds.planned_payload(key, i, positions_of, boundaries=self.boundaries)
 
     @staticmethod
     def ahead(mine: range, i: int, depth: int) -> range:

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, cast
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from ferry.shard_tools.format.shard import ShardView
 from ..fetching.cache import Lease, ShardCache
 from ..fetching.frames import FrameReader
 from ..fetching.prefetcher import Prefetcher
+from .blocks import BatchReads
 
 __all__ = ["ShardReader"]
 
@@ -227,16 +229,18 @@ class ShardReader:
             memo[s] = None if self.by_frames(s) else self.view(s).tokens
         return memo[s]
 
-    def _mapped_tokens(self, shard_list: list[int]) -> dict[int, np.ndarray | None] | None:
+    def _mapped_tokens(self, shard_list: list[int]) -> dict[int, np.ndarray] | None:
         """The tokens of the batch's shards when every one is mapped here (the steady state: what ``_source`` would
         decide for each, without asking), else None."""
-        memo: dict[int, np.ndarray | None] = {}
+        memo: dict[int, np.ndarray] = {}
+        leases = self._leases
         for s in shard_list:
             if s not in memo:
-                view = self._mapped_view(s)
-                if view is None:
+                lease = leases.get(s)  # inlined _mapped_view: this runs for every batch
+                if lease is None:
                     return None
-                memo[s] = view.tokens
+                leases.move_to_end(s)
+                memo[s] = lease.view.tokens
         return memo
 
     def _mapped_view(self, s: int) -> ShardView | None:
@@ -318,19 +322,35 @@ class ShardReader:
         """
         shards = self.shard_of_token(starts)
         locals_ = (starts - self.token_offsets[shards]).tolist()
-        width = length + 1
-        shard_list = shards.tolist()
-        memo = self._mapped_tokens(shard_list)
-        if memo is None:
-            memo = {}
+        self._gather(shards.tolist(), locals_, length + 1, raw, rows.tolist())
+
+    def gather_reads(self, reads: BatchReads, raw: np.ndarray) -> None:
+        """Row ``i`` of ``raw`` (token dtype) ← the ``raw.shape[1]`` tokens from sample ``i``'s planned read."""
+        width = raw.shape[1]
+        if not reads.runs_on:
+            memo = self._mapped_tokens(reads.shards)
+            if memo is not None:  # the steady state: every shard mapped, no sample runs on into the next shard
+                for row, (s, local) in enumerate(zip(reads.shards, reads.offsets, strict=True)):
+                    raw[row] = memo[s][local : local + width]
+                self._start_later()
+                return
+        self._gather(reads.shards, reads.offsets, width, raw, range(len(reads.shards)))
+
+    def _gather(
+        self, shard_list: list[int], locals_: list[int], width: int, raw: np.ndarray, rows: Iterable[int]
+    ) -> None:
+        """Row ``rows[i]`` of ``raw`` ← ``width`` tokens from offset ``locals_[i]`` of shard ``shard_list[i]`` on."""
+        mapped = self._mapped_tokens(shard_list)
+        memo: dict[int, np.ndarray | None] = {} if mapped is None else cast(dict[int, np.ndarray | None], mapped)
+        if mapped is None:
             # each shard of the batch decided once, in read order; frames fetched together where some are read so
             by_frames = self.frames is not None and [
                 s for s in dict.fromkeys(shard_list) if self._source(s, memo) is None
             ]
-            if by_frames and len(starts) > 1:
+            if by_frames and len(shard_list) > 1:
                 self._prefetch_frames(shard_list, locals_, width, memo)
         sizes = self._size_list
-        for local, s, row in zip(locals_, shard_list, rows.tolist(), strict=True):
+        for local, s, row in zip(locals_, shard_list, rows, strict=True):
             end = local + width
             if end <= sizes[s]:
                 tokens = memo[s] if s in memo else self._source(s, memo)  # per sample: kept cheap

@@ -80,14 +80,14 @@ def test_a_worker_sends_its_first_batch_alone(url_cache: tuple[str, str], monkey
     a group whose later batches may wait on whole shards being fetched (here: made slow on purpose)."""
 
     url, _ = url_cache
-    payload = TokenDataset.payload
+    payload = TokenDataset.planned_payload
 
-    def slow_after_the_first(self: TokenDataset, positions: Any, **kw: Any) -> Any:
-        if int(np.min(positions)) >= 8:  # every batch but the first (batch_size 8, one rank)
+    def slow_after_the_first(self: TokenDataset, key: Any, i: int, positions_of: Any, **kw: Any) -> Any:
+        if int(np.min(positions_of(i))) >= 8:  # every batch but the first (batch_size 8, one rank)
             time.sleep(0.8)
-        return payload(self, positions, **kw)
+        return payload(self, key, i, positions_of, **kw)
 
-    monkeypatch.setattr(TokenDataset, "payload", slow_after_the_first)  # inherited by the forked worker
+    monkeypatch.setattr(TokenDataset, "planned_payload", slow_after_the_first)  # inherited by the forked worker
     ds = TokenDataset(url, seq_len=16, seed=1, shuffle="window", window=2)
     loader = TokenLoader(ds, batch_size=8, num_workers=1, rank=0, world_size=1)
     t0 = time.perf_counter()

@@ -12,7 +12,6 @@ import torch
 from scripts.loader_common import pack_test_dataset
 
 from ferry.client import TokenDataset, TokenLoader
-from ferry.client.source import SampleSource
 
 STEP_S = 0.05  # far longer than the helper takes to notice the step
 
@@ -30,14 +29,14 @@ def test_a_loop_with_a_step_gets_the_same_batches_built_during_its_steps(
     url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     built_by: list[str] = []
-    payload = SampleSource.payload
+    payload = TokenDataset.planned_payload
 
-    def recorded(self: SampleSource, *args: object, **kwargs: object) -> object:
+    def recorded(self: TokenDataset, *args: object, **kwargs: object) -> object:
         built_by.append(threading.current_thread().name)
         return payload(self, *args, **kwargs)  # type: ignore[arg-type]
 
     expected = [b["input_ids"] for b in _loader(url, tmp_path / "a")]
-    monkeypatch.setattr(SampleSource, "payload", recorded)
+    monkeypatch.setattr(TokenDataset, "planned_payload", recorded)
     loader = _loader(url, tmp_path / "b")
     got, states, resumed = [], [], []
     for batch in loader:
