@@ -10,6 +10,7 @@ every batch's stream positions) and one sample order; a batch of anything else p
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -57,6 +58,11 @@ class BlockPlans:
 
     def __init__(self) -> None:
         self._blocks: dict[object, _Block] = {}
+        self._lock = threading.Lock()
+
+    def __reduce__(self) -> tuple[type[BlockPlans], tuple[()]]:
+        """Pickled empty (a DataLoader worker that is not forked plans its own blocks)."""
+        return BlockPlans, ()
 
     def reads(
         self, key: object, order: object, i: int, positions_of: Callable[[int], np.ndarray], reads_of: ReadsOf
@@ -71,10 +77,11 @@ class BlockPlans:
                 block = _plan(order, i, count, positions_of, reads_of)
             except FerryError:  # a later batch of the block has no positions (past the stream's end): this one alone
                 block = _plan(order, i, 1, positions_of, reads_of)
-            self._blocks.pop(key, None)
-            if len(self._blocks) >= KEPT:
-                del self._blocks[next(iter(self._blocks))]  # the sequence planned the longest ago
-            self._blocks[key] = block
+            with self._lock:  # loaders in two threads may share the dataset
+                self._blocks.pop(key, None)
+                if len(self._blocks) >= KEPT:
+                    del self._blocks[next(iter(self._blocks))]  # the sequence planned the longest ago
+                self._blocks[key] = block
         a = (i - block.first) * block.batch
         b = a + block.batch
         return BatchReads(block.shards[a:b], block.offsets[a:b], block.runs_on[i - block.first])

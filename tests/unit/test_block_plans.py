@@ -3,6 +3,7 @@ which batches are asked for, and a block never serves another sequence of batche
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 
 import numpy as np
@@ -125,3 +126,11 @@ def test_interleaved_sequences_keep_their_blocks() -> None:
             assert (got.shards, got.offsets, got.runs_on) == _alone(order, positions_of(j))
     # each rank planned blocks of 4, 8, 16 and 32 batches (60 = 4 + 8 + 16 + 32), not one block per batch
     assert sorted(planned) == sorted([3 * n for n in (4, 8, 16, 32)] * KEPT)
+
+
+def test_plans_pickle_empty() -> None:
+    order = np.arange(SAMPLES)
+    plans = BlockPlans()
+    plans.reads("seq", order, 0, _positions(2), _reads_of(order))
+    again = pickle.loads(pickle.dumps(plans))
+    assert isinstance(again, BlockPlans) and not again._blocks
