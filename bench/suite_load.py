@@ -103,6 +103,7 @@ def run(ctx: Context) -> dict[str, Any]:
         cold: dict[str, dict[str, Any]] = {}
         for t in [t for t in names if t != "unzstd-limit"]:  # cold: fresh cache, first contact with the data
             runner, data = tools[t]
+            _settle_disk()
             # only its first batch is reported: a short run
             cold[t] = runner(ctx, {**_base(ctx, t, data, workers), "mode": "throughput", "min_seconds": 0.3})
             log(f"load w{workers} {t} cold: {cold[t].get('error') or round(cold[t].get('first_batch_s', 0), 3)}")
@@ -135,6 +136,7 @@ def _epoch(ctx: Context, tools: dict[str, tuple[Runner, str]], tool: str, repeat
     runner, data = tools[tool]
     cache = ctx.data / "cache" / f"epoch-{tool}-w{workers}-{repeat}"
     shutil.rmtree(cache, ignore_errors=True)
+    _settle_disk()
     try:
         args = {**_base(ctx, tool, data, workers), "cache_dir": str(cache), "mode": "epoch"}
         if tool == "unzstd-limit":  # its compressed chunks are its input, made once: only the decompression is timed
@@ -142,6 +144,14 @@ def _epoch(ctx: Context, tools: dict[str, tuple[Runner, str]], tool: str, repeat
         return runner(ctx, args)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+
+
+def _settle_disk() -> None:
+    """Write out what earlier runs left to the disk before a timed cold run: the files they wrote and removed
+    (the filesystem's journal, and the discards of a disk mounted with ``discard``) are otherwise written
+    out by kernel threads on the same cores during the next run, which then takes up to several times longer
+    to its first batch."""
+    os.sync()
 
 
 def _resume(ctx: Context, names: list[str], tools: dict[str, tuple[Runner, str]]) -> dict[str, Any]:
