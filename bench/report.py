@@ -139,8 +139,9 @@ METHOD = """## Method
   limits') runs with `OMP_NUM_THREADS=1`: torch's intra-op threads only fight the loader for the cores.
   *Mtok per CPU s* divides the tokens delivered by the CPU time (user + system) the runner and its DataLoader
   workers spent over the same stretch. A *cold epoch* reads one whole epoch from an empty cache, timed from
-  building the loader to its last batch; its limit decompresses zstd-1 chunks (64 MiB raw) of the raw stream
-  into memory on one thread, then gathers the same windows as the memmap limit.
+  building the loader to its last batch, 7 times per tool in a full run (alternated, after `sync`: the
+  files earlier runs wrote and removed are written out first); its limit decompresses zstd-1 chunks (64 MiB
+  raw) of the raw stream into memory on one thread, then gathers the same windows as the memmap limit.
 - **Resume**: an uninterrupted run stops at 90% of the epoch, saves the loader state (JSON) and digests
   the next 8 batches. Fresh processes build the loader, load the state and time until the first batch;
   *exact* means all 8 batches equal the uninterrupted run. The same state is also loaded into a loader

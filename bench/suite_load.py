@@ -29,6 +29,7 @@ BATCH = 16
 SEQ_LEN = 2048
 CHECK_BATCHES = 8
 SEED = 1234
+EPOCH_REPEATS = 7
 
 
 def _tools(ctx: Context) -> dict[str, tuple[Runner, str]]:
@@ -115,7 +116,9 @@ def run(ctx: Context) -> dict[str, Any]:
         steady = [t for t in names if t != "unzstd-limit"]  # warm, it is the memmap limit again
         runs = alternate(ctx, steady, one, what=f"load w{workers}")
         result["throughput"][str(workers)] = {"runs": runs, "cold": cold, **ratios(runs, "memmap-limit")}
-        epochs = alternate(ctx, names, lambda t, r, w=workers: _epoch(ctx, tools, t, r, w), what=f"epoch w{workers}")
+        epochs = alternate(
+            ctx, names, lambda t, r, w=workers: _epoch(ctx, tools, t, r, w), _epoch_repeats(ctx), f"epoch w{workers}"
+        )
         result["epoch"][str(workers)] = {"runs": epochs, **ratios(epochs, "unzstd-limit")}
     result["resume"] = _resume(ctx, [t for t in tools if t != "unzstd-limit"], tools)
     result["profile"] = _maybe_profile(ctx, tools["ferry"], result)
@@ -144,6 +147,13 @@ def _epoch(ctx: Context, tools: dict[str, tuple[Runner, str]], tool: str, repeat
         return runner(ctx, args)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+
+
+def _epoch_repeats(ctx: Context) -> int:
+    """Cold epochs per tool: at least ``EPOCH_REPEATS`` in a full run. An epoch of ferry lasts a fifth of a second,
+    and on a shared 2-core VM one run in three or four meets the host's own work (its first batch or its whole
+    epoch then takes up to three times longer), which moves a median of three; more runs cost seconds."""
+    return ctx.repeats if ctx.quick else max(ctx.repeats, EPOCH_REPEATS)
 
 
 def _settle_disk() -> None:
