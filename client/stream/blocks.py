@@ -3,9 +3,10 @@
 Much of what a warm batch costs in Python is paid per call, not per sample: the permutation lookup of its
 sample ids, the search for the shards that hold them, and the lists the gather walks. :class:`BlockPlans`
 pays it once per block of coming batches. Blocks start at ``FIRST_BLOCK`` batches and double, up to
-``MAX_BLOCK``, while the reads go on in sequence, so that a loader that reads a few batches per iteration plans
-little more than it reads. A block belongs to one sequence of batches (the key of the loader's plan, which fixes
-every batch's stream positions) and one sample order; a batch of anything else plans a new block.
+``MAX_BLOCK`` batches and ``MAX_SAMPLES`` samples, while the reads go on in sequence, so that a loader that
+reads a few batches per iteration plans little more than it reads. A block belongs to one sequence of batches
+(the key of the loader's plan, which fixes every batch's stream positions) and one sample order; a batch of
+anything else plans a new block.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import numpy as np
 
 from ferry.shard_tools.errors import FerryError
 
-__all__ = ["FIRST_BLOCK", "KEPT", "MAX_BLOCK", "BatchReads", "BlockPlans", "ReadsOf"]
+__all__ = ["FIRST_BLOCK", "KEPT", "MAX_BLOCK", "MAX_SAMPLES", "BatchReads", "BlockPlans", "ReadsOf"]
 
 FIRST_BLOCK = 4
 MAX_BLOCK = 64  # a 16-sample batch's planned reads: one block holds ~1k samples, ~20 KB of lists
+MAX_SAMPLES = 8192  # and at most this many samples: a block's lists of Python ints take ~0.5 MB
 KEPT = 8  # sequences with a block kept
 
 #: stream positions -> (shard, offset in the shard, runs on into the next shard) of each sample
@@ -88,9 +90,12 @@ class BlockPlans:
 
 
 def _plan(order: object, i: int, count: int, positions_of: Callable[[int], np.ndarray], reads_of: ReadsOf) -> _Block:
-    """The reads of batches ``[i, i + count)`` of a sequence."""
-    positions = [positions_of(j) for j in range(i, i + count)]
-    batch = len(positions[0])
+    """The reads of batches ``[i, i + count)`` of a sequence, or of fewer: a block holds at most ``MAX_SAMPLES``
+    samples (at least one batch)."""
+    first = positions_of(i)
+    batch = len(first)
+    count = max(1, min(count, MAX_SAMPLES // max(batch, 1)))
+    positions = [first, *(positions_of(j) for j in range(i + 1, i + count))]
     shards, offsets, runs_on = reads_of(np.concatenate(positions))
     per_batch = [n > 0 for n in np.count_nonzero(np.reshape(runs_on, (count, batch)), axis=1).tolist()]
     return _Block(order, i, count, batch, shards.tolist(), offsets.tolist(), per_batch)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ferry.client.sampling.shards import sample_reads
-from ferry.client.stream.blocks import FIRST_BLOCK, KEPT, MAX_BLOCK, BlockPlans, ReadsOf
+from ferry.client.stream.blocks import FIRST_BLOCK, KEPT, MAX_BLOCK, MAX_SAMPLES, BlockPlans, ReadsOf
 from ferry.shard_tools.errors import InvalidValueError
 
 OFFSETS = np.asarray([0, 100, 130, 400, 401, 1000], dtype=np.int64)  # a one-token shard, and short ones
@@ -134,3 +134,22 @@ def test_plans_pickle_empty() -> None:
     plans.reads("seq", order, 0, _positions(2), _reads_of(order))
     again = pickle.loads(pickle.dumps(plans))
     assert isinstance(again, BlockPlans) and not again._blocks
+
+
+def test_a_block_holds_a_bounded_number_of_samples() -> None:
+    """Large batches plan fewer batches at once (at least the one asked for), so a block's lists stay small."""
+    big_offsets = np.asarray([0, 10**9], dtype=np.int64)
+    planned: list[int] = []
+
+    def reads_of(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        planned.append(len(positions))
+        return sample_reads(positions * (WIDTH - 1), big_offsets, WIDTH)
+
+    plans = BlockPlans()
+    for batch in (MAX_SAMPLES // 2 - 1, 2 * MAX_SAMPLES):
+        planned.clear()
+        positions_of = _positions(batch)
+        for j in range(40):
+            got = plans.reads(("batch", batch), "order", j, positions_of, reads_of)
+            assert got.offsets == (positions_of(j) * (WIDTH - 1)).tolist()
+        assert max(planned) <= max(MAX_SAMPLES, batch) and sum(planned) == 40 * batch
