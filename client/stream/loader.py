@@ -92,7 +92,9 @@ class _Plan:
         """The payload of batch ``k`` (compact numpy arrays; :func:`to_batch` makes the tensors).
 
         ``mine``: this process's batches; a dataset that can prefetch by a horizon in bytes walks them on
-        (past this plan's end too: the next epoch is known), otherwise the ``ahead`` batches are prefetched."""
+        (past this plan's end too: the next epoch is known), otherwise the ``ahead`` batches are prefetched.
+        The payload is asked for by the batch's place in ``mine``, under a key that fixes the positions of
+        every batch of it, so that a dataset may plan the reads of the coming ones together."""
         first, stride = mine.start, mine.step
 
         def positions_of(j: int) -> np.ndarray:
