@@ -73,8 +73,9 @@ class BlockPlans:
         sample ``order`` (compared by identity), planned with its block."""
         block = self._blocks.get(key)
         if block is None or not block.holds(order, i):
-            go_on = block is not None and block.holds(order, i - block.count)
-            count = min(2 * block.count, MAX_BLOCK) if go_on and block is not None else FIRST_BLOCK
+            count = FIRST_BLOCK
+            if block is not None and block.holds(order, i - block.count):  # the next block of a sequence read on
+                count = min(2 * block.count, MAX_BLOCK)
             try:
                 block = _plan(order, i, count, positions_of, reads_of)
             except FerryError:  # a later batch of the block has no positions (past the stream's end): this one alone

@@ -260,8 +260,7 @@ class TokenDataset(SampleSource):
             order = make_order(self.shuffle, self._first_samples(shards), self.seed, self.window)
             segments.append((start, epoch, samples, order))
             start, epoch = start + samples * epochs, epoch + epochs
-        out = copy.copy(self)
-        out._plans = BlockPlans()
+        out = copy.copy(self)  # with a reader, scan and block plans of its own (__getstate__)
         out._eras = [list(e) for e in eras]
         out._segments = [*segments, (start, epoch, self.num_samples, self.order)]
         return out
@@ -415,7 +414,7 @@ class TokenDataset(SampleSource):
             return True
         return self._fits_cache and self._prefetcher.asked_count >= count
 
-    def prefetch_ahead(self, plan: tuple[int, ...], i: int, positions_of: Callable[[int], np.ndarray]) -> None:
+    def prefetch_ahead(self, plan: object, i: int, positions_of: Callable[[int], np.ndarray]) -> None:
         """Prefetch, in the order they are first read, the shards of this process's batches after its ``i``-th
         (``positions_of(j)``: the stream positions of its ``j``-th batch, past this epoch too) until they
         hold ``prefetch_bytes`` bytes or the part of the cache not in use, and at least ``prefetch`` batches.
@@ -522,7 +521,7 @@ class TokenDataset(SampleSource):
 class _Scan:
     """Where the prefetch scan of one batch sequence stands: shards first read after the current batch."""
 
-    def __init__(self, plan: tuple[int, ...], i: int) -> None:
+    def __init__(self, plan: object, i: int) -> None:
         self.plan, self.cursor = plan, i
         self.ahead: dict[int, tuple[int, int]] = {}  # shard -> (batch that first reads it, raw bytes), in order
         self.bytes = 0

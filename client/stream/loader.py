@@ -101,15 +101,15 @@ class _Plan:
             return self.positions(first + j * stride)
 
         i = (k - first) // stride
+        # the sequence of this process's batches: every batch's positions follow from it (see rank_positions)
+        key = (self.start, self.batch_size, self.world_size, self.rank, first, stride)
         horizon = getattr(ds, "prefetch_ahead", None)
         if horizon is not None:
-            horizon((self.start, self.rank, first, stride), i, positions_of)
+            horizon(key, i, positions_of)
         else:
             for j in ahead:  # shards for later batches of this process start downloading now
                 if j < self.count:
                     ds.prefetch(self.positions(j))
-        # every batch's positions follow from this key (see rank_positions)
-        key = (self.start, self.batch_size, self.world_size, self.rank, first, stride)
         return ds.planned_payload(key, i, positions_of, boundaries=self.boundaries)
 
     @staticmethod

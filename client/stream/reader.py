@@ -31,6 +31,7 @@ from ferry.shard_tools.format.shard import ShardView
 from ..fetching.cache import Lease, ShardCache
 from ..fetching.frames import FrameReader
 from ..fetching.prefetcher import Prefetcher
+from ..sampling.shards import sample_reads
 from .blocks import BatchReads
 
 __all__ = ["ShardReader"]
@@ -320,27 +321,33 @@ class ShardReader:
         Copying the narrow token ids first and widening the whole batch to int64 afterwards in two
         vectorised casts is several times faster than widening row by row.
         """
-        shards = self.shard_of_token(starts)
-        locals_ = (starts - self.token_offsets[shards]).tolist()
-        self._gather(shards.tolist(), locals_, length + 1, raw, rows.tolist())
+        shards, locals_, _ = sample_reads(starts, self.token_offsets, length + 1)
+        self._gather(shards.tolist(), locals_.tolist(), length + 1, raw, rows.tolist())
 
     def gather_reads(self, reads: BatchReads, raw: np.ndarray) -> None:
         """Row ``i`` of ``raw`` (token dtype) ← the ``raw.shape[1]`` tokens from sample ``i``'s planned read."""
         width = raw.shape[1]
-        if not reads.runs_on:
-            memo = self._mapped_tokens(reads.shards)
-            if memo is not None:  # the steady state: every shard mapped, no sample runs on into the next shard
-                for row, (s, local) in enumerate(zip(reads.shards, reads.offsets, strict=True)):
-                    raw[row] = memo[s][local : local + width]
-                self._start_later()
-                return
-        self._gather(reads.shards, reads.offsets, width, raw, range(len(reads.shards)))
+        mapped = self._mapped_tokens(reads.shards)
+        if mapped is not None and not reads.runs_on:  # the steady state: every shard mapped, no sample runs on
+            for row, (s, local) in enumerate(zip(reads.shards, reads.offsets, strict=True)):
+                raw[row] = mapped[s][local : local + width]
+            self._start_later()
+            return
+        self._gather(reads.shards, reads.offsets, width, raw, range(len(reads.shards)), mapped)
 
     def _gather(
-        self, shard_list: list[int], locals_: list[int], width: int, raw: np.ndarray, rows: Iterable[int]
+        self,
+        shard_list: list[int],
+        locals_: list[int],
+        width: int,
+        raw: np.ndarray,
+        rows: Iterable[int],
+        mapped: dict[int, np.ndarray] | None = None,
     ) -> None:
-        """Row ``rows[i]`` of ``raw`` ← ``width`` tokens from offset ``locals_[i]`` of shard ``shard_list[i]`` on."""
-        mapped = self._mapped_tokens(shard_list)
+        """Row ``rows[i]`` of ``raw`` ← ``width`` tokens from offset ``locals_[i]`` of shard ``shard_list[i]`` on
+        (``mapped``: :meth:`_mapped_tokens` of ``shard_list``, when the caller has it)."""
+        if mapped is None:
+            mapped = self._mapped_tokens(shard_list)
         memo: dict[int, np.ndarray | None] = {} if mapped is None else cast(dict[int, np.ndarray | None], mapped)
         if mapped is None:
             # each shard of the batch decided once, in read order; frames fetched together where some are read so
