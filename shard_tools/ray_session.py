@@ -22,8 +22,9 @@ __all__ = ["import_ray", "init_ray", "session_server_died", "SESSION_TRIES"]
 SESSION_TRIES = 4
 #: seconds between those
 _SESSION_PAUSE = 1.0
-#: what Ray Client's proxy answers when the server it starts for a session dies: at once, or before it answers
-_SERVER_DIED = ("Starting Ray client server failed", "Proxy failed to Connect to backend")
+#: what Ray Client's proxy answers when the server it starts for a session dies: at once, before the proxy reads
+#: its command line (the proxy's psutil finds a zombie), or before it answers
+_SERVER_DIED = ("Starting Ray client server failed", "psutil.ZombieProcess", "Proxy failed to Connect to backend")
 
 log = logging.getLogger("ferry.ray")
 

@@ -30,6 +30,12 @@ _DIED = ConnectionAbortedError(
     "Initialization failure from server:\nRuntimeError: Starting Ray client server failed. "
     "See ray_client_server_23004.err for detailed logs."
 )
+#: the proxy's answer when the server died before the proxy read its command line
+_ZOMBIE = ConnectionAbortedError(
+    'Initialization failure from server:\nTraceback (most recent call last):\n  File "proxier.py", line 396, in '
+    "start_specific_server\n    cmd = psutil_proc.cmdline()\npsutil.ZombieProcess: PID still exists but it's a "
+    "zombie (pid=1512)"
+)
 #: the proxy's answer when the server started but died before answering it
 _LOST = ConnectionAbortedError(
     "Initialization failure from server:\nRuntimeError: Proxy failed to Connect to backend! Check "
@@ -43,9 +49,9 @@ def test_a_ray_client_session_whose_server_died_at_start_is_asked_for_again(
     """Ray Client's proxy sometimes loses the server it forks for a new session (a gRPC fork race in Ray):
     another session is asked for, after the failed one is undone, and the log says so."""
     monkeypatch.setattr(ray_session, "_SESSION_PAUSE", 0.0)
-    ray = _FlakyRay([_DIED, _LOST])
+    ray = _FlakyRay([_DIED, _ZOMBIE, _LOST])
     ray_session.init_ray(ray, "ray://head:10001", "cannot reach")
-    assert ray.calls == ["init ray://head:10001", "shutdown"] * 2 + ["init ray://head:10001"]
+    assert ray.calls == ["init ray://head:10001", "shutdown"] * 3 + ["init ray://head:10001"]
     assert [r.getMessage() for r in caplog.records].count(
         "the Ray Client server for this session died as it started (ray-project/ray#63202); "
         "asking ray://head:10001 for another session (2 of 4)"
