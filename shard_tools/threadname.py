@@ -9,7 +9,6 @@ Where the platform offers no way to name a thread, both quietly keep the OS defa
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 import threading
 from collections.abc import Callable
@@ -26,7 +25,9 @@ def _prctl() -> Any:
     global _libc
     if _libc is None:
         try:
-            _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+            # the process's own symbols hold libc's prctl: no ``find_library``, which runs ``ldconfig -p`` in a
+            # child process the first time a loader starts a thread (a cold first batch waited on it)
+            _libc = ctypes.CDLL(None, use_errno=True)
         except OSError:
             _libc = False
     return getattr(_libc, "prctl", None) if _libc else None

@@ -43,7 +43,7 @@ from ferry.shard_tools.storage.store import Location, resolve
 from ..checks import show
 from ..stats import COUNTERS
 from .arrived import ArrivedBytes, pieces
-from .fetch import FetchOptions, RaceLost, ShardSink, race, start_read, start_small_read
+from .fetch import FetchOptions, RaceLost, ShardSink, SourceFailed, race, start_read, start_small_read
 from .health import MANIFESTS, SHARDS, ReplicaHealth
 from .local import on_local_disk, open_regular
 from .parts import Entry, PartQueue
@@ -432,8 +432,9 @@ class Replicas:
         served: set[int] = set()
         splice = True  # after a failed check, bytes kept on the node are not trusted again for this shard
         for _ in range(len(self.urls) + 1):
-            out.seek(0)
-            out.truncate()
+            if out.seek(0, os.SEEK_END):  # a failed round's bytes; an empty file is not truncated: ext4 would
+                out.seek(0)  # write a truncated file's pages back when it is closed, in this thread
+                out.truncate()
             used: set[int] = set()
             try:
                 self._stream(info, out, frozenset(served), used, splice=splice)
@@ -455,11 +456,12 @@ class Replicas:
         raise kind(info.path, "no replica has a good copy: " + "; ".join(errors))
 
     def _stream_here(self, info: ShardInfo, out: BinaryIO, used: set[int]) -> bool:
-        """The shard read from the dataset's only replica, on a local disk (:meth:`direct`), by this thread in parts
-        fed in order to a :class:`ShardSink`: a race has no other replica to hedge to and no wait to bound, and
-        handing each part over from a fetch thread costs this thread's time (a cold epoch of local shards waits
-        on these fetches). False, with ``out`` emptied, when the file cannot be opened or read (the race then
-        reads it, and reports what fails); a ShardError when its bytes fail a check or it is not a regular file."""
+        """The shard read from the dataset's only replica, on a local disk (:meth:`direct`), by this thread: its
+        :class:`ShardSink` pulls the file's parts (:meth:`ShardSink.drain`). A race has no other replica to hedge
+        to and no wait to bound, and handing each part over from a fetch thread costs this thread's time (a cold
+        epoch of local shards waits on these fetches). False, with ``out`` emptied, when the file cannot be opened
+        or read (the race then reads it, and reports what fails); a ShardError when its bytes fail a check or it
+        is not a regular file."""
         started = time.monotonic()
         used.add(0)
         try:  # a FIFO or device in the shard's place is a ShardFormatError, raised at once
@@ -467,20 +469,14 @@ class Replicas:
         except OSError:  # the race reads it (in time, or names why it cannot)
             return False
         sink = ShardSink(info, out)
-        # one buffer for every part: fresh memory for each would fault its pages in again
-        buf = memoryview(bytearray(min(self.fetch_options.part_size, info.stored_bytes + 1)))
         try:
             with f:
-                while True:
-                    try:
-                        n = f.readinto(buf)
-                    except OSError:  # the file's read failed (the cache file's writes raise as they are)
-                        out.seek(0)
-                        out.truncate()
-                        return False
-                    if not n:
-                        break
-                    sink.feed(buf[:n])
+                try:
+                    sink.drain(f)
+                except SourceFailed:  # the file's read failed (the cache file's writes raise as they are)
+                    out.seek(0)
+                    out.truncate()
+                    return False
             sink.finish()
         except ShardError:
             self.health.refused(0, sink.stored.nbytes, time.monotonic() - started, SHARDS)

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-__all__ = ["one_array"]
+__all__ = ["MALLOC_POOL", "one_array"]
+
+# The pool of what a dataset's shard table allocates as it is read and checked: malloc's. The first allocation from
+# Arrow's default pool (mimalloc) sets up its arena, and zeroing the arena's huge page was, on cold starts measured
+# in bench/, sometimes a larger part of a first batch than the batch itself.
+MALLOC_POOL = pa.system_memory_pool()
 
 
 def one_array(column: pa.ChunkedArray | pa.Array) -> pa.Array:

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import ManifestError
-from .arrays import one_array
+from .arrays import MALLOC_POOL, one_array
 from .digest import ALGORITHM, check_digest_string, digest_bytes
 from .header import (
     MANIFEST_FORMAT,
@@ -263,8 +263,10 @@ class ShardTable:
             raise ManifestError("shard table column 'index_digest' has nulls; the manifest is corrupt")
         # a digest or nothing on every row, a digest exactly where there is an index (all without
         # to_numpy on Arrow arrays, which imports pandas, a visible part of a cold start)
-        forms = pc.all(pc.match_substring_regex(col, _DIGEST_RE[:1] + "(" + _DIGEST_RE[1:-1] + ")?$")).as_py()
-        has_digest = _ints(pc.utf8_length(col)) > 0
+        pattern = _DIGEST_RE[:1] + "(" + _DIGEST_RE[1:-1] + ")?$"
+        matches = pc.match_substring_regex(col, pattern, memory_pool=MALLOC_POOL)
+        forms = pc.all(matches, memory_pool=MALLOC_POOL).as_py()
+        has_digest = _ints(pc.utf8_length(col, memory_pool=MALLOC_POOL)) > 0
         bad = np.flatnonzero(
             ((self.index_bytes > 0) != has_digest)
             | (self.index_bytes > self.stored_bytes)
@@ -292,7 +294,7 @@ class ShardTable:
     @classmethod
     def from_ipc(cls, data: bytes) -> ShardTable:
         try:
-            table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+            table = pa.ipc.open_file(pa.py_buffer(data), memory_pool=MALLOC_POOL).read_all()
             table.validate(full=True)  # offsets inside their buffers, in order, UTF-8: the IPC reader trusts them
         except pa.ArrowException as exc:
             raise ManifestError(f"shard table is not a readable Arrow IPC file ({exc})") from exc
@@ -642,9 +644,13 @@ def _check_strings(paths: pa.ChunkedArray, *digests: pa.ChunkedArray) -> None:
 
     Vectorised first (a per-row Python loop is slow at a million shards); the loop then runs only on
     failure, to name the offending value."""
-    ok_digests = all(pc.all(pc.match_substring_regex(d, _DIGEST_RE)).as_py() is not False for d in digests)
+    pool = MALLOC_POOL
+    ok_digests = all(
+        pc.all(pc.match_substring_regex(d, _DIGEST_RE, memory_pool=pool), memory_pool=pool).as_py() is not False
+        for d in digests
+    )
     no_nulls = all(c.null_count == 0 for c in (paths, *digests))
-    under = pc.all(pc.starts_with(paths, f"{SHARDS_DIR}/")).as_py() is not False
+    under = pc.all(pc.starts_with(paths, f"{SHARDS_DIR}/", memory_pool=pool), memory_pool=pool).as_py() is not False
     if no_nulls and under and ok_digests and not any(_has_dots_or_backslash(c) for c in paths.chunks):
         return
     for path in paths.to_pylist():

@@ -58,6 +58,48 @@ def test_a_local_shard_is_read_whole_by_the_fetching_thread(
     assert asked == []  # no part went through the race's threads
 
 
+class _Counted(io.BytesIO):
+    """A cache file that counts its truncations."""
+
+    truncations = 0
+
+    def truncate(self, size: int | None = None) -> int:
+        self.truncations += 1
+        return super().truncate(size)
+
+
+def test_a_fetch_truncates_only_a_file_a_failed_read_wrote_to(
+    dataset: tuple[Replicas, ShardInfo, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty cache file is written as it is (ext4 writes a truncated file back when it is closed, in the
+    closing thread); a local read that fails once it has written leaves nothing behind for the race's copy."""
+    replicas, info, stored = dataset
+    raw = decode_stored_shard(info, stored.read_bytes())
+    out = _Counted()
+    replicas.fetch_into(info, out)
+    assert out.getvalue() == raw and out.truncations == 0
+
+    class FailsSecondRead(io.FileIO):
+        reads = 0
+
+        def readinto(self, buf: Any) -> int:
+            FailsSecondRead.reads += 1
+            if FailsSecondRead.reads == 2:
+                raise OSError(5, "Input/output error")
+            return super().readinto(memoryview(buf)[: max(1, info.stored_bytes // 2)])
+
+    real_fdopen = os.fdopen
+    monkeypatch.setattr(
+        "ferry.client.fetching.replicas.os.fdopen",
+        lambda fd, *a, **k: FailsSecondRead(fd, "rb") if a[:1] == ("rb",) else real_fdopen(fd, *a, **k),
+    )
+    asked = _raced(replicas, monkeypatch)
+    out = _Counted()
+    replicas.fetch_into(info, out)
+    assert FailsSecondRead.reads == 2 and asked == [info.path]  # the local read failed; the race read it
+    assert out.getvalue() == raw and out.truncations == 1
+
+
 @pytest.mark.parametrize("spoil", ["flip", "truncate", "longer"])
 def test_a_spoilt_local_shard_is_refused_naming_it(
     dataset: tuple[Replicas, ShardInfo, Path], spoil: str, monkeypatch: pytest.MonkeyPatch

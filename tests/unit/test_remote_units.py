@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import pickle
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import pytest
 
-from ferry.client.fetching.fetch import FetchOptions, RaceLost, ShardSink, race
+from ferry.client.fetching.fetch import FetchOptions, RaceLost, ShardSink, SourceFailed, race
 from ferry.client.fetching.health import Link
 from ferry.client.stats import Counters, merge, render_prometheus, subtract, summarise
 from ferry.shard_tools.errors import ShardDigestError, ShardFormatError, ShardMissingError, StorageError, UsageError
 from ferry.shard_tools.format.digest import digest_bytes
 from ferry.shard_tools.format.manifest import ShardInfo
+from ferry.shard_tools.format.seekable import encode_shard_frames
 from ferry.shard_tools.format.shard import compress, encode_shard
 
 
@@ -129,32 +132,87 @@ def _stored(raw: bytes) -> tuple[ShardInfo, bytes]:
     return info, stored
 
 
-def _feed(info: ShardInfo, stored: bytes, part: int = 1000) -> bytes:
+def _feed(info: ShardInfo, stored: bytes, part: int = 1000, *, pulled: bool = False) -> bytes:
+    """The raw bytes a sink writes: ``stored`` pushed in parts (``feed``), or pulled from a file (``drain``)."""
     out = io.BytesIO()
     sink = ShardSink(info, out)
-    for a in range(0, len(stored), part):
-        sink.feed(stored[a : a + part])
+    if pulled:
+        sink.drain(io.BytesIO(stored))
+    else:
+        for a in range(0, len(stored), part):
+            sink.feed(stored[a : a + part])
     sink.finish()
     return out.getvalue()
 
 
-def test_the_sink_streams_a_shard_through_its_checks() -> None:
+@pytest.mark.parametrize("pulled", [False, True], ids=["fed", "drained"])
+def test_the_sink_streams_a_shard_through_its_checks(pulled: bool) -> None:
     raw = encode_shard(np.arange(50_000) % 1000, np.array([0, 20_000, 50_000]), "uint16")
     info, stored = _stored(raw)
-    assert _feed(info, stored) == raw
+    assert _feed(info, stored, pulled=pulled) == raw
     flipped = bytearray(stored)
     flipped[len(stored) // 2] ^= 0xFF
     with pytest.raises((ShardDigestError, ShardFormatError)):
-        _feed(info, bytes(flipped))
+        _feed(info, bytes(flipped), pulled=pulled)
     with pytest.raises(ShardFormatError, match="truncated"):
-        _feed(info, stored[:-10])
+        _feed(info, stored[:-10], pulled=pulled)
     with pytest.raises(ShardFormatError, match="longer"):
-        _feed(info, stored + b"x")
+        _feed(info, stored + b"x", pulled=pulled)
     with pytest.raises(ShardFormatError, match="raw bytes"):
         _feed(
             ShardInfo(info.path, 1, 0, info.stored_bytes, info.raw_bytes + 1, info.stored_digest, info.raw_digest),
             stored,
+            pulled=pulled,
         )
+    with pytest.raises(ShardFormatError, match="not a valid zstd frame"):  # a good frame header, then garbage
+        _feed(info, stored[:32] + bytes([0xFF]) * (len(stored) - 32), pulled=pulled)
+
+
+def test_a_drained_shard_of_many_frames_and_buffers_decodes_whole_in_threads_side_by_side() -> None:
+    """Shards larger than the thread's pull buffers, in the seekable format's frames, drained by two threads at
+    once (each its own buffers) give exactly their raw bytes."""
+    rng = np.random.default_rng(5)
+    shards = []
+    for seed in range(4):
+        tokens = rng.integers(0, 50_000, 1_300_000 + seed * 1000)
+        raw = encode_shard(tokens, np.array([0, len(tokens)]), "uint16")
+        enc = encode_shard_frames(raw, 1, 1 << 18)
+        info = ShardInfo(
+            "shards/x.arrow.zst",
+            1,
+            len(tokens),
+            enc.stored_bytes,
+            len(raw),
+            enc.stored_digest,
+            enc.raw_digest,
+            index_bytes=enc.index_bytes,
+            index_digest=enc.index_digest,
+            frame_size=1 << 18,
+        )
+        shards.append((raw, info, enc.stored))
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda s: _feed(s[1], s[2], pulled=True), shards * 2))
+    assert [len(g) for g in got] == [len(s[0]) for s in shards * 2]
+    assert all(g == s[0] for g, s in zip(got, shards * 2, strict=True))
+    raw, info, stored = shards[0]
+    short = ShardInfo(**{**vars(info), "raw_bytes": len(raw) - 1})  # its last frame decodes past the manifest's size
+    for pulled in (False, True):
+        with pytest.raises(ShardFormatError, match="yields more"):
+            _feed(short, stored, 1 << 20, pulled=pulled)
+
+
+def test_a_source_that_fails_to_read_is_told_apart_from_bad_bytes() -> None:
+    raw = encode_shard(np.arange(50_000) % 1000, np.array([0, 50_000]), "uint16")
+    info, stored = _stored(raw)
+
+    class Failing(io.BytesIO):
+        def readinto(self, buf: Any) -> int:
+            if self.tell() > 100:
+                raise OSError(errno.EIO, "Input/output error")
+            return super().readinto(memoryview(buf)[:50])
+
+    with pytest.raises(SourceFailed):
+        ShardSink(info, io.BytesIO()).drain(Failing(stored))
     with pytest.raises(ShardFormatError, match="decompression bomb"):
         ShardSink(ShardInfo(info.path, 1, 0, 10, 10**12, info.stored_digest, info.raw_digest), io.BytesIO())
 
