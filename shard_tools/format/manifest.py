@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import ManifestError
-from .arrays import MALLOC_POOL, one_array
+from .arrays import one_array, pool_for
 from .digest import ALGORITHM, check_digest_string, digest_bytes
 from .header import (
     MANIFEST_FORMAT,
@@ -264,9 +264,10 @@ class ShardTable:
         # a digest or nothing on every row, a digest exactly where there is an index (all without
         # to_numpy on Arrow arrays, which imports pandas, a visible part of a cold start)
         pattern = _DIGEST_RE[:1] + "(" + _DIGEST_RE[1:-1] + ")?$"
-        matches = pc.match_substring_regex(col, pattern, memory_pool=MALLOC_POOL)
-        forms = pc.all(matches, memory_pool=MALLOC_POOL).as_py()
-        has_digest = _ints(pc.utf8_length(col, memory_pool=MALLOC_POOL)) > 0
+        pool = pool_for(self._table.get_total_buffer_size())  # (.nbytes allocates from the default pool)
+        matches = pc.match_substring_regex(col, pattern, memory_pool=pool)
+        forms = pc.all(matches, memory_pool=pool).as_py()
+        has_digest = _ints(pc.utf8_length(col, memory_pool=pool)) > 0
         bad = np.flatnonzero(
             ((self.index_bytes > 0) != has_digest)
             | (self.index_bytes > self.stored_bytes)
@@ -294,7 +295,7 @@ class ShardTable:
     @classmethod
     def from_ipc(cls, data: bytes) -> ShardTable:
         try:
-            table = pa.ipc.open_file(pa.py_buffer(data), memory_pool=MALLOC_POOL).read_all()
+            table = pa.ipc.open_file(pa.py_buffer(data), memory_pool=pool_for(len(data))).read_all()
             table.validate(full=True)  # offsets inside their buffers, in order, UTF-8: the IPC reader trusts them
         except pa.ArrowException as exc:
             raise ManifestError(f"shard table is not a readable Arrow IPC file ({exc})") from exc
@@ -644,7 +645,7 @@ def _check_strings(paths: pa.ChunkedArray, *digests: pa.ChunkedArray) -> None:
 
     Vectorised first (a per-row Python loop is slow at a million shards); the loop then runs only on
     failure, to name the offending value."""
-    pool = MALLOC_POOL
+    pool = pool_for(sum(c.get_total_buffer_size() for c in (paths, *digests)))
     ok_digests = all(
         pc.all(pc.match_substring_regex(d, _DIGEST_RE, memory_pool=pool), memory_pool=pool).as_py() is not False
         for d in digests

@@ -91,3 +91,34 @@ def test_table_is_cheap_at_100k_shards() -> None:
     assert back.totals["shards"] == 100_000 and 0 <= i < 100_000
     assert elapsed < 1.0, f"loading and locating in a 100k-shard manifest took {elapsed:.2f}s"
     assert len(data) < 100_000 * 40  # compressed columns, not JSON per shard
+
+
+_POOL_PROBE = """
+import sys
+import pyarrow as pa
+from ferry.shard_tools.format.manifest import ShardTable
+from ferry.shard_tools.format.arrays import SMALL_TABLE_BYTES
+data = open(sys.argv[1], "rb").read()
+assert len(data) < SMALL_TABLE_BYTES
+table = ShardTable.from_ipc(data)
+table.validate()
+print(pa.default_memory_pool().max_memory())
+"""
+
+
+def test_a_small_shard_table_is_read_and_checked_without_arrows_default_pool(tmp_path) -> None:
+    """The default pool's first allocation sets up mimalloc's arena (a huge page zeroed, a visible part of a cold
+    first batch); a small table's few kilobytes come from malloc. In a fresh process: the pool is the process's."""
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+
+    from ferry.shard_tools.format.arrays import SMALL_TABLE_BYTES, pool_for
+
+    path = tmp_path / "table.arrow"
+    path.write_bytes(ShardTable.from_rows(rows(300)).to_ipc())
+    out = subprocess.run([sys.executable, "-c", _POOL_PROBE, str(path)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0", out.stdout + out.stderr
+    assert pool_for(SMALL_TABLE_BYTES - 1).backend_name == pa.system_memory_pool().backend_name
+    assert pool_for(SMALL_TABLE_BYTES).backend_name == pa.default_memory_pool().backend_name
