@@ -87,7 +87,8 @@ class _StoredReader:
         except OSError as exc:
             raise SourceFailed(exc) from exc
         part = self.buf[: n or 0]
-        self.sink.stored_part(part)
+        if part:  # an empty part is the file's end (a short file is for finish to report)
+            self.sink.stored_part(part)
         return part  # the decoder takes all of a part before it asks for the next one
 
 

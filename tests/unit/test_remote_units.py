@@ -201,6 +201,11 @@ def test_a_drained_shard_of_many_frames_and_buffers_decodes_whole_in_threads_sid
             _feed(short, stored, 1 << 20, pulled=pulled)
 
 
+def test_an_empty_stored_shard_drains_as_it_feeds() -> None:
+    info = ShardInfo("shards/x.arrow.zst", 0, 0, 0, 0, digest_bytes(b""), digest_bytes(b""))
+    assert _feed(info, b"", pulled=True) == _feed(info, b"") == b""
+
+
 def test_a_source_that_fails_to_read_is_told_apart_from_bad_bytes() -> None:
     raw = encode_shard(np.arange(50_000) % 1000, np.array([0, 50_000]), "uint16")
     info, stored = _stored(raw)
