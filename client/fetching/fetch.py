@@ -10,7 +10,7 @@
   computed as it streams and it is decompressed by a streaming zstd decoder straight into a file, checked
   against the manifest's raw size and digest at the end. Memory is a few parts per shard being fetched,
   never the shard. (The only replica of a dataset, when it is on a local disk, is read part after part by
-  the fetching thread instead:
+  the fetching thread instead, its decoder pulling the parts: :meth:`ShardSink.drain`,
   :mod:`ferry.client.fetching.local`.)
 """
 
@@ -373,7 +373,8 @@ class _RawOut:
 
 
 class ShardSink:
-    """A stored shard fed in order, part by part: stored digest as it streams, decoded into ``out``."""
+    """A stored shard taken in order, part by part (pushed: :meth:`feed`; pulled from a file: :meth:`drain`):
+    stored digest as it streams, decoded into ``out``."""
 
     def __init__(self, info: ShardInfo, out: BinaryIO) -> None:
         if info.raw_bytes < 0 or info.raw_bytes > MAX_EXPANSION * max(info.stored_bytes, 1):
