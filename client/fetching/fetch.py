@@ -42,6 +42,7 @@ __all__ = [
     "Missing",
     "RaceHealth",
     "RaceLost",
+    "ReadsInto",
     "ShardSink",
     "SourceFailed",
     "race",

@@ -432,8 +432,10 @@ class Replicas:
         served: set[int] = set()
         splice = True  # after a failed check, bytes kept on the node are not trusted again for this shard
         for _ in range(len(self.urls) + 1):
-            if out.seek(0, os.SEEK_END):  # a failed round's bytes; an empty file is not truncated: ext4 would
-                out.seek(0)  # write a truncated file's pages back when it is closed, in this thread
+            # a failed round's bytes go; an empty file is left alone (ext4 writes a truncated file's pages back
+            # when it is closed, in this thread)
+            if out.seek(0, os.SEEK_END):
+                out.seek(0)
                 out.truncate()
             used: set[int] = set()
             try:

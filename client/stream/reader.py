@@ -322,7 +322,8 @@ class ShardReader:
         vectorised casts is several times faster than widening row by row.
         """
         shards, locals_, _ = sample_reads(starts, self.token_offsets, length + 1)
-        self._gather(shards.tolist(), locals_.tolist(), length + 1, raw, rows.tolist())
+        shard_list = shards.tolist()
+        self._gather(shard_list, locals_.tolist(), length + 1, raw, rows.tolist(), self._mapped_tokens(shard_list))
 
     def gather_reads(self, reads: BatchReads, raw: np.ndarray) -> None:
         """Row ``i`` of ``raw`` (token dtype) ← the ``raw.shape[1]`` tokens from sample ``i``'s planned read."""
@@ -342,14 +343,14 @@ class ShardReader:
         width: int,
         raw: np.ndarray,
         rows: Iterable[int],
-        mapped: dict[int, np.ndarray] | None = None,
+        mapped: dict[int, np.ndarray] | None,
     ) -> None:
         """Row ``rows[i]`` of ``raw`` ← ``width`` tokens from offset ``locals_[i]`` of shard ``shard_list[i]`` on
-        (``mapped``: :meth:`_mapped_tokens` of ``shard_list``, when the caller has it)."""
-        if mapped is None:
-            mapped = self._mapped_tokens(shard_list)
-        memo: dict[int, np.ndarray | None] = {} if mapped is None else cast(dict[int, np.ndarray | None], mapped)
-        if mapped is None:
+        (``mapped``: :meth:`_mapped_tokens` of ``shard_list``, None when some of them are not mapped)."""
+        if mapped is not None:
+            memo = cast(dict[int, np.ndarray | None], mapped)
+        else:
+            memo = {}
             # each shard of the batch decided once, in read order; frames fetched together where some are read so
             by_frames = self.frames is not None and [
                 s for s in dict.fromkeys(shard_list) if self._source(s, memo) is None

@@ -133,6 +133,8 @@ class ShardTable:
                 f"shard table schema is {table.schema}, expected {_TABLE_SCHEMA} (+ index columns, + frame_size)"
             )
         self._table = table.combine_chunks()
+        # the size its checks choose their pool by (get_total_buffer_size: .nbytes allocates from the default pool)
+        self._bytes = self._table.get_total_buffer_size()
         self._level = level
         self.seekable = level >= 1
         self.documents = self._column_int("documents")
@@ -252,7 +254,10 @@ class ShardTable:
         if self.seekable:
             self._validate_index_columns()
         _check_strings(
-            self._table.column("path"), self._table.column("stored_digest"), self._table.column("raw_digest")
+            self._table.column("path"),
+            self._table.column("stored_digest"),
+            self._table.column("raw_digest"),
+            pool=pool_for(self._bytes),
         )
 
     def _validate_index_columns(self) -> None:
@@ -264,7 +269,7 @@ class ShardTable:
         # a digest or nothing on every row, a digest exactly where there is an index (all without
         # to_numpy on Arrow arrays, which imports pandas, a visible part of a cold start)
         pattern = _DIGEST_RE[:1] + "(" + _DIGEST_RE[1:-1] + ")?$"
-        pool = pool_for(self._table.get_total_buffer_size())  # (.nbytes allocates from the default pool)
+        pool = pool_for(self._bytes)
         matches = pc.match_substring_regex(col, pattern, memory_pool=pool)
         forms = pc.all(matches, memory_pool=pool).as_py()
         has_digest = _ints(pc.utf8_length(col, memory_pool=pool)) > 0
@@ -294,8 +299,9 @@ class ShardTable:
 
     @classmethod
     def from_ipc(cls, data: bytes) -> ShardTable:
+        pool = pool_for(len(data))
         try:
-            table = pa.ipc.open_file(pa.py_buffer(data), memory_pool=pool_for(len(data))).read_all()
+            table = pa.ipc.open_file(pa.py_buffer(data), memory_pool=pool).read_all()
             table.validate(full=True)  # offsets inside their buffers, in order, UTF-8: the IPC reader trusts them
         except pa.ArrowException as exc:
             raise ManifestError(f"shard table is not a readable Arrow IPC file ({exc})") from exc
@@ -490,7 +496,7 @@ class StoredShards:
                 f"{int(stored.sum())} stored bytes)"
             )
         paths = _read_column(table_data, schema, "path")
-        _check_strings(paths)
+        _check_strings(paths, pool=pool_for(len(table_data)))
         return cls(
             version_id=doc["version_id"],
             header=data,
@@ -640,12 +646,11 @@ def _media_of(doc: dict[str, Any], shards: ShardTable) -> MediaPolicy | None:
     return MediaPolicy.from_dict(media["policy"])
 
 
-def _check_strings(paths: pa.ChunkedArray, *digests: pa.ChunkedArray) -> None:
+def _check_strings(paths: pa.ChunkedArray, *digests: pa.ChunkedArray, pool: pa.MemoryPool) -> None:
     """Every path under ``shards/`` (no ``..``, no backslash) and every digest well formed, else ManifestError.
 
     Vectorised first (a per-row Python loop is slow at a million shards); the loop then runs only on
     failure, to name the offending value."""
-    pool = pool_for(sum(c.get_total_buffer_size() for c in (paths, *digests)))
     ok_digests = all(
         pc.all(pc.match_substring_regex(d, _DIGEST_RE, memory_pool=pool), memory_pool=pool).as_py() is not False
         for d in digests
