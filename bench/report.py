@@ -17,6 +17,7 @@ HERE = Path(__file__).resolve().parent
 PEERS = ("litdata", "mosaic")
 LABEL = {
     "ferry": "ferry",
+    "ferry-separate": "ferry, separate input_ids/labels (its default)",
     "litdata": "litdata 0.2.76",
     "mosaic": "MosaicML streaming 0.13.0",
     "zstd-limit": "limit: Parquet read + zstd only",
@@ -130,18 +131,21 @@ METHOD = """## Method
   with 2 workers, one writer per process into a subdirectory, then `merge_index`. The limit reads the
   Parquet column and zstd-compresses its raw uint16 buffer, nothing else. tokens/s counts document tokens.
 - **Load**: each tool reads its own zstd-1 output of that corpus from local disk. Batch 16 × 2049 tokens
-  delivered as `input_ids`/`labels` int64 [16, 2048], shuffle on (ferry `shuffle="global"`, litdata
-  `shuffle=True`, MosaicML default `py1e`), 0 and 2 DataLoader workers. litdata reads `"local:" + path`
-  with a separate `cache_dir` (it deletes compressed sources otherwise). The first run per tool uses an
-  empty cache (*cold*); timed repeats reuse it (*warm*). Throughput is measured after the first batch
-  for ≥ 3 s (or one epoch). The limit gathers random 2049-token windows from a `numpy.memmap` of the raw
+  delivered as `input_ids`/`labels` int64 [16, 2048], two views of one widened [16, 2049] buffer for every tool
+  (the peers' runners slice their batch so; ferry with `shared_labels=True`; the row *separate input_ids/labels*
+  is ferry's default, two contiguous tensors, which writes twice the bytes), shuffle on (ferry
+  `shuffle="global"`, litdata `shuffle=True`, MosaicML default `py1e`), 0 and 2 DataLoader workers. litdata
+  reads `"local:" + path` with a separate `cache_dir` (it deletes compressed sources otherwise). The first run
+  per tool uses an empty cache (*cold*); timed repeats reuse it (*warm*). Throughput is measured after the first
+  batch for ≥ 3 s (or one epoch). The limit gathers random 2049-token windows from a `numpy.memmap` of the raw
   stream. Peak RSS is the runner process (+ largest worker). Every loader runner (ferry's, the peers', the
-  limits') runs with `OMP_NUM_THREADS=1`: torch's intra-op threads only fight the loader for the cores.
-  *Mtok per CPU s* divides the tokens delivered by the CPU time (user + system) the runner and its DataLoader
-  workers spent over the same stretch. A *cold epoch* reads one whole epoch from an empty cache, timed from
-  building the loader to its last batch, 7 times per tool in a full run (alternated, after `sync`: the
-  files earlier runs wrote and removed are written out first); its limit decompresses zstd-1 chunks (64 MiB
-  raw) of the raw stream into memory on one thread, then gathers the same windows as the memmap limit.
+  limits') runs with `OMP_NUM_THREADS=1`: torch's intra-op threads only fight the loader for the cores. *Mtok
+  per CPU s* divides the tokens delivered by the CPU time (user + system) the runner and its DataLoader workers
+  spent over the same stretch (the runner's own in microseconds from `getrusage`, live workers' in 10 ms clock
+  ticks from `/proc`). A *cold epoch* reads one whole epoch from an empty cache, timed from building the loader
+  to its last batch, 7 times per tool in a full run (alternated, after `sync`: the files earlier runs wrote and
+  removed are written out first); its limit decompresses zstd-1 chunks (64 MiB raw) of the raw stream into
+  memory on one thread, then gathers the same windows as the memmap limit.
 - **Resume**: an uninterrupted run stops at 90% of the epoch, saves the loader state (JSON) and digests
   the next 8 batches. Fresh processes build the loader, load the state and time until the first batch;
   *exact* means all 8 batches equal the uninterrupted run. The same state is also loaded into a loader

@@ -1,7 +1,8 @@
 """Load: tokens/s and tokens per CPU second delivered to a training loop, time to first batch, a cold epoch,
 resume at 90%, peak RSS.
 
-Batch 16 x 2049 tokens (input_ids and labels, 2048 each, int64), shuffle on, 0 and 2 DataLoader
+Batch 16 x 2049 tokens (input_ids and labels, 2048 each, int64: two views of one widened buffer, as the peers'
+runners give them; ferry also with its default of two separate tensors), shuffle on, 0 and 2 DataLoader
 workers. Each tool reads its own level-1 pack output of the same corpus; its node-local cache
 persists across repeats, so the first (cold) run is reported apart and the timed repeats measure
 steady state. A cold epoch reads one whole epoch from a fresh cache, timed from the build on, against
@@ -24,6 +25,9 @@ __all__ = ["run", "LOADER_ENV"]
 
 LOADER_ENV = (("OMP_NUM_THREADS", "1"),)  # every loader runner's environment, peers' and limits' alike
 LIMITS = ("memmap-limit", "unzstd-limit")
+# every runner hands the loop input_ids and labels as two views of one widened [B, seq_len + 1] buffer (the peers'
+# runners slice their batch; ferry with shared_labels=True); this row is ferry's default, two contiguous tensors
+SEPARATE = "ferry-separate"
 
 BATCH = 16
 SEQ_LEN = 2048
@@ -35,8 +39,10 @@ EPOCH_REPEATS = 7
 def _tools(ctx: Context) -> dict[str, tuple[Runner, str]]:
     """tool -> (runner, data path it reads)."""
     env = LOADER_ENV
+    packed = suite_pack.out_dir(ctx, "ferry", 1, 1)
     out: dict[str, tuple[Runner, str]] = {
-        "ferry": (Runner("ferry", "ferry_load.py", ctx.ferry_python, env), suite_pack.out_dir(ctx, "ferry", 1, 1)),
+        "ferry": (Runner("ferry", "ferry_load.py", ctx.ferry_python, env), packed),
+        SEPARATE: (Runner(SEPARATE, "ferry_load.py", ctx.ferry_python, env), packed),
     }
     if ctx.peers_python:
         out["litdata"] = (
@@ -89,6 +95,7 @@ def _base(ctx: Context, tool: str, data: str, workers: int) -> dict[str, Any]:
         "min_seconds": 0.5 if ctx.quick else 3.0,
         "min_batches": 10 if ctx.quick else 30,
         "check_batches": CHECK_BATCHES,
+        "shared_labels": tool == "ferry",
     }
 
 
@@ -120,7 +127,7 @@ def run(ctx: Context) -> dict[str, Any]:
             ctx, names, lambda t, r, w=workers: _epoch(ctx, tools, t, r, w), _epoch_repeats(ctx), f"epoch w{workers}"
         )
         result["epoch"][str(workers)] = {"runs": epochs, **ratios(epochs, "unzstd-limit")}
-    result["resume"] = _resume(ctx, [t for t in tools if t != "unzstd-limit"], tools)
+    result["resume"] = _resume(ctx, [t for t in tools if t not in ("unzstd-limit", SEPARATE)], tools)
     result["profile"] = _maybe_profile(ctx, tools["ferry"], result)
     return result
 

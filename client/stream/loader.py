@@ -236,6 +236,9 @@ class TokenLoader:
         rank, world_size: default from ``torch.distributed``, else ``RANK``/``WORLD_SIZE``, else 0/1.
         pin_memory: pin batches (only where CUDA is available; ignored otherwise).
         return_doc_boundaries: add ``cu_seqlens`` (int32, over the flattened batch) and ``position_ids``.
+        shared_labels: ``input_ids`` and ``labels`` are two overlapping views of one ``[batch_size, seq_len + 1]``
+            int64 tensor, widened once, rather than two contiguous tensors (token mode; see
+            :func:`~ferry.client.source.to_batch`): a step that changes its labels in place changes its inputs.
         prefetch_factor: batches each worker builds ahead (DataLoader's own prefetching).
         stall_warning: log a warning when the loop waited on data more than this share of the last 30 s.
         service: URL of the cluster's ferry daemon to register this loader's read plan with (default
@@ -258,6 +261,7 @@ class TokenLoader:
         prefetch_factor: int = 2,
         stall_warning: float = 0.1,
         service: str | bool | None = None,
+        shared_labels: bool = False,
     ) -> None:
         if not isinstance(dataset, SampleSource):
             raise UsageError(f"dataset must be a TokenDataset or MixedDataset, got {checks.show(dataset)}")
@@ -269,9 +273,12 @@ class TokenLoader:
         self.prefetch_factor = checks.integer("prefetch_factor", prefetch_factor, 1)
         self.pin_memory = checks.flag("pin_memory", pin_memory) and torch.cuda.is_available()
         self.return_doc_boundaries = checks.flag("return_doc_boundaries", return_doc_boundaries)
+        self.shared_labels = checks.flag("shared_labels", shared_labels)
         self.rank, self.world_size = rank_world(rank, world_size)
         if self.return_doc_boundaries and dataset.mode != "tokens":
             raise UsageError("return_doc_boundaries needs mode='tokens' (document mode gives attention_mask)")
+        if self.shared_labels and dataset.mode != "tokens":
+            raise UsageError("shared_labels needs mode='tokens' (document mode pads its labels apart from its inputs)")
         self._position = 0  # stream position of the next global batch not yet delivered
         if isinstance(stall_warning, bool) or not isinstance(stall_warning, (int, float)) or not 0 < stall_warning <= 1:
             raise UsageError(f"stall_warning must be a share in (0, 1], got {checks.show(stall_warning)}")
@@ -325,7 +332,7 @@ class TokenLoader:
                 if batch is not None:
                     # count the batch as consumed the moment it is handed over, not when it was built
                     self._position = plan.start + (k + 1) * g
-                    watch.delivered(len(next(iter(batch.values()))) * width)
+                    watch.delivered(next(iter(batch.values())).shape[0] * width)  # not len(): torch's is Python
                 # the wait ends as late as it can: what runs between here and the caller is not counted
                 now = time.perf_counter()
                 watch.step(now - mark, waited=now - watch.resumed if k else now - mark)
@@ -363,11 +370,12 @@ class TokenLoader:
         mine = range(plan.count)
         for k in mine:
             try:
-                batch = to_batch(plan.build(self.dataset, k, _Plan.ahead(mine, k, depth), mine))
+                payload = plan.build(self.dataset, k, _Plan.ahead(mine, k, depth), mine)
+                batch = to_batch(payload, shared_labels=self.shared_labels)
             except FerryError:
                 self.dataset.settle()  # the fetches in flight end (and remove their temp files) first
                 raise
-            yield _pin(batch) if self.pin_memory else batch
+            yield _pin(batch, self.shared_labels) if self.pin_memory else batch
         self.dataset.settle()  # the last batches' background fetches end (and are counted), as in a worker
         self.dataset.raise_deferred()  # a full disk only they met is raised after the last batch
 
@@ -460,11 +468,12 @@ class TokenLoader:
                 if isinstance(payload, _Failure):
                     payload.reraise()
                 if slots is None:
-                    batch = to_batch(payload)
+                    batch = to_batch(payload, shared_labels=self.shared_labels)
                 else:
-                    batch = to_batch(slots.windows(payload))  # a copy: the slot is free for its worker after this
+                    # a copy: the slot is free for its worker after this
+                    batch = to_batch(slots.windows(payload), shared_labels=self.shared_labels)
                     slots.done(payload)
-                yield _pin(batch) if self.pin_memory else batch
+                yield _pin(batch, self.shared_labels) if self.pin_memory else batch
                 want += 1
 
     def trace(self, positions: Any = None, *, step: int | None = None) -> list[dict[str, Any]]:
@@ -663,5 +672,14 @@ def _as_is(item: Any) -> Any:
     return item
 
 
-def _pin(batch: Batch) -> Batch:
-    return {k: v.pin_memory() for k, v in batch.items()}
+def _pin(batch: Batch, shared_labels: bool) -> Batch:
+    """``batch`` in pinned memory; shared labels stay a view of one pinned buffer with their inputs."""
+    pinned = {k: v.pin_memory() for k, v in batch.items() if not (shared_labels and k in ("input_ids", "labels"))}
+    if not shared_labels:
+        return pinned
+    ids, labels = batch["input_ids"], batch["labels"]
+    b, length = ids.shape
+    whole = torch.empty((b, length + 1), dtype=ids.dtype, pin_memory=True)
+    whole[:, :-1] = ids
+    whole[:, -1] = labels[:, -1]
+    return {"input_ids": whole[:, :-1], "labels": whole[:, 1:], **pinned}

@@ -110,9 +110,9 @@ def test_with_workers_a_loop_with_a_step_finds_its_batches_received_during_the_s
     threads: list[str] = []
     real = loader_module.to_batch
 
-    def spy(payload: Any) -> Any:
+    def spy(payload: Any, **options: Any) -> Any:
         threads.append(threading.current_thread().name)
-        return real(payload)
+        return real(payload, **options)
 
     monkeypatch.setattr(loader_module, "to_batch", spy)
     with_step = []
@@ -129,3 +129,61 @@ def test_with_workers_a_loop_with_a_step_finds_its_batches_received_during_the_s
     assert len(with_step) == len(back_to_back) == len(alone) > 10
     assert all(torch.equal(a, b) for a, b in zip(with_step, alone, strict=True))
     assert all(torch.equal(a, b) for a, b in zip(back_to_back, alone, strict=True))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_shared_labels_give_the_same_batches_as_views_of_one_buffer(url_cache: tuple[str, str], workers: int) -> None:
+    """``shared_labels``: the same values as the default's two tensors, with boundaries too, but input_ids and
+    labels overlap in one widened buffer: labels[:, j] is input_ids[:, j + 1] in memory."""
+    url, cache = url_cache
+    ds = TokenDataset(url, seq_len=16, seed=3, cache_dir=cache)
+    plain = [(b["input_ids"], b["labels"], b["position_ids"]) for b in TokenLoader(ds, 4, return_doc_boundaries=True)]
+    loader = TokenLoader(ds, 4, num_workers=workers, shared_labels=True, return_doc_boundaries=True)
+    shared = list(loader)
+    assert len(shared) == len(plain) > 3
+    for (ids, labels, pos), batch in zip(plain, shared, strict=True):
+        assert torch.equal(batch["input_ids"], ids) and torch.equal(batch["labels"], labels)
+        assert torch.equal(batch["position_ids"], pos)
+        assert batch["input_ids"].dtype == batch["labels"].dtype == torch.int64
+        assert batch["labels"].data_ptr() == batch["input_ids"].data_ptr() + 8
+        assert batch["input_ids"].stride() == batch["labels"].stride() == (17, 1)
+    batch = shared[0]
+    batch["labels"][:, 0] = -5  # a change in place shows through the other view
+    assert (batch["input_ids"][:, 1] == -5).all()
+    assert not (plain[0][1][:, 0] == -5).all()
+
+
+def test_shared_labels_are_refused_in_document_mode_and_checked(url_cache: tuple[str, str]) -> None:
+    url, cache = url_cache
+    with pytest.raises(UsageError, match="shared_labels needs mode='tokens'"):
+        TokenLoader(TokenDataset(url, seq_len=16, mode="document", cache_dir=cache), 2, shared_labels=True)
+    with pytest.raises(UsageError, match="shared_labels"):
+        TokenLoader(TokenDataset(url, seq_len=16, cache_dir=cache), 2, shared_labels="yes")  # type: ignore[arg-type]
+
+
+def test_pinned_shared_labels_stay_views_of_one_pinned_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pinning copies the two overlapping views into one buffer (this machine has no CUDA: pinned memory is
+    stood in for by plain memory, and which tensors were pinned is recorded)."""
+    from ferry.client.stream import loader as loader_module
+
+    pinned: list[tuple[int, ...]] = []
+    real_empty = torch.empty
+
+    def empty(*shape: Any, pin_memory: bool = False, **kw: Any) -> torch.Tensor:
+        pinned.append(tuple(shape[0]))
+        assert pin_memory
+        return real_empty(*shape, **kw)
+
+    monkeypatch.setattr(loader_module.torch, "empty", empty)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: pinned.append(tuple(t.shape)) or t.clone())
+    both = np.arange(2 * 5, dtype=np.int64).reshape(2, 5)
+    batch = {
+        "input_ids": torch.from_numpy(both[:, :-1]),
+        "labels": torch.from_numpy(both[:, 1:]),
+        "position_ids": torch.zeros(2, 4, dtype=torch.int64),
+    }
+    out = loader_module._pin(batch, True)
+    assert pinned == [(2, 4), (2, 5)]  # position_ids, then the one buffer of both views
+    assert torch.equal(out["input_ids"], batch["input_ids"]) and torch.equal(out["labels"], batch["labels"])
+    assert out["labels"].data_ptr() == out["input_ids"].data_ptr() + 8
+    assert out["input_ids"].data_ptr() != batch["input_ids"].data_ptr()
