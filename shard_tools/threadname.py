@@ -14,30 +14,19 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .libc import symbol
+
 __all__ = ["OS_NAME_BYTES", "name_os_thread", "start_named_thread"]
 
 OS_NAME_BYTES = 15  # Linux's TASK_COMM_LEN (16) less the terminating NUL
 _PR_SET_NAME = 15
-_libc: Any = None
-
-
-def _prctl() -> Any:
-    global _libc
-    if _libc is None:
-        try:
-            # the process's own symbols hold libc's prctl: no ``find_library``, which runs ``ldconfig -p`` in a
-            # child process the first time a loader starts a thread (a cold first batch waited on it)
-            _libc = ctypes.CDLL(None, use_errno=True)
-        except OSError:
-            _libc = False
-    return getattr(_libc, "prctl", None) if _libc else None
 
 
 def name_os_thread(name: str | None = None) -> bool:
     """Give the calling thread's OS thread ``name`` (default: its Python name); False where it cannot be named."""
     if not sys.platform.startswith("linux"):
         return False
-    prctl = _prctl()
+    prctl = symbol("prctl")
     if prctl is None:
         return False
     raw = (name if name is not None else threading.current_thread().name).encode("utf-8", "replace")

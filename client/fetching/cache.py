@@ -49,6 +49,7 @@ from ferry.shard_tools.errors import CacheError, ShardError
 from ferry.shard_tools.format.digest import raw_hasher
 from ferry.shard_tools.format.manifest import ShardInfo
 from ferry.shard_tools.format.shard import ShardView, parse_shard
+from ferry.shard_tools.libc import reserve_blocks
 from ferry.shard_tools.storage.store import TEMP_MARKER, temp_is_stale, temp_name
 
 from ..stats import COUNTERS
@@ -338,6 +339,7 @@ class ShardCache:
             # an OSError here is the cache file's: a replica's failures arrive as ferry errors
             with _guard(path, "write"):
                 with open(tmp, "wb+") as f:
+                    reserve_blocks(f.fileno(), info.raw_bytes)  # the whole shard is written next
                     self.replicas.fetch_into(info, f)
                 os.replace(tmp, path)
                 if self.replicas.arrived is not None:

@@ -257,3 +257,32 @@ def test_a_dataset_on_a_network_mount_keeps_the_race(
     assert reader is not None and not isinstance(reader.read_range, LocalRanges)
     direct = frame_reader_for(replicas.load_manifest(), replicas, 64 << 20)
     assert direct is not None and isinstance(direct.read_range, LocalRanges)
+
+
+@pytest.mark.parametrize("reserved", [True, False])
+def test_the_node_cache_reserves_a_shards_blocks_before_writing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reserved: bool
+) -> None:
+    """Each cache file is given its shard's raw size in blocks, still empty, before the fetch writes it; where
+    the filesystem reserves nothing the shards arrive the same."""
+    from ferry.client.fetching import cache as cache_module
+
+    url = pack_test_dataset(str(tmp_path / "ds"), n_docs=200)
+    calls: list[tuple[int, int]] = []
+    real = cache_module.reserve_blocks
+
+    def spy(fd: int, nbytes: int) -> bool:
+        calls.append((os.fstat(fd).st_size, nbytes))
+        return real(fd, nbytes) if reserved else False
+
+    monkeypatch.setattr(cache_module, "reserve_blocks", spy)
+    ds = TokenDataset(url, seq_len=16, cache_dir=str(tmp_path / "cache"))
+    for s in range(len(ds.manifest.shards)):
+        ds.reader.view(s)  # fetched whole into the node cache
+    shards = ds.manifest.shards
+    assert sorted(calls) == sorted((0, shards[s].raw_bytes) for s in range(len(shards)))
+    for s in range(len(shards)):
+        stored = (tmp_path / "ds" / shards[s].path).read_bytes()
+        cached = ds.reader.cache.path(shards[s])
+        assert Path(cached).read_bytes() == decode_stored_shard(shards[s], stored)
+    ds.close()
