@@ -458,7 +458,8 @@ class ShardCache:
                         if temp_is_stale(e.name, now - st.st_mtime):
                             os.unlink(e.path)
                         else:
-                            pending += st.st_size  # on the disk too: counted, never evicted
+                            # on the disk too: counted, never evicted; its blocks may be reserved beyond its size
+                            pending += max(st.st_size, st.st_blocks * 512)
                     elif e.name.endswith(suffix):
                         st = e.stat()
                         out.append((st.st_mtime, st.st_size, e.path))

@@ -202,6 +202,21 @@ def test_orphaned_temp_files_are_cleaned(local_url: str, tmp_path: Path) -> None
     assert not orphan.exists() and fresh.exists()
 
 
+def test_a_download_in_progress_counts_the_blocks_it_reserved(local_url: str, tmp_path: Path) -> None:
+    """A shard being fetched has its blocks reserved while its size still grows: the limit counts the blocks."""
+    from ferry.shard_tools.libc import reserve_blocks
+    from ferry.shard_tools.storage.store import temp_name
+
+    cache = tmp_path / "cache"
+    ds = TokenDataset(local_url, seq_len=32, cache_dir=str(cache))
+    before = ds.cache.disk_bytes()
+    with open(temp_name(str(cache / "x.arrow")), "wb") as f:  # named for this live writer: not stale
+        assert reserve_blocks(f.fileno(), 4 << 20)
+        f.write(b"begun")
+        f.flush()
+        assert ds.cache.disk_bytes() - before >= 4 << 20
+
+
 def test_unreadable_datasets_are_clear_errors(tmp_path: Path, local_url: str) -> None:
     with pytest.raises(DatasetNotFoundError, match="no ferry dataset"):
         TokenDataset(str(tmp_path / "nothing"), seq_len=8, cache_dir=str(tmp_path / "c"))

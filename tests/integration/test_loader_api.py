@@ -137,10 +137,12 @@ def test_shared_labels_give_the_same_batches_as_views_of_one_buffer(url_cache: t
     labels overlap in one widened buffer: labels[:, j] is input_ids[:, j + 1] in memory."""
     url, cache = url_cache
     ds = TokenDataset(url, seq_len=16, seed=3, cache_dir=cache)
-    plain = [(b["input_ids"], b["labels"], b["position_ids"]) for b in TokenLoader(ds, 4, return_doc_boundaries=True)]
+    default = TokenLoader(ds, 4, return_doc_boundaries=True)
+    plain = [(b["input_ids"], b["labels"], b["position_ids"]) for b in default]
     loader = TokenLoader(ds, 4, num_workers=workers, shared_labels=True, return_doc_boundaries=True)
     shared = list(loader)
     assert len(shared) == len(plain) > 3
+    assert loader.state_dict() == default.state_dict()  # the same run: either loads the other's state
     for (ids, labels, pos), batch in zip(plain, shared, strict=True):
         assert torch.equal(batch["input_ids"], ids) and torch.equal(batch["labels"], labels)
         assert torch.equal(batch["position_ids"], pos)
