@@ -189,3 +189,19 @@ def test_pinned_shared_labels_stay_views_of_one_pinned_buffer(monkeypatch: pytes
     assert torch.equal(out["input_ids"], batch["input_ids"]) and torch.equal(out["labels"], batch["labels"])
     assert out["labels"].data_ptr() == out["input_ids"].data_ptr() + 8
     assert out["input_ids"].data_ptr() != batch["input_ids"].data_ptr()
+
+
+def test_shared_labels_over_a_mixture(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A mixture's batches are windows too: the same values as its default loader's, in one buffer, with workers
+    and without."""
+    root = tmp_path_factory.mktemp("mix")
+    cache = str(root / "cache")
+    urls = [pack_test_dataset(str(root / name), 100, seed=seed) for name, seed in (("a", 1), ("b", 2))]
+    parts = [TokenDataset(url, seq_len=16, cache_dir=cache) for url in urls]
+    mix = TokenDataset.mix(parts, weights=[0.5, 0.5])
+    plain = [b["labels"] for b in TokenLoader(mix, 4)]
+    for workers in (0, 2):
+        shared = list(TokenLoader(mix, 4, num_workers=workers, shared_labels=True))
+        assert len(shared) == len(plain) > 3
+        assert all(torch.equal(p, s["labels"]) for p, s in zip(plain, shared, strict=True))
+        assert all(s["labels"].data_ptr() == s["input_ids"].data_ptr() + 8 for s in shared)
