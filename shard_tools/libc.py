@@ -31,9 +31,9 @@ def symbol(name: str) -> Any:
 def reserve_blocks(fd: int, nbytes: int) -> bool:
     """Reserve the disk blocks of the first ``nbytes`` of file ``fd`` without changing its size (Linux
     ``fallocate`` with ``FALLOC_FL_KEEP_SIZE``): a file then written in full skips the filesystem's per-page
-    delayed allocation (ext4: 17.5 → 16.6 ms of CPU for a 14 MB node-cache shard, measured). False where it is
-    not done (no such call, a filesystem without it, a full disk): the writes that follow fail or succeed as
-    they would have. Never emulated by writing zeros, as ``posix_fallocate`` is."""
+    delayed allocation (less CPU for a node-cache shard on ext4, measured: see the benchmarks page). False where
+    it is not done (no such call, a filesystem without it, a full disk): the writes that follow fail or succeed
+    as they would have. Never emulated by writing zeros, as ``posix_fallocate`` is."""
     if nbytes <= 0 or not sys.platform.startswith("linux"):
         return False
     fallocate = symbol("fallocate")
