@@ -14,8 +14,8 @@ def _build(a: dict[str, Any]) -> Any:
         a["data"], seq_len=a["seq_len"], seed=a["seed"], shuffle=a.get("shuffle", "global"), cache_dir=a["cache_dir"]
     )
     # with shared_labels, input_ids and labels are two views of one widened buffer: what the peers' runners give
-    shared = {"shared_labels": True} if a.get("shared_labels") else {}
-    return TokenLoader(ds, batch_size=a["batch_size"], num_workers=a["workers"], rank=0, world_size=1, **shared)
+    shared = a.get("shared_labels", False)
+    return TokenLoader(ds, a["batch_size"], a["workers"], rank=0, world_size=1, shared_labels=shared)
 
 
 def _epoch_batches(loader: Any) -> int:
